@@ -1,0 +1,56 @@
+//! Parsed domain types. Everything here is built once, at the edge, from
+//! untrusted input; once a value of one of these types exists it is known to be
+//! well formed, so no later stage validates it again.
+//!
+//! This module depends on no other module of the crate.
+
+mod email;
+mod ip;
+mod job_id;
+
+pub use email::{EmailAddress, Normalization};
+pub use ip::IpKey;
+pub use job_id::JobId;
+
+/// Why a piece of input could not become a domain value.
+///
+/// Each variant is a clear, user-facing reason: the worker copies its text into
+/// the `error` field of an `invalid` result, so producers learn what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidInput {
+    /// The mailbox is empty after trimming.
+    #[error("email is empty")]
+    EmailEmpty,
+    /// The mailbox is longer than SMTP allows (254 octets).
+    #[error("email is longer than {max} bytes")]
+    EmailTooLong {
+        /// The limit that was exceeded.
+        max: usize,
+    },
+    /// A control character (CR, LF, NUL, TAB, ...) would let the address smuggle
+    /// headers or SMTP commands.
+    #[error("{field} contains a control character")]
+    ControlCharacter {
+        /// The field that held it.
+        field: &'static str,
+    },
+    /// The mailbox does not have the shape `local@domain`.
+    #[error("email is not a valid address: {reason}")]
+    EmailSyntax {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The client IP is not an IPv4 or IPv6 address.
+    #[error("ip is not an IPv4 or IPv6 address: {0:?}")]
+    Ip(String),
+    /// The job id starts or ends with whitespace, which would make two ids
+    /// that look alike differ.
+    #[error("id must not start or end with whitespace")]
+    JobIdPadded,
+    /// The job id is empty or longer than 128 characters.
+    #[error("id must be 1 to {max} characters long")]
+    JobIdLength {
+        /// The limit.
+        max: usize,
+    },
+}

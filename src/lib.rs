@@ -1,0 +1,12 @@
+//! mailgate: sends verification codes by mail without letting anyone abuse it.
+//!
+//! Producers publish "send code" jobs to RabbitMQ; a pool of workers runs each
+//! through an exact multi-window rate limiter ([`limiter`]) keyed by mailbox and
+//! client IP, renders and mails the code, and publishes the outcome.
+//!
+//! Layout: [`domain`] holds parsed input types and depends on nothing;
+//! [`limiter`] is a stage depending only on `domain` and [`settings`].
+
+pub mod domain;
+pub mod limiter;
+pub mod settings;

@@ -1,0 +1,247 @@
+//! The exact multi-window rate limiter.
+//!
+//! # Semantics
+//! A request is a job id, a mailbox and optionally a client IP, decided at a
+//! time `t` in milliseconds. Each scope ([`Scope::Email`], [`Scope::Ip`]) has a
+//! list of rules `(W, N)`. The request is **admitted** iff, for every rule of
+//! every scope that applies, the number of admissions for that scope's key in
+//! `(t − W, t]` is below `N`. An admission is recorded in every scope at once;
+//! a rejection records nothing anywhere.
+//!
+//! A rejection carries the exact `retry_after_ms`: the smallest `d ≥ 0` such
+//! that the same request at `t + d` would be admitted if nothing else happened.
+//! For a violated rule that is `e + W − t`, where `e` is the
+//! `(count − N + 1)`-th oldest admission in the window; over all rules it is
+//! the largest of those. The rule giving it is the *binding* rule; on a tie
+//! the first in order (scopes as listed, rules as configured) binds.
+//!
+//! Admissions are keyed by job id: an id already admitted (and not refunded)
+//! is answered [`Verdict::Duplicate`] and counted no second time.
+//!
+//! # Backends
+//! [`RedisLimiter`] is the production backend, shared by any number of
+//! workers; [`MemoryLimiter`] has the same semantics within one process.
+
+mod memory;
+mod redis;
+
+use std::fmt;
+use std::future::Future;
+
+pub use self::memory::MemoryLimiter;
+pub use self::redis::RedisLimiter;
+
+use crate::domain::{EmailAddress, IpKey, JobId};
+use crate::settings::{LimitSettings, Rule};
+
+/// What a rate-limit key identifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// A normalized mailbox: stops mail bombing of one victim.
+    Email,
+    /// A client network: stops one client from farming codes for many mailboxes.
+    Ip,
+}
+
+impl Scope {
+    /// The scope's name in keys, results and settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Email => "email",
+            Scope::Ip => "ip",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rule as named in a decision: which scope, which window, which max.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RuleRef {
+    /// The scope the rule belongs to.
+    pub scope: Scope,
+    /// The rule's window in milliseconds.
+    pub window_ms: u64,
+    /// The rule's maximum admissions per window.
+    pub max: u32,
+}
+
+/// What the limiter is asked about: one job, for one mailbox, from one client.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The idempotency key; also the admission's identity in every scope.
+    pub id: &'a JobId,
+    /// The mailbox the code would be mailed to.
+    pub email: &'a EmailAddress,
+    /// The client that asked for it, if the producer knows it. Without one
+    /// the request is limited by mailbox only.
+    pub ip: Option<&'a IpKey>,
+}
+
+/// Which clock decides. Production always uses [`Clock::Server`]; tests and
+/// tools pass [`Clock::At`] to step through hours without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The backend's own clock: Redis `TIME` for Redis, so workers whose clocks
+    /// disagree still agree; the system clock for the in-memory backend.
+    Server,
+    /// An explicit time, milliseconds since the Unix epoch.
+    At(u64),
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The time the decision was taken at (ms since the epoch, backend clock).
+    pub decided_at_ms: u64,
+    /// What was decided.
+    pub verdict: Verdict,
+}
+
+/// The outcome of a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within every rule; the admission is now recorded in every scope.
+    Admitted,
+    /// Some rule is full. Nothing was recorded.
+    Rejected {
+        /// Exactly how long until the same request would be admitted.
+        retry_after_ms: u64,
+        /// The rule that sets `retry_after_ms`.
+        rule: RuleRef,
+    },
+    /// This job id is already admitted and not refunded; it was not counted again.
+    Duplicate {
+        /// When the earlier admission was recorded.
+        admitted_at_ms: u64,
+        /// Whether [`RateLimiter::mark_sent`] was called for it, i.e. the mail
+        /// is known to have gone out. A redelivered job that was admitted but
+        /// not sent must still be sent.
+        sent: bool,
+    },
+}
+
+/// Why the limiter could not decide. Every variant is transient from the
+/// job's point of view: the job should be retried, not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// Redis could not be reached or returned an error.
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// The script answered something this build does not understand (a
+    /// different script version loaded under the same SHA cannot happen, so
+    /// this means a bug or a tampered server).
+    #[error("unexpected limiter reply: {0}")]
+    Protocol(String),
+}
+
+/// A rate limiter backend. Both backends implement exactly the semantics in
+/// the module docs, checked by one conformance suite.
+pub trait RateLimiter: Send + Sync {
+    /// Decides `req` at `clock`, recording an admission atomically in every scope.
+    fn check(
+        &self,
+        req: &Request<'_>,
+        clock: Clock,
+    ) -> impl Future<Output = Result<Decision, LimitError>> + Send;
+
+    /// Removes the admission of job `id` from every scope, giving its quota
+    /// back (a send failed permanently, or the code expired before sending).
+    /// Returns whether there was an admission to remove; the id may then be
+    /// admitted afresh.
+    fn refund(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+
+    /// Records that the mail of admitted job `id` went out, so that a
+    /// redelivery is answered duplicate with `sent: true` rather than mailed
+    /// again. Returns whether the job was known.
+    fn mark_sent(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+}
+
+/// The keys and rules that apply to one request, in decision order.
+///
+/// Both backends derive keys here, so a mailbox or network means the same key
+/// whichever backend counts it.
+pub(crate) struct Applicable<'s> {
+    /// `(scope, key, rules)` for each scope that applies and has rules.
+    pub scopes: Vec<(Scope, String, &'s [Rule])>,
+    /// The job record key.
+    pub job_key: String,
+}
+
+/// Key naming and policy lookup shared by both backends.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyspace {
+    pub prefix: String,
+    pub limits: LimitSettings,
+}
+
+impl Keyspace {
+    pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            limits: limits.clone(),
+        }
+    }
+
+    pub fn job_key(&self, id: &JobId) -> String {
+        format!("{}job:{}", self.prefix, id.as_str())
+    }
+
+    pub fn applicable(&self, req: &Request<'_>) -> Applicable<'_> {
+        let l = &self.limits;
+        let mut scopes = Vec::with_capacity(2);
+        if !l.email.rules.is_empty() {
+            let key = format!(
+                "{}email:{}",
+                self.prefix,
+                req.email.mailbox_key(&l.normalize)
+            );
+            scopes.push((Scope::Email, key, l.email.rules.as_slice()));
+        }
+        if let Some(ip) = req.ip.filter(|_| !l.ip.rules.is_empty()) {
+            let key = format!(
+                "{}ip:{}",
+                self.prefix,
+                ip.network(l.ipv4_prefix, l.ipv6_prefix)
+            );
+            scopes.push((Scope::Ip, key, l.ip.rules.as_slice()));
+        }
+        Applicable {
+            scopes,
+            job_key: self.job_key(req.id),
+        }
+    }
+
+    pub fn dedup_ms(&self) -> u64 {
+        u64::try_from(self.limits.dedup_period().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
+
+/// For one key: which rule binds and after how long, given the admission
+/// times in the key's log (ascending) at time `now`. `None` if every rule has
+/// room. Ties go to the earlier rule.
+pub(crate) fn binding_rule(rules: &[Rule], times: &[u64], now: u64) -> Option<(u64, usize)> {
+    let mut best: Option<(u64, usize)> = None;
+    for (i, rule) in rules.iter().enumerate() {
+        let w = rule.window_ms();
+        let max = rule.max as usize;
+        // Times in (now − w, now].
+        let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
+        let hi = times.partition_point(|&t| t <= now);
+        let count = hi.saturating_sub(lo);
+        if count >= max {
+            let e = times[lo + count - max];
+            let d = (e + w).saturating_sub(now);
+            if best.is_none_or(|(bd, _)| d > bd) {
+                best = Some((d, i));
+            }
+        }
+    }
+    best
+}

@@ -1,0 +1,117 @@
+//! Helpers shared by the integration tests: per-test names, connections to the
+//! real services, and clean-up that runs even when a test fails.
+#![allow(dead_code)] // each test binary uses its own subset
+
+pub mod model;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mailgate::domain::{EmailAddress, IpKey, JobId};
+use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
+
+/// The Redis the tests share (the development machine's, or CI's).
+pub fn redis_url() -> String {
+    std::env::var("MAILGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A name no other test, run or process uses: `mgtest:<test>:<pid>-<n>-<nanos>:`.
+pub fn unique_prefix(test: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "mgtest:{test}:{}-{}-{nanos}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Redis settings with a fresh key prefix.
+pub fn redis_settings(prefix: &str) -> RedisSettings {
+    RedisSettings {
+        url: redis_url(),
+        key_prefix: prefix.to_owned(),
+    }
+}
+
+/// Deletes every Redis key under a prefix when dropped, pass or fail.
+pub struct RedisCleanup {
+    pub prefix: String,
+}
+
+impl RedisCleanup {
+    /// Every key under the prefix, with its remaining TTL in ms (-1: none).
+    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        let mut conn = sync_redis();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.prefix))
+            .query(&mut conn)
+            .expect("KEYS");
+        keys.into_iter()
+            .map(|k| {
+                let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).expect("PTTL");
+                (k, ttl)
+            })
+            .collect()
+    }
+}
+
+impl Drop for RedisCleanup {
+    fn drop(&mut self) {
+        let mut conn = sync_redis();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.prefix))
+            .query(&mut conn)
+            .unwrap_or_default();
+        for chunk in keys.chunks(500) {
+            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query(&mut conn);
+        }
+    }
+}
+
+fn sync_redis() -> redis::Connection {
+    redis::Client::open(redis_url())
+        .and_then(|c| c.get_connection())
+        .expect("the shared Redis must answer (see README: the test command starts it)")
+}
+
+/// Rules from `(window_ms, max)` pairs.
+pub fn rules(rs: &[(u64, u32)]) -> ScopeRules {
+    ScopeRules {
+        rules: rs
+            .iter()
+            .map(|&(ms, max)| Rule {
+                window: Duration::from_millis(ms),
+                max,
+            })
+            .collect(),
+    }
+}
+
+/// The default policy with other rules.
+pub fn limits(email: &[(u64, u32)], ip: &[(u64, u32)]) -> LimitSettings {
+    LimitSettings {
+        email: rules(email),
+        ip: rules(ip),
+        ..LimitSettings::default()
+    }
+}
+
+pub fn email(s: &str) -> EmailAddress {
+    EmailAddress::parse(s).expect("test email")
+}
+
+pub fn ip(s: &str) -> IpKey {
+    IpKey::parse(s).expect("test ip")
+}
+
+pub fn id(s: &str) -> JobId {
+    JobId::parse(s).expect("test id")
+}
+
+pub const SEC: u64 = 1000;
+pub const MIN: u64 = 60 * SEC;
+pub const HOUR: u64 = 60 * MIN;

@@ -1,0 +1,481 @@
+//! One conformance suite for both limiter backends, with an explicit clock so
+//! hour- and day-long windows are checked without waiting. The Redis backend
+//! runs against the real shared Redis, under a per-test key prefix.
+
+mod common;
+
+use common::*;
+use mailgate::limiter::{
+    Clock, MemoryLimiter, RateLimiter, RedisLimiter, Request, RuleRef, Scope, Verdict,
+};
+use mailgate::settings::LimitSettings;
+
+/// A limiter plus whatever must be cleaned up after it.
+struct Built<L> {
+    limiter: L,
+    _cleanup: Option<RedisCleanup>,
+}
+
+/// Builds a fresh, empty limiter of one backend.
+trait Make {
+    type L: RateLimiter;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<Self::L>;
+}
+
+struct RedisBackend;
+impl Make for RedisBackend {
+    type L = RedisLimiter;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLimiter> {
+        let prefix = unique_prefix(test);
+        let cleanup = RedisCleanup {
+            prefix: prefix.clone(),
+        };
+        let limiter = RedisLimiter::connect(&redis_settings(&prefix), &limits)
+            .await
+            .expect("connect to the shared Redis");
+        Built {
+            limiter,
+            _cleanup: Some(cleanup),
+        }
+    }
+}
+
+struct MemoryBackend;
+impl Make for MemoryBackend {
+    type L = MemoryLimiter;
+    async fn make(&self, _test: &str, limits: LimitSettings) -> Built<MemoryLimiter> {
+        Built {
+            limiter: MemoryLimiter::new(&limits),
+            _cleanup: None,
+        }
+    }
+}
+
+/// Asks `l` about job `job` for `mail` from `from` at `t` ms.
+async fn check<L: RateLimiter>(
+    l: &L,
+    job: &str,
+    mail: &str,
+    from: Option<&str>,
+    t: u64,
+) -> Verdict {
+    let (id, email) = (id(job), email(mail));
+    let ip = from.map(ip);
+    let req = Request {
+        id: &id,
+        email: &email,
+        ip: ip.as_ref(),
+    };
+    let d = l.check(&req, Clock::At(t)).await.expect("limiter answers");
+    assert_eq!(d.decided_at_ms, t, "decided_at_ms is the decision time");
+    d.verdict
+}
+
+fn rejected(retry_after_ms: u64, scope: Scope, window_ms: u64, max: u32) -> Verdict {
+    Verdict::Rejected {
+        retry_after_ms,
+        rule: RuleRef {
+            scope,
+            window_ms,
+            max,
+        },
+    }
+}
+
+/// `retry_after_ms` is exact: one ms earlier is still rejected, at it the
+/// request is admitted.
+async fn assert_exact<L: RateLimiter>(l: &L, job: &str, mail: &str, from: Option<&str>, t: u64) {
+    let v = check(l, job, mail, from, t).await;
+    let Verdict::Rejected { retry_after_ms, .. } = v else {
+        panic!("expected a rejection at {t}, got {v:?}");
+    };
+    assert!(
+        matches!(
+            check(l, job, mail, from, t + retry_after_ms - 1).await,
+            Verdict::Rejected { .. }
+        ),
+        "one ms before retry_after the request must still be rejected"
+    );
+    assert_eq!(
+        check(l, job, mail, from, t + retry_after_ms).await,
+        Verdict::Admitted,
+        "at retry_after the request must be admitted"
+    );
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn first_request_then_30s_later<M: Make>(m: M) {
+        let b = m.make("first", LimitSettings::default()).await;
+        let l = &b.limiter;
+        // A brand-new key: the article's script crashed here on a nil timestamp.
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "a@example.com", None, 30 * SEC).await,
+            rejected(30_000, Scope::Email, 60_000, 1)
+        );
+        assert_exact(l, "j3", "a@example.com", None, 30 * SEC).await;
+    }
+
+    pub async fn sixth_in_an_hour<M: Make>(m: M) {
+        let b = m.make("hour", LimitSettings::default()).await;
+        let l = &b.limiter;
+        for i in 0..5 {
+            let t = i * 61 * SEC;
+            let v = check(l, &format!("j{i}"), "a@example.com", None, t).await;
+            assert_eq!(v, Verdict::Admitted, "send {i} at {t}");
+        }
+        let t = 5 * 61 * SEC;
+        assert_eq!(
+            check(l, "j5", "a@example.com", None, t).await,
+            rejected(HOUR - t, Scope::Email, HOUR, 5)
+        );
+        assert_exact(l, "j6", "a@example.com", None, t).await;
+    }
+
+    pub async fn eleventh_in_a_day<M: Make>(m: M) {
+        let b = m.make("day", LimitSettings::default()).await;
+        let l = &b.limiter;
+        for i in 0..10 {
+            let v = check(l, &format!("j{i}"), "a@example.com", None, i * 2 * HOUR).await;
+            assert_eq!(v, Verdict::Admitted, "send {i}");
+        }
+        assert_eq!(
+            check(l, "j10", "a@example.com", None, 20 * HOUR).await,
+            rejected(4 * HOUR, Scope::Email, 24 * HOUR, 10)
+        );
+        // The window is (t − 24h, t]: the send at 0 leaves it at exactly 24h.
+        assert!(matches!(
+            check(l, "j11", "a@example.com", None, 24 * HOUR - 1).await,
+            Verdict::Rejected { .. }
+        ));
+        assert_eq!(
+            check(l, "j12", "a@example.com", None, 24 * HOUR).await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn ip_rejection_uses_no_mailbox_quota<M: Make>(m: M) {
+        let b = m.make("ipnomail", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        for i in 0..5 {
+            let v = check(l, &format!("j{i}"), &format!("u{i}@example.com"), x, i).await;
+            assert_eq!(v, Verdict::Admitted);
+        }
+        assert_eq!(
+            check(l, "victim-1", "victim@example.com", x, 10).await,
+            rejected(MIN - 10, Scope::Ip, MIN, 5)
+        );
+        // The mailbox quota is intact: the same mailbox from elsewhere goes through.
+        assert_eq!(
+            check(
+                l,
+                "victim-2",
+                "victim@example.com",
+                Some("198.51.100.2"),
+                11
+            )
+            .await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn mailbox_rejection_uses_no_ip_quota<M: Make>(m: M) {
+        let b = m.make("mailnoip", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j0", "a@example.com", Some("198.51.100.1"), 0).await,
+            Verdict::Admitted
+        );
+        // Rejected by the mailbox rule, from another IP, many times...
+        for i in 0..10 {
+            let v = check(
+                l,
+                &format!("r{i}"),
+                "a@example.com",
+                Some("198.51.100.2"),
+                1 + i,
+            )
+            .await;
+            assert_eq!(v, rejected(MIN - 1 - i, Scope::Email, MIN, 1));
+        }
+        // ...and that IP still has all five of its sends.
+        for i in 0..5 {
+            let v = check(
+                l,
+                &format!("k{i}"),
+                &format!("u{i}@example.com"),
+                Some("198.51.100.2"),
+                20,
+            )
+            .await;
+            assert_eq!(v, Verdict::Admitted, "send {i}");
+        }
+    }
+
+    pub async fn refund_gives_quota_back<M: Make>(m: M) {
+        let b = m.make("refund", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            check(l, "j2", "a@example.com", x, SEC).await,
+            Verdict::Rejected { .. }
+        ));
+        assert!(l.refund(&id("j1")).await.unwrap(), "j1 was admitted");
+        assert!(
+            !l.refund(&id("j1")).await.unwrap(),
+            "a second refund finds nothing"
+        );
+        assert!(!l.refund(&id("never")).await.unwrap());
+        // Both scopes got their quota back.
+        assert_eq!(
+            check(l, "j3", "a@example.com", x, 2 * SEC).await,
+            Verdict::Admitted
+        );
+        // A refunded id may be admitted afresh.
+        assert!(l.refund(&id("j3")).await.unwrap());
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 3 * SEC).await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn duplicate_is_not_counted_twice<M: Make>(m: M) {
+        let b = m.make("dup", limits(&[(MIN, 1)], &[(MIN, 3)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        for t in [1, 2, 3] {
+            assert_eq!(
+                check(l, "j1", "a@example.com", x, t).await,
+                Verdict::Duplicate {
+                    admitted_at_ms: 0,
+                    sent: false
+                }
+            );
+        }
+        assert!(l.mark_sent(&id("j1")).await.unwrap());
+        assert!(!l.mark_sent(&id("unknown")).await.unwrap());
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 4).await,
+            Verdict::Duplicate {
+                admitted_at_ms: 0,
+                sent: true
+            }
+        );
+        // The IP counted j1 once: two more fit, the third does not.
+        assert_eq!(
+            check(l, "j2", "b@example.com", x, 5).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j3", "c@example.com", x, 6).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j4", "d@example.com", x, 7).await,
+            rejected(MIN - 7, Scope::Ip, MIN, 3)
+        );
+    }
+
+    pub async fn same_millisecond_both_count<M: Make>(m: M) {
+        let b = m.make("samems", limits(&[(MIN, 2)], &[(MIN, 3)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 1000).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "a@example.com", x, 1000).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j3", "a@example.com", x, 1000).await,
+            rejected(MIN, Scope::Email, MIN, 2)
+        );
+        assert_eq!(
+            check(l, "j4", "b@example.com", x, 1000).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j5", "c@example.com", x, 1000).await,
+            rejected(MIN, Scope::Ip, MIN, 3)
+        );
+    }
+
+    pub async fn ipv6_groups_by_64<M: Make>(m: M) {
+        let b = m.make("v6", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j1", "a@example.com", Some("2001:db8:1:2::1"), 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(
+                l,
+                "j2",
+                "b@example.com",
+                Some("2001:db8:1:2:ffff:ffff:ffff:ffff"),
+                1
+            )
+            .await,
+            rejected(MIN - 1, Scope::Ip, MIN, 1)
+        );
+        assert_eq!(
+            check(l, "j3", "c@example.com", Some("2001:db8:1:3::1"), 2).await,
+            Verdict::Admitted
+        );
+        // IPv4-mapped IPv6 is the IPv4 address.
+        assert_eq!(
+            check(l, "j4", "d@example.com", Some("203.0.113.9"), 3).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j5", "e@example.com", Some("::ffff:203.0.113.9"), 4).await,
+            rejected(MIN - 1, Scope::Ip, MIN, 1)
+        );
+    }
+
+    pub async fn spellings_of_a_mailbox_share_quota<M: Make>(m: M) {
+        let b = m.make("norm", LimitSettings::default()).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j0", "John.Smith@gmail.com", None, 0).await,
+            Verdict::Admitted
+        );
+        for (i, spelling) in [
+            "johnsmith@gmail.com",
+            " JOHN.SMITH+promo@googlemail.com ",
+            "j.o.h.n.s.m.i.t.h+x@GMAIL.COM",
+            "\"john.smith\"@gmail.com",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let v = check(l, &format!("j{}", i + 1), spelling, None, 1).await;
+            assert_eq!(v, rejected(MIN - 1, Scope::Email, MIN, 1), "{spelling}");
+        }
+        // Outside gmail, dots are significant; tags and case are not.
+        assert_eq!(
+            check(l, "k0", "J.Doe+a@Example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            check(l, "k1", "j.doe@example.com", None, 1).await,
+            Verdict::Rejected { .. }
+        ));
+        assert_eq!(
+            check(l, "k2", "jdoe@example.com", None, 2).await,
+            Verdict::Admitted
+        );
+        // IDN: the unicode and punycode spellings of a domain are one domain.
+        assert_eq!(
+            check(l, "m0", "anna@bücher.example", None, 0).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            check(l, "m1", "Anna@XN--BCHER-KVA.example", None, 1).await,
+            Verdict::Rejected { .. }
+        ));
+    }
+
+    pub async fn no_ip_means_mailbox_only<M: Make>(m: M) {
+        let b = m.make("noip", limits(&[(MIN, 5)], &[(MIN, 1)])).await;
+        let l = &b.limiter;
+        for i in 0..5 {
+            let v = check(l, &format!("j{i}"), "a@example.com", None, i).await;
+            assert_eq!(v, Verdict::Admitted);
+        }
+        // Jobs without an IP did not touch any IP key.
+        assert_eq!(
+            check(l, "k", "b@example.com", Some("198.51.100.1"), 10).await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn longest_wait_binds<M: Make>(m: M) {
+        let b = m.make("binds", limits(&[(MIN, 1)], &[(10 * MIN, 2)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "b@example.com", x, 1).await,
+            Verdict::Admitted
+        );
+        // Both the mailbox rule (wait 59.99 s) and the IP rule (wait ~10 min)
+        // are full; the IP rule decides the wait.
+        assert_eq!(
+            check(l, "j3", "a@example.com", x, 10).await,
+            rejected(10 * MIN - 10, Scope::Ip, 10 * MIN, 2)
+        );
+        assert_exact(l, "j4", "a@example.com", x, 20).await;
+    }
+
+    pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
+        let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j3", "a@example.com", x, 0).await,
+            rejected(MIN, Scope::Ip, MIN, 2)
+        );
+    }
+}
+
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@cases $make;
+                first_request_then_30s_later,
+                sixth_in_an_hour,
+                eleventh_in_a_day,
+                ip_rejection_uses_no_mailbox_quota,
+                mailbox_rejection_uses_no_ip_quota,
+                refund_gives_quota_back,
+                duplicate_is_not_counted_twice,
+                same_millisecond_both_count,
+                ipv6_groups_by_64,
+                spellings_of_a_mailbox_share_quota,
+                no_ip_means_mailbox_only,
+                longest_wait_binds,
+                disabled_scope_is_not_limited,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident,)*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                cases::$case($make).await;
+            }
+        )*
+    };
+}
+
+conformance!(redis, RedisBackend);
+conformance!(memory, MemoryBackend);
