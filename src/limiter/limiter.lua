@@ -1,46 +1,50 @@
 --[[
 mailgate limiter: an exact multi-window sliding-log rate limiter with per-job
-idempotency. One script, one round trip per call, atomic; the operation is
-chosen by ARGV[1]. Requires Redis >= 5 (effects replication, so TIME may be
+idempotency. One script; every call is one round trip and atomic. The
+operation is ARGV[1]. Requires Redis >= 5 (effects replication, so TIME may be
 read before writing). Not for Redis Cluster: a request's keys span slots.
 
-KEYS[1]       the job record, a hash "<prefix>job:<id>" with fields
-                at  admission time (ms)
-                st  "a" admitted, "s" sent (the mail went out)
-                n   number of scope keys, k1..kn the scope keys it was counted in
-KEYS[2..]     one sorted set per scope that applies ("<prefix>email:<mailbox>",
-              "<prefix>ip:<network>"): member = job id, score = admission ms.
-              Members are job ids, never bare timestamps, so two jobs in the
-              same millisecond both count. (admit only; refund and sent read
-              the scope keys from the job record.)
+Data (all keys under the deployment's prefix, all with a TTL):
+  <prefix>job:<id>          hash, one per admitted job, lives the dedup period
+                              at  admission time (ms)
+                              st  "a" admitted, "s" sent (the mail went out)
+                              n   number of scope keys; k1..kn those keys
+  <prefix>email:<mailbox>   sorted set per scope key: member = job id,
+  <prefix>ip:<network>        score = admission ms. Members are job ids, never
+                              bare timestamps, so two jobs in the same
+                              millisecond both count. Lives the scope's
+                              longest window after its newest admission.
 
-ARGV[1]       op: "admit" | "refund" | "sent"
-ARGV[2]       now in ms, or "" to use the Redis server's TIME (production)
-ARGV[3]       job id
-ARGV[4]       how long the job record lives, ms (>= the longest window)
-ARGV[5..]     admit only: for each scope key in KEYS order, the number of
-              rules r, then r pairs (window_ms, max)
+Semantics: a request is admitted iff for every rule (W, N) of every scope,
+fewer than N admissions of that key lie in (now - W, now]. That holds iff the
+N-th newest admission at or before now (if any) is at or before now - W, so
+only the newest few entries of a log are ever read. A full rule frees up at
+t_N + W, where t_N is that N-th newest time; retry_after is the largest such
+wait over all rules, and the first rule (scope order, then rule order) with
+that wait is the binding one.
 
-Returns
-  admit   {1, now}                                    admitted, recorded everywhere
-          {0, now, retry_after_ms, scope_i, rule_i}   rejected, nothing recorded;
-                                                      1-based indices of the binding rule
-          {2, now, admitted_at_ms, sent (0|1)}        duplicate, nothing recorded
-  refund  1 if an admission was removed, else 0
-  sent    1 if the job record existed, else 0
+op "admit" -- decide a batch of requests in order, all at one instant
+  KEYS      for each request: its job key, then its scope keys
+  ARGV[2]   now in ms, or "" to use the Redis server's TIME (production)
+  ARGV[3]   how long a job record lives, ms (>= the longest window)
+  ARGV[4]   R, the number of rule sets; then for each rule set: the number of
+            rules r, then r pairs (window_ms, max)
+  then      for each request: job id, the number of scope keys s, then s
+            rule-set indices (1-based), one per scope key
+  returns   {now, then 4 integers per request}:
+              1, 0, 0, 0                           admitted, recorded in every scope
+              0, retry_after_ms, scope_i, rule_i   rejected, nothing recorded; 1-based
+                                                   indices of the binding rule
+              2, admitted_at_ms, sent (0|1), 0     duplicate, nothing recorded
+
+op "refund" -- remove one job's admission from every scope
+  KEYS[1] job key; ARGV[2] job id. Returns 1 if there was one, else 0.
+
+op "sent" -- record that a job's mail went out
+  KEYS[1] job key. Returns 1 if the job record exists, else 0.
 ]]
 
 local op = ARGV[1]
-local job = KEYS[1]
-local id = ARGV[3]
-
-local now
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(ARGV[2])
-end
 
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)
@@ -48,68 +52,98 @@ local function int(x)
 end
 
 if op == 'admit' then
-  -- Idempotency first: an admitted id is never counted twice.
-  local rec = redis.call('HMGET', job, 'at', 'st')
-  if rec[1] then
-    return {2, now, tonumber(rec[1]), rec[2] == 's' and 1 or 0}
+  local now
+  if ARGV[2] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  else
+    now = tonumber(ARGV[2])
+  end
+  local now_s = int(now)
+  local dedup_ms = ARGV[3]
+
+  -- Rule sets: windows, maxes, the longest window, and how many of a log's
+  -- newest entries one read fetches (enough for every rule up to N = 10).
+  local sets = {}
+  local a = 5
+  for i = 1, tonumber(ARGV[4]) do
+    local n = tonumber(ARGV[a])
+    local set = {n = n, w = {}, max = {}, wmax = 0, fetch = 0}
+    for r = 1, n do
+      local w, m = tonumber(ARGV[a + 2 * r - 1]), tonumber(ARGV[a + 2 * r])
+      set.w[r], set.max[r] = w, m
+      if w > set.wmax then set.wmax = w end
+      if m <= 10 and m > set.fetch then set.fetch = m end
+    end
+    sets[i] = set
+    a = a + 1 + 2 * n
   end
 
-  local best_d, best_s, best_r = -1, 0, 0
-  local longest = {}
-  local a = 5
-  for s = 2, #KEYS do
-    local key = KEYS[s]
-    local nrules = tonumber(ARGV[a])
-    local first = a + 1
-    a = a + 1 + 2 * nrules
-    local wmax = 0
-    for r = 0, nrules - 1 do
-      local w = tonumber(ARGV[first + 2 * r])
-      if w > wmax then wmax = w end
-    end
-    longest[s] = wmax
-    -- Forget what no rule can see any more (bounded memory), then read the
-    -- rest of the log once, ascending. A brand-new key reads as empty.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - wmax))
-    local log = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - wmax), int(now), 'WITHSCORES')
-    local times = {}
-    for i = 2, #log, 2 do
-      times[#times + 1] = tonumber(log[i])
-    end
-    for r = 0, nrules - 1 do
-      local w = tonumber(ARGV[first + 2 * r])
-      local max = tonumber(ARGV[first + 2 * r + 1])
-      -- count the times in (now - w, now]; times are ascending
-      local lo = 1
-      while lo <= #times and times[lo] + w <= now do lo = lo + 1 end
-      local count = #times - lo + 1
-      if count >= max then
-        -- the (count - max + 1)-th oldest admission in the window leaves it
-        -- at e + w; only then does the rule have room again
-        local d = times[lo + count - max] + w - now
-        if d > best_d then
-          best_d, best_s, best_r = d, s - 1, r + 1
+  local out = {now}
+  local k = 1
+  while a <= #ARGV do
+    local id, job, nscopes = ARGV[a], KEYS[k], tonumber(ARGV[a + 1])
+    local first_key = k + 1
+    k = k + 1 + nscopes
+    local set_of = {}
+    for s = 1, nscopes do set_of[s] = sets[tonumber(ARGV[a + 1 + s])] end
+    a = a + 2 + nscopes
+
+    local rec = redis.call('HMGET', job, 'at', 'st')
+    if rec[1] then
+      -- Idempotency: an admitted id is never counted twice.
+      out[#out + 1] = 2; out[#out + 1] = tonumber(rec[1])
+      out[#out + 1] = rec[2] == 's' and 1 or 0; out[#out + 1] = 0
+    else
+      local best_d, best_s, best_r = 0, 0, 0
+      for s = 1, nscopes do
+        local key, set = KEYS[first_key + s - 1], set_of[s]
+        -- Newest first, never past now. A brand-new key reads as empty.
+        local newest = {}
+        if set.fetch > 0 then
+          local log = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'WITHSCORES', 'LIMIT', 0, set.fetch)
+          for i = 2, #log, 2 do newest[i / 2] = tonumber(log[i]) end
         end
+        for r = 1, set.n do
+          local n = set.max[r]
+          local t_n = newest[n]
+          if not t_n and n > set.fetch and #newest == set.fetch then
+            -- A large N: fetch just the N-th newest.
+            local one = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'WITHSCORES', 'LIMIT', n - 1, 1)
+            t_n = tonumber(one[2])
+          end
+          -- The rule is full iff d > 0; the largest d binds, the first on a tie.
+          if t_n then
+            local d = t_n + set.w[r] - now
+            if d > best_d then best_d, best_s, best_r = d, s, r end
+          end
+        end
+      end
+
+      if best_d > 0 then
+        out[#out + 1] = 0; out[#out + 1] = best_d
+        out[#out + 1] = best_s; out[#out + 1] = best_r
+      else
+        local fields = {'at', now_s, 'st', 'a', 'n', nscopes}
+        for s = 1, nscopes do
+          local key, set = KEYS[first_key + s - 1], set_of[s]
+          -- Forget what no rule can see any more, so memory stays bounded.
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
+          redis.call('ZADD', key, now_s, id)
+          redis.call('PEXPIRE', key, int(set.wmax))
+          fields[#fields + 1] = 'k' .. s
+          fields[#fields + 1] = key
+        end
+        redis.call('HSET', job, unpack(fields))
+        redis.call('PEXPIRE', job, dedup_ms)
+        out[#out + 1] = 1; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
       end
     end
   end
-
-  if best_d >= 0 then
-    return {0, now, best_d, best_s, best_r}
-  end
-
-  local fields = {'at', int(now), 'st', 'a', 'n', #KEYS - 1}
-  for s = 2, #KEYS do
-    redis.call('ZADD', KEYS[s], int(now), id)
-    redis.call('PEXPIRE', KEYS[s], int(longest[s]))
-    fields[#fields + 1] = 'k' .. (s - 1)
-    fields[#fields + 1] = KEYS[s]
-  end
-  redis.call('HSET', job, unpack(fields))
-  redis.call('PEXPIRE', job, ARGV[4])
-  return {1, now}
+  return out
 
 elseif op == 'refund' then
+  local job, id = KEYS[1], ARGV[2]
   local n = tonumber(redis.call('HGET', job, 'n'))
   if not n then return 0 end
   for i = 1, n do
@@ -120,6 +154,7 @@ elseif op == 'refund' then
   return 1
 
 elseif op == 'sent' then
+  local job = KEYS[1]
   if redis.call('EXISTS', job) == 0 then return 0 end
   redis.call('HSET', job, 'st', 's')
   return 1

@@ -127,16 +127,23 @@ pub enum Verdict {
 
 /// Why the limiter could not decide. Every variant is transient from the
 /// job's point of view: the job should be retried, not answered.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LimitError {
-    /// Redis could not be reached or returned an error.
+    /// Redis could not be reached or returned an error. Shared, because one
+    /// failed script call fails every request batched into it.
     #[error("redis: {0}")]
-    Redis(#[from] ::redis::RedisError),
+    Redis(std::sync::Arc<::redis::RedisError>),
     /// The script answered something this build does not understand (a
     /// different script version loaded under the same SHA cannot happen, so
     /// this means a bug or a tampered server).
     #[error("unexpected limiter reply: {0}")]
     Protocol(String),
+}
+
+impl From<::redis::RedisError> for LimitError {
+    fn from(e: ::redis::RedisError) -> Self {
+        LimitError::Redis(std::sync::Arc::new(e))
+    }
 }
 
 /// A rate limiter backend. Both backends implement exactly the semantics in
@@ -213,6 +220,19 @@ impl Keyspace {
         Applicable {
             scopes,
             job_key: self.job_key(req.id),
+        }
+    }
+
+    /// The rule sets, indexed as [`Keyspace::rule_set_of`] says.
+    pub fn rule_sets(&self) -> [&[Rule]; 2] {
+        [&self.limits.email.rules, &self.limits.ip.rules]
+    }
+
+    /// Which of [`Keyspace::rule_sets`] a scope uses.
+    pub fn rule_set_of(&self, scope: Scope) -> usize {
+        match scope {
+            Scope::Email => 0,
+            Scope::Ip => 1,
         }
     }
 

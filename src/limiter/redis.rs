@@ -1,32 +1,54 @@
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Verdict};
+use super::{Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Scope, Verdict};
 use crate::domain::JobId;
-use crate::settings::{LimitSettings, RedisSettings};
+use crate::settings::{LimitSettings, RedisSettings, Rule};
 
 /// The one limiter script; its header documents KEYS and ARGV.
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("limiter.lua")));
 
+/// Most requests decided in one script call.
+const MAX_BATCH: usize = 64;
+/// Script calls in flight at once; while they run, new requests gather into
+/// the next batch.
+const MAX_IN_FLIGHT: usize = 4;
+
 /// The production limiter: state in Redis, shared by every worker.
 ///
-/// Each call is one `EVALSHA` round trip (falling back to loading the script
-/// on `NOSCRIPT`, e.g. after a Redis restart). The connection is multiplexed
-/// and re-established automatically after Redis comes back; a call made while
-/// Redis is away fails with [`LimitError::Redis`], which callers treat as
-/// transient.
+/// Requests made while earlier ones are in flight are decided together in one
+/// `EVALSHA` (in arrival order, all at one Redis instant, atomically), so
+/// under load the fixed cost of a script call is shared; an idle limiter sends
+/// each request at once. The script is loaded again on `NOSCRIPT` (e.g. after
+/// a Redis restart). The connection is multiplexed and re-established after
+/// Redis comes back; a call made while Redis is away fails with
+/// [`LimitError::Redis`], which callers treat as transient.
 #[derive(Clone)]
 pub struct RedisLimiter {
     conn: ConnectionManager,
-    keys: std::sync::Arc<Keyspace>,
+    keys: Arc<Keyspace>,
+    queue: mpsc::Sender<Pending>,
+}
+
+/// A request waiting for its batch.
+struct Pending {
+    clock: Clock,
+    job_key: String,
+    id: String,
+    /// `(scope, key, index of its rule set)`.
+    scopes: Vec<(Scope, String, usize)>,
+    reply: oneshot::Sender<Result<Decision, LimitError>>,
 }
 
 impl RedisLimiter {
     /// Connects to Redis (failing if it does not answer now) and loads the
-    /// script, so a bad URL or an unusable server shows at start-up.
+    /// script, so a bad URL or an unusable server shows at start-up. Must be
+    /// called within a Tokio runtime: it starts the batching task, which ends
+    /// when the last clone of the limiter is dropped.
     pub async fn connect(
         redis: &RedisSettings,
         limits: &LimitSettings,
@@ -38,10 +60,10 @@ impl RedisLimiter {
             .set_number_of_retries(2);
         let mut conn = ConnectionManager::new_with_config(client, config).await?;
         SCRIPT.prepare_invoke().load_async(&mut conn).await?;
-        Ok(Self {
-            conn,
-            keys: std::sync::Arc::new(Keyspace::new(&redis.key_prefix, limits)),
-        })
+        let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
+        let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(dispatch(rx, conn.clone(), keys.clone()));
+        Ok(Self { conn, keys, queue })
     }
 
     /// The connection, for callers that share it (health checks, tools).
@@ -49,88 +71,167 @@ impl RedisLimiter {
         self.conn.clone()
     }
 
-    fn invocation(
-        &self,
-        op: &str,
-        job_key: &str,
-        id: &JobId,
-        clock: Clock,
-    ) -> redis::ScriptInvocation<'static> {
-        let mut inv = SCRIPT.prepare_invoke();
-        inv.key(job_key)
+    async fn single(&self, op: &str, id: &JobId) -> Result<bool, LimitError> {
+        let reply: i64 = SCRIPT
+            .key(self.keys.job_key(id))
             .arg(op)
-            .arg(match clock {
-                Clock::Server => String::new(),
-                Clock::At(ms) => ms.to_string(),
-            })
             .arg(id.as_str())
-            .arg(self.keys.dedup_ms());
-        inv
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
     }
+}
+
+/// Gathers queued requests into batches and runs up to [`MAX_IN_FLIGHT`]
+/// script calls at once.
+async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys: Arc<Keyspace>) {
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut carried: Option<Pending> = None;
+    loop {
+        // Wait for a free slot first: requests arriving meanwhile join the batch.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let clock = first.clock;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                // One batch is one instant: an explicit clock ends the batch.
+                Ok(p) if p.clock == clock => batch.push(p),
+                Ok(p) => {
+                    carried = Some(p);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        tokio::spawn(async move {
+            let result = run_batch(&mut conn, &keys, clock, &batch).await;
+            match result {
+                Ok(decisions) => {
+                    for (p, d) in batch.into_iter().zip(decisions) {
+                        let _ = p.reply.send(Ok(d));
+                    }
+                }
+                Err(e) => {
+                    for p in batch {
+                        let _ = p.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn run_batch(
+    conn: &mut ConnectionManager,
+    keys: &Keyspace,
+    clock: Clock,
+    batch: &[Pending],
+) -> Result<Vec<Decision>, LimitError> {
+    let sets = keys.rule_sets();
+    let mut inv = SCRIPT.prepare_invoke();
+    inv.arg("admit")
+        .arg(match clock {
+            Clock::Server => String::new(),
+            Clock::At(ms) => ms.to_string(),
+        })
+        .arg(keys.dedup_ms())
+        .arg(sets.len());
+    for rules in sets {
+        inv.arg(rules.len());
+        for rule in rules {
+            inv.arg(rule.window_ms()).arg(rule.max);
+        }
+    }
+    for p in batch {
+        inv.key(&p.job_key).arg(&p.id).arg(p.scopes.len());
+        for (_, key, set) in &p.scopes {
+            inv.key(key).arg(set + 1);
+        }
+    }
+    let reply: Vec<i64> = inv.invoke_async(conn).await?;
+    let bad = || {
+        LimitError::Protocol(format!(
+            "{} values for {} requests",
+            reply.len(),
+            batch.len()
+        ))
+    };
+    if reply.len() != 1 + 4 * batch.len() {
+        return Err(bad());
+    }
+    let num = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let decided_at_ms = num(reply[0])?;
+    batch
+        .iter()
+        .zip(reply[1..].chunks_exact(4))
+        .map(|(p, r)| {
+            let verdict = match r[0] {
+                1 => Verdict::Admitted,
+                0 => {
+                    let rule_of = |s: i64, i: i64| -> Option<RuleRef> {
+                        let (scope, _, set) = p.scopes.get(usize::try_from(s - 1).ok()?)?;
+                        let rule: &Rule = sets.get(*set)?.get(usize::try_from(i - 1).ok()?)?;
+                        Some(RuleRef {
+                            scope: *scope,
+                            window_ms: rule.window_ms(),
+                            max: rule.max,
+                        })
+                    };
+                    Verdict::Rejected {
+                        retry_after_ms: num(r[1])?,
+                        rule: rule_of(r[2], r[3]).ok_or_else(bad)?,
+                    }
+                }
+                2 => Verdict::Duplicate {
+                    admitted_at_ms: num(r[1])?,
+                    sent: r[2] == 1,
+                },
+                _ => return Err(bad()),
+            };
+            Ok(Decision {
+                decided_at_ms,
+                verdict,
+            })
+        })
+        .collect()
 }
 
 impl RateLimiter for RedisLimiter {
     async fn check(&self, req: &Request<'_>, clock: Clock) -> Result<Decision, LimitError> {
         let app = self.keys.applicable(req);
-        let mut inv = self.invocation("admit", &app.job_key, req.id, clock);
-        for (_, key, rules) in &app.scopes {
-            inv.key(key).arg(rules.len());
-            for rule in *rules {
-                inv.arg(rule.window_ms()).arg(rule.max);
-            }
-        }
-        let reply: Vec<i64> = inv.invoke_async(&mut self.conn.clone()).await?;
-        let bad = || LimitError::Protocol(format!("{reply:?}"));
-        let at = |i: usize| -> Result<u64, LimitError> {
-            reply
-                .get(i)
-                .and_then(|&v| u64::try_from(v).ok())
-                .ok_or_else(bad)
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            clock,
+            job_key: app.job_key,
+            id: req.id.as_str().to_owned(),
+            scopes: app
+                .scopes
+                .into_iter()
+                .map(|(scope, key, _)| (scope, key, self.keys.rule_set_of(scope)))
+                .collect(),
+            reply,
         };
-        let decided_at_ms = at(1)?;
-        let verdict = match reply.first() {
-            Some(1) => Verdict::Admitted,
-            Some(0) => {
-                let scope_i = usize::try_from(at(3)?).map_err(|_| bad())?;
-                let rule_i = usize::try_from(at(4)?).map_err(|_| bad())?;
-                let (scope, _, rules) = app.scopes.get(scope_i.wrapping_sub(1)).ok_or_else(bad)?;
-                let rule = rules.get(rule_i.wrapping_sub(1)).ok_or_else(bad)?;
-                Verdict::Rejected {
-                    retry_after_ms: at(2)?,
-                    rule: RuleRef {
-                        scope: *scope,
-                        window_ms: rule.window_ms(),
-                        max: rule.max,
-                    },
-                }
-            }
-            Some(2) => Verdict::Duplicate {
-                admitted_at_ms: at(2)?,
-                sent: at(3)? == 1,
-            },
-            _ => return Err(bad()),
-        };
-        Ok(Decision {
-            decided_at_ms,
-            verdict,
-        })
+        let gone = || LimitError::Protocol("the limiter's batching task stopped".into());
+        self.queue.send(pending).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
     }
 
     async fn refund(&self, id: &JobId) -> Result<bool, LimitError> {
-        let key = self.keys.job_key(id);
-        let removed: i64 = self
-            .invocation("refund", &key, id, Clock::Server)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(removed == 1)
+        self.single("refund", id).await
     }
 
     async fn mark_sent(&self, id: &JobId) -> Result<bool, LimitError> {
-        let key = self.keys.job_key(id);
-        let known: i64 = self
-            .invocation("sent", &key, id, Clock::Server)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(known == 1)
+        self.single("sent", id).await
     }
 }

@@ -115,3 +115,54 @@ pub fn id(s: &str) -> JobId {
 pub const SEC: u64 = 1000;
 pub const MIN: u64 = 60 * SEC;
 pub const HOUR: u64 = 60 * MIN;
+
+/// A `redis-server` of the test's own on a free port, for tests that break
+/// or flush a server. Killed when dropped.
+pub struct PrivateRedis {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl PrivateRedis {
+    pub fn start() -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let me = Self { child, port };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while redis::Client::open(me.url())
+            .and_then(|c| c.get_connection())
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "private redis did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        me
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
