@@ -245,10 +245,20 @@ fn main() {
         let pool = Arc::new(Pool::new());
         let (mut ours, mut theirs, mut ours_adm, mut theirs_adm) = (vec![], vec![], vec![], vec![]);
         for run in 0..rounds {
+            // Each round starts from empty key spaces, so every round sees the same mix.
+            let round_prefix = format!("{prefix}{run}:");
+            let settings = RedisSettings {
+                url: url.clone(),
+                key_prefix: round_prefix.clone(),
+            };
+            let limiter = RedisLimiter::connect(&settings, &LimitSettings::default())
+                .await
+                .expect("Redis must answer at BENCH_REDIS_URL");
+            let conn = limiter.connection();
             let (r, a) = round_mailgate(&limiter, &pool, run as u64, secs).await;
             ours.push(r);
             ours_adm.push(a);
-            let (r, a) = round_article(&conn, &prefix, secs).await;
+            let (r, a) = round_article(&conn, &round_prefix, secs).await;
             theirs.push(r);
             theirs_adm.push(a);
             eprintln!(

@@ -8,12 +8,17 @@ Data (all keys under the deployment's prefix, all with a TTL):
   <prefix>job:<id>          hash, one per admitted job, lives the dedup period
                               at  admission time (ms)
                               st  "a" admitted, "s" sent (the mail went out)
+                              m   its member in the scope logs
                               n   number of scope keys; k1..kn those keys
-  <prefix>email:<mailbox>   sorted set per scope key: member = job id,
-  <prefix>ip:<network>        score = admission ms. Members are job ids, never
-                              bare timestamps, so two jobs in the same
-                              millisecond both count. Lives the scope's
-                              longest window after its newest admission.
+  <prefix>email:<mailbox>   sorted set per scope key: score = admission ms,
+  <prefix>ip:<network>        member = "<admission ms, 15 digits>:<job id>".
+                              Members are unique per job, never bare
+                              timestamps, so two jobs in the same millisecond
+                              both count; the time is repeated in the member
+                              so reads need no WITHSCORES (formatting scores
+                              costs Redis more than the rest of a decision).
+                              Lives the scope's longest window after its
+                              newest admission.
 
 Semantics: a request is admitted iff for every rule (W, N) of every scope,
 fewer than N admissions of that key lie in (now - W, now]. That holds iff the
@@ -38,7 +43,7 @@ op "admit" -- decide a batch of requests in order, all at one instant
               2, admitted_at_ms, sent (0|1), 0     duplicate, nothing recorded
 
 op "refund" -- remove one job's admission from every scope
-  KEYS[1] job key; ARGV[2] job id. Returns 1 if there was one, else 0.
+  KEYS[1] job key. Returns 1 if there was one, else 0.
 
 op "sent" -- record that a job's mail went out
   KEYS[1] job key. Returns 1 if the job record exists, else 0.
@@ -63,18 +68,22 @@ if op == 'admit' then
   local dedup_ms = ARGV[3]
 
   -- Rule sets: windows, maxes, the longest window, and how many of a log's
-  -- newest entries one read fetches (enough for every rule up to N = 10).
+  -- newest entries one read fetches (enough for every rule up to N = 16;
+  -- a larger N costs a second read, but only when the log is that long).
   local sets = {}
   local a = 5
   for i = 1, tonumber(ARGV[4]) do
     local n = tonumber(ARGV[a])
-    local set = {n = n, w = {}, max = {}, wmax = 0, fetch = 0}
+    -- Numbers handed back to redis.call are pre-formatted strings here:
+    -- Lua would otherwise sprintf every one of them on every call.
+    local set = {n = n, w = {}, max = {}, skip = {}, wmax = 0, fetch = 0}
     for r = 1, n do
       local w, m = tonumber(ARGV[a + 2 * r - 1]), tonumber(ARGV[a + 2 * r])
-      set.w[r], set.max[r] = w, m
+      set.w[r], set.max[r], set.skip[r] = w, m, int(m - 1)
       if w > set.wmax then set.wmax = w end
-      if m <= 10 and m > set.fetch then set.fetch = m end
+      if m <= 16 and m > set.fetch then set.fetch = m end
     end
+    set.fetch_s, set.wmax_s = int(set.fetch), int(set.wmax)
     sets[i] = set
     a = a + 1 + 2 * n
   end
@@ -82,7 +91,8 @@ if op == 'admit' then
   local out = {now}
   local k = 1
   while a <= #ARGV do
-    local id, job, nscopes = ARGV[a], KEYS[k], tonumber(ARGV[a + 1])
+    local id, job, nscopes_s = ARGV[a], KEYS[k], ARGV[a + 1]
+    local nscopes = tonumber(nscopes_s)
     local first_key = k + 1
     k = k + 1 + nscopes
     local set_of = {}
@@ -101,17 +111,16 @@ if op == 'admit' then
         -- Newest first, never past now. A brand-new key reads as empty.
         local newest = {}
         if set.fetch > 0 then
-          local log = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'WITHSCORES', 'LIMIT', 0, set.fetch)
-          for i = 2, #log, 2 do newest[i / 2] = tonumber(log[i]) end
+          newest = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'LIMIT', '0', set.fetch_s)
         end
         for r = 1, set.n do
           local n = set.max[r]
-          local t_n = newest[n]
-          if not t_n and n > set.fetch and #newest == set.fetch then
+          local m = newest[n]
+          if not m and n > set.fetch and #newest == set.fetch then
             -- A large N: fetch just the N-th newest.
-            local one = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'WITHSCORES', 'LIMIT', n - 1, 1)
-            t_n = tonumber(one[2])
+            m = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'LIMIT', set.skip[r], '1')[1]
           end
+          local t_n = m and tonumber(string.sub(m, 1, 15))
           -- The rule is full iff d > 0; the largest d binds, the first on a tie.
           if t_n then
             local d = t_n + set.w[r] - now
@@ -124,13 +133,14 @@ if op == 'admit' then
         out[#out + 1] = 0; out[#out + 1] = best_d
         out[#out + 1] = best_s; out[#out + 1] = best_r
       else
-        local fields = {'at', now_s, 'st', 'a', 'n', nscopes}
+        local member = string.format('%015.0f', now) .. ':' .. id
+        local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes_s}
         for s = 1, nscopes do
           local key, set = KEYS[first_key + s - 1], set_of[s]
           -- Forget what no rule can see any more, so memory stays bounded.
           redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
-          redis.call('ZADD', key, now_s, id)
-          redis.call('PEXPIRE', key, int(set.wmax))
+          redis.call('ZADD', key, now_s, member)
+          redis.call('PEXPIRE', key, set.wmax_s)
           fields[#fields + 1] = 'k' .. s
           fields[#fields + 1] = key
         end
@@ -143,12 +153,13 @@ if op == 'admit' then
   return out
 
 elseif op == 'refund' then
-  local job, id = KEYS[1], ARGV[2]
-  local n = tonumber(redis.call('HGET', job, 'n'))
+  local job = KEYS[1]
+  local rec = redis.call('HMGET', job, 'm', 'n')
+  local member, n = rec[1], tonumber(rec[2])
   if not n then return 0 end
   for i = 1, n do
     local key = redis.call('HGET', job, 'k' .. i)
-    if key then redis.call('ZREM', key, id) end
+    if key then redis.call('ZREM', key, member) end
   end
   redis.call('DEL', job)
   return 1

@@ -75,7 +75,6 @@ impl RedisLimiter {
         let reply: i64 = SCRIPT
             .key(self.keys.job_key(id))
             .arg(op)
-            .arg(id.as_str())
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(reply == 1)
