@@ -427,6 +427,30 @@ mod cases {
         assert_exact(l, "j4", "a@example.com", x, 20).await;
     }
 
+    pub async fn admissions_after_now_do_not_count<M: Make>(m: M) {
+        // An explicit clock (or a Redis clock that stepped back) may decide
+        // before an earlier-recorded admission; the window is (t − W, t].
+        let b = m.make("future", limits(&[(MIN, 1)], &[(MIN, 20)])).await;
+        let l = &b.limiter;
+        let x = Some("198.51.100.1");
+        assert_eq!(check(l, "j1", "a@example.com", x, 10 * SEC).await, Verdict::Admitted);
+        assert_eq!(check(l, "j2", "a@example.com", x, 5 * SEC).await, Verdict::Admitted);
+        assert_eq!(
+            check(l, "j3", "a@example.com", x, 6 * SEC).await,
+            rejected(59 * SEC, Scope::Email, MIN, 1)
+        );
+        for i in 0..17 {
+            let v = check(l, &format!("k{i}"), &format!("u{i}@example.com"), x, 20 * SEC).await;
+            assert_eq!(v, Verdict::Admitted, "send {i}");
+        }
+        // 19 admissions at or before 20 s, none after: one more fits.
+        assert_eq!(check(l, "k17", "v@example.com", x, 20 * SEC).await, Verdict::Admitted);
+        assert_eq!(
+            check(l, "k18", "w@example.com", x, 20 * SEC).await,
+            rejected(45 * SEC, Scope::Ip, MIN, 20)
+        );
+    }
+
     pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
         let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
         let l = &b.limiter;
@@ -464,6 +488,7 @@ macro_rules! conformance {
                 no_ip_means_mailbox_only,
                 longest_wait_binds,
                 disabled_scope_is_not_limited,
+                admissions_after_now_do_not_count,
             );
         }
     };

@@ -68,22 +68,23 @@ if op == 'admit' then
   local dedup_ms = ARGV[3]
 
   -- Rule sets: windows, maxes, the longest window, and how many of a log's
-  -- newest entries one read fetches (enough for every rule up to N = 16;
+  -- newest entries one read fetches (enough for every rule up to N = 16, and at least 1;
   -- a larger N costs a second read, but only when the log is that long).
+  -- Numbers handed back to redis.call are kept as strings: Lua would
+  -- otherwise sprintf every one of them on every call.
   local sets = {}
   local a = 5
   for i = 1, tonumber(ARGV[4]) do
     local n = tonumber(ARGV[a])
-    -- Numbers handed back to redis.call are pre-formatted strings here:
-    -- Lua would otherwise sprintf every one of them on every call.
-    local set = {n = n, w = {}, max = {}, skip = {}, wmax = 0, fetch = 0}
+    -- fetch is at least 1: the newest entry shows whether any is after now.
+    local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1, fetch_s = '-1'}
     for r = 1, n do
-      local w, m = tonumber(ARGV[a + 2 * r - 1]), tonumber(ARGV[a + 2 * r])
-      set.w[r], set.max[r], set.skip[r] = w, m, int(m - 1)
-      if w > set.wmax then set.wmax = w end
-      if m <= 16 and m > set.fetch then set.fetch = m end
+      local w_s, m_s = ARGV[a + 2 * r - 1], ARGV[a + 2 * r]
+      local w, m = tonumber(w_s), tonumber(m_s)
+      set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
+      if w > set.wmax then set.wmax, set.wmax_s = w, w_s end
+      if m <= 16 and m > set.fetch then set.fetch, set.fetch_s = m, '-' .. m_s end
     end
-    set.fetch_s, set.wmax_s = int(set.fetch), int(set.wmax)
     sets[i] = set
     a = a + 1 + 2 * n
   end
@@ -108,17 +109,26 @@ if op == 'admit' then
       local best_d, best_s, best_r = 0, 0, 0
       for s = 1, nscopes do
         local key, set = KEYS[first_key + s - 1], set_of[s]
-        -- Newest first, never past now. A brand-new key reads as empty.
-        local newest = {}
-        if set.fetch > 0 then
-          newest = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'LIMIT', '0', set.fetch_s)
+        -- The newest entries, oldest of them first. A brand-new key reads
+        -- as empty. Reading by rank is cheapest; only if the log holds
+        -- entries after now (a clock that stepped back) is it read by score.
+        local log, by_score = {}, false
+        do
+          log = redis.call('ZRANGE', key, set.fetch_s, '-1')
+          local last = log[#log]
+          if last and tonumber(string.sub(last, 1, 15)) > now then
+            by_score = true
+            log = redis.call('ZRANGEBYSCORE', key, '-inf', now_s) -- all of it
+
+          end
         end
         for r = 1, set.n do
           local n = set.max[r]
-          local m = newest[n]
-          if not m and n > set.fetch and #newest == set.fetch then
-            -- A large N: fetch just the N-th newest.
-            m = redis.call('ZREVRANGEBYSCORE', key, now_s, '-inf', 'LIMIT', set.skip[r], '1')[1]
+          local m = log[#log - n + 1]
+          if not m and not by_score and n > set.fetch and #log == set.fetch then
+            -- A large N and a log at least as long as one read: fetch just
+            -- the N-th newest.
+            m = redis.call('ZRANGE', key, set.rank[r], set.rank[r])[1]
           end
           local t_n = m and tonumber(string.sub(m, 1, 15))
           -- The rule is full iff d > 0; the largest d binds, the first on a tie.
