@@ -68,8 +68,9 @@ if op == 'admit' then
   local dedup_ms = ARGV[3]
 
   -- Rule sets: windows, maxes, the longest window, and how many of a log's
-  -- newest entries one read fetches (enough for every rule up to N = 16, and at least 1;
-  -- a larger N costs a second read, but only when the log is that long).
+  -- newest entries one read fetches: the largest N, but at least 1 (the
+  -- newest entry shows whether any lies after now) and at most 16 (a larger
+  -- N costs a second read, but only when the log is that long).
   -- Numbers handed back to redis.call are kept as strings: Lua would
   -- otherwise sprintf every one of them on every call.
   local sets = {}
@@ -77,14 +78,16 @@ if op == 'admit' then
   for i = 1, tonumber(ARGV[4]) do
     local n = tonumber(ARGV[a])
     -- fetch is at least 1: the newest entry shows whether any is after now.
-    local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1, fetch_s = '-1'}
+    local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1}
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r - 1], ARGV[a + 2 * r]
       local w, m = tonumber(w_s), tonumber(m_s)
       set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
       if w > set.wmax then set.wmax, set.wmax_s = w, w_s end
-      if m <= 16 and m > set.fetch then set.fetch, set.fetch_s = m, '-' .. m_s end
+      if m > set.fetch then set.fetch = m end
     end
+    set.fetch = math.min(set.fetch, 16)
+    set.fetch_s = '-' .. set.fetch
     sets[i] = set
     a = a + 1 + 2 * n
   end
