@@ -433,18 +433,34 @@ mod cases {
         let b = m.make("future", limits(&[(MIN, 1)], &[(MIN, 20)])).await;
         let l = &b.limiter;
         let x = Some("198.51.100.1");
-        assert_eq!(check(l, "j1", "a@example.com", x, 10 * SEC).await, Verdict::Admitted);
-        assert_eq!(check(l, "j2", "a@example.com", x, 5 * SEC).await, Verdict::Admitted);
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 10 * SEC).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "a@example.com", x, 5 * SEC).await,
+            Verdict::Admitted
+        );
         assert_eq!(
             check(l, "j3", "a@example.com", x, 6 * SEC).await,
             rejected(59 * SEC, Scope::Email, MIN, 1)
         );
         for i in 0..17 {
-            let v = check(l, &format!("k{i}"), &format!("u{i}@example.com"), x, 20 * SEC).await;
+            let v = check(
+                l,
+                &format!("k{i}"),
+                &format!("u{i}@example.com"),
+                x,
+                20 * SEC,
+            )
+            .await;
             assert_eq!(v, Verdict::Admitted, "send {i}");
         }
         // 19 admissions at or before 20 s, none after: one more fits.
-        assert_eq!(check(l, "k17", "v@example.com", x, 20 * SEC).await, Verdict::Admitted);
+        assert_eq!(
+            check(l, "k17", "v@example.com", x, 20 * SEC).await,
+            Verdict::Admitted
+        );
         assert_eq!(
             check(l, "k18", "w@example.com", x, 20 * SEC).await,
             rejected(45 * SEC, Scope::Ip, MIN, 20)

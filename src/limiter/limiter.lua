@@ -29,13 +29,17 @@ wait over all rules, and the first rule (scope order, then rule order) with
 that wait is the binding one.
 
 op "admit" -- decide a batch of requests in order, all at one instant
-  KEYS      for each request: its job key, then its scope keys
+  KEYS      for each request, its scope keys (the job key is derived from
+            ARGV[4] and the id, so it is not declared: another reason this
+            script is for a single Redis, not a cluster)
   ARGV[2]   now in ms, or "" to use the Redis server's TIME (production)
   ARGV[3]   how long a job record lives, ms (>= the longest window)
-  ARGV[4]   R, the number of rule sets; then for each rule set: the number of
+  ARGV[4]   the job key prefix, "<prefix>job:"
+  ARGV[5]   R, the number of rule sets; then for each rule set: the number of
             rules r, then r pairs (window_ms, max)
-  then      for each request: job id, the number of scope keys s, then s
-            rule-set indices (1-based), one per scope key
+  then      for each request: its job id, then its shape: one character per
+            scope key, '0' + the 1-based rule set of that key ("12": two keys,
+            the first limited by rule set 1, the second by rule set 2)
   returns   {now, then 4 integers per request}:
               1, 0, 0, 0                           admitted, recorded in every scope
               0, retry_after_ms, scope_i, rule_i   rejected, nothing recorded; 1-based
@@ -65,7 +69,7 @@ if op == 'admit' then
     now = tonumber(ARGV[2])
   end
   local now_s = int(now)
-  local dedup_ms = ARGV[3]
+  local dedup_ms, job_prefix = ARGV[3], ARGV[4]
 
   -- Rule sets: windows, maxes, the longest window, and how many of a log's
   -- newest entries one read fetches: the largest N, but at least 1 (the
@@ -74,8 +78,8 @@ if op == 'admit' then
   -- Numbers handed back to redis.call are kept as strings: Lua would
   -- otherwise sprintf every one of them on every call.
   local sets = {}
-  local a = 5
-  for i = 1, tonumber(ARGV[4]) do
+  local a = 6
+  for i = 1, tonumber(ARGV[5]) do
     local n = tonumber(ARGV[a])
     -- fetch is at least 1: the newest entry shows whether any is after now.
     local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1}
@@ -92,26 +96,22 @@ if op == 'admit' then
     a = a + 1 + 2 * n
   end
 
-  local out = {now}
-  local k = 1
+  local out, o = {now}, 1
+  local k = 0
   while a <= #ARGV do
-    local id, job, nscopes_s = ARGV[a], KEYS[k], ARGV[a + 1]
-    local nscopes = tonumber(nscopes_s)
-    local first_key = k + 1
-    k = k + 1 + nscopes
-    local set_of = {}
-    for s = 1, nscopes do set_of[s] = sets[tonumber(ARGV[a + 1 + s])] end
-    a = a + 2 + nscopes
+    local id, shape = ARGV[a], ARGV[a + 1]
+    local job, nscopes, first_key = job_prefix .. id, #shape, k + 1
+    k = k + nscopes
+    a = a + 2
 
     local rec = redis.call('HMGET', job, 'at', 'st')
     if rec[1] then
       -- Idempotency: an admitted id is never counted twice.
-      out[#out + 1] = 2; out[#out + 1] = tonumber(rec[1])
-      out[#out + 1] = rec[2] == 's' and 1 or 0; out[#out + 1] = 0
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, tonumber(rec[1]), rec[2] == 's' and 1 or 0, 0
     else
       local best_d, best_s, best_r = 0, 0, 0
       for s = 1, nscopes do
-        local key, set = KEYS[first_key + s - 1], set_of[s]
+        local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
         -- The newest entries, oldest of them first. A brand-new key reads
         -- as empty. Reading by rank is cheapest; only if the log holds
         -- entries after now (a clock that stepped back) is it read by score.
@@ -143,13 +143,12 @@ if op == 'admit' then
       end
 
       if best_d > 0 then
-        out[#out + 1] = 0; out[#out + 1] = best_d
-        out[#out + 1] = best_s; out[#out + 1] = best_r
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, best_d, best_s, best_r
       else
         local member = string.format('%015.0f', now) .. ':' .. id
-        local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes_s}
+        local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes}
         for s = 1, nscopes do
-          local key, set = KEYS[first_key + s - 1], set_of[s]
+          local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
           -- Forget what no rule can see any more, so memory stays bounded.
           redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
           redis.call('ZADD', key, now_s, member)
@@ -159,9 +158,10 @@ if op == 'admit' then
         end
         redis.call('HSET', job, unpack(fields))
         redis.call('PEXPIRE', job, dedup_ms)
-        out[#out + 1] = 1; out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, 0, 0, 0
       end
     end
+    o = o + 4
   end
   return out
 

@@ -195,7 +195,12 @@ impl Keyspace {
     }
 
     pub fn job_key(&self, id: &JobId) -> String {
-        format!("{}job:{}", self.prefix, id.as_str())
+        format!("{}{}", self.job_key_prefix(), id.as_str())
+    }
+
+    /// Job keys are this followed by the job id.
+    pub fn job_key_prefix(&self) -> String {
+        format!("{}job:", self.prefix)
     }
 
     pub fn applicable(&self, req: &Request<'_>) -> Applicable<'_> {

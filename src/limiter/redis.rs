@@ -16,7 +16,7 @@ static SCRIPT: LazyLock<redis::Script> =
 const MAX_BATCH: usize = 64;
 /// Script calls in flight at once; while they run, new requests gather into
 /// the next batch.
-const MAX_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 2;
 
 /// The production limiter: state in Redis, shared by every worker.
 ///
@@ -37,10 +37,11 @@ pub struct RedisLimiter {
 /// A request waiting for its batch.
 struct Pending {
     clock: Clock,
-    job_key: String,
     id: String,
-    /// `(scope, key, index of its rule set)`.
-    scopes: Vec<(Scope, String, usize)>,
+    /// `(scope, key)`, in decision order.
+    scopes: Vec<(Scope, String)>,
+    /// One byte per scope key: `b'0'` + the 1-based index of its rule set.
+    shape: [u8; 2],
     reply: oneshot::Sender<Result<Decision, LimitError>>,
 }
 
@@ -145,6 +146,7 @@ async fn run_batch(
             Clock::At(ms) => ms.to_string(),
         })
         .arg(keys.dedup_ms())
+        .arg(keys.job_key_prefix())
         .arg(sets.len());
     for rules in sets {
         inv.arg(rules.len());
@@ -153,9 +155,9 @@ async fn run_batch(
         }
     }
     for p in batch {
-        inv.key(&p.job_key).arg(&p.id).arg(p.scopes.len());
-        for (_, key, set) in &p.scopes {
-            inv.key(key).arg(set + 1);
+        inv.arg(&p.id).arg(&p.shape[..p.scopes.len()]);
+        for (_, key) in &p.scopes {
+            inv.key(key);
         }
     }
     let reply: Vec<i64> = inv.invoke_async(conn).await?;
@@ -179,8 +181,10 @@ async fn run_batch(
                 1 => Verdict::Admitted,
                 0 => {
                     let rule_of = |s: i64, i: i64| -> Option<RuleRef> {
-                        let (scope, _, set) = p.scopes.get(usize::try_from(s - 1).ok()?)?;
-                        let rule: &Rule = sets.get(*set)?.get(usize::try_from(i - 1).ok()?)?;
+                        let s = usize::try_from(s - 1).ok()?;
+                        let (scope, _) = p.scopes.get(s)?;
+                        let set = usize::from(p.shape.get(s)?.checked_sub(b'1')?);
+                        let rule: &Rule = sets.get(set)?.get(usize::try_from(i - 1).ok()?)?;
                         Some(RuleRef {
                             scope: *scope,
                             window_ms: rule.window_ms(),
@@ -210,15 +214,20 @@ impl RateLimiter for RedisLimiter {
     async fn check(&self, req: &Request<'_>, clock: Clock) -> Result<Decision, LimitError> {
         let app = self.keys.applicable(req);
         let (reply, rx) = oneshot::channel();
+        let mut shape = [0u8; 2];
+        for (byte, (scope, _, _)) in shape.iter_mut().zip(&app.scopes) {
+            // At most two rule sets, so the index is a single digit.
+            *byte = b'1' + self.keys.rule_set_of(*scope) as u8;
+        }
         let pending = Pending {
             clock,
-            job_key: app.job_key,
             id: req.id.as_str().to_owned(),
             scopes: app
                 .scopes
                 .into_iter()
-                .map(|(scope, key, _)| (scope, key, self.keys.rule_set_of(scope)))
+                .map(|(scope, key, _)| (scope, key))
                 .collect(),
+            shape,
             reply,
         };
         let gone = || LimitError::Protocol("the limiter's batching task stopped".into());
