@@ -99,7 +99,7 @@ impl Pool {
     }
 }
 
-async fn round_mailgate(l: &RedisLimiter, pool: &Arc<Pool>, run: u64, secs: f64) -> (f64, f64) {
+async fn round_mailgate(l: &RedisLimiter, pool: &Arc<Pool>, run: u64, secs: f64) -> Round {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
@@ -126,10 +126,10 @@ async fn round_mailgate(l: &RedisLimiter, pool: &Arc<Pool>, run: u64, secs: f64)
             }
         }));
     }
-    finish(tasks, stop, &tally, secs).await
+    finish(tasks, stop, &tally, secs, &l.connection()).await
 }
 
-async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> (f64, f64) {
+async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> Round {
     let script = Arc::new(redis::Script::new(ARTICLE_SCRIPT));
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -163,7 +163,29 @@ async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> (f6
             }
         }));
     }
-    finish(tasks, stop, &tally, secs).await
+    finish(tasks, stop, &tally, secs, conn).await
+}
+
+/// One contender's round: decisions/s, the admitted share, and Redis CPU
+/// microseconds per decision (from `INFO cpu`, user + system).
+struct Round {
+    rate: f64,
+    admitted: f64,
+    redis_us: f64,
+}
+
+/// Redis's own CPU seconds so far.
+async fn redis_cpu(conn: &ConnectionManager) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum()
 }
 
 async fn finish(
@@ -171,7 +193,9 @@ async fn finish(
     stop: Arc<AtomicBool>,
     tally: &Tally,
     secs: f64,
-) -> (f64, f64) {
+    conn: &ConnectionManager,
+) -> Round {
+    let cpu0 = redis_cpu(conn).await;
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
@@ -179,9 +203,14 @@ async fn finish(
         t.await.expect("caller");
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = redis_cpu(conn).await - cpu0;
     let d = tally.decisions.load(Ordering::Relaxed) as f64;
     let a = tally.admitted.load(Ordering::Relaxed) as f64;
-    (d / elapsed, a / d.max(1.0))
+    Round {
+        rate: d / elapsed,
+        admitted: a / d.max(1.0),
+        redis_us: cpu * 1e6 / d.max(1.0),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -233,9 +262,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let result = rt.block_on(async {
+    let (ours, theirs) = rt.block_on(async {
         let pool = Arc::new(Pool::new());
-        let (mut ours, mut theirs, mut ours_adm, mut theirs_adm) = (vec![], vec![], vec![], vec![]);
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for run in 0..rounds {
             // Each round starts from empty key spaces, so every round sees the same mix.
             let round_prefix = format!("{prefix}{run}:");
@@ -246,46 +275,41 @@ fn main() {
             let limiter = RedisLimiter::connect(&settings, &LimitSettings::default())
                 .await
                 .expect("Redis must answer at BENCH_REDIS_URL");
-            let conn = limiter.connection();
-            let (r, a) = round_mailgate(&limiter, &pool, run as u64, secs).await;
-            ours.push(r);
-            ours_adm.push(a);
-            let (r, a) = round_article(&conn, &round_prefix, secs).await;
-            theirs.push(r);
-            theirs_adm.push(a);
+            let ours_round = round_mailgate(&limiter, &pool, run as u64, secs).await;
+            let theirs_round = round_article(&limiter.connection(), &round_prefix, secs).await;
             eprintln!(
-                "round {}: mailgate {:.0}/s, article {:.0}/s",
+                "round {}: mailgate {:.0}/s ({:.1} us Redis CPU each), article {:.0}/s ({:.1} us)",
                 run + 1,
-                ours[run],
-                theirs[run]
+                ours_round.rate,
+                ours_round.redis_us,
+                theirs_round.rate,
+                theirs_round.redis_us
             );
+            ours.push(ours_round);
+            theirs.push(theirs_round);
         }
-        // Each round's ratio is taken against the baseline measured right
-        // after it, so slow phases of a noisy machine cancel out.
-        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, t)| o / t).collect();
-        (
-            median(ours),
-            median(theirs),
-            median(ours_adm),
-            median(theirs_adm),
-            median(ratios),
-        )
+        (ours, theirs)
     });
     cleanup(&url, &prefix);
-    let (ours, theirs, ours_adm, theirs_adm, ratio) = result;
+    let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
+    // Each round's ratio is taken against the baseline measured right after
+    // it, so slow phases of a noisy machine cancel out.
+    let ratio = median(ours.iter().zip(&theirs).map(|(o, t)| o.rate / t.rate).collect());
     println!();
+    println!("limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, medians");
+    println!("| script | checks | decisions/s | Redis CPU per decision | admitted | ratio |");
+    println!("|---|---|---:|---:|---:|---:|");
     println!(
-        "limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, median"
-    );
-    println!("| script | checks | decisions/s | admitted | ratio |");
-    println!("|---|---|---:|---:|---:|");
-    println!(
-        "| article 003 (nil fixed) | 1 key × 3 rules, no dedup | {theirs:.0} | {:.1} % | 1.00 |",
-        theirs_adm * 100.0
+        "| article 003 (nil fixed) | 1 key × 3 rules, no dedup | {:.0} | {:.1} µs | {:.1} % | 1.00 |",
+        med(&theirs, |r| r.rate),
+        med(&theirs, |r| r.redis_us),
+        med(&theirs, |r| r.admitted) * 100.0,
     );
     println!(
-        "| mailgate limiter.lua | 2 scopes × 3 rules + dedup | {ours:.0} | {:.1} % | {ratio:.2} |",
-        ours_adm * 100.0,
+        "| mailgate limiter.lua | 2 scopes × 3 rules + dedup | {:.0} | {:.1} µs | {:.1} % | {ratio:.2} |",
+        med(&ours, |r| r.rate),
+        med(&ours, |r| r.redis_us),
+        med(&ours, |r| r.admitted) * 100.0,
     );
-    println!("(ratio: median over rounds of mailgate / article in the same round)");
+    println!("(ratio: median over rounds of mailgate / article decisions/s in the same round)");
 }
