@@ -11,7 +11,7 @@ Data (all keys under the deployment's prefix, all with a TTL):
                               m   its member in the scope logs
                               n   number of scope keys; k1..kn those keys
   <prefix>email:<mailbox>   sorted set per scope key: score = admission ms,
-  <prefix>ip:<network>        member = "<admission ms, 15 digits>:<job id>".
+  <prefix>ip:<network>        member = "<admission ms, 12 hex digits>:<job id>".
                               Members are unique per job, never bare
                               timestamps, so two jobs in the same millisecond
                               both count; the time is repeated in the member
@@ -60,6 +60,12 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- The admission time a log member starts with: 12 hex digits of ms
+-- (parsed with strtoul; a decimal prefix would cost a slow strtod).
+local function time_of(member)
+  return tonumber(string.sub(member, 1, 12), 16)
+end
+
 if op == 'admit' then
   local now
   if ARGV[2] == '' then
@@ -104,9 +110,9 @@ if op == 'admit' then
     k = k + nscopes
     a = a + 2
 
-    local rec = redis.call('HMGET', job, 'at', 'st')
-    if rec[1] then
+    if redis.call('EXISTS', job) == 1 then
       -- Idempotency: an admitted id is never counted twice.
+      local rec = redis.call('HMGET', job, 'at', 'st')
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, tonumber(rec[1]), rec[2] == 's' and 1 or 0, 0
     else
       local best_d, best_s, best_r = 0, 0, 0
@@ -114,26 +120,31 @@ if op == 'admit' then
         local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
         -- The newest entries, oldest of them first. A brand-new key reads
         -- as empty. Reading by rank is cheapest; only if the log holds
-        -- entries after now (a clock that stepped back) is it read by score.
-        local log, by_score = {}, false
-        do
-          log = redis.call('ZRANGE', key, set.fetch_s, '-1')
-          local last = log[#log]
-          if last and tonumber(string.sub(last, 1, 15)) > now then
-            by_score = true
-            log = redis.call('ZRANGEBYSCORE', key, '-inf', now_s) -- all of it
-
-          end
+        -- entries after now (a clock that stepped back) is it read by score,
+        -- and then whole.
+        local log = redis.call('ZRANGE', key, set.fetch_s, '-1')
+        local len = #log
+        local newest = len > 0 and time_of(log[len])
+        local by_score = newest and newest > now
+        if by_score then
+          log = redis.call('ZRANGEBYSCORE', key, '-inf', now_s)
+          len = #log
+          newest = len > 0 and time_of(log[len])
         end
         for r = 1, set.n do
           local n = set.max[r]
-          local m = log[#log - n + 1]
-          if not m and not by_score and n > set.fetch and #log == set.fetch then
+          local i = len - n + 1
+          local t_n
+          if i == len then
+            t_n = newest
+          elseif i > 0 then
+            t_n = time_of(log[i])
+          elseif not by_score and n > set.fetch and len == set.fetch then
             -- A large N and a log at least as long as one read: fetch just
             -- the N-th newest.
-            m = redis.call('ZRANGE', key, set.rank[r], set.rank[r])[1]
+            local m = redis.call('ZRANGE', key, set.rank[r], set.rank[r])[1]
+            t_n = m and time_of(m)
           end
-          local t_n = m and tonumber(string.sub(m, 1, 15))
           -- The rule is full iff d > 0; the largest d binds, the first on a tie.
           if t_n then
             local d = t_n + set.w[r] - now
@@ -145,7 +156,7 @@ if op == 'admit' then
       if best_d > 0 then
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, best_d, best_s, best_r
       else
-        local member = string.format('%015.0f', now) .. ':' .. id
+        local member = string.format('%012x', now) .. ':' .. id
         local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes}
         for s = 1, nscopes do
           local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
