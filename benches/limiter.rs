@@ -19,6 +19,11 @@ use mailgate::limiter::{Clock, RateLimiter, RedisLimiter, Request, Verdict};
 use mailgate::settings::{LimitSettings, RedisSettings};
 use redis::aio::ConnectionManager;
 
+/// The allocator the mailgate binary uses, so the client side costs what it
+/// costs in production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CALLERS: usize = 64;
 const MAILBOXES: u64 = 10_000;
 const NETWORKS: u64 = 1_000;
@@ -294,9 +299,16 @@ fn main() {
     let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
     // Each round's ratio is taken against the baseline measured right after
     // it, so slow phases of a noisy machine cancel out.
-    let ratio = median(ours.iter().zip(&theirs).map(|(o, t)| o.rate / t.rate).collect());
+    let ratio = median(
+        ours.iter()
+            .zip(&theirs)
+            .map(|(o, t)| o.rate / t.rate)
+            .collect(),
+    );
     println!();
-    println!("limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, medians");
+    println!(
+        "limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, medians"
+    );
     println!("| script | checks | decisions/s | Redis CPU per decision | admitted | ratio |");
     println!("|---|---|---:|---:|---:|---:|");
     println!(

@@ -117,6 +117,14 @@ impl EmailAddress {
     /// The rate-limit identity of this mailbox: every spelling that reaches the
     /// same inbox (under the steps `n` switches on) yields the same key.
     pub fn mailbox_key(&self, n: &Normalization) -> String {
+        let mut key = String::with_capacity(self.address.len());
+        self.push_mailbox_key(n, &mut key);
+        key
+    }
+
+    /// Appends [`EmailAddress::mailbox_key`] to `out` (saves an allocation
+    /// where the key is part of a longer string).
+    pub fn push_mailbox_key(&self, n: &Normalization, out: &mut String) {
         let mut domain = self.domain();
         if n.googlemail_alias && domain == "googlemail.com" {
             domain = "gmail.com";
@@ -124,25 +132,31 @@ impl EmailAddress {
         // A quoted local part whose content is a plain dot-atom is the same
         // mailbox as the unquoted one (RFC 5321 §4.1.2); compare contents.
         let raw = self.local();
-        let mut local = if raw.starts_with('"') {
+        let unquoted;
+        let mut local = raw;
+        if raw.starts_with('"') {
             // Parsing checked the quoting, so this cannot fail; fall back to
             // the raw text rather than panic if that ever changed.
-            quoted_content(raw).unwrap_or_else(|| raw.to_owned())
-        } else {
-            raw.to_owned()
-        };
-        if n.lowercase {
-            local = local.to_lowercase();
+            unquoted = quoted_content(raw).unwrap_or_else(|| raw.to_owned());
+            local = &unquoted;
         }
         if n.strip_plus_tag {
             if let Some(i) = local.find('+').filter(|&i| i > 0) {
-                local.truncate(i);
+                local = &local[..i];
             }
         }
-        if n.gmail_dots && domain == "gmail.com" {
-            local.retain(|c| c != '.');
+        let drop_dots = n.gmail_dots && domain == "gmail.com";
+        for c in local.chars().filter(|&c| !(drop_dots && c == '.')) {
+            if !n.lowercase {
+                out.push(c);
+            } else if c.is_ascii() {
+                out.push(c.to_ascii_lowercase());
+            } else {
+                out.extend(c.to_lowercase());
+            }
         }
-        format!("{local}@{domain}")
+        out.push('@');
+        out.push_str(domain);
     }
 }
 

@@ -87,7 +87,8 @@ impl MemoryLimiter {
     }
 
     fn decide(&self, req: &Request<'_>, now: u64) -> Decision {
-        let app = self.keys.applicable(req);
+        let scopes = self.keys.applicable(req);
+        let job_key = self.keys.job_key(req.id);
         let mut guard = self.lock();
         let state = &mut *guard;
         state.calls += 1;
@@ -99,7 +100,7 @@ impl MemoryLimiter {
             verdict,
         };
 
-        if let Some(rec) = state.jobs.get(&app.job_key).filter(|r| r.expires_at > now) {
+        if let Some(rec) = state.jobs.get(&job_key).filter(|r| r.expires_at > now) {
             return decision(Verdict::Duplicate {
                 admitted_at_ms: rec.at,
                 sent: rec.sent,
@@ -108,7 +109,7 @@ impl MemoryLimiter {
 
         let mut best: Option<(u64, RuleRef)> = None;
         let mut times = Vec::new();
-        for (scope, key, rules) in &app.scopes {
+        for (scope, key, rules) in &scopes {
             let longest = rules.iter().map(|r| r.window_ms()).max().unwrap_or(0);
             times.clear();
             if let Some(log) = state.logs.get_mut(key) {
@@ -138,8 +139,8 @@ impl MemoryLimiter {
         }
 
         let id: Arc<str> = Arc::from(req.id.as_str());
-        let mut keys = Vec::with_capacity(app.scopes.len());
-        for (_, key, rules) in app.scopes {
+        let mut keys = Vec::with_capacity(scopes.len());
+        for (_, key, rules) in scopes {
             let longest_ms = rules.iter().map(|r| r.window_ms()).max().unwrap_or(0);
             let log = state.logs.entry(key.clone()).or_insert_with(|| Log {
                 entries: VecDeque::new(),
@@ -151,7 +152,7 @@ impl MemoryLimiter {
             keys.push(key);
         }
         state.jobs.insert(
-            app.job_key,
+            job_key,
             JobRecord {
                 at: now,
                 sent: false,

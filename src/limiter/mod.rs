@@ -168,16 +168,12 @@ pub trait RateLimiter: Send + Sync {
     fn mark_sent(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 }
 
-/// The keys and rules that apply to one request, in decision order.
+/// The scope keys and rules that apply to one request, in decision order:
+/// `(scope, key, rules)` for each scope that applies and has rules.
 ///
 /// Both backends derive keys here, so a mailbox or network means the same key
 /// whichever backend counts it.
-pub(crate) struct Applicable<'s> {
-    /// `(scope, key, rules)` for each scope that applies and has rules.
-    pub scopes: Vec<(Scope, String, &'s [Rule])>,
-    /// The job record key.
-    pub job_key: String,
-}
+pub(crate) type Applicable<'s> = Vec<(Scope, String, &'s [Rule])>;
 
 /// Key naming and policy lookup shared by both backends.
 #[derive(Debug, Clone)]
@@ -207,11 +203,10 @@ impl Keyspace {
         let l = &self.limits;
         let mut scopes = Vec::with_capacity(2);
         if !l.email.rules.is_empty() {
-            let key = format!(
-                "{}email:{}",
-                self.prefix,
-                req.email.mailbox_key(&l.normalize)
-            );
+            let mut key = String::with_capacity(self.prefix.len() + 6 + req.email.as_str().len());
+            key.push_str(&self.prefix);
+            key.push_str("email:");
+            req.email.push_mailbox_key(&l.normalize, &mut key);
             scopes.push((Scope::Email, key, l.email.rules.as_slice()));
         }
         if let Some(ip) = req.ip.filter(|_| !l.ip.rules.is_empty()) {
@@ -222,10 +217,7 @@ impl Keyspace {
             );
             scopes.push((Scope::Ip, key, l.ip.rules.as_slice()));
         }
-        Applicable {
-            scopes,
-            job_key: self.job_key(req.id),
-        }
+        scopes
     }
 
     /// The rule sets, indexed as [`Keyspace::rule_set_of`] says.

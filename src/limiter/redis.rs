@@ -215,7 +215,7 @@ impl RateLimiter for RedisLimiter {
         let app = self.keys.applicable(req);
         let (reply, rx) = oneshot::channel();
         let mut shape = [0u8; 2];
-        for (byte, (scope, _, _)) in shape.iter_mut().zip(&app.scopes) {
+        for (byte, (scope, _, _)) in shape.iter_mut().zip(&app) {
             // At most two rule sets, so the index is a single digit.
             *byte = b'1' + self.keys.rule_set_of(*scope) as u8;
         }
@@ -223,7 +223,6 @@ impl RateLimiter for RedisLimiter {
             clock,
             id: req.id.as_str().to_owned(),
             scopes: app
-                .scopes
                 .into_iter()
                 .map(|(scope, key, _)| (scope, key))
                 .collect(),
