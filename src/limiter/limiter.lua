@@ -54,22 +54,24 @@ op "sent" -- record that a job's mail went out
 ]]
 
 local op = ARGV[1]
+-- Locals, not globals, in the hot loop: each global is a table lookup.
+local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
 
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)
-  return string.format('%.0f', x)
+  return format('%.0f', x)
 end
 
 -- The admission time a log member starts with: 12 hex digits of ms
 -- (parsed with strtoul; a decimal prefix would cost a slow strtod).
 local function time_of(member)
-  return tonumber(string.sub(member, 1, 12), 16)
+  return tonumber(sub(member, 1, 12), 16)
 end
 
 if op == 'admit' then
   local now
   if ARGV[2] == '' then
-    local t = redis.call('TIME')
+    local t = call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   else
     now = tonumber(ARGV[2])
@@ -110,24 +112,24 @@ if op == 'admit' then
     k = k + nscopes
     a = a + 2
 
-    if redis.call('EXISTS', job) == 1 then
+    if call('EXISTS', job) == 1 then
       -- Idempotency: an admitted id is never counted twice.
-      local rec = redis.call('HMGET', job, 'at', 'st')
+      local rec = call('HMGET', job, 'at', 'st')
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, tonumber(rec[1]), rec[2] == 's' and 1 or 0, 0
     else
       local best_d, best_s, best_r = 0, 0, 0
       for s = 1, nscopes do
-        local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
+        local key, set = KEYS[first_key + s - 1], sets[byte(shape, s) - 48]
         -- The newest entries, oldest of them first. A brand-new key reads
         -- as empty. Reading by rank is cheapest; only if the log holds
         -- entries after now (a clock that stepped back) is it read by score,
         -- and then whole.
-        local log = redis.call('ZRANGE', key, set.fetch_s, '-1')
+        local log = call('ZRANGE', key, set.fetch_s, '-1')
         local len = #log
         local newest = len > 0 and time_of(log[len])
         local by_score = newest and newest > now
         if by_score then
-          log = redis.call('ZRANGEBYSCORE', key, '-inf', now_s)
+          log = call('ZRANGEBYSCORE', key, '-inf', now_s)
           len = #log
           newest = len > 0 and time_of(log[len])
         end
@@ -142,7 +144,7 @@ if op == 'admit' then
           elseif not by_score and n > set.fetch and len == set.fetch then
             -- A large N and a log at least as long as one read: fetch just
             -- the N-th newest.
-            local m = redis.call('ZRANGE', key, set.rank[r], set.rank[r])[1]
+            local m = call('ZRANGE', key, set.rank[r], set.rank[r])[1]
             t_n = m and time_of(m)
           end
           -- The rule is full iff d > 0; the largest d binds, the first on a tie.
@@ -156,19 +158,19 @@ if op == 'admit' then
       if best_d > 0 then
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, best_d, best_s, best_r
       else
-        local member = string.format('%012x', now) .. ':' .. id
+        local member = format('%012x', now) .. ':' .. id
         local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes}
         for s = 1, nscopes do
-          local key, set = KEYS[first_key + s - 1], sets[string.byte(shape, s) - 48]
+          local key, set = KEYS[first_key + s - 1], sets[byte(shape, s) - 48]
           -- Forget what no rule can see any more, so memory stays bounded.
-          redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
-          redis.call('ZADD', key, now_s, member)
-          redis.call('PEXPIRE', key, set.wmax_s)
+          call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
+          call('ZADD', key, now_s, member)
+          call('PEXPIRE', key, set.wmax_s)
           fields[#fields + 1] = 'k' .. s
           fields[#fields + 1] = key
         end
-        redis.call('HSET', job, unpack(fields))
-        redis.call('PEXPIRE', job, dedup_ms)
+        call('HSET', job, unpack(fields))
+        call('PEXPIRE', job, dedup_ms)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, 0, 0, 0
       end
     end
@@ -178,20 +180,20 @@ if op == 'admit' then
 
 elseif op == 'refund' then
   local job = KEYS[1]
-  local rec = redis.call('HMGET', job, 'm', 'n')
+  local rec = call('HMGET', job, 'm', 'n')
   local member, n = rec[1], tonumber(rec[2])
   if not n then return 0 end
   for i = 1, n do
-    local key = redis.call('HGET', job, 'k' .. i)
-    if key then redis.call('ZREM', key, member) end
+    local key = call('HGET', job, 'k' .. i)
+    if key then call('ZREM', key, member) end
   end
-  redis.call('DEL', job)
+  call('DEL', job)
   return 1
 
 elseif op == 'sent' then
   local job = KEYS[1]
-  if redis.call('EXISTS', job) == 0 then return 0 end
-  redis.call('HSET', job, 'st', 's')
+  if call('EXISTS', job) == 0 then return 0 end
+  call('HSET', job, 'st', 's')
   return 1
 end
 
