@@ -7,6 +7,8 @@
 //! Layout: [`domain`] holds parsed input types and depends on nothing;
 //! [`limiter`] is a stage depending only on `domain` and [`settings`].
 
+#![warn(missing_docs)]
+
 pub mod domain;
 pub mod limiter;
 pub mod settings;

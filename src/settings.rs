@@ -194,15 +194,15 @@ impl LimitSettings {
                 "limits.ipv6_prefix must be at most 128".into(),
             ));
         }
-        if let Some(d) = self.dedup_for {
-            if d < self.longest_window() {
-                return Err(SettingsError::Invalid(format!(
-                    "limits.dedup_for ({}) must be at least the longest window ({}), \
+        if let Some(d) = self.dedup_for
+            && d < self.longest_window()
+        {
+            return Err(SettingsError::Invalid(format!(
+                "limits.dedup_for ({}) must be at least the longest window ({}), \
                      or a redelivered job could be counted twice",
-                    humantime::format_duration(d),
-                    humantime::format_duration(self.longest_window()),
-                )));
-            }
+                humantime::format_duration(d),
+                humantime::format_duration(self.longest_window()),
+            )));
         }
         Ok(())
     }

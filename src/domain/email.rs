@@ -140,10 +140,10 @@ impl EmailAddress {
             unquoted = quoted_content(raw).unwrap_or_else(|| raw.to_owned());
             local = &unquoted;
         }
-        if n.strip_plus_tag {
-            if let Some(i) = local.find('+').filter(|&i| i > 0) {
-                local = &local[..i];
-            }
+        if n.strip_plus_tag
+            && let Some(i) = local.find('+').filter(|&i| i > 0)
+        {
+            local = &local[..i];
         }
         let drop_dots = n.gmail_dots && domain == "gmail.com";
         for c in local.chars().filter(|&c| !(drop_dots && c == '.')) {

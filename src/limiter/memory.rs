@@ -92,7 +92,7 @@ impl MemoryLimiter {
         let mut guard = self.lock();
         let state = &mut *guard;
         state.calls += 1;
-        if state.calls % SWEEP_EVERY == 0 {
+        if state.calls.is_multiple_of(SWEEP_EVERY) {
             state.sweep(now);
         }
         let decision = |verdict| Decision {
@@ -117,18 +117,18 @@ impl MemoryLimiter {
                 log.prune(now);
                 times.extend(log.entries.iter().map(|(t, _)| *t));
             }
-            if let Some((d, i)) = binding_rule(rules, &times, now) {
-                if best.is_none_or(|(bd, _)| d > bd) {
-                    let r = &rules[i];
-                    best = Some((
-                        d,
-                        RuleRef {
-                            scope: *scope,
-                            window_ms: r.window_ms(),
-                            max: r.max,
-                        },
-                    ));
-                }
+            if let Some((d, i)) = binding_rule(rules, &times, now)
+                && best.is_none_or(|(bd, _)| d > bd)
+            {
+                let r = &rules[i];
+                best = Some((
+                    d,
+                    RuleRef {
+                        scope: *scope,
+                        window_ms: r.window_ms(),
+                        max: r.max,
+                    },
+                ));
             }
         }
         if let Some((retry_after_ms, rule)) = best {
