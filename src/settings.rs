@@ -143,6 +143,12 @@ pub struct LimitSettings {
     /// may not be shorter than, the longest window of any rule.
     #[serde(deserialize_with = "opt_human_duration")]
     pub dedup_for: Option<Duration>,
+    /// How long an admission owns its job's send. Another copy of the job
+    /// (a redelivery after a crash, a producer's double publish) waits this
+    /// long before it may send instead. Must exceed the SMTP send deadline,
+    /// or a slow send and its retry could both deliver.
+    #[serde(deserialize_with = "human_duration")]
+    pub send_lease: Duration,
 }
 
 impl Default for LimitSettings {
@@ -163,6 +169,7 @@ impl Default for LimitSettings {
             ipv4_prefix: 32,
             ipv6_prefix: 64,
             dedup_for: None,
+            send_lease: Duration::from_secs(30),
         }
     }
 }

@@ -257,12 +257,14 @@ mod cases {
             check(l, "j1", "a@example.com", x, 0).await,
             Verdict::Admitted
         );
+        // The admission owns the send for the lease (30 s by default): other
+        // copies of the job wait.
         for t in [1, 2, 3] {
             assert_eq!(
                 check(l, "j1", "a@example.com", x, t).await,
-                Verdict::Duplicate {
+                Verdict::InProgress {
                     admitted_at_ms: 0,
-                    sent: false
+                    lease_left_ms: 30_000 - t
                 }
             );
         }
@@ -270,10 +272,11 @@ mod cases {
         assert!(!l.mark_sent(&id("unknown")).await.unwrap());
         assert_eq!(
             check(l, "j1", "a@example.com", x, 4).await,
-            Verdict::Duplicate {
-                admitted_at_ms: 0,
-                sent: true
-            }
+            Verdict::Duplicate { admitted_at_ms: 0 }
+        );
+        assert!(
+            !l.release(&id("j1")).await.unwrap(),
+            "a sent job has no lease"
         );
         // The IP counted j1 once: two more fit, the third does not.
         assert_eq!(
@@ -287,6 +290,52 @@ mod cases {
         assert_eq!(
             check(l, "j4", "d@example.com", x, 7).await,
             rejected(MIN - 7, Scope::Ip, MIN, 3)
+        );
+    }
+
+    pub async fn send_lease_lapses_or_is_released<M: Make>(m: M) {
+        let b = m.make("lease", LimitSettings::default()).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 1_000).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 30_999).await,
+            Verdict::InProgress {
+                admitted_at_ms: 1_000,
+                lease_left_ms: 1
+            }
+        );
+        // The admitting attempt died: once its lease lapses, the next copy
+        // owns the send, and holds it for a new lease.
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 31_000).await,
+            Verdict::Resume {
+                admitted_at_ms: 1_000
+            }
+        );
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 31_001).await,
+            Verdict::InProgress {
+                admitted_at_ms: 1_000,
+                lease_left_ms: 29_999
+            }
+        );
+        // A transient failure releases the lease: the retry resumes at once.
+        assert!(l.release(&id("j1")).await.unwrap());
+        assert!(!l.release(&id("nope")).await.unwrap());
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 31_002).await,
+            Verdict::Resume {
+                admitted_at_ms: 1_000
+            }
+        );
+        // None of it counted again: the mailbox's next send waits for 1 min
+        // after the one admission.
+        assert_eq!(
+            check(l, "j2", "a@example.com", None, 31_003).await,
+            rejected(30_000 - 3, Scope::Email, MIN, 1)
         );
     }
 
@@ -505,6 +554,7 @@ macro_rules! conformance {
                 longest_wait_binds,
                 disabled_scope_is_not_limited,
                 admissions_after_now_do_not_count,
+                send_lease_lapses_or_is_released,
             );
         }
     };

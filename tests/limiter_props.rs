@@ -29,6 +29,7 @@ enum Op {
     },
     Refund(usize),
     MarkSent(usize),
+    Release(usize),
 }
 
 fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
@@ -53,6 +54,7 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
         20 => check,
         1 => (0usize..64).prop_map(Op::Refund),
         1 => (0usize..64).prop_map(Op::MarkSent),
+        1 => (0usize..64).prop_map(Op::Release),
     ];
     proptest::collection::vec(op, 1..80)
 }
@@ -61,6 +63,7 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
 fn small_limits() -> LimitSettings {
     LimitSettings {
         dedup_for: Some(Duration::from_secs(1_000 * 3600)),
+        send_lease: Duration::from_millis(2_000),
         ..limits(
             &[(1_000, 1), (10_000, 3), (60_000, 5)],
             &[(1_000, 2), (5_000, 4), (30_000, 6)],
@@ -90,7 +93,7 @@ async fn run_case<L: RateLimiter>(
     limits: &LimitSettings,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
-    let mut model = Model::default();
+    let mut model = Model::new(limits.send_lease.as_millis() as u64);
     let mut ids: Vec<String> = Vec::new();
     let mut t = 1_700_000_000_000u64;
     let norm = Normalization::default();
@@ -148,6 +151,14 @@ async fn run_case<L: RateLimiter>(
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(got, model.mark_sent(job), "mark_sent {}", job);
+            }
+            Op::Release(k) if !ids.is_empty() => {
+                let job = &ids[k % ids.len()];
+                let got = l
+                    .release(&id(job))
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(got, model.release(job), "release {}", job);
             }
             _ => {}
         }

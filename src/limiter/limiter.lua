@@ -8,6 +8,10 @@ Data (all keys under the deployment's prefix, all with a TTL):
   <prefix>job:<id>          hash, one per admitted job, lives the dedup period
                               at  admission time (ms)
                               st  "a" admitted, "s" sent (the mail went out)
+                              lease  until when (ms) one worker owns the send
+                                  of an admitted job; another copy of the job
+                                  that arrives meanwhile waits, so one
+                                  admission is mailed once
                               m   its member in the scope logs
                               n   number of scope keys; k1..kn those keys
   <prefix>email:<mailbox>   sorted set per scope key: score = admission ms,
@@ -35,22 +39,34 @@ op "admit" -- decide a batch of requests in order, all at one instant
   ARGV[2]   now in ms, or "" to use the Redis server's TIME (production)
   ARGV[3]   how long a job record lives, ms (>= the longest window)
   ARGV[4]   the job key prefix, "<prefix>job:"
-  ARGV[5]   R, the number of rule sets; then for each rule set: the number of
+  ARGV[5]   the send lease, ms: how long an admission (or a resumption) owns
+            the job's send
+  ARGV[6]   R, the number of rule sets; then for each rule set: the number of
             rules r, then r pairs (window_ms, max)
   then      for each request: its job id, then its shape: one character per
             scope key, '0' + the 1-based rule set of that key ("12": two keys,
             the first limited by rule set 1, the second by rule set 2)
   returns   {now, then 4 integers per request}:
-              1, 0, 0, 0                           admitted, recorded in every scope
+              1, 0, 0, 0                           admitted, recorded in every scope;
+                                                   the caller owns the send
               0, retry_after_ms, scope_i, rule_i   rejected, nothing recorded; 1-based
                                                    indices of the binding rule
-              2, admitted_at_ms, sent (0|1), 0     duplicate, nothing recorded
+              2, admitted_at_ms, 0, 0              duplicate: admitted and sent
+              3, admitted_at_ms, lease_left_ms, 0  duplicate: admitted, not sent, and
+                                                   another attempt owns the send
+              4, admitted_at_ms, 0, 0              duplicate: admitted, not sent, the
+                                                   lease had lapsed and is now the
+                                                   caller's: it must send
 
 op "refund" -- remove one job's admission from every scope
   KEYS[1] job key. Returns 1 if there was one, else 0.
 
-op "sent" -- record that a job's mail went out
+op "sent" -- record that a job's mail went out (and drop the lease)
   KEYS[1] job key. Returns 1 if the job record exists, else 0.
+
+op "release" -- give up the send lease of an admitted, unsent job (its send
+  failed transiently and will be retried), so the retry need not wait for it
+  KEYS[1] job key. Returns 1 if the job is admitted and unsent, else 0.
 ]]
 
 local op = ARGV[1]
@@ -77,7 +93,8 @@ if op == 'admit' then
     now = tonumber(ARGV[2])
   end
   local now_s = int(now)
-  local dedup_ms, job_prefix = ARGV[3], ARGV[4]
+  local dedup_ms, job_prefix, lease_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local lease_s = int(now + lease_ms)
 
   -- Rule sets: windows, maxes, the longest window, and how many of a log's
   -- newest entries one read fetches: the largest N, but at least 1 (the
@@ -86,8 +103,8 @@ if op == 'admit' then
   -- Numbers handed back to redis.call are kept as strings: Lua would
   -- otherwise sprintf every one of them on every call.
   local sets = {}
-  local a = 6
-  for i = 1, tonumber(ARGV[5]) do
+  local a = 7
+  for i = 1, tonumber(ARGV[6]) do
     local n = tonumber(ARGV[a])
     -- fetch is at least 1: the newest entry shows whether any is after now.
     local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1}
@@ -113,9 +130,18 @@ if op == 'admit' then
     a = a + 2
 
     if call('EXISTS', job) == 1 then
-      -- Idempotency: an admitted id is never counted twice.
-      local rec = call('HMGET', job, 'at', 'st')
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, tonumber(rec[1]), rec[2] == 's' and 1 or 0, 0
+      -- Idempotency: an admitted id is never counted twice, and only one
+      -- attempt at a time owns its send.
+      local rec = call('HMGET', job, 'at', 'st', 'lease')
+      local at, lease = tonumber(rec[1]), tonumber(rec[3]) or 0
+      if rec[2] == 's' then
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, at, 0, 0
+      elseif lease > now then
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 3, at, lease - now, 0
+      else
+        call('HSET', job, 'lease', lease_s)
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 4, at, 0, 0
+      end
     else
       local best_d, best_s, best_r = 0, 0, 0
       for s = 1, nscopes do
@@ -159,7 +185,7 @@ if op == 'admit' then
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, best_d, best_s, best_r
       else
         local member = format('%012x', now) .. ':' .. id
-        local fields = {'at', now_s, 'st', 'a', 'm', member, 'n', nscopes}
+        local fields = {'at', now_s, 'st', 'a', 'lease', lease_s, 'm', member, 'n', nscopes}
         for s = 1, nscopes do
           local key, set = KEYS[first_key + s - 1], sets[byte(shape, s) - 48]
           -- Forget what no rule can see any more, so memory stays bounded.
@@ -194,6 +220,13 @@ elseif op == 'sent' then
   local job = KEYS[1]
   if call('EXISTS', job) == 0 then return 0 end
   call('HSET', job, 'st', 's')
+  call('HDEL', job, 'lease')
+  return 1
+
+elseif op == 'release' then
+  local job = KEYS[1]
+  if call('HGET', job, 'st') ~= 'a' then return 0 end
+  call('HSET', job, 'lease', '0')
   return 1
 end
 

@@ -45,6 +45,8 @@ struct Log {
 struct JobRecord {
     at: u64,
     sent: bool,
+    /// Until when (ms) an attempt owns the send.
+    lease_until: u64,
     keys: Vec<String>,
     /// When the record is forgotten.
     expires_at: u64,
@@ -100,10 +102,19 @@ impl MemoryLimiter {
             verdict,
         };
 
-        if let Some(rec) = state.jobs.get(&job_key).filter(|r| r.expires_at > now) {
-            return decision(Verdict::Duplicate {
-                admitted_at_ms: rec.at,
-                sent: rec.sent,
+        let lease_ms = self.keys.lease_ms();
+        if let Some(rec) = state.jobs.get_mut(&job_key).filter(|r| r.expires_at > now) {
+            let admitted_at_ms = rec.at;
+            return decision(if rec.sent {
+                Verdict::Duplicate { admitted_at_ms }
+            } else if rec.lease_until > now {
+                Verdict::InProgress {
+                    admitted_at_ms,
+                    lease_left_ms: rec.lease_until - now,
+                }
+            } else {
+                rec.lease_until = now.saturating_add(lease_ms);
+                Verdict::Resume { admitted_at_ms }
             });
         }
 
@@ -156,6 +167,7 @@ impl MemoryLimiter {
             JobRecord {
                 at: now,
                 sent: false,
+                lease_until: now.saturating_add(lease_ms),
                 keys,
                 expires_at: now.saturating_add(self.keys.dedup_ms()),
             },
@@ -214,9 +226,22 @@ impl RateLimiter for MemoryLimiter {
         Ok(match state.jobs.get_mut(&job_key) {
             Some(rec) => {
                 rec.sent = true;
+                rec.lease_until = 0;
                 true
             }
             None => false,
+        })
+    }
+
+    async fn release(&self, id: &JobId) -> Result<bool, LimitError> {
+        let job_key = self.keys.job_key(id);
+        let mut state = self.lock();
+        Ok(match state.jobs.get_mut(&job_key) {
+            Some(rec) if !rec.sent => {
+                rec.lease_until = 0;
+                true
+            }
+            _ => false,
         })
     }
 }

@@ -16,7 +16,12 @@
 //! the first in order (scopes as listed, rules as configured) binds.
 //!
 //! Admissions are keyed by job id: an id already admitted (and not refunded)
-//! is answered [`Verdict::Duplicate`] and counted no second time.
+//! is counted no second time. Its answer says whether its mail went out
+//! ([`Verdict::Duplicate`]), whether another attempt owns the send right now
+//! ([`Verdict::InProgress`]), or whether the send is the caller's to do
+//! because no attempt owns it any more ([`Verdict::Resume`]: a worker died
+//! between admission and send). The *send lease* makes one admission be
+//! mailed by one attempt at a time.
 //!
 //! # Backends
 //! [`RedisLimiter`] is the production backend, shared by any number of
@@ -105,7 +110,8 @@ pub struct Decision {
 /// The outcome of a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Within every rule; the admission is now recorded in every scope.
+    /// Within every rule; the admission is now recorded in every scope, and
+    /// the caller owns the job's send for the send lease.
     Admitted,
     /// Some rule is full. Nothing was recorded.
     Rejected {
@@ -114,14 +120,28 @@ pub enum Verdict {
         /// The rule that sets `retry_after_ms`.
         rule: RuleRef,
     },
-    /// This job id is already admitted and not refunded; it was not counted again.
+    /// This job id is already admitted (and not refunded) and its mail went
+    /// out. Nothing was counted; nothing must be sent.
     Duplicate {
-        /// When the earlier admission was recorded.
+        /// When the admission was recorded.
         admitted_at_ms: u64,
-        /// Whether [`RateLimiter::mark_sent`] was called for it, i.e. the mail
-        /// is known to have gone out. A redelivered job that was admitted but
-        /// not sent must still be sent.
-        sent: bool,
+    },
+    /// This job id is already admitted but its mail is not known to have gone
+    /// out, and another attempt owns the send (its lease is live). Nothing
+    /// was counted; ask again after `lease_left_ms`.
+    InProgress {
+        /// When the admission was recorded.
+        admitted_at_ms: u64,
+        /// How long the other attempt's lease still runs.
+        lease_left_ms: u64,
+    },
+    /// This job id is already admitted but its mail is not known to have gone
+    /// out, and no attempt owns the send any more (its lease lapsed or was
+    /// released): the send lease is now the caller's, which must send.
+    /// Nothing was counted.
+    Resume {
+        /// When the admission was recorded.
+        admitted_at_ms: u64,
     },
 }
 
@@ -163,9 +183,15 @@ pub trait RateLimiter: Send + Sync {
     fn refund(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 
     /// Records that the mail of admitted job `id` went out, so that a
-    /// redelivery is answered duplicate with `sent: true` rather than mailed
+    /// redelivery is answered [`Verdict::Duplicate`] rather than mailed
     /// again. Returns whether the job was known.
     fn mark_sent(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+
+    /// Gives up the send lease of admitted, unsent job `id` (its send failed
+    /// transiently and will be retried), so the retry is answered
+    /// [`Verdict::Resume`] at once instead of waiting for the lease to lapse.
+    /// Returns whether the job is admitted and unsent.
+    fn release(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 }
 
 /// The scope keys and rules that apply to one request, in decision order:
@@ -231,6 +257,12 @@ impl Keyspace {
             Scope::Email => 0,
             Scope::Ip => 1,
         }
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        u64::try_from(self.limits.send_lease.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     pub fn dedup_ms(&self) -> u64 {

@@ -151,6 +151,7 @@ async fn run_batch(
         })
         .arg(keys.dedup_ms())
         .arg(keys.job_key_prefix())
+        .arg(keys.lease_ms())
         .arg(sets.len());
     for rules in sets {
         inv.arg(rules.len());
@@ -202,7 +203,13 @@ async fn run_batch(
                 }
                 2 => Verdict::Duplicate {
                     admitted_at_ms: num(r[1])?,
-                    sent: r[2] == 1,
+                },
+                3 => Verdict::InProgress {
+                    admitted_at_ms: num(r[1])?,
+                    lease_left_ms: num(r[2])?,
+                },
+                4 => Verdict::Resume {
+                    admitted_at_ms: num(r[1])?,
                 },
                 _ => return Err(bad()),
             };
@@ -244,5 +251,9 @@ impl RateLimiter for RedisLimiter {
 
     async fn mark_sent(&self, id: &JobId) -> Result<bool, LimitError> {
         self.single("sent", id).await
+    }
+
+    async fn release(&self, id: &JobId) -> Result<bool, LimitError> {
+        self.single("release", id).await
     }
 }

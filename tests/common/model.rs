@@ -11,17 +11,25 @@ struct Admission {
     id: String,
     keys: Vec<String>,
     sent: bool,
+    lease_until: u64,
 }
 
 /// Scopes that apply to one request: `(scope, key, rules)` in decision order.
 pub type Scopes<'a> = Vec<(Scope, String, &'a [Rule])>;
 
-#[derive(Default)]
 pub struct Model {
     admissions: Vec<Admission>,
+    lease_ms: u64,
 }
 
 impl Model {
+    pub fn new(lease_ms: u64) -> Self {
+        Self {
+            admissions: Vec::new(),
+            lease_ms,
+        }
+    }
+
     fn count(&self, key: &str, window_ms: u64, at: u64) -> usize {
         self.admissions
             .iter()
@@ -48,10 +56,19 @@ impl Model {
     }
 
     pub fn check(&mut self, id: &str, scopes: &Scopes<'_>, t: u64) -> Verdict {
-        if let Some(a) = self.admissions.iter().find(|a| a.id == id) {
-            return Verdict::Duplicate {
-                admitted_at_ms: a.at,
-                sent: a.sent,
+        let lease_ms = self.lease_ms;
+        if let Some(a) = self.admissions.iter_mut().find(|a| a.id == id) {
+            let admitted_at_ms = a.at;
+            return if a.sent {
+                Verdict::Duplicate { admitted_at_ms }
+            } else if a.lease_until > t {
+                Verdict::InProgress {
+                    admitted_at_ms,
+                    lease_left_ms: a.lease_until - t,
+                }
+            } else {
+                a.lease_until = t + lease_ms;
+                Verdict::Resume { admitted_at_ms }
             };
         }
         if self.full_rules(scopes, t).is_empty() {
@@ -60,6 +77,7 @@ impl Model {
                 id: id.to_owned(),
                 keys: scopes.iter().map(|(_, k, _)| k.clone()).collect(),
                 sent: false,
+                lease_until: t + self.lease_ms,
             });
             return Verdict::Admitted;
         }
@@ -104,6 +122,17 @@ impl Model {
         match self.admissions.iter_mut().find(|a| a.id == id) {
             Some(a) => {
                 a.sent = true;
+                a.lease_until = 0;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn release(&mut self, id: &str) -> bool {
+        match self.admissions.iter_mut().find(|a| a.id == id && !a.sent) {
+            Some(a) => {
+                a.lease_until = 0;
                 true
             }
             None => false,
