@@ -12,3 +12,5 @@
 pub mod domain;
 pub mod limiter;
 pub mod settings;
+pub mod templates;
+pub mod wire;

@@ -15,8 +15,24 @@ use crate::domain::Normalization;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
+    /// The broker: where jobs come from and results go.
+    pub amqp: AmqpSettings,
     /// Where the limiter keeps its state.
     pub redis: RedisSettings,
+    /// How mail is sent.
+    pub smtp: SmtpSettings,
+    /// The metrics and health endpoint.
+    #[serde(default)]
+    pub http: HttpSettings,
+    /// Where the mail templates are.
+    #[serde(default)]
+    pub templates: TemplateSettings,
+    /// How transient failures are retried.
+    #[serde(default)]
+    pub retry: RetrySettings,
+    /// The worker's own behaviour.
+    #[serde(default)]
+    pub worker: WorkerSettings,
     /// The rate-limit policy.
     #[serde(default)]
     pub limits: LimitSettings,
@@ -46,13 +62,208 @@ impl Settings {
             )
             .build()?
             .try_deserialize()?;
-        settings.limits.validate()?;
+        settings.validate()?;
         Ok(settings)
+    }
+
+    /// Checks what serde cannot see key by key, across sections.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        self.limits.validate()?;
+        let invalid = |m: String| Err(SettingsError::Invalid(m));
+        if self.amqp.prefetch == 0 {
+            return invalid("amqp.prefetch must be at least 1".into());
+        }
+        if self.amqp.jobs_queue.is_empty() || self.amqp.results_queue.is_empty() {
+            return invalid("amqp.jobs_queue and amqp.results_queue must be named".into());
+        }
+        if self.smtp.pool_size == 0 {
+            return invalid("smtp.pool_size must be at least 1".into());
+        }
+        if self.retry.max_attempts == 0 {
+            return invalid("retry.max_attempts must be at least 1".into());
+        }
+        if self.retry.max < self.retry.initial {
+            return invalid("retry.max must be at least retry.initial".into());
+        }
+        if self.limits.send_lease < self.smtp.timeout + Duration::from_secs(5) {
+            return invalid(format!(
+                "limits.send_lease ({}) must exceed smtp.timeout ({}) by at least 5s, \
+                 or a slow send and another copy of its job could both deliver",
+                humantime::format_duration(self.limits.send_lease),
+                humantime::format_duration(self.smtp.timeout),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// RabbitMQ connection and queue names.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSettings {
+    /// `amqp://user:pass@host:port/vhost` (`amqps://` for TLS).
+    pub url: String,
+    /// Durable queue the jobs arrive on. Dead letters go to `<jobs_queue>.dead`,
+    /// retries wait in `<jobs_queue>.retry.<attempt>`.
+    #[serde(default = "default_jobs_queue")]
+    pub jobs_queue: String,
+    /// Durable queue results go to, unless a job names its own `reply_to`.
+    #[serde(default = "default_results_queue")]
+    pub results_queue: String,
+    /// Unacknowledged jobs per worker, which is also how many are processed at once.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u16,
+}
+
+impl std::fmt::Debug for AmqpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSettings")
+            .field("url", &redact_url(&self.url))
+            .field("jobs_queue", &self.jobs_queue)
+            .field("results_queue", &self.results_queue)
+            .field("prefetch", &self.prefetch)
+            .finish()
+    }
+}
+
+fn default_jobs_queue() -> String {
+    "mailgate.jobs".into()
+}
+fn default_results_queue() -> String {
+    "mailgate.results".into()
+}
+fn default_prefetch() -> u16 {
+    64
+}
+
+/// How mail is sent.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpSettings {
+    /// `smtp://host:port` (STARTTLS when offered; `?tls=required` insists),
+    /// `smtps://host:port` (implicit TLS), optional `user:pass@`; or
+    /// `file://DIR` to write `.eml` files instead of sending.
+    pub url: String,
+    /// The `From` of every mail, e.g. `Example <no-reply@example.com>`.
+    pub from: String,
+    /// Most SMTP connections kept open and used at once.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u32,
+    /// Deadline for one whole send (connect, TLS, the SMTP dialogue).
+    #[serde(default = "default_smtp_timeout", deserialize_with = "human_duration")]
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for SmtpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpSettings")
+            .field("url", &redact_url(&self.url))
+            .field("from", &self.from)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn default_pool_size() -> u32 {
+    16
+}
+fn default_smtp_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The HTTP endpoint for `/metrics`, `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address to listen on.
+    pub listen: std::net::SocketAddr,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9090)),
+        }
+    }
+}
+
+/// Where templates are and which locale is the last fallback.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TemplateSettings {
+    /// `<dir>/<purpose>/<locale>/{subject.txt, body.txt, body.html}`.
+    pub dir: std::path::PathBuf,
+    /// Used when a job's locale (and its language) has no templates.
+    pub default_locale: String,
+}
+
+impl Default for TemplateSettings {
+    fn default() -> Self {
+        Self {
+            dir: "templates".into(),
+            default_locale: "en".into(),
+        }
+    }
+}
+
+/// Retries of transient failures: exponential backoff with jitter, waiting
+/// in RabbitMQ, up to `max_attempts` attempts in all.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// The wait before the second attempt; it doubles each time.
+    #[serde(deserialize_with = "human_duration")]
+    pub initial: Duration,
+    /// The longest wait.
+    #[serde(deserialize_with = "human_duration")]
+    pub max: Duration,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The worker's own behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// On SIGTERM/SIGINT, how long jobs in flight may take to finish before
+    /// the rest are handed back to RabbitMQ.
+    #[serde(deserialize_with = "human_duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `scheme://user:***@host...`: a URL with its password hidden, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 
 /// Redis connection and key namespace.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
     /// `redis://host:port/db` (or `rediss://` for TLS).
@@ -61,6 +272,15 @@ pub struct RedisSettings {
     /// tests) can share one Redis without seeing each other.
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
 }
 
 fn default_key_prefix() -> String {
@@ -259,6 +479,18 @@ mod tests {
         };
         assert_eq!(r(&l.email), [(60_000, 1), (3_600_000, 5), (86_400_000, 10)]);
         assert_eq!(r(&l.ip), [(60_000, 5), (600_000, 30), (3_600_000, 50)]);
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@mq:5672/%2f"),
+            "amqp://guest:***@mq:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
     }
 
     #[test]

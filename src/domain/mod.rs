@@ -6,10 +6,12 @@
 
 mod email;
 mod ip;
+mod job;
 mod job_id;
 
 pub use email::{EmailAddress, Normalization};
 pub use ip::IpKey;
+pub use job::{Code, Job, Name, VarValue, Vars};
 pub use job_id::JobId;
 
 /// Why a piece of input could not become a domain value.
@@ -47,6 +49,20 @@ pub enum InvalidInput {
     /// that look alike differ.
     #[error("id must not start or end with whitespace")]
     JobIdPadded,
+    /// A field breaks its documented limits.
+    #[error("{field} {reason}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// What its value must be.
+        reason: &'static str,
+    },
+    /// A required field is missing.
+    #[error("{0} is required")]
+    Missing(&'static str),
+    /// `expires_at` is not an RFC 3339 timestamp.
+    #[error("expires_at is not an RFC 3339 timestamp: {0}")]
+    ExpiresAt(String),
     /// The job id is empty or longer than 128 characters.
     #[error("id must be 1 to {max} characters long")]
     JobIdLength {

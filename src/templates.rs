@@ -1,0 +1,394 @@
+//! Mail templates: minijinja files under `<dir>/<purpose>/<locale>/`:
+//! `subject.txt`, `body.txt` and optionally `body.html`.
+//!
+//! Everything is loaded, compiled and test-rendered at start-up, so a broken
+//! template stops the worker before it consumes anything; at run time no file
+//! is read, so no job field can name a path. HTML templates are auto-escaped,
+//! and job `vars` are values in the context, never template source, so
+//! `{{ ... }}` in a variable is printed, not executed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use minijinja::{Environment, UndefinedBehavior, Value};
+
+use crate::domain::{Job, Name, VarValue};
+use crate::settings::TemplateSettings;
+
+/// The parts of one mail, rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// One line, trimmed.
+    pub subject: String,
+    /// The plain-text body.
+    pub text: String,
+    /// The HTML body, when the template set has one.
+    pub html: Option<String>,
+    /// The locale whose templates were used, after fallback.
+    pub locale: String,
+}
+
+/// Why templates could not be loaded or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The template directory, or a file in it, could not be read.
+    #[error("cannot read templates at {path}: {source}")]
+    Read {
+        /// The path that failed.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The directory holds no template sets, or one lacks a required file.
+    #[error("template layout: {0}")]
+    Layout(String),
+    /// A template does not compile or fails to render with sample data.
+    #[error("template {name}: {source:#}")]
+    Template {
+        /// `<purpose>/<locale>/<file>`.
+        name: String,
+        /// What minijinja said.
+        source: minijinja::Error,
+    },
+    /// No template set has this purpose (the job is answered `invalid`).
+    #[error("unknown purpose {0:?}: no template set has that name")]
+    UnknownPurpose(String),
+}
+
+/// The loaded templates.
+pub struct Templates {
+    env: Environment<'static>,
+    /// purpose → (lower-case locale → locale directory name).
+    locales: BTreeMap<String, BTreeMap<String, String>>,
+    /// `<purpose>/<locale>` sets that have a `body.html`.
+    with_html: BTreeSet<String>,
+    default_locale: String,
+}
+
+const SUBJECT: &str = "subject.txt";
+const TEXT: &str = "body.txt";
+const HTML: &str = "body.html";
+
+impl Templates {
+    /// Loads every template set under `settings.dir`, compiles each template
+    /// and renders it with sample data. Every purpose must have the default
+    /// locale.
+    pub fn load(settings: &TemplateSettings) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        // Printing an unknown name fails (a typo is caught by the start-up
+        // check); testing one in `{% if %}` is allowed, for optional vars.
+        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+        let mut locales: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut with_html = BTreeSet::new();
+        for purpose in subdirs(&settings.dir)? {
+            let purpose_dir = settings.dir.join(&purpose);
+            for locale in subdirs(&purpose_dir)? {
+                let dir = purpose_dir.join(&locale);
+                for file in [SUBJECT, TEXT, HTML] {
+                    let path = dir.join(file);
+                    if file == HTML && !path.exists() {
+                        continue;
+                    }
+                    let source =
+                        std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+                            path: path.display().to_string(),
+                            source,
+                        })?;
+                    let name = format!("{purpose}/{locale}/{file}");
+                    env.add_template_owned(name.clone(), source)
+                        .map_err(|source| TemplateError::Template { name, source })?;
+                    if file == HTML {
+                        with_html.insert(format!("{purpose}/{locale}"));
+                    }
+                }
+                locales
+                    .entry(purpose.clone())
+                    .or_default()
+                    .insert(locale_key(&locale), locale);
+            }
+        }
+        if locales.is_empty() {
+            return Err(TemplateError::Layout(format!(
+                "no template sets in {} (expected <purpose>/<locale>/{SUBJECT})",
+                settings.dir.display()
+            )));
+        }
+        let default_locale = settings.default_locale.clone();
+        for (purpose, sets) in &locales {
+            if !sets.contains_key(&locale_key(&default_locale)) {
+                return Err(TemplateError::Layout(format!(
+                    "purpose {purpose:?} has no templates for the default locale {default_locale:?}"
+                )));
+            }
+        }
+        let templates = Self {
+            env,
+            locales,
+            with_html,
+            default_locale,
+        };
+        templates.check()?;
+        Ok(templates)
+    }
+
+    /// Renders every template set with sample data, once with every optional
+    /// value and once with none, so that a template that compiles but cannot
+    /// render (an unknown variable, a bad filter) is found now and not on a
+    /// user's job.
+    fn check(&self) -> Result<(), TemplateError> {
+        for (purpose, sets) in &self.locales {
+            for locale in sets.values() {
+                for full in [true, false] {
+                    self.render_set(purpose, locale, &sample_context(purpose, locale, full))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The purposes there are templates for.
+    pub fn purposes(&self) -> impl Iterator<Item = &str> {
+        self.locales.keys().map(String::as_str)
+    }
+
+    /// Every `(purpose, locale)` template set.
+    pub fn sets(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.locales
+            .iter()
+            .flat_map(|(p, ls)| ls.values().map(move |l| (p.as_str(), l.as_str())))
+    }
+
+    /// Whether a purpose has templates.
+    pub fn has_purpose(&self, purpose: &Name) -> bool {
+        self.locales.contains_key(purpose.as_str())
+    }
+
+    /// The locale used for `requested`: itself, else its language (`zh-TW` →
+    /// `zh`), else the default locale. Matching ignores case and treats `_`
+    /// as `-`.
+    pub fn resolve_locale(&self, purpose: &Name, requested: Option<&Name>) -> Option<&str> {
+        let sets = self.locales.get(purpose.as_str())?;
+        let mut candidates = Vec::with_capacity(3);
+        if let Some(l) = requested {
+            let key = locale_key(l.as_str());
+            if let Some((lang, _)) = key.split_once('-') {
+                candidates.push(lang.to_owned());
+            }
+            candidates.insert(0, key);
+        }
+        candidates.push(locale_key(&self.default_locale));
+        candidates
+            .iter()
+            .find_map(|k| sets.get(k))
+            .map(String::as_str)
+    }
+
+    /// Renders the mail for `job` at `now`.
+    pub fn render(&self, job: &Job, now: jiff::Timestamp) -> Result<Rendered, TemplateError> {
+        let locale = self
+            .resolve_locale(&job.purpose, job.locale.as_ref())
+            .ok_or_else(|| TemplateError::UnknownPurpose(job.purpose.to_string()))?;
+        let vars: BTreeMap<&str, Value> = job
+            .vars
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    VarValue::Text(s) => Value::from(s.as_str()),
+                    VarValue::Number(n) => Value::from(*n),
+                    VarValue::Bool(b) => Value::from(*b),
+                };
+                (k, v)
+            })
+            .collect();
+        let expires_in_minutes = job
+            .expires_at
+            .map(|at| ((at.as_second() - now.as_second()).max(0) as u64).div_ceil(60));
+        let ctx = minijinja::context! {
+            code => job.code.expose(),
+            email => job.email.as_str(),
+            purpose => job.purpose.as_str(),
+            locale => locale,
+            expires_at => job.expires_at.map(|t| t.to_string()),
+            expires_in_minutes => expires_in_minutes,
+            vars => vars,
+        };
+        self.render_set(job.purpose.as_str(), locale, &ctx)
+    }
+
+    fn render_set(
+        &self,
+        purpose: &str,
+        locale: &str,
+        ctx: &Value,
+    ) -> Result<Rendered, TemplateError> {
+        let render = |file: &str| -> Result<String, TemplateError> {
+            let name = format!("{purpose}/{locale}/{file}");
+            self.env
+                .get_template(&name)
+                .and_then(|t| t.render(ctx))
+                .map_err(|source| TemplateError::Template { name, source })
+        };
+        let subject = render(SUBJECT)?;
+        // A subject is one line: line breaks in a template become spaces.
+        let subject = subject.split_whitespace().collect::<Vec<_>>().join(" ");
+        let text = render(TEXT)?;
+        let html = if self.with_html.contains(&format!("{purpose}/{locale}")) {
+            Some(render(HTML)?)
+        } else {
+            None
+        };
+        Ok(Rendered {
+            subject,
+            text,
+            html,
+            locale: locale.to_owned(),
+        })
+    }
+}
+
+fn locale_key(locale: &str) -> String {
+    locale.to_ascii_lowercase().replace('_', "-")
+}
+
+/// The names of the subdirectories of `dir` that are valid purpose or locale
+/// names; anything else there is a layout error, so a typo does not vanish.
+fn subdirs(dir: &Path) -> Result<Vec<String>, TemplateError> {
+    let read = |source| TemplateError::Read {
+        path: dir.display().to_string(),
+        source,
+    };
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read)? {
+        let entry = entry.map_err(read)?;
+        if !entry.file_type().map_err(read)?.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if Name::parse("template directory", &name).is_err() {
+            return Err(TemplateError::Layout(format!(
+                "{}: directory names may hold only letters, digits, '-' and '_'",
+                entry.path().display()
+            )));
+        }
+        names.push(name);
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// What a job may give a template: with `full`, every optional value;
+/// without, none of them.
+fn sample_context(purpose: &str, locale: &str, full: bool) -> Value {
+    let vars = if full {
+        minijinja::context! {
+            app_name => "Example",
+            support_email => "support@example.com",
+        }
+    } else {
+        minijinja::context! {}
+    };
+    minijinja::context! {
+        code => "123456",
+        email => "user@example.com",
+        purpose => purpose,
+        locale => locale,
+        expires_at => full.then_some("2026-01-01T00:10:00Z"),
+        expires_in_minutes => full.then_some(10),
+        vars => vars,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(files: &[(&str, &str)]) -> (tempdir::Dir, TemplateSettings) {
+        let dir = tempdir::Dir::new();
+        for (path, body) in files {
+            let p = dir.0.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        }
+        let settings = TemplateSettings {
+            dir: dir.0.clone(),
+            default_locale: "en".into(),
+        };
+        (dir, settings)
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let p =
+                    std::env::temp_dir().join(format!("mailgate-tpl-{}-{n}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&p);
+                std::fs::create_dir_all(&p).unwrap();
+                Self(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    const OK: &[(&str, &str)] = &[
+        (
+            "verify/en/subject.txt",
+            "Your {{ vars.app_name | default('') }} code",
+        ),
+        ("verify/en/body.txt", "Code: {{ code }}"),
+        (
+            "verify/en/body.html",
+            "<p>{{ vars.app_name | default('') }}: <b>{{ code }}</b></p>",
+        ),
+        ("verify/zh/subject.txt", "验证码"),
+        ("verify/zh/body.txt", "验证码：{{ code }}"),
+        ("verify/zh-CN/subject.txt", "验证码 CN"),
+        ("verify/zh-CN/body.txt", "验证码：{{ code }}"),
+    ];
+
+    #[test]
+    fn locales_fall_back() {
+        let (_d, s) = set(OK);
+        let t = Templates::load(&s).unwrap();
+        let p = Name::parse("purpose", "verify").unwrap();
+        let l = |s: &str| Name::parse("locale", s).unwrap();
+        assert_eq!(t.resolve_locale(&p, Some(&l("zh-CN"))), Some("zh-CN"));
+        assert_eq!(t.resolve_locale(&p, Some(&l("zh_cn"))), Some("zh-CN"));
+        assert_eq!(t.resolve_locale(&p, Some(&l("zh-TW"))), Some("zh"));
+        assert_eq!(t.resolve_locale(&p, Some(&l("fr-FR"))), Some("en"));
+        assert_eq!(t.resolve_locale(&p, None), Some("en"));
+        let other = Name::parse("purpose", "other").unwrap();
+        assert!(!t.has_purpose(&other));
+        assert_eq!(t.resolve_locale(&other, None), None);
+    }
+
+    #[test]
+    fn broken_templates_stop_the_load() {
+        let mut files = OK.to_vec();
+        files.push(("verify/de/subject.txt", "{{ code "));
+        files.push(("verify/de/body.txt", "x"));
+        let (_d, s) = set(&files);
+        let err = Templates::load(&s).err().expect("syntax error");
+        assert!(err.to_string().contains("verify/de/subject.txt"), "{err}");
+
+        let mut files = OK.to_vec();
+        files.push(("verify/fr/subject.txt", "{{ cod }}"));
+        files.push(("verify/fr/body.txt", "x"));
+        let (_d, s) = set(&files);
+        let err = Templates::load(&s).err().expect("undefined variable");
+        assert!(err.to_string().contains("verify/fr/subject.txt"), "{err}");
+
+        let (_d, s) = set(&[("reset/de/subject.txt", "x"), ("reset/de/body.txt", "x")]);
+        let err = Templates::load(&s).err().expect("no default locale");
+        assert!(err.to_string().contains("default locale"), "{err}");
+
+        let (_d, s) = set(&[("bad.name/en/subject.txt", "x")]);
+        assert!(Templates::load(&s).is_err());
+    }
+}

@@ -1,0 +1,297 @@
+//! The wire formats producers rely on (see `docs/contract.md`): the job JSON
+//! that arrives, the result JSON that goes back. Wire structs stay here; the
+//! rest of mailgate sees only the parsed [`Job`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::domain::{Code, EmailAddress, InvalidInput, IpKey, Job, JobId, Name, VarValue, Vars};
+
+/// The largest job body accepted, in bytes. A larger one is answered `invalid`.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Why a message could not become a [`Job`].
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON, or no usable `id`: there is no one to answer, so the message
+    /// goes to the dead-letter queue.
+    #[error("{0}")]
+    Unusable(String),
+    /// The message has an id but is otherwise malformed: answered `invalid`,
+    /// never retried.
+    #[error("{error}")]
+    Invalid {
+        /// The job's id, to answer to.
+        id: JobId,
+        /// What is wrong, for the producer.
+        error: String,
+    },
+}
+
+/// Just enough to find the id of any JSON object, whatever its other fields.
+#[derive(Deserialize)]
+struct IdOnly {
+    id: Option<Value>,
+}
+
+/// The job as it travels. Unknown fields are ignored, so producers may add
+/// fields before workers know them.
+#[derive(Deserialize)]
+struct JobWire {
+    email: Option<String>,
+    ip: Option<String>,
+    code: Option<String>,
+    purpose: Option<String>,
+    locale: Option<String>,
+    vars: Option<serde_json::Map<String, Value>>,
+    expires_at: Option<String>,
+}
+
+/// Parses a message body into a job. The id is found first, so that every
+/// later problem can be answered to it.
+pub fn decode(body: &[u8]) -> Result<Job, DecodeError> {
+    let IdOnly { id } = serde_json::from_slice(body)
+        .map_err(|e| DecodeError::Unusable(format!("not a JSON object: {e}")))?;
+    let id = match id {
+        Some(Value::String(s)) => {
+            JobId::parse(&s).map_err(|e| DecodeError::Unusable(format!("unusable id: {e}")))?
+        }
+        Some(_) => return Err(DecodeError::Unusable("id must be a string".into())),
+        None => return Err(DecodeError::Unusable("id is required".into())),
+    };
+    let invalid = |error: String| DecodeError::Invalid {
+        id: id.clone(),
+        error,
+    };
+    if body.len() > MAX_BODY_BYTES {
+        return Err(invalid(format!(
+            "the job is {} bytes; at most {MAX_BODY_BYTES} are accepted",
+            body.len()
+        )));
+    }
+    let wire: JobWire = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+    parse(id.clone(), wire).map_err(|e| invalid(e.to_string()))
+}
+
+fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
+    let email = EmailAddress::parse(&w.email.ok_or(InvalidInput::Missing("email"))?)?;
+    let code = Code::parse(&w.code.ok_or(InvalidInput::Missing("code"))?)?;
+    let ip =
+        w.ip.filter(|s| !s.is_empty())
+            .map(|s| IpKey::parse(&s))
+            .transpose()?;
+    let purpose = Name::parse(
+        "purpose",
+        w.purpose.as_deref().unwrap_or(Job::DEFAULT_PURPOSE),
+    )?;
+    let locale = w
+        .locale
+        .filter(|s| !s.is_empty())
+        .map(|s| Name::parse("locale", &s))
+        .transpose()?;
+    let vars = Vars::parse(
+        w.vars
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) => VarValue::Text(s),
+                    Value::Bool(b) => VarValue::Bool(b),
+                    Value::Number(n) => VarValue::Number(n.as_f64().unwrap_or(0.0)),
+                    _ => {
+                        return Err(InvalidInput::Field {
+                            field: "vars",
+                            reason: "values must be strings, numbers or booleans",
+                        });
+                    }
+                };
+                Ok((k, v))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    )?;
+    let expires_at = w
+        .expires_at
+        .map(|s| {
+            s.parse::<jiff::Timestamp>()
+                .map_err(|_| InvalidInput::ExpiresAt(s.chars().take(64).collect()))
+        })
+        .transpose()?;
+    Ok(Job {
+        id,
+        email,
+        ip,
+        code,
+        purpose,
+        locale,
+        vars,
+        expires_at,
+    })
+}
+
+/// What happened to a job, as producers read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The SMTP server accepted the mail.
+    Sent,
+    /// A limit applied; `retry_after_ms` says when the same request would pass.
+    Rejected,
+    /// This id was already admitted and its mail sent; nothing was sent again.
+    Duplicate,
+    /// The job is malformed; `error` says why. Never retried.
+    Invalid,
+    /// `expires_at` passed before the mail could go out; quota refunded.
+    Expired,
+    /// A permanent SMTP error, or too many transient ones; quota refunded.
+    Failed,
+}
+
+/// The rule that rejected a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RuleWire {
+    /// `email` or `ip`.
+    pub scope: &'static str,
+    /// The rule's window.
+    pub window_ms: u64,
+    /// The rule's maximum per window.
+    pub max: u32,
+}
+
+/// The result message. Every key is always present (null when it does not
+/// apply), so consumers can rely on the shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobResult {
+    /// The job's id.
+    pub id: String,
+    /// What happened.
+    pub status: Status,
+    /// The mailbox as the job gave it (parsed), if it could be parsed.
+    pub email: Option<String>,
+    /// The limiter's (Redis) time of the decision; on `sent` and `rejected`.
+    pub decided_at_ms: Option<u64>,
+    /// On `rejected`: exactly how long until the same request would pass.
+    pub retry_after_ms: Option<u64>,
+    /// On `rejected`: the rule that sets `retry_after_ms`.
+    pub rule: Option<RuleWire>,
+    /// Attempts made, this one included.
+    pub attempts: u32,
+    /// On `invalid` and `failed`: why.
+    pub error: Option<String>,
+    /// The job message's AMQP `correlation_id`, if it had one.
+    pub correlation_id: Option<String>,
+}
+
+impl JobResult {
+    /// A result with only id, status and attempts set.
+    pub fn new(id: &str, status: Status, attempts: u32) -> Self {
+        Self {
+            id: id.to_owned(),
+            status,
+            email: None,
+            decided_at_ms: None,
+            retry_after_ms: None,
+            rule: None,
+            attempts,
+            error: None,
+            correlation_id: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain strings, numbers and options cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(body: &str) -> String {
+        match decode(body.as_bytes()) {
+            Err(DecodeError::Invalid { id, error }) => {
+                assert_eq!(id.as_str(), "j1");
+                error
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_full_job() {
+        let job = decode(
+            br#"{"id":"j1","email":"User@Example.com","ip":"203.0.113.7","code":"493817",
+                "purpose":"verify","locale":"zh-CN","vars":{"app_name":"Acme","n":3,"x":null},
+                "expires_at":"2026-11-21T16:00:00+08:00","future_field":1}"#,
+        )
+        .unwrap();
+        assert_eq!(job.id.as_str(), "j1");
+        assert_eq!(job.email.as_str(), "User@example.com");
+        assert_eq!(job.locale.unwrap().as_str(), "zh-CN");
+        assert_eq!(job.vars.iter().count(), 2);
+        assert_eq!(job.expires_at.unwrap().as_second(), 1_795_248_000);
+    }
+
+    #[test]
+    fn defaults() {
+        let job = decode(br#"{"id":"j1","email":"a@example.com","code":"1","ip":""}"#).unwrap();
+        assert_eq!(job.purpose.as_str(), "verify");
+        assert!(job.ip.is_none() && job.locale.is_none() && job.expires_at.is_none());
+    }
+
+    #[test]
+    fn unusable_messages() {
+        for body in [
+            &b"not json"[..],
+            b"[1,2]",
+            br#"{"email":"a@example.com"}"#,
+            br#"{"id":42}"#,
+            br#"{"id":""}"#,
+            br#"{"id":"a\nb"}"#,
+        ] {
+            assert!(
+                matches!(decode(body), Err(DecodeError::Unusable(_))),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_jobs_say_why() {
+        assert!(invalid(r#"{"id":"j1","code":"1"}"#).contains("email is required"));
+        assert!(invalid(r#"{"id":"j1","email":"a@example.com"}"#).contains("code is required"));
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com\r\nBcc: x@y.z","code":"1"}"#)
+                .contains("control character")
+        );
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","ip":"1.2.3"}"#)
+                .contains("ip")
+        );
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","purpose":"../x"}"#)
+                .contains("purpose")
+        );
+        assert!(invalid(r#"{"id":"j1","email":5,"code":"1"}"#).contains("invalid type"));
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
+                .contains("expires_at")
+        );
+        let big = format!(
+            r#"{{"id":"j1","email":"a@example.com","code":"1","pad":"{}"}}"#,
+            "x".repeat(1 << 20)
+        );
+        assert!(invalid(&big).contains("bytes"));
+    }
+
+    #[test]
+    fn results_keep_their_shape() {
+        let r = JobResult::new("j1", Status::Sent, 1);
+        let v: Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(v["status"], "sent");
+        assert!(v["error"].is_null() && v["rule"].is_null());
+    }
+}
