@@ -9,8 +9,12 @@
 
 #![warn(missing_docs)]
 
+pub mod broker;
 pub mod domain;
 pub mod limiter;
+pub mod mailer;
+pub mod pipeline;
 pub mod settings;
 pub mod templates;
 pub mod wire;
+pub mod worker;

@@ -32,23 +32,23 @@ pub struct Rendered {
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     /// The template directory, or a file in it, could not be read.
-    #[error("cannot read templates at {path}: {source}")]
+    #[error("cannot read templates at {path}: {error}")]
     Read {
         /// The path that failed.
         path: String,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The directory holds no template sets, or one lacks a required file.
     #[error("template layout: {0}")]
     Layout(String),
     /// A template does not compile or fails to render with sample data.
-    #[error("template {name}: {source:#}")]
+    #[error("template {name}: {error:#}")]
     Template {
         /// `<purpose>/<locale>/<file>`.
         name: String,
         /// What minijinja said.
-        source: minijinja::Error,
+        error: minijinja::Error,
     },
     /// No template set has this purpose (the job is answered `invalid`).
     #[error("unknown purpose {0:?}: no template set has that name")]
@@ -90,13 +90,13 @@ impl Templates {
                         continue;
                     }
                     let source =
-                        std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+                        std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
                             path: path.display().to_string(),
-                            source,
+                            error,
                         })?;
                     let name = format!("{purpose}/{locale}/{file}");
                     env.add_template_owned(name.clone(), source)
-                        .map_err(|source| TemplateError::Template { name, source })?;
+                        .map_err(|error| TemplateError::Template { name, error })?;
                     if file == HTML {
                         with_html.insert(format!("{purpose}/{locale}"));
                     }
@@ -226,7 +226,7 @@ impl Templates {
             self.env
                 .get_template(&name)
                 .and_then(|t| t.render(ctx))
-                .map_err(|source| TemplateError::Template { name, source })
+                .map_err(|error| TemplateError::Template { name, error })
         };
         let subject = render(SUBJECT)?;
         // A subject is one line: line breaks in a template become spaces.
@@ -253,9 +253,9 @@ fn locale_key(locale: &str) -> String {
 /// The names of the subdirectories of `dir` that are valid purpose or locale
 /// names; anything else there is a layout error, so a typo does not vanish.
 fn subdirs(dir: &Path) -> Result<Vec<String>, TemplateError> {
-    let read = |source| TemplateError::Read {
+    let read = |error| TemplateError::Read {
         path: dir.display().to_string(),
-        source,
+        error,
     };
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(read)? {

@@ -1,0 +1,300 @@
+//! The pipeline: the one place that combines the stages (decode, templates,
+//! mailer, limiter) and decides what becomes of a job: answered, retried
+//! later, or dead-lettered.
+//!
+//! Order matters. Everything that can make a job `invalid` (decoding,
+//! template lookup, rendering, composing the mail) happens before the
+//! limiter, so a malformed job never uses quota. After an admission the only
+//! ways out are `sent`, a retry (the admission and its quota are kept), or a
+//! refund (`failed`, `expired`).
+
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+
+use crate::domain::Job;
+use crate::limiter::{Clock, Decision, LimitError, RateLimiter, Request, Verdict};
+use crate::mailer::{MailError, Mailer, Outgoing};
+use crate::settings::RetrySettings;
+use crate::templates::Templates;
+use crate::wire::{self, DecodeError, JobResult, RuleWire, Status};
+
+/// What the worker must do with a job message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish this result, then acknowledge the job.
+    Reply(JobResult),
+    /// Send the job to wait `delay` in retry queue `queue_attempt` (the
+    /// attempt that failed) and come back as attempt `next_attempt`.
+    Retry {
+        /// The attempt that failed.
+        failed_attempt: u32,
+        /// How long to wait.
+        delay: Duration,
+        /// Why, for the log.
+        error: String,
+    },
+    /// Another attempt owns this job's send: look again after `delay`,
+    /// without counting an attempt.
+    Wait {
+        /// How long to wait.
+        delay: Duration,
+    },
+    /// The message cannot be answered (not JSON, no id): dead-letter it.
+    DeadLetter {
+        /// Why.
+        error: String,
+    },
+}
+
+/// A job message as the pipeline needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    /// The raw body.
+    pub body: &'a [u8],
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Whether this message was handled before (redelivered by RabbitMQ, or
+    /// a retry), as opposed to a new message that reuses an id.
+    pub seen_before: bool,
+    /// Copied onto the result.
+    pub correlation_id: Option<&'a str>,
+}
+
+/// The stages, combined.
+pub struct Pipeline<L> {
+    limiter: L,
+    templates: Templates,
+    mailer: Mailer,
+    retry: RetrySettings,
+}
+
+impl<L: RateLimiter> Pipeline<L> {
+    /// Combines the stages.
+    pub fn new(limiter: L, templates: Templates, mailer: Mailer, retry: RetrySettings) -> Self {
+        Self {
+            limiter,
+            templates,
+            mailer,
+            retry,
+        }
+    }
+
+    /// The limiter, for health checks.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+
+    /// The mailer, for health checks.
+    pub fn mailer(&self) -> &Mailer {
+        &self.mailer
+    }
+
+    /// The wait before retrying after attempt `failed` (1-based): `initial`
+    /// doubling per attempt up to `max`, with jitter.
+    pub fn backoff(&self, failed: u32) -> Duration {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.retry.initial)
+            .with_max_delay(self.retry.max)
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(failed as usize)
+            .build()
+            .nth(failed.saturating_sub(1) as usize)
+            .unwrap_or(self.retry.max)
+    }
+
+    /// Processes one job message and says what to do with it. Side effects
+    /// (the mail, the limiter) happen here; broker work is the caller's.
+    pub async fn handle(&self, msg: &Message<'_>) -> Action {
+        let job = match wire::decode(msg.body) {
+            Ok(job) => job,
+            Err(DecodeError::Unusable(error)) => return Action::DeadLetter { error },
+            Err(DecodeError::Invalid { id, error }) => {
+                let mut r = self.result(id.as_str(), Status::Invalid, msg);
+                r.error = Some(error);
+                return Action::Reply(r);
+            }
+        };
+        let answer = |status: Status| {
+            let mut r = self.result(job.id.as_str(), status, msg);
+            r.email = Some(job.email.to_string());
+            r
+        };
+        let invalid = |error: String| {
+            let mut r = answer(Status::Invalid);
+            r.error = Some(error);
+            Action::Reply(r)
+        };
+
+        if !self.templates.has_purpose(&job.purpose) {
+            return invalid(format!(
+                "unknown purpose {:?}; known: {}",
+                job.purpose.as_str(),
+                self.templates.purposes().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        let now = jiff::Timestamp::now();
+        if job.expires_at.is_some_and(|at| at <= now) {
+            return self.expire(&job, msg, answer(Status::Expired)).await;
+        }
+        let rendered = match self.templates.render(&job, now) {
+            Ok(r) => r,
+            Err(e) => return invalid(e.to_string()),
+        };
+        let mail = match self.mailer.compose(&Outgoing {
+            to: &job.email,
+            subject: &rendered.subject,
+            text: &rendered.text,
+            html: rendered.html.as_deref(),
+        }) {
+            Ok(m) => m,
+            Err(e) => return invalid(e.to_string()),
+        };
+
+        let req = Request {
+            id: &job.id,
+            email: &job.email,
+            ip: job.ip.as_ref(),
+        };
+        let decided_at_ms = match self.limiter.check(&req, Clock::Server).await {
+            Err(e) => return self.transient(&job, msg, limiter_error(&e), false).await,
+            Ok(Decision {
+                decided_at_ms,
+                verdict,
+            }) => match verdict {
+                Verdict::Admitted => decided_at_ms,
+                Verdict::Resume { admitted_at_ms } => admitted_at_ms,
+                Verdict::Rejected {
+                    retry_after_ms,
+                    rule,
+                } => {
+                    let mut r = answer(Status::Rejected);
+                    r.decided_at_ms = Some(decided_at_ms);
+                    r.retry_after_ms = Some(retry_after_ms);
+                    r.rule = Some(RuleWire {
+                        scope: rule.scope.as_str(),
+                        window_ms: rule.window_ms,
+                        max: rule.max,
+                    });
+                    return Action::Reply(r);
+                }
+                Verdict::Duplicate { admitted_at_ms } => {
+                    // This very message was handled before and its mail went
+                    // out (its result was lost): say so. A new message with
+                    // the same id is a duplicate.
+                    return Action::Reply(if msg.seen_before {
+                        let mut r = answer(Status::Sent);
+                        r.decided_at_ms = Some(admitted_at_ms);
+                        r
+                    } else {
+                        answer(Status::Duplicate)
+                    });
+                }
+                Verdict::InProgress { lease_left_ms, .. } => {
+                    return Action::Wait {
+                        delay: Duration::from_millis(lease_left_ms + 100),
+                    };
+                }
+            },
+        };
+
+        match self.mailer.send(mail).await {
+            Ok(()) => {
+                self.mark_sent(&job).await;
+                let mut r = answer(Status::Sent);
+                r.decided_at_ms = Some(decided_at_ms);
+                Action::Reply(r)
+            }
+            Err(MailError::Transient(e)) => self.transient(&job, msg, e, true).await,
+            Err(e) => {
+                let mut r = answer(Status::Failed);
+                r.error = Some(e.to_string());
+                self.refund_then(&job, msg, r).await
+            }
+        }
+    }
+
+    fn result(&self, id: &str, status: Status, msg: &Message<'_>) -> JobResult {
+        let mut r = JobResult::new(id, status, msg.attempt);
+        r.correlation_id = msg.correlation_id.map(str::to_owned);
+        r
+    }
+
+    /// A transient failure: retry later, or, out of attempts, fail (and
+    /// refund). `admitted` says whether this attempt holds the send lease.
+    async fn transient(
+        &self,
+        job: &Job,
+        msg: &Message<'_>,
+        error: String,
+        admitted: bool,
+    ) -> Action {
+        if msg.attempt < self.retry.max_attempts {
+            if admitted {
+                // Let the retry resume at once rather than wait for the lease.
+                if let Err(e) = self.limiter.release(&job.id).await {
+                    tracing::debug!(error = %e, "could not release the send lease; the retry waits for it");
+                }
+            }
+            return Action::Retry {
+                failed_attempt: msg.attempt,
+                delay: self.backoff(msg.attempt),
+                error,
+            };
+        }
+        let mut r = self.result(job.id.as_str(), Status::Failed, msg);
+        r.email = Some(job.email.to_string());
+        r.error = Some(format!("gave up after {} attempts: {error}", msg.attempt));
+        self.refund_then(job, msg, r).await
+    }
+
+    /// The code expired: refund whatever an earlier attempt of this message
+    /// was admitted for, then answer.
+    async fn expire(&self, job: &Job, msg: &Message<'_>, r: JobResult) -> Action {
+        if msg.seen_before {
+            self.refund_then(job, msg, r).await
+        } else {
+            Action::Reply(r)
+        }
+    }
+
+    /// Refunds the job's admission, then answers `r`. If Redis cannot be
+    /// reached the refund is retried with the job while attempts remain; the
+    /// last attempt answers anyway (the quota then expires with its window).
+    async fn refund_then(&self, job: &Job, msg: &Message<'_>, r: JobResult) -> Action {
+        match self.limiter.refund(&job.id).await {
+            Ok(_) => Action::Reply(r),
+            Err(e) if msg.attempt < self.retry.max_attempts => Action::Retry {
+                failed_attempt: msg.attempt,
+                delay: self.backoff(msg.attempt),
+                error: format!("refund: {}", limiter_error(&e)),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "could not refund; the quota expires with its window");
+                Action::Reply(r)
+            }
+        }
+    }
+
+    /// Records the send. Retried briefly: if it is lost, a redelivery of the
+    /// job after the lease would mail again.
+    async fn mark_sent(&self, job: &Job) {
+        use backon::Retryable;
+        let mark = || async { self.limiter.mark_sent(&job.id).await };
+        let marked = mark
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_times(5),
+            )
+            .await;
+        if let Err(e) = marked {
+            tracing::warn!(error = %e, "mail sent but not recorded as sent; a redelivery after the lease would send again");
+        }
+    }
+}
+
+fn limiter_error(e: &LimitError) -> String {
+    format!("rate limiter unavailable: {e}")
+}

@@ -1,0 +1,235 @@
+//! The consume loop: jobs in, [`Pipeline`] actions out, with reconnection
+//! and graceful shutdown.
+//!
+//! Up to `prefetch` jobs are processed at once (RabbitMQ delivers no more
+//! unacknowledged ones). If the connection to RabbitMQ drops, the worker
+//! reconnects with backoff and resumes; jobs that were unacknowledged come
+//! back from RabbitMQ and are de-duplicated by id. When `shutdown` completes,
+//! the worker stops consuming, lets jobs in flight finish for up to
+//! `worker.shutdown_timeout`, hands the rest back, and returns.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use backon::{ExponentialBuilder, Retryable};
+use futures_lite::StreamExt;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::broker::{Broker, Incoming};
+use crate::limiter::{RateLimiter, RedisLimiter};
+use crate::mailer::Mailer;
+use crate::pipeline::{Action, Message, Pipeline};
+use crate::settings::Settings;
+use crate::templates::Templates;
+use crate::wire::Status;
+
+/// Everything a running worker shares between its jobs.
+pub struct Worker<L> {
+    pipeline: Pipeline<L>,
+    settings: Settings,
+}
+
+/// Builds the stages from settings: templates (checked), mailer, and the
+/// Redis limiter (retried with backoff until Redis answers or `shutdown`).
+pub async fn build(settings: &Settings) -> anyhow::Result<Worker<RedisLimiter>> {
+    let templates = Templates::load(&settings.templates).with_context(|| {
+        format!(
+            "loading templates from {}",
+            settings.templates.dir.display()
+        )
+    })?;
+    let mailer = Mailer::new(&settings.smtp)?;
+    if let Some(dir) = mailer.outbox() {
+        tracing::warn!(outbox = %dir.display(), "mail is written to files, not sent (smtp.url is file://)");
+    }
+    let limiter = (|| RedisLimiter::connect(&settings.redis, &settings.limits))
+        .retry(reconnect_backoff())
+        .notify(|e, wait| {
+            tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)");
+        })
+        .await
+        .context("connecting to redis")?;
+    Ok(Worker {
+        pipeline: Pipeline::new(limiter, templates, mailer, settings.retry.clone()),
+        settings: settings.clone(),
+    })
+}
+
+fn reconnect_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .with_jitter()
+        .with_max_times(usize::MAX)
+}
+
+enum Stop {
+    /// `shutdown` completed.
+    Requested,
+    /// The connection or channel to RabbitMQ is gone.
+    Lost,
+}
+
+impl<L: RateLimiter + 'static> Worker<L> {
+    /// Runs until `shutdown` completes; see the module docs.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let this = Arc::new(self);
+        let tag = format!("mailgate-{}-{}", hostname(), std::process::id());
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let amqp = &this.settings.amqp;
+            let connect = (|| Broker::connect(amqp, this.settings.retry.max_attempts))
+                .retry(reconnect_backoff())
+                .notify(|e, wait| {
+                    tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)");
+                });
+            let broker = tokio::select! {
+                b = connect => b.context("connecting to rabbitmq")?,
+                () = &mut shutdown => break,
+            };
+            let mut consumer = match broker.consume(&tag).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot consume; reconnecting");
+                    continue;
+                }
+            };
+            tracing::info!(queue = %broker.topology().jobs, "consuming");
+            let stop = loop {
+                tokio::select! {
+                    () = &mut shutdown => break Stop::Requested,
+                    next = consumer.next() => match next {
+                        Some(Ok(delivery)) => {
+                            let (this, broker) = (this.clone(), broker.clone());
+                            tasks.spawn(async move { this.process(&broker, Incoming::new(delivery)).await });
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "lost rabbitmq; reconnecting");
+                            break Stop::Lost;
+                        }
+                        None => {
+                            tracing::warn!("rabbitmq closed the consumer; reconnecting");
+                            break Stop::Lost;
+                        }
+                    },
+                    Some(_) = tasks.join_next() => {}
+                }
+            };
+            match stop {
+                // In-flight jobs of the lost connection finish on their own;
+                // their acks fail and RabbitMQ redelivers them.
+                Stop::Lost => continue,
+                Stop::Requested => {
+                    if let Err(e) = broker.stop_consuming(&tag).await {
+                        tracing::warn!(error = %e, "could not cancel the consumer");
+                    }
+                    this.drain(&mut tasks).await;
+                    broker.close().await;
+                    return Ok(());
+                }
+            }
+        }
+        this.drain(&mut tasks).await;
+        Ok(())
+    }
+
+    /// Waits for jobs in flight, up to the shutdown timeout. Jobs still
+    /// running then are abandoned unacknowledged: closing the connection
+    /// hands them back to RabbitMQ.
+    async fn drain(&self, tasks: &mut JoinSet<()>) {
+        let n = tasks.len();
+        if n == 0 {
+            return;
+        }
+        tracing::info!(in_flight = n, "finishing jobs in flight");
+        let timeout = self.settings.worker.shutdown_timeout;
+        let all = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(timeout, all).await.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                ?timeout,
+                "shutdown timeout: handing the rest back to rabbitmq"
+            );
+            tasks.abort_all();
+        }
+    }
+
+    /// Runs one job through the pipeline and carries out the action.
+    async fn process(&self, broker: &Broker, job: Incoming) {
+        let id = job_id_hint(&job.body);
+        let span = tracing::info_span!("job", id = %id, attempt = job.attempt);
+        async {
+            let msg = Message {
+                body: &job.body,
+                attempt: job.attempt,
+                seen_before: job.redelivered || job.attempt > 1,
+                correlation_id: job.correlation_id.as_deref(),
+            };
+            let action = self.pipeline.handle(&msg).await;
+            let done = match &action {
+                Action::Reply(result) => {
+                    match result.status {
+                        Status::Sent | Status::Rejected | Status::Duplicate => {
+                            tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
+                        }
+                        _ => tracing::warn!(status = ?result.status, error = result.error.as_deref(), "answered"),
+                    }
+                    broker.publish_result(&job, &result.to_json()).await
+                }
+                Action::Retry {
+                    failed_attempt,
+                    delay,
+                    error,
+                } => {
+                    tracing::warn!(%error, ?delay, "transient failure; retrying later");
+                    let queue = broker.topology().retry(*failed_attempt);
+                    broker.delay(&job, &queue, failed_attempt + 1, *delay).await
+                }
+                Action::Wait { delay } => {
+                    tracing::info!(?delay, "another attempt owns the send; waiting for its lease");
+                    let queue = broker.topology().wait.clone();
+                    broker.delay(&job, &queue, job.attempt, *delay).await
+                }
+                Action::DeadLetter { error } => {
+                    tracing::warn!(%error, "unusable message; dead-lettered");
+                    broker.dead_letter(&job, error).await
+                }
+            };
+            let acked = match done {
+                Ok(()) => job.ack().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = acked {
+                // Unacknowledged: RabbitMQ redelivers it, and the limiter
+                // de-duplicates what was already done.
+                tracing::warn!(error = %e, "could not finish the job; it will be redelivered");
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// The job id for log lines, read leniently (the pipeline parses properly).
+fn job_id_hint(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Id>(body).ok().and_then(|i| i.id) {
+        Some(serde_json::Value::String(s)) => {
+            s.chars().filter(|c| !c.is_control()).take(128).collect()
+        }
+        _ => "-".to_owned(),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "worker".to_owned())
+}
