@@ -2,7 +2,9 @@
 //! real services, and clean-up that runs even when a test fails.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod harness;
 pub mod model;
+pub mod smtp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

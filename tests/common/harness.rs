@@ -1,0 +1,317 @@
+//! The real worker against the shared RabbitMQ and Redis and an in-process
+//! SMTP server, under names no other test uses, cleaned up afterwards.
+
+use std::time::{Duration, Instant};
+
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use mailgate::settings::{
+    AmqpSettings, HttpSettings, LimitSettings, RetrySettings, Settings, SmtpSettings,
+    TemplateSettings, WorkerSettings,
+};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::smtp::SmtpSink;
+use super::{RedisCleanup, redis_settings, unique_prefix};
+
+pub fn amqp_url() -> String {
+    std::env::var("MAILGATE_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub struct Harness {
+    pub settings: Settings,
+    pub sink: SmtpSink,
+    pub channel: Channel,
+    _conn: Connection,
+    _redis: RedisCleanup,
+    /// Extra queues the test declared (reply queues), deleted at the end.
+    extra_queues: std::sync::Mutex<Vec<String>>,
+}
+
+/// A worker running in this process.
+pub struct WorkerHandle {
+    stop: Option<oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl WorkerHandle {
+    /// Asks the worker to stop (as SIGTERM does) and waits for it to return.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.join)
+            .await
+            .expect("the worker stops within 30s")
+            .expect("the worker task did not panic")
+    }
+}
+
+impl Harness {
+    pub async fn new(test: &str) -> Self {
+        Self::with(test, |_| {}).await
+    }
+
+    /// A harness whose settings `tweak` adjusts.
+    pub async fn with(test: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
+        // RUST_LOG=mailgate=debug shows the worker's log in a failing test.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let prefix = unique_prefix(test);
+        let queue_prefix = prefix.replace(':', ".");
+        let sink = SmtpSink::start();
+        let mut settings = Settings {
+            amqp: AmqpSettings {
+                url: amqp_url(),
+                jobs_queue: format!("{queue_prefix}jobs"),
+                results_queue: format!("{queue_prefix}results"),
+                prefetch: 16,
+            },
+            redis: redis_settings(&prefix),
+            smtp: SmtpSettings {
+                url: sink.url(),
+                from: "Acme <no-reply@acme.example>".into(),
+                pool_size: 4,
+                timeout: Duration::from_secs(5),
+            },
+            http: HttpSettings::default(),
+            templates: TemplateSettings::default(),
+            retry: RetrySettings {
+                max_attempts: 5,
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(400),
+            },
+            worker: WorkerSettings {
+                shutdown_timeout: Duration::from_secs(10),
+            },
+            limits: LimitSettings::default(),
+        };
+        tweak(&mut settings);
+        settings.validate().expect("test settings are valid");
+        let conn = Connection::connect(&settings.amqp.url, ConnectionProperties::default())
+            .await
+            .expect("the shared RabbitMQ answers (see README: the test command starts it)");
+        let channel = conn.create_channel().await.expect("channel");
+        Self {
+            _redis: RedisCleanup { prefix },
+            settings,
+            sink,
+            channel,
+            _conn: conn,
+            extra_queues: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    pub async fn start_worker(&self) -> WorkerHandle {
+        let worker = mailgate::worker::build(&self.settings)
+            .await
+            .expect("the worker builds");
+        let (tx, rx) = oneshot::channel::<()>();
+        let join = tokio::spawn(worker.run(async {
+            let _ = rx.await;
+        }));
+        // The worker declares its queues before consuming; wait for that so
+        // jobs published next are not routed to nowhere.
+        self.wait_for_queue(&self.settings.amqp.jobs_queue).await;
+        WorkerHandle {
+            stop: Some(tx),
+            join,
+        }
+    }
+
+    async fn wait_for_queue(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            // A failed passive declare closes the channel; use a fresh one.
+            let ch = self._conn.create_channel().await.expect("channel");
+            if let Ok(q) = ch
+                .queue_declare(name.into(), passive, FieldTable::default())
+                .await
+                && q.consumer_count() > 0
+            {
+                let _ = ch.close(200, "ok".into()).await;
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not start consuming {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Declares a queue of the test's own (e.g. a reply_to queue).
+    pub async fn declare(&self, suffix: &str) -> String {
+        let name = format!(
+            "{}{suffix}",
+            self.settings.amqp.jobs_queue.trim_end_matches("jobs")
+        );
+        self.channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare");
+        self.extra_queues.lock().unwrap().push(name.clone());
+        name
+    }
+
+    /// Publishes a raw job body with properties.
+    pub async fn publish_raw(&self, body: &[u8], props: BasicProperties) {
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.settings.amqp.jobs_queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                props.with_delivery_mode(2),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+    }
+
+    /// Publishes a job.
+    pub async fn publish(&self, job: &Value) {
+        self.publish_raw(job.to_string().as_bytes(), BasicProperties::default())
+            .await;
+    }
+
+    /// The next message on `queue` (body and properties), within `timeout`.
+    pub async fn next_on(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Option<(Vec<u8>, BasicProperties)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self
+                .channel
+                .basic_get(queue.into(), BasicGetOptions::default())
+                .await
+                .expect("basic_get");
+            if let Some(m) = got {
+                m.delivery
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .expect("ack");
+                return Some((m.delivery.data.clone(), m.delivery.properties.clone()));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The next result on the results queue.
+    pub async fn result(&self) -> Value {
+        let q = self.settings.amqp.results_queue.clone();
+        let (body, _) = self
+            .next_on(&q, Duration::from_secs(20))
+            .await
+            .expect("a result within 20s");
+        serde_json::from_slice(&body).expect("results are JSON")
+    }
+
+    /// `n` results, by job id.
+    pub async fn results(&self, n: usize) -> std::collections::BTreeMap<String, Value> {
+        let mut by_id = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let r = self.result().await;
+            let id = r["id"].as_str().expect("id").to_owned();
+            assert!(
+                by_id.insert(id.clone(), r).is_none(),
+                "a second result for {id}"
+            );
+        }
+        by_id
+    }
+
+    /// Asserts no further result arrives within `wait`.
+    pub async fn no_more_results(&self, wait: Duration) {
+        let q = self.settings.amqp.results_queue.clone();
+        if let Some((body, _)) = self.next_on(&q, wait).await {
+            panic!("unexpected result: {}", String::from_utf8_lossy(&body));
+        }
+    }
+
+    /// The next dead letter.
+    pub async fn dead_letter(&self) -> (Vec<u8>, BasicProperties) {
+        let q = format!("{}.dead", self.settings.amqp.jobs_queue);
+        self.next_on(&q, Duration::from_secs(20))
+            .await
+            .expect("a dead letter within 20s")
+    }
+
+    fn all_queues(&self) -> Vec<String> {
+        let t =
+            mailgate::broker::Topology::new(&self.settings.amqp, self.settings.retry.max_attempts);
+        let mut all = t.all();
+        all.extend(self.extra_queues.lock().unwrap().iter().cloned());
+        all
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let queues = self.all_queues();
+        let url = self.settings.amqp.url.clone();
+        // Drop cannot await: delete the queues from a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let conn = Connection::connect(&url, ConnectionProperties::default())
+                    .await
+                    .ok()?;
+                let ch = conn.create_channel().await.ok()?;
+                for q in queues {
+                    let _ = ch
+                        .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                let _ = conn.close(200, "bye".into()).await;
+                Some(())
+            })
+        })
+        .join();
+    }
+}
+
+/// Consumes everything on a queue into a stream, for tests that need it.
+#[allow(dead_code)]
+pub async fn drain_stream(channel: &Channel, queue: &str) -> Vec<Vec<u8>> {
+    let mut c = channel
+        .basic_consume(
+            queue.into(),
+            "drain".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut out = Vec::new();
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(300), c.next()).await {
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+        out.push(d.data);
+    }
+    out
+}

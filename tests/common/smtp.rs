@@ -1,0 +1,176 @@
+//! A real SMTP server inside the test (mailin-embedded) on a free port. It
+//! records every accepted mail and answers on demand with 4xx/5xx replies,
+//! or slowly.
+
+use std::collections::VecDeque;
+
+use std::net::{IpAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mailin_embedded::{Handler, Response, Server, response};
+
+/// A mail the sink accepted.
+#[derive(Debug, Clone)]
+pub struct Mail {
+    pub from: String,
+    pub to: Vec<String>,
+    pub data: String,
+}
+
+#[derive(Default)]
+struct State {
+    mails: Vec<Mail>,
+    /// Replies to give to the next RCPT commands, in order; 250 once empty.
+    /// (Faults are injected at RCPT, as greylisting does: mailin's state
+    /// machine stays in DATA after an error reply to the end of data, which
+    /// would wedge the connection.)
+    rcpt_replies: VecDeque<u16>,
+    /// Recipients (substring) refused at RCPT with this code.
+    refuse_rcpt: Vec<(String, u16)>,
+    /// How long to take before answering the end of DATA.
+    delay: Duration,
+    transactions: u64,
+}
+
+#[derive(Clone)]
+struct Session {
+    state: Arc<Mutex<State>>,
+    from: String,
+    to: Vec<String>,
+    data: Vec<u8>,
+}
+
+impl Handler for Session {
+    fn mail(&mut self, _ip: IpAddr, _domain: &str, from: &str) -> Response {
+        self.from = from.to_owned();
+        self.to.clear();
+        self.data.clear();
+        response::OK
+    }
+
+    fn rcpt(&mut self, to: &str) -> Response {
+        let refused = {
+            let mut s = self.state.lock().unwrap();
+            s.transactions += 1;
+            let planned = s.rcpt_replies.pop_front();
+            planned.or_else(|| {
+                s.refuse_rcpt
+                    .iter()
+                    .find(|(n, _)| to.contains(n.as_str()))
+                    .map(|(_, code)| *code)
+            })
+        };
+        match refused {
+            Some(code) => Response::custom(code, "refused by the test".to_owned()),
+            None => {
+                self.to.push(to.to_owned());
+                response::OK
+            }
+        }
+    }
+
+    fn data(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.data.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn data_end(&mut self) -> Response {
+        let delay = self.state.lock().unwrap().delay;
+        std::thread::sleep(delay);
+        let mail = Mail {
+            from: self.from.clone(),
+            to: self.to.clone(),
+            data: String::from_utf8_lossy(&self.data).into_owned(),
+        };
+        self.state.lock().unwrap().mails.push(mail);
+        response::OK
+    }
+}
+
+/// The running sink. Its threads live until the test process ends (each
+/// test binary's tests run in their own processes under nextest).
+pub struct SmtpSink {
+    state: Arc<Mutex<State>>,
+    pub port: u16,
+}
+
+impl SmtpSink {
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(State::default()));
+        let handler = Session {
+            state: state.clone(),
+            from: String::new(),
+            to: Vec::new(),
+            data: Vec::new(),
+        };
+        let mut server = Server::new(handler);
+        server
+            .with_name("sink.test")
+            .with_num_threads(32)
+            .with_tcp_listener(listener);
+        std::thread::spawn(move || {
+            let _ = server.serve();
+        });
+        Self { state, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    /// The next RCPT commands are answered with these codes (then as usual).
+    pub fn reply_with(&self, codes: &[u16]) {
+        self.state.lock().unwrap().rcpt_replies.extend(codes);
+    }
+
+    /// Recipients containing `needle` are refused at RCPT with `code`.
+    pub fn refuse(&self, needle: &str, code: u16) {
+        self.state
+            .lock()
+            .unwrap()
+            .refuse_rcpt
+            .push((needle.to_owned(), code));
+    }
+
+    /// Each mail takes this long to accept.
+    pub fn set_delay(&self, delay: Duration) {
+        self.state.lock().unwrap().delay = delay;
+    }
+
+    pub fn mails(&self) -> Vec<Mail> {
+        self.state.lock().unwrap().mails.clone()
+    }
+
+    /// Mails whose recipient contains `needle`.
+    pub fn mails_to(&self, needle: &str) -> Vec<Mail> {
+        self.mails()
+            .into_iter()
+            .filter(|m| m.to.iter().any(|t| t.contains(needle)))
+            .collect()
+    }
+
+    /// Transactions (RCPT commands) seen, accepted or not.
+    pub fn transactions(&self) -> u64 {
+        self.state.lock().unwrap().transactions
+    }
+
+    /// Waits until `n` mails were accepted, or panics after `timeout`.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Mail> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mails = self.mails();
+            if mails.len() >= n {
+                return mails;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} mails, got {}",
+                mails.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

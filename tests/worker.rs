@@ -1,0 +1,311 @@
+//! The worker end to end: the real worker against the shared RabbitMQ and
+//! Redis and an SMTP server inside the test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::harness::Harness;
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+use serde_json::{Value, json};
+
+fn job(id: &str, email: &str) -> Value {
+    json!({"id": id, "email": email, "ip": "203.0.113.7", "code": "493817",
+           "vars": {"app_name": "Acme", "support_email": "help@acme.example"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_mail_has_headers_both_parts_and_the_code() {
+    let h = Harness::new("sent").await;
+    let w = h.start_worker().await;
+    h.publish(&job("s1", "User@Example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "{r}");
+    assert_eq!(r["id"], "s1");
+    assert_eq!(r["email"], "User@example.com");
+    assert_eq!(r["attempts"], 1);
+    assert!(r["error"].is_null() && r["retry_after_ms"].is_null());
+    let decided = r["decided_at_ms"].as_u64().expect("decided_at_ms on sent");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(now.abs_diff(decided) < 60_000);
+
+    let mails = h.sink.wait_for(1, Duration::from_secs(5));
+    let m = &mails[0];
+    assert_eq!(m.to, ["User@example.com"]);
+    assert_eq!(m.from, "no-reply@acme.example");
+    let d = &m.data;
+    for header in [
+        "From: Acme <no-reply@acme.example>",
+        "To: User@example.com",
+        "Subject: 493817 is your Acme code",
+        "Date: ",
+        "Message-ID: <",
+    ] {
+        assert!(d.contains(header), "{header:?} missing from\n{d}");
+    }
+    assert!(d.contains("multipart/alternative"), "{d}");
+    assert!(d.contains("text/plain") && d.contains("text/html"), "{d}");
+    assert!(
+        d.matches("493817").count() >= 3,
+        "the code is in the subject and both parts:\n{d}"
+    );
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_carries_retry_after_and_rule_and_sends_nothing() {
+    let h = Harness::new("rejected").await;
+    let w = h.start_worker().await;
+    h.publish(&job("r1", "victim@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    h.publish(&job("r2", "Victim+x@Example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(
+        r["rule"],
+        json!({"scope": "email", "window_ms": 60000, "max": 1})
+    );
+    let retry = r["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 50_000 && retry <= 60_000, "{retry}");
+    assert!(r["decided_at_ms"].as_u64().is_some());
+    h.no_more_results(Duration::from_millis(300)).await;
+    assert_eq!(h.sink.mails().len(), 1, "the rejected job sent nothing");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_id_is_a_duplicate_and_mailed_once() {
+    let h = Harness::new("dup").await;
+    let w = h.start_worker().await;
+    h.publish(&job("d1", "a@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    h.publish(&job("d1", "a@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "duplicate", "{r}");
+    assert_eq!(h.sink.mails().len(), 1);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_answered_while_the_worker_keeps_going() {
+    let h = Harness::new("invalid").await;
+    let w = h.start_worker().await;
+
+    // Not JSON: nobody to answer; dead-lettered with the reason.
+    h.publish_raw(b"this is not json", BasicProperties::default())
+        .await;
+    let (body, props) = h.dead_letter().await;
+    assert_eq!(body, b"this is not json");
+    let headers = props.headers().clone().expect("headers");
+    let error = headers
+        .inner()
+        .get("x-mailgate-error")
+        .expect("error header");
+    assert!(
+        matches!(error, AMQPValue::LongString(s) if s.to_string().contains("JSON")),
+        "{error:?}"
+    );
+
+    let cases = [
+        (json!({"id": "i1", "code": "1"}), "email is required"),
+        (
+            json!({"id": "i2", "email": "a@example.com"}),
+            "code is required",
+        ),
+        (
+            json!({"id": "i3", "email": "a@example.com\r\nBcc: victim@example.com", "code": "1"}),
+            "control character",
+        ),
+        (
+            json!({"id": "i4", "email": "a@example.com", "code": "1", "ip": "300.1.2.3"}),
+            "ip",
+        ),
+        (
+            json!({"id": "i5", "email": "a@example.com", "code": "1", "purpose": "nope"}),
+            "unknown purpose",
+        ),
+        (
+            json!({"id": "i6", "email": "a@example.com", "code": "1", "locale": "../../etc"}),
+            "locale",
+        ),
+    ];
+    for (j, _) in &cases {
+        h.publish(j).await;
+    }
+    let big =
+        json!({"id": "i7", "email": "a@example.com", "code": "1", "pad": "x".repeat(1 << 20)});
+    h.publish(&big).await;
+    h.publish(&job("ok", "fine@example.com")).await;
+
+    let results = h.results(cases.len() + 2).await;
+    for (j, why) in &cases {
+        let r = &results[j["id"].as_str().unwrap()];
+        assert_eq!(r["status"], "invalid", "{r}");
+        assert!(
+            r["error"].as_str().unwrap().contains(why),
+            "{r} should say {why}"
+        );
+    }
+    assert_eq!(results["i7"]["status"], "invalid");
+    assert!(results["i7"]["error"].as_str().unwrap().contains("bytes"));
+    assert_eq!(results["ok"]["status"], "sent");
+    assert_eq!(h.sink.mails().len(), 1, "only the valid job was mailed");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_451_twice_then_250_is_sent_on_the_third_attempt() {
+    let h = Harness::new("retry").await;
+    let w = h.start_worker().await;
+    h.sink.reply_with(&[451, 451]);
+    h.publish(&job("t1", "a@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "{r}");
+    assert_eq!(r["attempts"], 3);
+    assert_eq!(h.sink.mails().len(), 1);
+    assert_eq!(h.sink.transactions(), 3);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_550_fails_and_refunds_the_quota() {
+    let h = Harness::new("perm").await;
+    let w = h.start_worker().await;
+    h.sink.refuse("gone@example.com", 550);
+    h.publish(&job("p1", "gone@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["attempts"], 1, "a permanent error is not retried");
+    assert!(r["error"].as_str().unwrap().contains("550"), "{r}");
+    // The quota was refunded: the mailbox's next job is admitted at once
+    // (and fails the same way, but is not rejected by the 1/60 s rule).
+    h.publish(&job("p2", "gone@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "admitted, not rejected: {r}");
+    assert!(h.sink.mails().is_empty());
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_run_out_into_failed_with_the_last_error() {
+    let h = Harness::with("exhaust", |s| s.retry.max_attempts = 3).await;
+    let w = h.start_worker().await;
+    h.sink.reply_with(&[451, 452, 421]);
+    h.publish(&job("x1", "a@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["attempts"], 3);
+    assert!(
+        r["error"].as_str().unwrap().contains("421"),
+        "the last error: {r}"
+    );
+    // Refunded: the mailbox may be mailed again at once.
+    h.publish(&job("x2", "a@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_code_is_not_sent() {
+    let h = Harness::new("expired").await;
+    let w = h.start_worker().await;
+    let mut j = job("e1", "a@example.com");
+    j["expires_at"] = json!("2020-01-01T00:00:00Z");
+    h.publish(&j).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "expired", "{r}");
+    // No quota used: a fresh code for the mailbox goes out.
+    h.publish(&job("e2", "a@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    assert_eq!(h.sink.mails().len(), 1);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_to_and_correlation_id_are_honoured() {
+    let h = Harness::new("replyto").await;
+    let w = h.start_worker().await;
+    let reply = h.declare("reply").await;
+    let props = BasicProperties::default()
+        .with_reply_to(reply.as_str().into())
+        .with_correlation_id("corr-42".into());
+    h.publish_raw(job("c1", "a@example.com").to_string().as_bytes(), props)
+        .await;
+    let (body, props) = h
+        .next_on(&reply, Duration::from_secs(20))
+        .await
+        .expect("a reply");
+    let r: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(r["status"], "sent");
+    assert_eq!(r["correlation_id"], "corr-42");
+    assert_eq!(
+        props.correlation_id().as_ref().map(|s| s.to_string()),
+        Some("corr-42".into())
+    );
+    h.no_more_results(Duration::from_millis(200)).await;
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_the_queue_and_never_exceed_a_limit() {
+    let h = Harness::new("pool").await;
+    let (w1, w2) = (h.start_worker().await, h.start_worker().await);
+    // 60 jobs for 6 mailboxes from 2 IPs: 1 per mailbox per minute passes,
+    // and at most 5 per IP per minute.
+    for n in 0..60 {
+        let mut j = job(&format!("p{n}"), &format!("user{}@example.com", n % 6));
+        j["ip"] = json!(format!("198.51.100.{}", n % 2));
+        h.publish(&j).await;
+    }
+    let results = h.results(60).await;
+    let sent: Vec<_> = results.values().filter(|r| r["status"] == "sent").collect();
+    let rejected = results
+        .values()
+        .filter(|r| r["status"] == "rejected")
+        .count();
+    assert_eq!(sent.len() + rejected, 60);
+    // user0, 2, 4 use IP .0 and user1, 3, 5 IP .1: 3 mailboxes per IP, so
+    // the mailbox rule binds: exactly one mail per mailbox.
+    assert_eq!(sent.len(), 6, "one per mailbox");
+    let mails = h.sink.wait_for(6, Duration::from_secs(5));
+    for n in 0..6 {
+        let to = format!("user{n}@example.com");
+        assert_eq!(
+            mails.iter().filter(|m| m.to == [to.clone()]).count(),
+            1,
+            "{to}"
+        );
+    }
+    w1.stop().await.unwrap();
+    w2.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_finishes_in_flight_jobs() {
+    let h = Harness::new("stop").await;
+    h.sink.set_delay(Duration::from_millis(150));
+    let w = h.start_worker().await;
+    for n in 0..30 {
+        let mut j = job(&format!("g{n}"), &format!("u{n}@example.com"));
+        j["ip"] = Value::Null;
+        h.publish(&j).await;
+    }
+    // Stop while mails are in flight.
+    h.sink.wait_for(2, Duration::from_secs(10));
+    w.stop().await.expect("exits cleanly");
+    // A second worker takes whatever the first handed back.
+    let w2 = h.start_worker().await;
+    let results = h.results(30).await;
+    assert!(
+        results.values().all(|r| r["status"] == "sent"),
+        "{results:?}"
+    );
+    h.no_more_results(Duration::from_millis(500)).await;
+    let mails = h.sink.mails();
+    assert_eq!(mails.len(), 30, "each job mailed exactly once");
+    w2.stop().await.unwrap();
+}
