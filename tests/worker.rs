@@ -309,3 +309,25 @@ async fn graceful_stop_finishes_in_flight_jobs() {
     assert_eq!(mails.len(), 30, "each job mailed exactly once");
     w2.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_template_stops_the_worker_before_it_consumes() {
+    let dir = std::env::temp_dir().join(format!("mailgate-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (path, body) in [
+        ("verify/en/subject.txt", "{{ code }"),
+        ("verify/en/body.txt", "{{ code }}"),
+    ] {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+    let h = Harness::with("broken", |s| s.templates.dir = dir.clone()).await;
+    let err = mailgate::worker::build(&h.settings)
+        .await
+        .err()
+        .expect("a broken template is a start-up error");
+    let text = format!("{err:#}");
+    assert!(text.contains("verify/en/subject.txt"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
