@@ -186,7 +186,15 @@ impl Broker {
     /// Connects, opens a channel with publisher confirms and `prefetch`, and
     /// declares the queues.
     pub async fn connect(settings: &AmqpSettings, max_attempts: u32) -> Result<Self, BrokerError> {
-        let conn = Connection::connect(&settings.url, ConnectionProperties::default()).await?;
+        // Named after the queue it serves, so operators (and tests) can
+        // find a pool's connections in `rabbitmqctl list_connections`.
+        let name = format!(
+            "mailgate worker {} pid {}",
+            settings.jobs_queue,
+            std::process::id()
+        );
+        let props = ConnectionProperties::default().with_connection_name(name.as_str().into());
+        let conn = Connection::connect(&settings.url, props).await?;
         let channel = conn.create_channel().await?;
         channel
             .basic_qos(settings.prefetch, BasicQosOptions::default())

@@ -128,15 +128,24 @@ pub struct PrivateRedis {
 impl PrivateRedis {
     pub fn start() -> Self {
         let port = free_port();
-        let child = std::process::Command::new("redis-server")
+        let child = Self::spawn(port);
+        let me = Self { child, port };
+        me.wait_until_up();
+        me
+    }
+
+    fn spawn(port: u16) -> std::process::Child {
+        std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .stdout(std::process::Stdio::null())
             .spawn()
-            .expect("redis-server is installed");
-        let me = Self { child, port };
+            .expect("redis-server is installed")
+    }
+
+    fn wait_until_up(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while redis::Client::open(me.url())
+        while redis::Client::open(self.url())
             .and_then(|c| c.get_connection())
             .is_err()
         {
@@ -146,7 +155,19 @@ impl PrivateRedis {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        me
+    }
+
+    /// Kills the server (SIGKILL): everything in it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a fresh server on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Self::spawn(self.port);
+        self.wait_until_up();
     }
 
     pub fn url(&self) -> String {
