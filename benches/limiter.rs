@@ -122,6 +122,7 @@ async fn round_mailgate(l: &RedisLimiter, pool: &Arc<Pool>, run: u64, secs: f64)
                     id: &id,
                     email,
                     ip: Some(ip),
+                    purpose: None,
                 };
                 let d = l.check(&req, Clock::Server).await.expect("decision");
                 tally.decisions.fetch_add(1, Ordering::Relaxed);

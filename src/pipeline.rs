@@ -156,6 +156,7 @@ impl<L: RateLimiter> Pipeline<L> {
             id: &job.id,
             email: &job.email,
             ip: job.ip.as_ref(),
+            purpose: Some(&job.purpose),
         };
         let decided_at_ms = match self.limiter.check(&req, Clock::Server).await {
             Err(e) => return self.transient(&job, msg, limiter_error(&e), false).await,

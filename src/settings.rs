@@ -363,6 +363,11 @@ pub struct LimitSettings {
     /// may not be shorter than, the longest window of any rule.
     #[serde(deserialize_with = "opt_human_duration")]
     pub dedup_for: Option<Duration>,
+    /// Stricter (or looser) rules for some purposes, e.g.
+    /// `[limits.purpose.reset_password.email]`. A purpose's requests are
+    /// counted in the same logs as every other purpose's (a victim's inbox is
+    /// one inbox), but judged by its own rules.
+    pub purpose: std::collections::BTreeMap<String, PurposeLimits>,
     /// How long an admission owns its job's send. Another copy of the job
     /// (a redelivery after a crash, a producer's double publish) waits this
     /// long before it may send instead. Must exceed the SMTP send deadline,
@@ -390,16 +395,51 @@ impl Default for LimitSettings {
             ipv6_prefix: 64,
             dedup_for: None,
             send_lease: Duration::from_secs(30),
+            purpose: std::collections::BTreeMap::new(),
         }
     }
 }
 
+/// One purpose's own rules; a scope left out keeps the defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PurposeLimits {
+    /// Rules per mailbox for this purpose.
+    pub email: Option<ScopeRules>,
+    /// Rules per client network for this purpose.
+    pub ip: Option<ScopeRules>,
+}
+
 impl LimitSettings {
-    /// The longest window of any rule in any scope (zero if there are none).
+    /// Every rule list of the mailbox scope: the default, then each
+    /// purpose's override.
+    pub fn email_rule_lists(&self) -> impl Iterator<Item = &[Rule]> {
+        std::iter::once(self.email.rules.as_slice()).chain(
+            self.purpose
+                .values()
+                .filter_map(|p| p.email.as_ref())
+                .map(|s| s.rules.as_slice()),
+        )
+    }
+
+    /// Every rule list of the IP scope: the default, then each purpose's
+    /// override.
+    pub fn ip_rule_lists(&self) -> impl Iterator<Item = &[Rule]> {
+        std::iter::once(self.ip.rules.as_slice()).chain(
+            self.purpose
+                .values()
+                .filter_map(|p| p.ip.as_ref())
+                .map(|s| s.rules.as_slice()),
+        )
+    }
+
+    /// The longest window of any rule in any scope or purpose (zero if there
+    /// are none).
     pub fn longest_window(&self) -> Duration {
-        [&self.email, &self.ip]
-            .into_iter()
-            .filter_map(ScopeRules::longest_window)
+        self.email_rule_lists()
+            .chain(self.ip_rule_lists())
+            .flatten()
+            .map(|r| r.window)
             .max()
             .unwrap_or_default()
     }
@@ -411,6 +451,18 @@ impl LimitSettings {
 
     /// Checks what serde cannot see key by key.
     pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.purpose.len() > 100 {
+            return Err(SettingsError::Invalid(
+                "limits.purpose: at most 100 purposes may have rules of their own".into(),
+            ));
+        }
+        for name in self.purpose.keys() {
+            if crate::domain::Name::parse("purpose", name).is_err() {
+                return Err(SettingsError::Invalid(format!(
+                    "limits.purpose.{name}: purpose names hold only letters, digits, '-' and '_'"
+                )));
+            }
+        }
         if self.ipv4_prefix > 32 {
             return Err(SettingsError::Invalid(
                 "limits.ipv4_prefix must be at most 32".into(),

@@ -5,10 +5,12 @@
 mod common;
 
 use common::*;
+use mailgate::domain::Name;
 use mailgate::limiter::{
     Clock, MemoryLimiter, RateLimiter, RedisLimiter, Request, RuleRef, Scope, Verdict,
 };
-use mailgate::settings::LimitSettings;
+use mailgate::limiter::{RuleUsage, Subject};
+use mailgate::settings::{LimitSettings, PurposeLimits};
 
 /// A limiter plus whatever must be cleaned up after it.
 struct Built<L> {
@@ -59,12 +61,26 @@ async fn check<L: RateLimiter>(
     from: Option<&str>,
     t: u64,
 ) -> Verdict {
+    check_for(l, job, mail, from, None, t).await
+}
+
+/// [`check`] for a job of `purpose`.
+async fn check_for<L: RateLimiter>(
+    l: &L,
+    job: &str,
+    mail: &str,
+    from: Option<&str>,
+    purpose: Option<&str>,
+    t: u64,
+) -> Verdict {
     let (id, email) = (id(job), email(mail));
     let ip = from.map(ip);
+    let purpose = purpose.map(|p| Name::parse("purpose", p).unwrap());
     let req = Request {
         id: &id,
         email: &email,
         ip: ip.as_ref(),
+        purpose: purpose.as_ref(),
     };
     let d = l.check(&req, Clock::At(t)).await.expect("limiter answers");
     assert_eq!(d.decided_at_ms, t, "decided_at_ms is the decision time");
@@ -516,6 +532,123 @@ mod cases {
         );
     }
 
+    pub async fn a_purpose_has_its_own_rules_over_the_shared_log<M: Make>(m: M) {
+        let mut lim = limits(&[(MIN, 3)], &[]);
+        lim.purpose.insert(
+            "reset_password".into(),
+            PurposeLimits {
+                email: Some(rules(&[(MIN, 1), (HOUR, 2)])),
+                ip: None,
+            },
+        );
+        let b = m.make("purpose", lim).await;
+        let l = &b.limiter;
+        let reset = Some("reset_password");
+        assert_eq!(
+            check(l, "v1", "a@example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        // The reset rules count the verify code too: the inbox is one inbox.
+        assert_eq!(
+            check_for(l, "r1", "a@example.com", None, reset, 1).await,
+            rejected(MIN - 1, Scope::Email, MIN, 1)
+        );
+        assert_eq!(
+            check(l, "v2", "a@example.com", None, 2).await,
+            Verdict::Admitted
+        );
+        // Two minutes on, the 1-minute default window is empty, but the reset
+        // purpose's 1-hour window still holds both: admissions are kept for
+        // the longest window of any purpose.
+        assert_eq!(
+            check_for(l, "r2", "a@example.com", None, reset, 2 * MIN).await,
+            rejected(HOUR - 2 * MIN, Scope::Email, HOUR, 2)
+        );
+        assert_eq!(
+            check_for(l, "r3", "a@example.com", None, Some("verify"), 2 * MIN).await,
+            Verdict::Admitted,
+            "a purpose without overrides uses the defaults"
+        );
+    }
+
+    pub async fn usage_shows_each_rule_and_uses_nothing<M: Make>(m: M) {
+        let b = m.make("usage", LimitSettings::default()).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "j2", "a@example.com", None, 61 * SEC).await,
+            Verdict::Admitted
+        );
+        let a = email("A+x@Example.com");
+        for _ in 0..2 {
+            let u = l
+                .usage(Subject::Email(&a), None, Clock::At(90 * SEC))
+                .await
+                .unwrap();
+            assert!(u.key.ends_with("email:a@example.com"), "{}", u.key);
+            assert_eq!(u.at_ms, 90 * SEC);
+            let per_rule: Vec<(u64, u32, u32, u64)> = u
+                .rules
+                .iter()
+                .map(|r: &RuleUsage| (r.rule.window_ms, r.rule.max, r.count, r.retry_after_ms))
+                .collect();
+            assert_eq!(
+                per_rule,
+                [
+                    (MIN, 1, 1, 31 * SEC),
+                    (HOUR, 5, 2, 0),
+                    (24 * HOUR, 10, 2, 0)
+                ]
+            );
+            assert_eq!(u.retry_after_ms, 31 * SEC);
+        }
+        // It matches what the limiter decides.
+        assert_eq!(
+            check(l, "j3", "a@example.com", None, 90 * SEC).await,
+            rejected(31 * SEC, Scope::Email, MIN, 1)
+        );
+        let fresh = ip("198.51.100.9");
+        let u = l
+            .usage(Subject::Ip(&fresh), None, Clock::At(0))
+            .await
+            .unwrap();
+        assert!(
+            u.rules
+                .iter()
+                .all(|r| r.count == 0 && r.retry_after_ms == 0)
+        );
+    }
+
+    pub async fn reset_forgets_a_mailbox<M: Make>(m: M) {
+        let b = m.make("reset", LimitSettings::default()).await;
+        let l = &b.limiter;
+        assert_eq!(
+            check(l, "j1", "a@example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            check(l, "j2", "a@example.com", None, 1).await,
+            Verdict::Rejected { .. }
+        ));
+        let a = email("a@example.com");
+        let (key, removed) = l.reset(Subject::Email(&a)).await.unwrap();
+        assert!(key.ends_with("email:a@example.com"));
+        assert_eq!(removed, 1);
+        assert_eq!(l.reset(Subject::Email(&a)).await.unwrap().1, 0);
+        assert_eq!(
+            check(l, "j3", "a@example.com", None, 2).await,
+            Verdict::Admitted
+        );
+        // The job record stays: j1 is still a duplicate.
+        assert!(matches!(
+            check(l, "j1", "a@example.com", None, 3).await,
+            Verdict::InProgress { .. }
+        ));
+    }
+
     pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
         let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
         let l = &b.limiter;
@@ -555,6 +688,9 @@ macro_rules! conformance {
                 disabled_scope_is_not_limited,
                 admissions_after_now_do_not_count,
                 send_lease_lapses_or_is_released,
+                a_purpose_has_its_own_rules_over_the_shared_log,
+                usage_shows_each_rule_and_uses_nothing,
+                reset_forgets_a_mailbox,
             );
         }
     };

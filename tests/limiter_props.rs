@@ -128,6 +128,7 @@ async fn run_case<L: RateLimiter>(
                     id: &jid,
                     email: &mail,
                     ip: addr.as_ref(),
+                    purpose: None,
                 };
                 let got = l
                     .check(&req, Clock::At(t))

@@ -38,6 +38,7 @@ async fn never_over_limit<L: RateLimiter + Clone + 'static>(
                     id: &jid,
                     email: &mail,
                     ip: Some(&addr),
+                    purpose: None,
                 };
                 let d = l.check(&req, Clock::Server).await.expect("decision");
                 if d.verdict == Verdict::Admitted {
@@ -121,6 +122,7 @@ async fn a_burst_in_one_instant_admits_exactly_max() {
                 id: &jid,
                 email: &mail,
                 ip: None,
+                purpose: None,
             };
             l.check(&req, Clock::At(5_000)).await.unwrap().verdict
         }));
@@ -150,6 +152,7 @@ async fn time_comes_from_redis() {
         id: &jid,
         email: &mail,
         ip: None,
+        purpose: None,
     };
     let d = l.check(&req, Clock::Server).await.unwrap();
     let mut conn = l.connection();
@@ -184,6 +187,7 @@ async fn every_key_has_a_ttl() {
             id: &jid,
             email: &mail,
             ip: Some(&addr),
+            purpose: None,
         };
         let d = l.check(&req, Clock::At(n * 7 * SEC)).await.unwrap();
         if n % 3 == 0 && d.verdict == Verdict::Admitted {
@@ -229,6 +233,7 @@ async fn script_is_reloaded_after_a_flush() {
         id: &jid,
         email: &mail,
         ip: None,
+        purpose: None,
     };
     let d = l
         .check(&req, Clock::At(0))
@@ -254,6 +259,7 @@ fn memory_backend_forgets_idle_keys() {
                 id: &jid,
                 email: &mail,
                 ip: Some(&addr),
+                purpose: None,
             };
             l.check(&req, Clock::At(n)).await.unwrap();
         }
@@ -274,6 +280,7 @@ fn memory_backend_forgets_idle_keys() {
                 id: &jid,
                 email: &mail,
                 ip: None,
+                purpose: None,
             };
             l.check(&req, Clock::At(n * 2 * 24 * HOUR)).await.unwrap();
         }

@@ -42,7 +42,9 @@ op "admit" -- decide a batch of requests in order, all at one instant
   ARGV[5]   the send lease, ms: how long an admission (or a resumption) owns
             the job's send
   ARGV[6]   R, the number of rule sets; then for each rule set: the number of
-            rules r, then r pairs (window_ms, max)
+            rules r, how long its keys keep admissions (ms: the longest window
+            of any rule set of the same scope, since keys are shared across
+            purposes), then r pairs (window_ms, max)
   then      for each request: its job id, then its shape: one character per
             scope key, '0' + the 1-based rule set of that key ("12": two keys,
             the first limited by rule set 1, the second by rule set 2)
@@ -64,6 +66,13 @@ op "refund" -- remove one job's admission from every scope
 op "sent" -- record that a job's mail went out (and drop the lease)
   KEYS[1] job key. Returns 1 if the job record exists, else 0.
 
+op "peek" -- read one scope key's log without changing anything
+  KEYS[1] the scope key; ARGV[2] now or "". Returns {now, then the admission
+  times at or before now, oldest first}.
+
+op "reset" -- forget one scope key's admissions (support staff)
+  KEYS[1] the scope key. Returns how many admissions were removed.
+
 op "release" -- give up the send lease of an admitted, unsent job (its send
   failed transiently and will be retried), so the retry need not wait for it
   KEYS[1] job key. Returns 1 if the job is admitted and unsent, else 0.
@@ -84,14 +93,15 @@ local function time_of(member)
   return tonumber(sub(member, 1, 12), 16)
 end
 
+-- The decision time: ARGV[2] if given, else the Redis server's clock.
+local function clock()
+  if ARGV[2] ~= '' then return tonumber(ARGV[2]) end
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 if op == 'admit' then
-  local now
-  if ARGV[2] == '' then
-    local t = call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  else
-    now = tonumber(ARGV[2])
-  end
+  local now = clock()
   local now_s = int(now)
   local dedup_ms, job_prefix, lease_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
   local lease_s = int(now + lease_ms)
@@ -107,18 +117,18 @@ if op == 'admit' then
   for i = 1, tonumber(ARGV[6]) do
     local n = tonumber(ARGV[a])
     -- fetch is at least 1: the newest entry shows whether any is after now.
-    local set = {n = n, w = {}, max = {}, rank = {}, wmax = 0, fetch = 1}
+    local keep_s = ARGV[a + 1]
+    local set = {n = n, w = {}, max = {}, rank = {}, keep = tonumber(keep_s), keep_s = keep_s, fetch = 1}
     for r = 1, n do
-      local w_s, m_s = ARGV[a + 2 * r - 1], ARGV[a + 2 * r]
+      local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
       local w, m = tonumber(w_s), tonumber(m_s)
       set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
-      if w > set.wmax then set.wmax, set.wmax_s = w, w_s end
       if m > set.fetch then set.fetch = m end
     end
     set.fetch = math.min(set.fetch, 16)
     set.fetch_s = '-' .. set.fetch
     sets[i] = set
-    a = a + 1 + 2 * n
+    a = a + 2 + 2 * n
   end
 
   local out, o = {now}, 1
@@ -189,9 +199,9 @@ if op == 'admit' then
         for s = 1, nscopes do
           local key, set = KEYS[first_key + s - 1], sets[byte(shape, s) - 48]
           -- Forget what no rule can see any more, so memory stays bounded.
-          call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.wmax))
+          call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
           call('ZADD', key, now_s, member)
-          call('PEXPIRE', key, set.wmax_s)
+          call('PEXPIRE', key, set.keep_s)
           fields[#fields + 1] = 'k' .. s
           fields[#fields + 1] = key
         end
@@ -222,6 +232,19 @@ elseif op == 'sent' then
   call('HSET', job, 'st', 's')
   call('HDEL', job, 'lease')
   return 1
+
+elseif op == 'peek' then
+  local now = clock()
+  local out = {now}
+  for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now))) do
+    out[#out + 1] = time_of(m)
+  end
+  return out
+
+elseif op == 'reset' then
+  local n = call('ZCARD', KEYS[1])
+  call('DEL', KEYS[1])
+  return n
 
 elseif op == 'release' then
   local job = KEYS[1]

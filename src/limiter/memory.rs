@@ -3,9 +3,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Verdict, binding_rule,
+    Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Subject, Usage, Verdict,
+    binding_rule, usage_of,
 };
-use crate::domain::JobId;
+use crate::domain::{JobId, Name};
 use crate::settings::LimitSettings;
 
 /// How many calls pass between sweeps of idle keys.
@@ -54,6 +55,8 @@ struct JobRecord {
 
 impl MemoryLimiter {
     /// A limiter with `limits`, empty.
+    ///
+    /// Keys carry no prefix: nothing else shares this process's memory.
     pub fn new(limits: &LimitSettings) -> Self {
         Self {
             inner: Arc::default(),
@@ -120,11 +123,12 @@ impl MemoryLimiter {
 
         let mut best: Option<(u64, RuleRef)> = None;
         let mut times = Vec::new();
-        for (scope, key, rules) in &scopes {
-            let longest = rules.iter().map(|r| r.window_ms()).max().unwrap_or(0);
+        for (scope, key, set) in &scopes {
+            let set = &self.keys.sets[*set];
+            let rules = set.rules.as_slice();
             times.clear();
             if let Some(log) = state.logs.get_mut(key) {
-                log.longest_ms = longest;
+                log.longest_ms = set.keep_ms;
                 log.prune(now);
                 times.extend(log.entries.iter().map(|(t, _)| *t));
             }
@@ -151,8 +155,8 @@ impl MemoryLimiter {
 
         let id: Arc<str> = Arc::from(req.id.as_str());
         let mut keys = Vec::with_capacity(scopes.len());
-        for (_, key, rules) in scopes {
-            let longest_ms = rules.iter().map(|r| r.window_ms()).max().unwrap_or(0);
+        for (_, key, set) in scopes {
+            let longest_ms = self.keys.sets[set].keep_ms;
             let log = state.logs.entry(key.clone()).or_insert_with(|| Log {
                 entries: VecDeque::new(),
                 longest_ms,
@@ -231,6 +235,34 @@ impl RateLimiter for MemoryLimiter {
             }
             None => false,
         })
+    }
+
+    async fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> Result<Usage, LimitError> {
+        let now = Self::now(clock);
+        let key = self.keys.key_of(subject);
+        let set = &self.keys.sets[self.keys.set_for(subject.scope(), purpose)];
+        let times: Vec<u64> = self
+            .lock()
+            .logs
+            .get(&key)
+            .map(|log| log.entries.iter().map(|(t, _)| *t).collect())
+            .unwrap_or_default();
+        Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
+    }
+
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+        let key = self.keys.key_of(subject);
+        let removed = self
+            .lock()
+            .logs
+            .remove(&key)
+            .map_or(0, |log| log.entries.len() as u64);
+        Ok((key, removed))
     }
 
     async fn release(&self, id: &JobId) -> Result<bool, LimitError> {

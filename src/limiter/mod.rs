@@ -36,7 +36,7 @@ use std::future::Future;
 pub use self::memory::MemoryLimiter;
 pub use self::redis::RedisLimiter;
 
-use crate::domain::{EmailAddress, IpKey, JobId};
+use crate::domain::{EmailAddress, IpKey, JobId, Name};
 use crate::settings::{LimitSettings, Rule};
 
 /// What a rate-limit key identifies.
@@ -85,6 +85,9 @@ pub struct Request<'a> {
     /// The client that asked for it, if the producer knows it. Without one
     /// the request is limited by mailbox only.
     pub ip: Option<&'a IpKey>,
+    /// The job's purpose, which may have rules of its own
+    /// (`[limits.purpose.<name>]`); `None` uses the defaults.
+    pub purpose: Option<&'a Name>,
 }
 
 /// Which clock decides. Production always uses [`Clock::Server`]; tests and
@@ -192,27 +195,90 @@ pub trait RateLimiter: Send + Sync {
     /// [`Verdict::Resume`] at once instead of waiting for the lease to lapse.
     /// Returns whether the job is admitted and unsent.
     fn release(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+
+    /// How much of its quota `subject` has used under `purpose`'s rules, at
+    /// `clock`, changing nothing (for `mailgate limits show`).
+    fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> impl Future<Output = Result<Usage, LimitError>> + Send;
+
+    /// Forgets every admission counted for `subject` (for support staff).
+    /// Job records stay, so redelivered jobs are still de-duplicated.
+    /// Returns the key and how many admissions it held.
+    fn reset(
+        &self,
+        subject: Subject<'_>,
+    ) -> impl Future<Output = Result<(String, u64), LimitError>> + Send;
 }
 
-/// The scope keys and rules that apply to one request, in decision order:
-/// `(scope, key, rules)` for each scope that applies and has rules.
-///
-/// Both backends derive keys here, so a mailbox or network means the same key
-/// whichever backend counts it.
-pub(crate) type Applicable<'s> = Vec<(Scope, String, &'s [Rule])>;
+/// One list of rules for one scope, and how long that scope's keys keep an
+/// admission: the longest window of *any* rule set of the scope, because a
+/// mailbox's log is shared by every purpose.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleSet {
+    pub rules: Vec<Rule>,
+    pub keep_ms: u64,
+}
 
-/// Key naming and policy lookup shared by both backends.
+/// Key naming and policy lookup shared by both backends, so a mailbox or
+/// network means the same key and the same rules whichever backend counts.
 #[derive(Debug, Clone)]
 pub(crate) struct Keyspace {
     pub prefix: String,
     pub limits: LimitSettings,
+    /// `[0]` email defaults, `[1]` IP defaults, then each purpose override.
+    pub sets: Vec<RuleSet>,
+    /// purpose → its override set per scope (`[email, ip]`), if any.
+    overrides: std::collections::HashMap<String, [Option<usize>; 2]>,
+}
+
+fn scope_index(scope: Scope) -> usize {
+    match scope {
+        Scope::Email => 0,
+        Scope::Ip => 1,
+    }
 }
 
 impl Keyspace {
     pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
+        let keep = |scope: Scope| -> u64 {
+            let longest = match scope {
+                Scope::Email => limits
+                    .email_rule_lists()
+                    .flatten()
+                    .map(Rule::window_ms)
+                    .max(),
+                Scope::Ip => limits.ip_rule_lists().flatten().map(Rule::window_ms).max(),
+            };
+            longest.unwrap_or(1).max(1)
+        };
+        let set = |scope, rules: &[Rule]| RuleSet {
+            rules: rules.to_vec(),
+            keep_ms: keep(scope),
+        };
+        let mut sets = vec![
+            set(Scope::Email, &limits.email.rules),
+            set(Scope::Ip, &limits.ip.rules),
+        ];
+        let mut overrides = std::collections::HashMap::new();
+        for (purpose, o) in &limits.purpose {
+            let mut idx = [None, None];
+            for (scope, rules) in [(Scope::Email, &o.email), (Scope::Ip, &o.ip)] {
+                if let Some(rules) = rules {
+                    idx[scope_index(scope)] = Some(sets.len());
+                    sets.push(set(scope, &rules.rules));
+                }
+            }
+            overrides.insert(purpose.clone(), idx);
+        }
         Self {
             prefix: prefix.to_owned(),
             limits: limits.clone(),
+            sets,
+            overrides,
         }
     }
 
@@ -225,38 +291,46 @@ impl Keyspace {
         format!("{}job:", self.prefix)
     }
 
-    pub fn applicable(&self, req: &Request<'_>) -> Applicable<'_> {
+    /// The rule set a scope uses for a purpose: its override, else the default.
+    pub fn set_for(&self, scope: Scope, purpose: Option<&Name>) -> usize {
+        purpose
+            .and_then(|p| self.overrides.get(p.as_str()))
+            .and_then(|o| o[scope_index(scope)])
+            .unwrap_or(scope_index(scope))
+    }
+
+    /// The key of a subject's log.
+    pub fn key_of(&self, subject: Subject<'_>) -> String {
         let l = &self.limits;
-        let mut scopes = Vec::with_capacity(2);
-        if !l.email.rules.is_empty() {
-            let mut key = String::with_capacity(self.prefix.len() + 6 + req.email.as_str().len());
-            key.push_str(&self.prefix);
-            key.push_str("email:");
-            req.email.push_mailbox_key(&l.normalize, &mut key);
-            scopes.push((Scope::Email, key, l.email.rules.as_slice()));
-        }
-        if let Some(ip) = req.ip.filter(|_| !l.ip.rules.is_empty()) {
-            let key = format!(
+        match subject {
+            Subject::Email(email) => {
+                let mut key = String::with_capacity(self.prefix.len() + 6 + email.as_str().len());
+                key.push_str(&self.prefix);
+                key.push_str("email:");
+                email.push_mailbox_key(&l.normalize, &mut key);
+                key
+            }
+            Subject::Ip(ip) => format!(
                 "{}ip:{}",
                 self.prefix,
                 ip.network(l.ipv4_prefix, l.ipv6_prefix)
-            );
-            scopes.push((Scope::Ip, key, l.ip.rules.as_slice()));
+            ),
         }
-        scopes
     }
 
-    /// The rule sets, indexed as [`Keyspace::rule_set_of`] says.
-    pub fn rule_sets(&self) -> [&[Rule]; 2] {
-        [&self.limits.email.rules, &self.limits.ip.rules]
-    }
-
-    /// Which of [`Keyspace::rule_sets`] a scope uses.
-    pub fn rule_set_of(&self, scope: Scope) -> usize {
-        match scope {
-            Scope::Email => 0,
-            Scope::Ip => 1,
+    /// `(scope, key, rule set)` for each scope that applies to `req` and has
+    /// rules, in decision order.
+    pub fn applicable(&self, req: &Request<'_>) -> Vec<(Scope, String, usize)> {
+        let mut out = Vec::with_capacity(2);
+        let subjects = [Some(Subject::Email(req.email)), req.ip.map(Subject::Ip)];
+        for subject in subjects.into_iter().flatten() {
+            let scope = subject.scope();
+            let set = self.set_for(scope, req.purpose);
+            if !self.sets[set].rules.is_empty() {
+                out.push((scope, self.key_of(subject), set));
+            }
         }
+        out
     }
 
     pub fn lease_ms(&self) -> u64 {
@@ -269,6 +343,86 @@ impl Keyspace {
         u64::try_from(self.limits.dedup_period().as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
+    }
+}
+
+/// What a support tool asks about: one mailbox or one client address.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    /// A mailbox (normalized as the limiter does).
+    Email(&'a EmailAddress),
+    /// A client address (grouped by network as the limiter does).
+    Ip(&'a IpKey),
+}
+
+impl Subject<'_> {
+    /// The scope the subject is counted in.
+    pub fn scope(&self) -> Scope {
+        match self {
+            Subject::Email(_) => Scope::Email,
+            Subject::Ip(_) => Scope::Ip,
+        }
+    }
+}
+
+/// How much of each rule a key has used, without using any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// The key that was read.
+    pub key: String,
+    /// When it was read (backend clock, ms).
+    pub at_ms: u64,
+    /// Each rule of the scope's rule set for the purpose asked about.
+    pub rules: Vec<RuleUsage>,
+    /// How long until a request for this key alone would pass this scope
+    /// (0: now). Another scope may still reject it.
+    pub retry_after_ms: u64,
+}
+
+/// One rule's use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleUsage {
+    /// The rule.
+    pub rule: RuleRef,
+    /// Admissions in its window now.
+    pub count: u32,
+    /// How long until it has room (0: it has room now).
+    pub retry_after_ms: u64,
+}
+
+/// Usage of `rules` by a log with admission `times` (ascending) at `now`.
+pub(crate) fn usage_of(
+    key: String,
+    scope: Scope,
+    rules: &[Rule],
+    times: &[u64],
+    now: u64,
+) -> Usage {
+    let hi = times.partition_point(|&t| t <= now);
+    let rules: Vec<RuleUsage> = rules
+        .iter()
+        .map(|r| {
+            let lo = times.partition_point(|&t| t.saturating_add(r.window_ms()) <= now);
+            let count = hi.saturating_sub(lo);
+            let retry_after_ms =
+                binding_rule(std::slice::from_ref(r), times, now).map_or(0, |(d, _)| d);
+            RuleUsage {
+                rule: RuleRef {
+                    scope,
+                    window_ms: r.window_ms(),
+                    max: r.max,
+                },
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                retry_after_ms,
+            }
+        })
+        .collect();
+    let retry_after_ms = rules.iter().map(|r| r.retry_after_ms).max().unwrap_or(0);
+    Usage {
+        key,
+        at_ms: now,
+        rules,
+        retry_after_ms,
     }
 }
 

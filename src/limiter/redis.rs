@@ -4,8 +4,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Scope, Verdict};
-use crate::domain::JobId;
+use super::{
+    Clock, Decision, Keyspace, LimitError, RateLimiter, Request, RuleRef, Scope, Subject, Usage,
+    Verdict, usage_of,
+};
+use crate::domain::{JobId, Name};
 use crate::settings::{LimitSettings, RedisSettings, Rule};
 
 /// The one limiter script; its header documents KEYS and ARGV.
@@ -142,7 +145,7 @@ async fn run_batch(
     clock: Clock,
     batch: &[Pending],
 ) -> Result<Vec<Decision>, LimitError> {
-    let sets = keys.rule_sets();
+    let sets = &keys.sets;
     let mut inv = SCRIPT.prepare_invoke();
     inv.arg("admit")
         .arg(match clock {
@@ -153,9 +156,9 @@ async fn run_batch(
         .arg(keys.job_key_prefix())
         .arg(keys.lease_ms())
         .arg(sets.len());
-    for rules in sets {
-        inv.arg(rules.len());
-        for rule in rules {
+    for set in sets {
+        inv.arg(set.rules.len()).arg(set.keep_ms);
+        for rule in &set.rules {
             inv.arg(rule.window_ms()).arg(rule.max);
         }
     }
@@ -189,7 +192,7 @@ async fn run_batch(
                         let s = usize::try_from(s - 1).ok()?;
                         let (scope, _) = p.scopes.get(s)?;
                         let set = usize::from(p.shape.get(s)?.checked_sub(b'1')?);
-                        let rule: &Rule = sets.get(set)?.get(usize::try_from(i - 1).ok()?)?;
+                        let rule: &Rule = sets.get(set)?.rules.get(usize::try_from(i - 1).ok()?)?;
                         Some(RuleRef {
                             scope: *scope,
                             window_ms: rule.window_ms(),
@@ -226,9 +229,10 @@ impl RateLimiter for RedisLimiter {
         let app = self.keys.applicable(req);
         let (reply, rx) = oneshot::channel();
         let mut shape = [0u8; 2];
-        for (byte, (scope, _, _)) in shape.iter_mut().zip(&app) {
-            // At most two rule sets, so the index is a single digit.
-            *byte = b'1' + self.keys.rule_set_of(*scope) as u8;
+        for (byte, (_, _, set)) in shape.iter_mut().zip(&app) {
+            // Settings allow at most 100 purposes, so 2 + 200 sets: the
+            // character stays within a byte.
+            *byte = b'1' + u8::try_from(*set).unwrap_or(u8::MAX - b'1');
         }
         let pending = Pending {
             clock,
@@ -255,5 +259,40 @@ impl RateLimiter for RedisLimiter {
 
     async fn release(&self, id: &JobId) -> Result<bool, LimitError> {
         self.single("release", id).await
+    }
+
+    async fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> Result<Usage, LimitError> {
+        let key = self.keys.key_of(subject);
+        let set = &self.keys.sets[self.keys.set_for(subject.scope(), purpose)];
+        let reply: Vec<i64> = SCRIPT
+            .key(&key)
+            .arg("peek")
+            .arg(match clock {
+                Clock::Server => String::new(),
+                Clock::At(ms) => ms.to_string(),
+            })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut values = reply.into_iter().map(|v| u64::try_from(v).unwrap_or(0));
+        let now = values
+            .next()
+            .ok_or_else(|| LimitError::Protocol("empty peek reply".into()))?;
+        let times: Vec<u64> = values.collect();
+        Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
+    }
+
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+        let key = self.keys.key_of(subject);
+        let removed: i64 = SCRIPT
+            .key(&key)
+            .arg("reset")
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok((key, u64::try_from(removed).unwrap_or(0)))
     }
 }
