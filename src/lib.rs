@@ -11,10 +11,12 @@
 
 pub mod broker;
 pub mod domain;
+pub mod http;
 pub mod limiter;
 pub mod mailer;
 pub mod pipeline;
 pub mod settings;
+pub mod telemetry;
 pub mod templates;
 pub mod wire;
 pub mod worker;

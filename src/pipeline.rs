@@ -16,6 +16,7 @@ use crate::domain::Job;
 use crate::limiter::{Clock, Decision, LimitError, RateLimiter, Request, Verdict};
 use crate::mailer::{MailError, Mailer, Outgoing};
 use crate::settings::RetrySettings;
+use crate::telemetry;
 use crate::templates::Templates;
 use crate::wire::{self, DecodeError, JobResult, RuleWire, Status};
 
@@ -163,7 +164,7 @@ impl<L: RateLimiter> Pipeline<L> {
             Ok(Decision {
                 decided_at_ms,
                 verdict,
-            }) => match verdict {
+            }) => match telemetry::observe_decision(verdict) {
                 Verdict::Admitted => decided_at_ms,
                 Verdict::Resume { admitted_at_ms } => admitted_at_ms,
                 Verdict::Rejected {
@@ -200,7 +201,15 @@ impl<L: RateLimiter> Pipeline<L> {
             },
         };
 
-        match self.mailer.send(mail).await {
+        let started = std::time::Instant::now();
+        let sent = self.mailer.send(mail).await;
+        let outcome = match &sent {
+            Ok(()) => "ok",
+            Err(MailError::Transient(_)) => "transient",
+            Err(_) => "permanent",
+        };
+        telemetry::smtp_send(outcome, started.elapsed());
+        match sent {
             Ok(()) => {
                 self.mark_sent(&job).await;
                 let mut r = answer(Status::Sent);

@@ -10,7 +10,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use backon::{ExponentialBuilder, Retryable};
@@ -23,6 +24,7 @@ use crate::limiter::{RateLimiter, RedisLimiter};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Pipeline};
 use crate::settings::Settings;
+use crate::telemetry;
 use crate::templates::Templates;
 use crate::wire::Status;
 
@@ -30,11 +32,33 @@ use crate::wire::Status;
 pub struct Worker<L> {
     pipeline: Pipeline<L>,
     settings: Settings,
+    /// Whether the worker is connected to RabbitMQ and consuming.
+    amqp_up: AtomicBool,
+    /// The last SMTP check, reused for a few seconds so `/readyz` does not
+    /// open a connection per probe.
+    smtp_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    /// The HTTP listener, bound at build time so its address is known.
+    http: std::sync::Mutex<Option<tokio::net::TcpListener>>,
+    http_addr: std::net::SocketAddr,
 }
+
+/// How long an SMTP readiness result is reused.
+const SMTP_CHECK_TTL: Duration = Duration::from_secs(10);
 
 /// Builds the stages from settings: templates (checked), mailer, and the
 /// Redis limiter (retried with backoff until Redis answers or `shutdown`).
 pub async fn build(settings: &Settings) -> anyhow::Result<Worker<RedisLimiter>> {
+    // Install the metrics recorder before anything is counted.
+    crate::telemetry::prometheus();
+    let http = tokio::net::TcpListener::bind(settings.http.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {} (set MAILGATE__HTTP__LISTEN)",
+                settings.http.listen
+            )
+        })?;
+    let http_addr = http.local_addr()?;
     let templates = Templates::load(&settings.templates).with_context(|| {
         format!(
             "loading templates from {}",
@@ -55,6 +79,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<RedisLimiter>> 
     Ok(Worker {
         pipeline: Pipeline::new(limiter, templates, mailer, settings.retry.clone()),
         settings: settings.clone(),
+        amqp_up: AtomicBool::new(false),
+        smtp_checked: tokio::sync::Mutex::new(None),
+        http: std::sync::Mutex::new(Some(http)),
+        http_addr,
     })
 }
 
@@ -74,9 +102,37 @@ enum Stop {
 }
 
 impl<L: RateLimiter + 'static> Worker<L> {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.http_addr
+    }
+
     /// Runs until `shutdown` completes; see the module docs.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let this = Arc::new(self);
+        let http_stop = Arc::new(tokio::sync::Notify::new());
+        let listener = this.http.lock().ok().and_then(|mut l| l.take());
+        let http_task = listener.map(|listener| {
+            let (ready, stop) = (this.clone(), http_stop.clone());
+            tracing::info!(addr = %this.http_addr, "serving /metrics, /healthz, /readyz");
+            tokio::spawn(async move {
+                if let Err(e) =
+                    crate::http::serve(listener, ready, async move { stop.notified().await }).await
+                {
+                    tracing::warn!(error = %e, "the HTTP endpoint stopped");
+                }
+            })
+        });
+        let result = this.clone().consume(shutdown).await;
+        http_stop.notify_one();
+        if let Some(t) = http_task {
+            let _ = t.await;
+        }
+        result
+    }
+
+    async fn consume(self: Arc<Self>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let this = self;
         let tag = format!("mailgate-{}-{}", hostname(), std::process::id());
         let mut tasks: JoinSet<()> = JoinSet::new();
         tokio::pin!(shutdown);
@@ -99,6 +155,7 @@ impl<L: RateLimiter + 'static> Worker<L> {
                 }
             };
             tracing::info!(queue = %broker.topology().jobs, "consuming");
+            this.amqp_up.store(true, Ordering::Relaxed);
             let stop = loop {
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
@@ -119,6 +176,7 @@ impl<L: RateLimiter + 'static> Worker<L> {
                     Some(_) = tasks.join_next() => {}
                 }
             };
+            this.amqp_up.store(false, Ordering::Relaxed);
             match stop {
                 // In-flight jobs of the lost connection finish on their own;
                 // their acks fail and RabbitMQ redelivers them.
@@ -169,9 +227,12 @@ impl<L: RateLimiter + 'static> Worker<L> {
                 seen_before: job.redelivered || job.attempt > 1,
                 correlation_id: job.correlation_id.as_deref(),
             };
+            let _in_flight = telemetry::InFlight::enter();
             let action = self.pipeline.handle(&msg).await;
             let done = match &action {
                 Action::Reply(result) => {
+                    let since = job.published_at_ms.and_then(|p| now_ms().checked_sub(p));
+                    telemetry::job_answered(result.status, since.map(Duration::from_millis));
                     match result.status {
                         Status::Sent | Status::Rejected | Status::Duplicate => {
                             tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
@@ -186,16 +247,19 @@ impl<L: RateLimiter + 'static> Worker<L> {
                     error,
                 } => {
                     tracing::warn!(%error, ?delay, "transient failure; retrying later");
+                    telemetry::retried("transient");
                     let queue = broker.topology().retry(*failed_attempt);
                     broker.delay(&job, &queue, failed_attempt + 1, *delay).await
                 }
                 Action::Wait { delay } => {
                     tracing::info!(?delay, "another attempt owns the send; waiting for its lease");
+                    telemetry::retried("lease");
                     let queue = broker.topology().wait.clone();
                     broker.delay(&job, &queue, job.attempt, *delay).await
                 }
                 Action::DeadLetter { error } => {
                     tracing::warn!(%error, "unusable message; dead-lettered");
+                    telemetry::dead_lettered();
                     broker.dead_letter(&job, error).await
                 }
             };
@@ -214,6 +278,39 @@ impl<L: RateLimiter + 'static> Worker<L> {
     }
 }
 
+impl<L: RateLimiter + 'static> crate::http::Readiness for Worker<L> {
+    async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let amqp = if self.amqp_up.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("not connected (reconnecting)".to_owned())
+        };
+        let redis = self
+            .pipeline
+            .limiter()
+            .ping()
+            .await
+            .map_err(|e| e.to_string());
+        let smtp = {
+            let mut cached = self.smtp_checked.lock().await;
+            match &*cached {
+                Some((at, r)) if at.elapsed() < SMTP_CHECK_TTL => r.clone(),
+                _ => {
+                    let r = self
+                        .pipeline
+                        .mailer()
+                        .check()
+                        .await
+                        .map_err(|e| e.to_string());
+                    *cached = Some((Instant::now(), r.clone()));
+                    r
+                }
+            }
+        };
+        vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)]
+    }
+}
+
 /// The job id for log lines, read leniently (the pipeline parses properly).
 fn job_id_hint(body: &[u8]) -> String {
     #[derive(serde::Deserialize)]
@@ -226,6 +323,13 @@ fn job_id_hint(body: &[u8]) -> String {
         }
         _ => "-".to_owned(),
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 fn hostname() -> String {

@@ -31,6 +31,9 @@ use crate::settings::AmqpSettings;
 
 /// The header carrying a job's attempt number (1 for the first).
 pub const ATTEMPT_HEADER: &str = "x-mailgate-attempt";
+/// Publish time in ms (the header RabbitMQ's timestamp plugin uses); the
+/// AMQP `timestamp` property has only whole seconds.
+pub const TIMESTAMP_MS_HEADER: &str = "timestamp_in_ms";
 /// On dead letters: why the message could not be processed.
 pub const ERROR_HEADER: &str = "x-mailgate-error";
 
@@ -114,8 +117,9 @@ pub struct Incoming {
     /// Whether RabbitMQ delivered this message before (to a consumer that
     /// did not acknowledge it).
     pub redelivered: bool,
-    /// The producer's AMQP timestamp, seconds since the epoch.
-    pub timestamp: Option<u64>,
+    /// When the producer published it, ms since the epoch: its
+    /// `timestamp_in_ms` header, else its AMQP timestamp (seconds).
+    pub published_at_ms: Option<u64>,
     delivery: Delivery,
 }
 
@@ -140,7 +144,12 @@ impl Incoming {
             correlation_id: p.correlation_id().as_ref().map(|s| s.to_string()),
             attempt,
             redelivered: delivery.redelivered,
-            timestamp: *p.timestamp(),
+            published_at_ms: p
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(TIMESTAMP_MS_HEADER))
+                .and_then(as_u64)
+                .or_else(|| p.timestamp().map(|s| s.saturating_mul(1000))),
             delivery,
         }
     }
@@ -169,6 +178,10 @@ impl Incoming {
 }
 
 fn as_u32(v: &AMQPValue) -> Option<u32> {
+    as_u64(v).and_then(|n| u32::try_from(n).ok())
+}
+
+fn as_u64(v: &AMQPValue) -> Option<u64> {
     let n: i64 = match v {
         AMQPValue::ShortShortInt(n) => (*n).into(),
         AMQPValue::ShortShortUInt(n) => (*n).into(),
@@ -177,9 +190,10 @@ fn as_u32(v: &AMQPValue) -> Option<u32> {
         AMQPValue::LongInt(n) => (*n).into(),
         AMQPValue::LongUInt(n) => (*n).into(),
         AMQPValue::LongLongInt(n) => *n,
+        AMQPValue::Timestamp(n) => return Some(*n),
         _ => return None,
     };
-    u32::try_from(n).ok()
+    u64::try_from(n).ok()
 }
 
 impl Broker {

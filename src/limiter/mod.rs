@@ -205,6 +205,9 @@ pub trait RateLimiter: Send + Sync {
         clock: Clock,
     ) -> impl Future<Output = Result<Usage, LimitError>> + Send;
 
+    /// Whether the backend answers (for readiness checks).
+    fn ping(&self) -> impl Future<Output = Result<(), LimitError>> + Send;
+
     /// Forgets every admission counted for `subject` (for support staff).
     /// Job records stay, so redelivered jobs are still de-duplicated.
     /// Returns the key and how many admissions it held.

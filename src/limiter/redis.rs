@@ -286,6 +286,13 @@ impl RateLimiter for RedisLimiter {
         Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
     }
 
+    async fn ping(&self) -> Result<(), LimitError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
         let key = self.keys.key_of(subject);
         let removed: i64 = SCRIPT

@@ -36,6 +36,8 @@ pub struct Harness {
 
 /// A worker running in this process.
 pub struct WorkerHandle {
+    /// Where its HTTP endpoint listens.
+    pub http: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     join: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -82,7 +84,9 @@ impl Harness {
                 pool_size: 4,
                 timeout: Duration::from_secs(5),
             },
-            http: HttpSettings::default(),
+            http: HttpSettings {
+                listen: "127.0.0.1:0".parse().expect("an address"),
+            },
             templates: TemplateSettings::default(),
             retry: RetrySettings {
                 max_attempts: 5,
@@ -114,6 +118,7 @@ impl Harness {
         let worker = mailgate::worker::build(&self.settings)
             .await
             .expect("the worker builds");
+        let http = worker.http_addr();
         let (tx, rx) = oneshot::channel::<()>();
         let join = tokio::spawn(worker.run(async {
             let _ = rx.await;
@@ -122,6 +127,7 @@ impl Harness {
         // jobs published next are not routed to nowhere.
         self.wait_for_queue(&self.settings.amqp.jobs_queue).await;
         WorkerHandle {
+            http,
             stop: Some(tx),
             join,
         }
@@ -314,4 +320,25 @@ pub async fn drain_stream(channel: &Channel, queue: &str) -> Vec<Vec<u8>> {
         out.push(d.data);
     }
     out
+}
+
+/// A plain HTTP/1.1 GET: `(status, body)`.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

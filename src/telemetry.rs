@@ -1,0 +1,132 @@
+//! Metrics: every name mailgate exports, in one place, and the Prometheus
+//! recorder that renders them for `/metrics`.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
+//! | `mailgate_limiter_decisions_total` | counter | `verdict`; on rejections `scope`, `window_ms`, `max` of the binding rule |
+//! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
+//! | `mailgate_dead_letters_total` | counter | |
+//! | `mailgate_jobs_in_flight` | gauge | |
+//! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` |
+//! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::limiter::Verdict;
+use crate::wire::Status;
+
+/// The process-wide Prometheus recorder, installed on first use. Metrics
+/// recorded before it is installed are dropped, so the worker installs it
+/// before it consumes.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let buckets = [
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
+        let builder = PrometheusBuilder::new();
+        let builder = match builder.set_buckets(&buckets) {
+            Ok(b) => b,
+            // Only an empty bucket list is refused; this one is not empty.
+            Err(_) => PrometheusBuilder::new(),
+        };
+        match builder.install_recorder() {
+            Ok(handle) => handle,
+            // Another recorder is installed (an embedding program chose its
+            // own): render an empty, private one rather than fail.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        }
+    })
+}
+
+fn status_label(status: Status) -> &'static str {
+    match status {
+        Status::Sent => "sent",
+        Status::Rejected => "rejected",
+        Status::Duplicate => "duplicate",
+        Status::Invalid => "invalid",
+        Status::Expired => "expired",
+        Status::Failed => "failed",
+    }
+}
+
+/// A job was answered with `status`; `since_publish` is how long ago its
+/// producer published it, if known.
+pub fn job_answered(status: Status, since_publish: Option<Duration>) {
+    let s = status_label(status);
+    metrics::counter!("mailgate_jobs_total", "status" => s).increment(1);
+    if let Some(d) = since_publish {
+        metrics::histogram!("mailgate_publish_to_result_seconds", "status" => s)
+            .record(d.as_secs_f64());
+    }
+}
+
+/// Counts a limiter decision and hands it back.
+pub fn observe_decision(verdict: Verdict) -> Verdict {
+    limiter_decision(&verdict);
+    verdict
+}
+
+/// The limiter decided.
+pub fn limiter_decision(verdict: &Verdict) {
+    match verdict {
+        Verdict::Rejected { rule, .. } => metrics::counter!(
+            "mailgate_limiter_decisions_total",
+            "verdict" => "rejected",
+            "scope" => rule.scope.as_str(),
+            "window_ms" => rule.window_ms.to_string(),
+            "max" => rule.max.to_string(),
+        )
+        .increment(1),
+        other => {
+            let v = match other {
+                Verdict::Admitted => "admitted",
+                Verdict::Duplicate { .. } => "duplicate",
+                Verdict::InProgress { .. } => "in_progress",
+                Verdict::Resume { .. } => "resume",
+                Verdict::Rejected { .. } => "rejected",
+            };
+            metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
+        }
+    }
+}
+
+/// A job goes to wait in RabbitMQ: `transient` for a retry, `lease` for
+/// another attempt's send.
+pub fn retried(reason: &'static str) {
+    metrics::counter!("mailgate_retries_total", "reason" => reason).increment(1);
+}
+
+/// A message went to the dead-letter queue.
+pub fn dead_lettered() {
+    metrics::counter!("mailgate_dead_letters_total").increment(1);
+}
+
+/// One SMTP send took `took`.
+pub fn smtp_send(outcome: &'static str, took: Duration) {
+    metrics::histogram!("mailgate_smtp_send_seconds", "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
+
+/// Counts one job in flight for as long as it lives, even if its task is
+/// aborted.
+pub struct InFlight(());
+
+impl InFlight {
+    /// A job starts.
+    pub fn enter() -> Self {
+        metrics::gauge!("mailgate_jobs_in_flight").increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!("mailgate_jobs_in_flight").decrement(1.0);
+    }
+}

@@ -1,0 +1,90 @@
+//! The operator's endpoint: metrics move with the work, health and
+//! readiness answer.
+
+mod common;
+
+use common::harness::{Harness, http_get};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+use serde_json::json;
+
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_jobs_and_health_answers() {
+    let h = Harness::new("metrics").await;
+    let w = h.start_worker().await;
+    assert_eq!(http_get(w.http, "/healthz").await.0, 200);
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("rabbitmq: ok") && body.contains("redis: ok") && body.contains("smtp: ok"),
+        "{body}"
+    );
+
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut headers = FieldTable::default();
+    headers.insert("timestamp_in_ms".into(), AMQPValue::LongLongInt(now_ms));
+    for (n, email) in ["a@example.com", "a@example.com", "b@example.com"]
+        .iter()
+        .enumerate()
+    {
+        let job = json!({"id": format!("m{n}"), "email": email, "code": "1"});
+        h.publish_raw(
+            job.to_string().as_bytes(),
+            BasicProperties::default().with_headers(headers.clone()),
+        )
+        .await;
+    }
+    h.publish(&json!({"id": "bad", "code": "1"})).await;
+    h.results(4).await;
+
+    let (status, m) = http_get(w.http, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        value(&m, "mailgate_jobs_total{status=\"sent\"}"),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "mailgate_jobs_total{status=\"rejected\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "mailgate_jobs_total{status=\"invalid\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "mailgate_limiter_decisions_total{verdict=\"admitted\"}"),
+        2.0,
+        "{m}"
+    );
+    assert!(m.contains("mailgate_limiter_decisions_total{verdict=\"rejected\",scope=\"email\",window_ms=\"60000\",max=\"1\"} 1"), "{m}");
+    assert_eq!(
+        value(&m, "mailgate_smtp_send_seconds_count{outcome=\"ok\"}"),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        value(
+            &m,
+            "mailgate_publish_to_result_seconds_count{status=\"sent\"}"
+        ),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(value(&m, "mailgate_jobs_in_flight"), 0.0, "{m}");
+    w.stop().await.unwrap();
+}
