@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod broker;
+pub mod cli;
 pub mod domain;
 pub mod http;
 pub mod limiter;

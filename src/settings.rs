@@ -43,10 +43,16 @@ pub struct Settings {
 pub enum SettingsError {
     /// The file is missing, is not TOML, or a key is unknown or of the wrong type.
     #[error("cannot load settings: {0}")]
-    Load(#[from] config::ConfigError),
+    Load(config::ConfigError),
     /// The values parse but make no sense together.
     #[error("invalid settings: {0}")]
     Invalid(String),
+}
+
+impl From<config::ConfigError> for SettingsError {
+    fn from(e: config::ConfigError) -> Self {
+        SettingsError::Load(e)
+    }
 }
 
 impl Settings {

@@ -1,0 +1,512 @@
+//! The tools around the worker: `publish`, `results`, `limits` and
+//! `check-config`. Each is an edge like `main`: it may use any stage, and it
+//! reports errors as one line with the cause and a hint.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, anyhow, bail};
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use serde_json::{Map, Value, json};
+
+use crate::broker::TIMESTAMP_MS_HEADER;
+use crate::domain::{EmailAddress, IpKey, Name};
+use crate::limiter::{Clock, RateLimiter, RedisLimiter, Subject, Usage};
+use crate::mailer::Mailer;
+use crate::settings::{Settings, redact_url};
+use crate::templates::Templates;
+
+/// Connects to RabbitMQ with a hint on failure.
+async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
+    let url = &settings.amqp.url;
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach RabbitMQ at {} (set [amqp] url or MAILGATE__AMQP__URL)",
+                redact_url(url)
+            )
+        })?;
+    let channel = conn
+        .create_channel()
+        .await
+        .context("opening a RabbitMQ channel")?;
+    Ok((conn, channel))
+}
+
+/// Connects the limiter with a hint on failure (one attempt: a tool should
+/// fail fast, unlike the worker).
+async fn limiter(settings: &Settings) -> anyhow::Result<RedisLimiter> {
+    RedisLimiter::connect(&settings.redis, &settings.limits)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach Redis at {} (set [redis] url or MAILGATE__REDIS__URL)",
+                redact_url(&settings.redis.url)
+            )
+        })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A fresh job id: time and randomness, unique enough for a tool.
+fn new_id() -> String {
+    format!("cli-{}-{:08x}", now_ms(), fastrand_u32())
+}
+
+fn fastrand_u32() -> u32 {
+    // Seeded from the clock and the process; not for secrets.
+    let seed = now_ms() ^ (u64::from(std::process::id()) << 32);
+    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    (x >> 16) as u32
+}
+
+/// What `mailgate publish` was asked to send.
+#[derive(Debug, Default)]
+pub struct PublishArgs {
+    /// One job from flags: its mailbox.
+    pub email: Option<String>,
+    /// Its client IP.
+    pub ip: Option<String>,
+    /// Its code; a random 6-digit code if absent.
+    pub code: Option<String>,
+    /// Its purpose.
+    pub purpose: Option<String>,
+    /// Its locale.
+    pub locale: Option<String>,
+    /// Its id; generated if absent.
+    pub id: Option<String>,
+    /// Template variables.
+    pub vars: Vec<(String, String)>,
+    /// Set `expires_at` this far in the future.
+    pub expires_in: Option<Duration>,
+    /// Jobs as JSON lines from this file (`-`: stdin) instead of flags.
+    pub file: Option<PathBuf>,
+    /// Results go to this queue.
+    pub reply_to: Option<String>,
+    /// Wait for each result on a private queue and print it.
+    pub wait: bool,
+    /// How long to wait for all results.
+    pub timeout: Duration,
+}
+
+/// The jobs `args` describe, as JSON objects with ids.
+pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> {
+    let mut jobs = Vec::new();
+    if let Some(path) = &args.file {
+        let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+            ))
+        };
+        for (n, line) in reader.lines().enumerate() {
+            let line = line.context("reading jobs")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value: Value = serde_json::from_str(&line)
+                .with_context(|| format!("line {}: not JSON (one job object per line)", n + 1))?;
+            let Value::Object(mut job) = value else {
+                bail!("line {}: a job is a JSON object", n + 1);
+            };
+            job.entry("id").or_insert_with(|| Value::String(new_id()));
+            jobs.push(job);
+        }
+    } else {
+        let email = args
+            .email
+            .clone()
+            .ok_or_else(|| anyhow!("give --email (or --file with JSON lines)"))?;
+        let mut job = Map::new();
+        job.insert("id".into(), json!(args.id.clone().unwrap_or_else(new_id)));
+        job.insert("email".into(), json!(email));
+        let code = args
+            .code
+            .clone()
+            .unwrap_or_else(|| format!("{:06}", fastrand_u32() % 1_000_000));
+        job.insert("code".into(), json!(code));
+        for (k, v) in [
+            ("ip", &args.ip),
+            ("purpose", &args.purpose),
+            ("locale", &args.locale),
+        ] {
+            if let Some(v) = v {
+                job.insert(k.into(), json!(v));
+            }
+        }
+        if !args.vars.is_empty() {
+            let vars: Map<String, Value> = args
+                .vars
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            job.insert("vars".into(), Value::Object(vars));
+        }
+        if let Some(d) = args.expires_in {
+            let at = jiff::Timestamp::now()
+                .checked_add(jiff::SignedDuration::try_from(d)?)
+                .context("--expires-in is too far")?;
+            job.insert("expires_at".into(), json!(at.to_string()));
+        }
+        jobs.push(job);
+    }
+    Ok(jobs)
+}
+
+/// Publishes the jobs with publisher confirms, printing each id (or, with
+/// `wait`, each result as a JSON line). Returns whether every publish was
+/// confirmed and, with `wait`, every result arrived.
+pub async fn publish(settings: &Settings, args: &PublishArgs) -> anyhow::Result<bool> {
+    if args.wait && args.reply_to.is_some() {
+        bail!("--wait reads results on a private queue; it cannot be combined with --reply-to");
+    }
+    let jobs = jobs_from(args)?;
+    let (conn, channel) = amqp(settings).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let reply_to = if args.wait {
+        let q = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .context("declaring a private reply queue")?;
+        Some(q.name().to_string())
+    } else {
+        args.reply_to.clone()
+    };
+    let mut replies = match &reply_to {
+        Some(q) if args.wait => Some(
+            channel
+                .basic_consume(
+                    q.as_str().into(),
+                    "mailgate-publish".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?,
+        ),
+        _ => None,
+    };
+    let mut all_ok = true;
+    let mut waiting: BTreeMap<String, ()> = BTreeMap::new();
+    let stdout = std::io::stdout();
+    for job in jobs {
+        let id = job
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let mut headers = FieldTable::default();
+        headers.insert(
+            TIMESTAMP_MS_HEADER.into(),
+            AMQPValue::LongLongInt(i64::try_from(now_ms()).unwrap_or(i64::MAX)),
+        );
+        let mut props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_timestamp(now_ms() / 1000)
+            .with_headers(headers)
+            .with_correlation_id(id.as_str().into());
+        if let Some(q) = &reply_to {
+            props = props.with_reply_to(q.as_str().into());
+        }
+        let body = serde_json::to_vec(&job)?;
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                settings.amqp.jobs_queue.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &body,
+                props,
+            )
+            .await?
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) => {
+                if args.wait {
+                    waiting.insert(id, ());
+                } else {
+                    writeln!(stdout.lock(), "{id}")?;
+                }
+            }
+            Confirmation::Ack(Some(_)) => {
+                all_ok = false;
+                eprintln!(
+                    "error: {id}: no queue {:?} (start a worker first, or set [amqp] jobs_queue)",
+                    settings.amqp.jobs_queue
+                );
+            }
+            _ => {
+                all_ok = false;
+                eprintln!("error: {id}: RabbitMQ did not confirm the publish");
+            }
+        }
+    }
+    if let Some(consumer) = replies.as_mut() {
+        let deadline = tokio::time::Instant::now() + args.timeout;
+        while !waiting.is_empty() {
+            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
+            let Ok(Some(Ok(delivery))) = next else {
+                all_ok = false;
+                eprintln!(
+                    "error: no result within {} for {} (is a worker running? `mailgate worker`)",
+                    humantime::format_duration(args.timeout),
+                    waiting.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+                break;
+            };
+            delivery.ack(BasicAckOptions::default()).await?;
+            let result: Value = serde_json::from_slice(&delivery.data).unwrap_or(Value::Null);
+            if let Some(id) = result.get("id").and_then(Value::as_str) {
+                waiting.remove(id);
+            }
+            writeln!(stdout.lock(), "{}", String::from_utf8_lossy(&delivery.data))?;
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(all_ok)
+}
+
+/// Prints results as JSON lines: what is queued now, or, with `follow`,
+/// everything until `stop` completes. Returns how many were printed.
+pub async fn results(
+    settings: &Settings,
+    queue: Option<&str>,
+    follow: bool,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<u64> {
+    let queue = queue.unwrap_or(&settings.amqp.results_queue).to_owned();
+    let (conn, channel) = amqp(settings).await?;
+    let progress = std::io::stderr().is_terminal();
+    let stdout = std::io::stdout();
+    let mut n = 0u64;
+    let mut print = |data: &[u8]| -> anyhow::Result<()> {
+        writeln!(stdout.lock(), "{}", String::from_utf8_lossy(data))?;
+        n += 1;
+        if progress {
+            eprint!("\r{n} results from {queue}");
+        }
+        Ok(())
+    };
+    if follow {
+        let mut consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "mailgate-results".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consuming {queue:?} (does the queue exist?)"))?;
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                next = consumer.next() => match next {
+                    Some(Ok(d)) => {
+                        print(&d.data)?;
+                        d.ack(BasicAckOptions::default()).await?;
+                    }
+                    Some(Err(e)) => return Err(e).context("RabbitMQ connection lost"),
+                    None => break,
+                },
+            }
+        }
+    } else {
+        while let Some(m) = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions::default())
+            .await
+            .with_context(|| format!("reading {queue:?} (does the queue exist?)"))?
+        {
+            print(&m.delivery.data)?;
+            m.delivery.ack(BasicAckOptions::default()).await?;
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(n)
+}
+
+/// Parses `--email` or `--ip` into a subject's owned value.
+pub enum Who {
+    /// A mailbox.
+    Email(EmailAddress),
+    /// A client address.
+    Ip(IpKey),
+}
+
+impl Who {
+    /// From the flags; exactly one must be given.
+    pub fn parse(email: Option<&str>, ip: Option<&str>) -> anyhow::Result<Self> {
+        match (email, ip) {
+            (Some(e), None) => Ok(Who::Email(EmailAddress::parse(e).context("--email")?)),
+            (None, Some(i)) => Ok(Who::Ip(IpKey::parse(i).context("--ip")?)),
+            _ => bail!("give exactly one of --email or --ip"),
+        }
+    }
+
+    fn subject(&self) -> Subject<'_> {
+        match self {
+            Who::Email(e) => Subject::Email(e),
+            Who::Ip(i) => Subject::Ip(i),
+        }
+    }
+}
+
+/// The usage of `who`'s quota under `purpose`'s rules, consuming nothing.
+pub async fn limits_show(
+    settings: &Settings,
+    who: &Who,
+    purpose: Option<&str>,
+) -> anyhow::Result<Usage> {
+    let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
+    let limiter = limiter(settings).await?;
+    Ok(limiter
+        .usage(who.subject(), purpose.as_ref(), Clock::Server)
+        .await?)
+}
+
+/// A JSON rendering of a [`Usage`], for scripts.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "key": u.key,
+        "at_ms": u.at_ms,
+        "retry_after_ms": u.retry_after_ms,
+        "rules": u.rules.iter().map(|r| json!({
+            "scope": r.rule.scope.as_str(),
+            "window_ms": r.rule.window_ms,
+            "max": r.rule.max,
+            "count": r.count,
+            "retry_after_ms": r.retry_after_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A human rendering of a [`Usage`].
+pub fn render_usage(u: &Usage) -> String {
+    let mut out = format!("{}\n", u.key);
+    for r in &u.rules {
+        let window = short_duration(r.rule.window_ms);
+        out.push_str(&format!("  {} per {window}: {} used", r.rule.max, r.count));
+        if r.retry_after_ms > 0 {
+            out.push_str(&format!(", full for {}", short_duration(r.retry_after_ms)));
+        }
+        out.push('\n');
+    }
+    if u.retry_after_ms == 0 {
+        out.push_str("next send: allowed now\n");
+    } else {
+        let at = jiff::Timestamp::from_millisecond(
+            i64::try_from(u.at_ms + u.retry_after_ms).unwrap_or(0),
+        )
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+        out.push_str(&format!(
+            "next send: in {} ({at})\n",
+            short_duration(u.retry_after_ms)
+        ));
+    }
+    out
+}
+
+/// `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the settings.
+fn short_duration(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ if ms > 60_000 => {
+            let secs = ms.div_ceil(1000);
+            format!("{}m{}s", secs / 60, secs % 60)
+        }
+        _ => format!("{:.1}s", ms as f64 / 1000.0),
+    }
+}
+
+/// Removes `who`'s admissions; says what it removed.
+pub async fn limits_reset(settings: &Settings, who: &Who) -> anyhow::Result<String> {
+    let limiter = limiter(settings).await?;
+    let (key, removed) = limiter.reset(who.subject()).await?;
+    Ok(format!("removed {removed} admission(s) from {key}"))
+}
+
+/// Checks settings and templates (and, with `connect`, the services),
+/// printing a report. Returns whether everything checked out.
+pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<bool> {
+    let templates = Templates::load(&settings.templates)
+        .with_context(|| format!("templates in {}", settings.templates.dir.display()))?;
+    let sets: Vec<String> = templates.sets().map(|(p, l)| format!("{p}/{l}")).collect();
+    println!("settings: ok");
+    println!(
+        "templates: ok, {} sets rendered with sample data: {}",
+        sets.len(),
+        sets.join(", ")
+    );
+    let mailer = Mailer::new(&settings.smtp)?;
+    if let Some(dir) = mailer.outbox() {
+        println!(
+            "warning: smtp.url is file://: mail is written to {} as .eml files, not sent",
+            dir.display()
+        );
+    }
+    if !connect {
+        return Ok(true);
+    }
+    let mut ok = true;
+    let mut report = |name: &str, r: anyhow::Result<()>| match r {
+        Ok(()) => println!("{name}: ok"),
+        Err(e) => {
+            ok = false;
+            println!("{name}: FAILED: {e:#}");
+        }
+    };
+    report("rabbitmq", amqp(settings).await.map(|(c, _)| drop(c)));
+    let redis = async {
+        let l = limiter(settings).await?;
+        l.ping().await?;
+        anyhow::Ok(())
+    };
+    report("redis", redis.await);
+    report(
+        "smtp",
+        mailer.check().await.with_context(|| {
+            format!(
+                "SMTP at {} (set [smtp] url or MAILGATE__SMTP__URL)",
+                redact_url(&settings.smtp.url)
+            )
+        }),
+    );
+    Ok(ok)
+}
