@@ -133,7 +133,8 @@ impl Harness {
         }
     }
 
-    async fn wait_for_queue(&self, name: &str) {
+    /// Waits until `name` exists and has a consumer.
+    pub async fn wait_for_queue(&self, name: &str) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let passive = QueueDeclareOptions {

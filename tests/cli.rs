@@ -1,0 +1,344 @@
+//! The `mailgate` binary's commands against the real services.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::harness::Harness;
+use common::*;
+use mailgate::limiter::{Clock, RateLimiter, RedisLimiter, Request, Verdict};
+use mailgate::settings::LimitSettings;
+use serde_json::Value;
+
+/// The binary, with the environment pointed at `h`'s queues and keys.
+fn mailgate(h: &Harness, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mailgate"));
+    c.args(args)
+        .env("MAILGATE__AMQP__JOBS_QUEUE", &h.settings.amqp.jobs_queue)
+        .env(
+            "MAILGATE__AMQP__RESULTS_QUEUE",
+            &h.settings.amqp.results_queue,
+        )
+        .env("MAILGATE__REDIS__KEY_PREFIX", &h.settings.redis.key_prefix)
+        .env("MAILGATE__REDIS__URL", &h.settings.redis.url)
+        .env("MAILGATE__AMQP__URL", &h.settings.amqp.url)
+        .env("MAILGATE__SMTP__URL", &h.settings.smtp.url)
+        .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
+        .env_remove("RUST_LOG");
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.stdin(Stdio::null()).output().expect("the binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_wait_prints_the_sent_result() {
+    let h = Harness::new("cli-publish").await;
+    let w = h.start_worker().await;
+    let out = tokio::task::spawn_blocking({
+        let c = mailgate(
+            &h,
+            &[
+                "publish",
+                "--wait",
+                "--email",
+                "newbie@example.com",
+                "--var",
+                "app_name=Acme",
+            ],
+        );
+        move || run(c)
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("one JSON result line");
+    assert_eq!(r["status"], "sent", "{r}");
+    assert_eq!(r["email"], "newbie@example.com");
+    assert_eq!(h.sink.mails_to("newbie@example.com").len(), 1);
+
+    // Without --wait it prints the ids; JSON lines from stdin work too.
+    let mut c = mailgate(&h, &["publish", "--file", "-"]);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(
+            stdin,
+            r#"{{"id":"line-1","email":"one@example.com","code":"111111"}}"#
+        )
+        .unwrap();
+        writeln!(stdin).unwrap();
+        writeln!(
+            stdin,
+            r#"{{"id":"line-2","email":"two@example.com","code":"222222"}}"#
+        )
+        .unwrap();
+    }
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "line-1\nline-2\n");
+    let results = h.results(2).await;
+    assert!(results.values().all(|r| r["status"] == "sent"));
+
+    // `results` prints what is queued as JSON lines.
+    h.publish(&serde_json::json!({"id": "for-results", "email": "three@example.com", "code": "3"}))
+        .await;
+    h.sink.wait_for(4, Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = tokio::task::spawn_blocking({
+        let c = mailgate(&h, &["results"]);
+        move || run(c)
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["id"], "for-results");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
+    let h = Harness::new("cli-limits").await;
+    let limiter = RedisLimiter::connect(&h.settings.redis, &LimitSettings::default())
+        .await
+        .unwrap();
+    let (a, b) = (id("l1"), id("l2"));
+    let mail = email("victim@example.com");
+    let first = limiter
+        .check(
+            &Request {
+                id: &a,
+                email: &mail,
+                ip: None,
+                purpose: None,
+            },
+            Clock::Server,
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.verdict, Verdict::Admitted);
+
+    let out = tokio::task::spawn_blocking({
+        let c = mailgate(
+            &h,
+            &[
+                "limits",
+                "show",
+                "--email",
+                "Victim+x@Example.com",
+                "--json",
+            ],
+        );
+        move || run(c)
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // What the limiter decides right after agrees with what was shown.
+    let second = limiter
+        .check(
+            &Request {
+                id: &b,
+                email: &mail,
+                ip: None,
+                purpose: None,
+            },
+            Clock::Server,
+        )
+        .await
+        .unwrap();
+    let Verdict::Rejected {
+        retry_after_ms,
+        rule,
+    } = second.verdict
+    else {
+        panic!("expected a rejection, got {:?}", second.verdict);
+    };
+    let shown_retry = shown["retry_after_ms"].as_u64().unwrap();
+    let elapsed = second.decided_at_ms - shown["at_ms"].as_u64().unwrap();
+    assert_eq!(
+        shown_retry,
+        retry_after_ms + elapsed,
+        "shown {shown} vs decided {retry_after_ms}"
+    );
+    assert_eq!(shown["rules"][0]["count"], 1);
+    assert_eq!(shown["rules"][0]["window_ms"], rule.window_ms);
+    assert_eq!(shown["rules"][0]["retry_after_ms"], shown_retry);
+    assert_eq!(shown["rules"][1]["count"], 1);
+    assert_eq!(shown["rules"][1]["retry_after_ms"], 0);
+
+    // The human form says the same.
+    let out = run(mailgate(
+        &h,
+        &["limits", "show", "--email", "victim@example.com"],
+    ));
+    let human = text(&out.stdout);
+    assert!(
+        human.contains("1 per 1m: 1 used, full for") && human.contains("next send: in"),
+        "{human}"
+    );
+
+    let out = run(mailgate(
+        &h,
+        &["limits", "reset", "--email", "victim@example.com"],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("removed 1 admission(s) from "),
+        "{}",
+        text(&out.stdout)
+    );
+    let third = limiter
+        .check(
+            &Request {
+                id: &id("l3"),
+                email: &mail,
+                ip: None,
+                purpose: None,
+            },
+            Clock::Server,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        third.verdict,
+        Verdict::Admitted,
+        "the reset gave the quota back"
+    );
+
+    let out = run(mailgate(&h, &["limits", "show", "--ip", "1.2.3"]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).starts_with("error: --ip: ip is not an IPv4 or IPv6 address"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_explains_what_is_wrong() {
+    let h = Harness::new("cli-check").await;
+    let out = run(mailgate(&h, &["check-config"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("templates: ok, 4 sets"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = run(mailgate(&h, &["check-config", "--connect"]));
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{report}{}", text(&out.stderr));
+    for line in ["rabbitmq: ok", "redis: ok", "smtp: ok"] {
+        assert!(report.contains(line), "{report}");
+    }
+
+    // An unknown key, in the environment or the file.
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE__SMTP__PASWORD", "x");
+    let out = run(c);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("error: ") && err.contains("unknown field `pasword`"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+
+    // A broken template names the file.
+    let dir = std::env::temp_dir().join(format!("mailgate-cli-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (path, body) in [
+        ("verify/en/subject.txt", "Your code"),
+        ("verify/en/body.txt", "{% if code %}{{ code }}"),
+    ] {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE__TEMPLATES__DIR", &dir);
+    let out = run(c);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("verify/en/body.txt"), "{err}");
+
+    // Unreachable services: say which and how to point elsewhere.
+    let mut c = mailgate(&h, &["check-config", "--connect"]);
+    c.env(
+        "MAILGATE__REDIS__URL",
+        format!("redis://127.0.0.1:{}/0", free_port()),
+    );
+    let out = run(c);
+    assert!(!out.status.success());
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("redis: FAILED") && report.contains("MAILGATE__REDIS__URL"),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_binary_exits_0_on_sigterm() {
+    let h = Harness::new("cli-sigterm").await;
+    let mut child = mailgate(&h, &["worker"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for it to consume, then have it do one job.
+    h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
+    h.publish(&serde_json::json!({"id": "sig", "email": "sig@example.com", "code": "1"}))
+        .await;
+    assert_eq!(h.result().await["status"], "sent");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                return (s, err);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
+    assert!(out.1.contains("shutdown requested"), "{}", out.1);
+}
