@@ -444,9 +444,9 @@ pub fn render_usage(u: &Usage) -> String {
 fn short_duration(ms: u64) -> String {
     match ms {
         0 => "0s".into(),
-        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
         _ if ms > 60_000 => {
             let secs = ms.div_ceil(1000);
             format!("{}m{}s", secs / 60, secs % 60)
