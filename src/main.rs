@@ -56,6 +56,8 @@ enum Command {
         #[command(subcommand)]
         action: LimitsAction,
     },
+    /// Ask the local worker's /readyz; exit 0 if it is ready (container health checks).
+    Probe,
     /// Validate the settings and render every template with sample data.
     CheckConfig {
         /// Also reach RabbitMQ, Redis and SMTP.
@@ -222,6 +224,7 @@ async fn run(config: &std::path::Path, command: Command) -> anyhow::Result<bool>
             }
         },
         Command::CheckConfig { connect } => cli::check_config(&settings, connect).await,
+        Command::Probe => cli::probe(&settings).await,
     }
 }
 

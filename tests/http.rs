@@ -86,5 +86,23 @@ async fn metrics_count_the_jobs_and_health_answers() {
         "{m}"
     );
     assert_eq!(value(&m, "mailgate_jobs_in_flight"), 0.0, "{m}");
+
+    // `mailgate probe` is the container health check: ready means exit 0.
+    let addr = w.http.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mailgate"))
+            .args(["probe"])
+            .env("MAILGATE__HTTP__LISTEN", addr)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("redis: ok"));
     w.stop().await.unwrap();
 }

@@ -325,21 +325,7 @@ pub async fn drain_stream(channel: &Channel, queue: &str) -> Vec<Vec<u8>> {
 
 /// A plain HTTP/1.1 GET: `(status, body)`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.expect("read");
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status line");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    mailgate::cli::http_get(addr, path)
+        .await
+        .expect("an HTTP answer")
 }

@@ -1,0 +1,15 @@
+"""Publish one verification-code job to mailgate and print its result."""
+import json, os, sys, uuid
+import pika
+
+conn = pika.BlockingConnection(pika.URLParameters(os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")))
+ch = conn.channel()
+reply_to = ch.queue_declare(queue="", exclusive=True).method.queue  # a private queue for our result
+job = {"id": str(uuid.uuid4()), "email": sys.argv[1], "code": "493817", "vars": {"app_name": "Acme"}}
+ch.confirm_delivery()  # the broker confirms it has the job
+ch.basic_publish("", os.environ.get("JOBS_QUEUE", "mailgate.jobs"), json.dumps(job),
+                 pika.BasicProperties(delivery_mode=2, reply_to=reply_to, correlation_id=job["id"]))
+for _, _, body in ch.consume(reply_to, auto_ack=True, inactivity_timeout=30):
+    print(body.decode() if body else '{"error": "no result within 30s"}')
+    break
+conn.close()
