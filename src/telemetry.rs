@@ -130,3 +130,45 @@ impl Drop for InFlight {
         metrics::gauge!("mailgate_jobs_in_flight").decrement(1.0);
     }
 }
+
+/// `text` with every mailbox in it masked to its first character and domain
+/// (`john@example.com` → `j***@example.com`), for log lines that quote
+/// other systems' messages (SMTP replies often quote the recipient).
+pub fn mask_emails(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('@') {
+        let is_local = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.".contains(c);
+        let start = rest[..at]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| is_local(*c))
+            .last()
+            .map_or(at, |(i, _)| i);
+        out.push_str(&rest[..start]);
+        if start < at {
+            let first = rest[start..].chars().next().unwrap_or('*');
+            out.push(first);
+            out.push_str("***");
+        }
+        out.push('@');
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_emails;
+
+    #[test]
+    fn masks_mailboxes_in_text() {
+        assert_eq!(
+            mask_emails("SMTP 550: <john.doe+x@example.com> unknown, cc a@b.c"),
+            "SMTP 550: <j***@example.com> unknown, cc a***@b.c"
+        );
+        assert_eq!(mask_emails("no address here"), "no address here");
+        assert_eq!(mask_emails("@start"), "@start");
+    }
+}

@@ -237,7 +237,11 @@ impl<L: RateLimiter + 'static> Worker<L> {
                         Status::Sent | Status::Rejected | Status::Duplicate => {
                             tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
                         }
-                        _ => tracing::warn!(status = ?result.status, error = result.error.as_deref(), "answered"),
+                        _ => tracing::warn!(
+                            status = ?result.status,
+                            error = result.error.as_deref().map(telemetry::mask_emails),
+                            "answered"
+                        ),
                     }
                     broker.publish_result(&job, &result.to_json()).await
                 }
@@ -246,7 +250,7 @@ impl<L: RateLimiter + 'static> Worker<L> {
                     delay,
                     error,
                 } => {
-                    tracing::warn!(%error, ?delay, "transient failure; retrying later");
+                    tracing::warn!(error = telemetry::mask_emails(error), ?delay, "transient failure; retrying later");
                     telemetry::retried("transient");
                     let queue = broker.topology().retry(*failed_attempt);
                     broker.delay(&job, &queue, failed_attempt + 1, *delay).await
