@@ -1,5 +1,7 @@
 //! Mail templates: minijinja files under `<dir>/<purpose>/<locale>/`:
-//! `subject.txt`, `body.txt` and optionally `body.html`.
+//! `subject.txt`, `body.txt` and optionally `body.html`. Files directly in
+//! `<dir>` (e.g. `layout.html`) are shared: any template may
+//! `{% extends "layout.html" %}` or `{% include %}` them.
 //!
 //! Everything is loaded, compiled and test-rendered at start-up, so a broken
 //! template stops the worker before it consumes anything; at run time no file
@@ -80,6 +82,14 @@ impl Templates {
         env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
         let mut locales: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut with_html = BTreeSet::new();
+        for (name, path) in shared_files(&settings.dir)? {
+            let source = std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
+            env.add_template_owned(name.clone(), source)
+                .map_err(|error| TemplateError::Template { name, error })?;
+        }
         for purpose in subdirs(&settings.dir)? {
             let purpose_dir = settings.dir.join(&purpose);
             for locale in subdirs(&purpose_dir)? {
@@ -248,6 +258,24 @@ impl Templates {
 
 fn locale_key(locale: &str) -> String {
     locale.to_ascii_lowercase().replace('_', "-")
+}
+
+/// The files directly in `dir` that templates may extend or include, by name.
+fn shared_files(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>, TemplateError> {
+    let read = |error| TemplateError::Read {
+        path: dir.display().to_string(),
+        error,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read)? {
+        let entry = entry.map_err(read)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().map_err(read)?.is_file() && !name.starts_with('.') {
+            files.push((name, entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// The names of the subdirectories of `dir` that are valid purpose or locale

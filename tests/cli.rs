@@ -33,6 +33,13 @@ fn run(mut c: Command) -> Output {
     c.stdin(Stdio::null()).output().expect("the binary runs")
 }
 
+/// [`run`] off the async runtime's threads.
+async fn run_async(c: Command) -> Output {
+    tokio::task::spawn_blocking(move || run(c))
+        .await
+        .expect("the runner did not panic")
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -41,22 +48,18 @@ fn text(b: &[u8]) -> String {
 async fn publish_wait_prints_the_sent_result() {
     let h = Harness::new("cli-publish").await;
     let w = h.start_worker().await;
-    let out = tokio::task::spawn_blocking({
-        let c = mailgate(
-            &h,
-            &[
-                "publish",
-                "--wait",
-                "--email",
-                "newbie@example.com",
-                "--var",
-                "app_name=Acme",
-            ],
-        );
-        move || run(c)
-    })
-    .await
-    .unwrap();
+    let out = run_async(mailgate(
+        &h,
+        &[
+            "publish",
+            "--wait",
+            "--email",
+            "newbie@example.com",
+            "--var",
+            "app_name=Acme",
+        ],
+    ))
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).expect("one JSON result line");
     assert_eq!(r["status"], "sent", "{r}");
@@ -98,12 +101,7 @@ async fn publish_wait_prints_the_sent_result() {
         .await;
     h.sink.wait_for(4, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let out = tokio::task::spawn_blocking({
-        let c = mailgate(&h, &["results"]);
-        move || run(c)
-    })
-    .await
-    .unwrap();
+    let out = run_async(mailgate(&h, &["results"])).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines: Vec<Value> = text(&out.stdout)
         .lines()
@@ -136,21 +134,17 @@ async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
         .unwrap();
     assert_eq!(first.verdict, Verdict::Admitted);
 
-    let out = tokio::task::spawn_blocking({
-        let c = mailgate(
-            &h,
-            &[
-                "limits",
-                "show",
-                "--email",
-                "Victim+x@Example.com",
-                "--json",
-            ],
-        );
-        move || run(c)
-    })
-    .await
-    .unwrap();
+    let out = run_async(mailgate(
+        &h,
+        &[
+            "limits",
+            "show",
+            "--email",
+            "Victim+x@Example.com",
+            "--json",
+        ],
+    ))
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     // What the limiter decides right after agrees with what was shown.

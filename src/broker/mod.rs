@@ -169,6 +169,24 @@ impl Incoming {
         Ok(())
     }
 
+    /// The message's headers with the attempt number (and an error) set.
+    fn headers_with(&self, attempt: u32, error: Option<&str>) -> FieldTable {
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        headers.insert(
+            ATTEMPT_HEADER.into(),
+            AMQPValue::LongLongInt(attempt.into()),
+        );
+        if let Some(error) = error {
+            headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+        }
+        headers
+    }
+
     /// The message's properties with `headers` replaced, for republishing.
     fn properties_with(&self, headers: FieldTable) -> BasicProperties {
         let mut p = self.delivery.properties.clone().with_headers(headers);
@@ -356,16 +374,7 @@ impl Broker {
         attempt: u32,
         delay: Duration,
     ) -> Result<(), BrokerError> {
-        let mut headers = job
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        headers.insert(
-            ATTEMPT_HEADER.into(),
-            AMQPValue::LongLongInt(attempt.into()),
-        );
+        let headers = job.headers_with(attempt, None);
         let ms = delay.as_millis().max(1).to_string();
         let props = job
             .properties_with(headers)
@@ -380,17 +389,7 @@ impl Broker {
     /// Sends `job` to the dead-letter queue with `error` and its attempt
     /// count in the headers.
     pub async fn dead_letter(&self, job: &Incoming, error: &str) -> Result<(), BrokerError> {
-        let mut headers = job
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        headers.insert(
-            ATTEMPT_HEADER.into(),
-            AMQPValue::LongLongInt(job.attempt.into()),
-        );
-        headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+        let headers = job.headers_with(job.attempt, Some(error));
         let dead = self.topology.dead.clone();
         if self
             .publish(&dead, &job.body, job.properties_with(headers))

@@ -244,8 +244,7 @@ impl RateLimiter for MemoryLimiter {
         clock: Clock,
     ) -> Result<Usage, LimitError> {
         let now = Self::now(clock);
-        let key = self.keys.key_of(subject);
-        let set = &self.keys.sets[self.keys.set_for(subject.scope(), purpose)];
+        let (key, set) = self.keys.lookup(subject, purpose);
         let times: Vec<u64> = self
             .lock()
             .logs

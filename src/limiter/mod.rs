@@ -302,6 +302,12 @@ impl Keyspace {
             .unwrap_or(scope_index(scope))
     }
 
+    /// A subject's key and the rules it is judged by under `purpose`.
+    pub fn lookup(&self, subject: Subject<'_>, purpose: Option<&Name>) -> (String, &RuleSet) {
+        let set = &self.sets[self.set_for(subject.scope(), purpose)];
+        (self.key_of(subject), set)
+    }
+
     /// The key of a subject's log.
     pub fn key_of(&self, subject: Subject<'_>) -> String {
         let l = &self.limits;

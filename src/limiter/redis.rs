@@ -267,8 +267,7 @@ impl RateLimiter for RedisLimiter {
         purpose: Option<&Name>,
         clock: Clock,
     ) -> Result<Usage, LimitError> {
-        let key = self.keys.key_of(subject);
-        let set = &self.keys.sets[self.keys.set_for(subject.scope(), purpose)];
+        let (key, set) = self.keys.lookup(subject, purpose);
         let reply: Vec<i64> = SCRIPT
             .key(&key)
             .arg("peek")
