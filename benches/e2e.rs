@@ -1,0 +1,753 @@
+//! End-to-end load generator: the real `mailgate worker` process against the
+//! local RabbitMQ and Redis and a fast SMTP sink, next to the ceilings
+//! measured in the same run.
+//!
+//!     cargo bench --bench e2e                 # the full run (BENCHMARKS.md)
+//!     cargo bench --bench e2e -- --jobs 5000  # another size
+//!     cargo test --bench e2e                  # a smoke run of a few hundred jobs (CI)
+//!
+//! Scenarios: all admitted (distinct mailboxes), all rejected (one mailbox),
+//! a realistic mix (10 000 mailboxes, 1 000 IPs, 20 % repeats within a
+//! minute); at maximum rate and at a fixed offered rate (50 % of the
+//! measured maximum); 1 and 2 worker processes. Ceilings: (a) a bare broker
+//! loop (consume → publish a result with confirm → ack, same prefetch and
+//! message size), (b) the limiter's decisions/s at the same concurrency, (c)
+//! the SMTP sink with the same pool size. Queues and keys are the run's own
+//! and are deleted at the end.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use mailgate::domain::{EmailAddress, JobId};
+use mailgate::limiter::{Clock, RateLimiter, RedisLimiter, Request};
+use mailgate::settings::{LimitSettings, RedisSettings};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const PREFETCH: u16 = 64;
+const POOL: u32 = 16;
+
+fn amqp_url() -> String {
+    std::env::var("BENCH_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+fn redis_url() -> String {
+    std::env::var("BENCH_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+// ---------------------------------------------------------------- SMTP sink
+
+/// A minimal, fast SMTP server: accepts every mail, keeps a count.
+struct Sink {
+    port: u16,
+    accepted: Arc<AtomicU64>,
+}
+
+async fn start_sink() -> Sink {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let _ = sink_session(stream, count).await;
+            });
+        }
+    });
+    Sink { port, accepted }
+}
+
+async fn sink_session(stream: tokio::net::TcpStream, count: Arc<AtomicU64>) -> std::io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    w.write_all(b"220 sink ESMTP\r\n").await?;
+    let mut line = String::new();
+    let mut in_data = false;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        if in_data {
+            if line == ".\r\n" {
+                in_data = false;
+                count.fetch_add(1, Ordering::Relaxed);
+                w.write_all(b"250 queued\r\n").await?;
+            }
+            continue;
+        }
+        let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+        let reply: &[u8] = match verb.as_str() {
+            "EHLO" => b"250-sink\r\n250-PIPELINING\r\n250 8BITMIME\r\n",
+            "HELO" | "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 ok\r\n",
+            "DATA" => {
+                in_data = true;
+                b"354 go on\r\n"
+            }
+            "QUIT" => {
+                w.write_all(b"221 bye\r\n").await?;
+                return Ok(());
+            }
+            _ => b"502 no\r\n",
+        };
+        w.write_all(reply).await?;
+    }
+}
+
+// ------------------------------------------------------------ worker process
+
+/// CPU seconds (user + system) and peak RSS (kB) of a process.
+fn proc_usage(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start at ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu = (ticks(11) + ticks(12)) / 100.0; // utime, stime; USER_HZ is 100 on Linux
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (cpu, hwm)
+}
+
+struct Run {
+    queues: String,
+    prefix: String,
+    sink_port: u16,
+}
+
+impl Run {
+    fn jobs(&self) -> String {
+        format!("{}jobs", self.queues)
+    }
+    fn results(&self) -> String {
+        format!("{}results", self.queues)
+    }
+
+    fn spawn_worker(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_mailgate"))
+            .arg("worker")
+            .env("MAILGATE__AMQP__URL", amqp_url())
+            .env("MAILGATE__AMQP__JOBS_QUEUE", self.jobs())
+            .env("MAILGATE__AMQP__RESULTS_QUEUE", self.results())
+            .env("MAILGATE__AMQP__PREFETCH", PREFETCH.to_string())
+            .env("MAILGATE__REDIS__URL", redis_url())
+            .env("MAILGATE__REDIS__KEY_PREFIX", &self.prefix)
+            .env(
+                "MAILGATE__SMTP__URL",
+                format!("smtp://127.0.0.1:{}?tls=none", self.sink_port),
+            )
+            .env("MAILGATE__SMTP__POOL_SIZE", POOL.to_string())
+            .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the mailgate binary starts")
+    }
+}
+
+async fn wait_for_consumers(conn: &Connection, queue: &str, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        // A failed passive declare closes its channel: use a fresh one.
+        let ch = conn.create_channel().await.expect("channel");
+        let found = ch
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await;
+        let _ = ch.close(200, "ok".into()).await;
+        if found.is_ok_and(|q| q.consumer_count() >= n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers did not start consuming {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// --------------------------------------------------------------- scenarios
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mix {
+    Admitted,
+    Rejected,
+    Realistic,
+}
+
+impl Mix {
+    fn name(self) -> &'static str {
+        match self {
+            Mix::Admitted => "all admitted",
+            Mix::Rejected => "all rejected",
+            Mix::Realistic => "realistic mix",
+        }
+    }
+
+    /// The `n`-th job of run `tag`.
+    fn job(self, tag: &str, n: u64, rng: &mut u64) -> Value {
+        let mut next = || {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            *rng
+        };
+        let (email, ip) = match self {
+            Mix::Admitted => (format!("u{n}.{tag}@example.com"), None),
+            Mix::Rejected => (format!("victim.{tag}@example.com"), None),
+            Mix::Realistic => {
+                // 20 % repeat one of the last 50 mailboxes (within a minute).
+                let m = if next() % 5 == 0 {
+                    n.saturating_sub(1 + next() % 50)
+                } else {
+                    next() % 10_000
+                };
+                (
+                    format!("m{m}.{tag}@example.com"),
+                    Some(format!("10.{}.{}.1", (next() % 1000) / 250, next() % 250)),
+                )
+            }
+        };
+        let mut job = json!({"id": format!("{tag}-{n}"), "email": email, "code": "493817",
+                             "vars": {"app_name": "Bench"}});
+        if let Some(ip) = ip {
+            job["ip"] = json!(ip);
+        }
+        job
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    jobs: u64,
+    seconds: f64,
+    by_status: HashMap<String, u64>,
+    latencies_ms: Vec<f64>,
+    worker_cpu: f64,
+    worker_rss_kb: u64,
+}
+
+impl Outcome {
+    fn rate(&self) -> f64 {
+        self.jobs as f64 / self.seconds
+    }
+    fn pct(&self, p: f64) -> f64 {
+        if self.latencies_ms.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.latencies_ms.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_ms[i]
+    }
+}
+
+/// Publishes `n` jobs of `mix` (at `rate` jobs/s, or flat out) to workers
+/// already consuming, and collects every result.
+async fn drive(
+    run: &Run,
+    ch: &Channel,
+    mix: Mix,
+    n: u64,
+    rate: Option<f64>,
+    tag: &str,
+    workers: &[u32],
+) -> Outcome {
+    let usage0: Vec<_> = workers.iter().map(|&p| proc_usage(p)).collect();
+    let published: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    // Results are read on their own channel while jobs are published.
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("amqp");
+    let rch = conn.create_channel().await.expect("channel");
+    rch.basic_qos(1000, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut results = rch
+        .basic_consume(
+            run.results().as_str().into(),
+            "bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume results");
+    let collector = {
+        let published = published.clone();
+        tokio::spawn(async move {
+            let mut out = Outcome::default();
+            let mut got = 0;
+            while got < n {
+                let Ok(Some(Ok(d))) =
+                    tokio::time::timeout(Duration::from_secs(60), results.next()).await
+                else {
+                    eprintln!("\nresults stopped after {got} of {n}");
+                    break;
+                };
+                let now = Instant::now();
+                let _ = d.ack(BasicAckOptions { multiple: false }).await;
+                let r: Value = serde_json::from_slice(&d.data).unwrap_or(Value::Null);
+                let id = r["id"].as_str().unwrap_or("").to_owned();
+                if let Some(t) = published.lock().unwrap().remove(&id) {
+                    out.latencies_ms
+                        .push(now.duration_since(t).as_secs_f64() * 1000.0);
+                }
+                *out.by_status
+                    .entry(r["status"].as_str().unwrap_or("?").to_owned())
+                    .or_default() += 1;
+                got += 1;
+                if got % 500 == 0 {
+                    eprint!("\r  {got}/{n} results");
+                }
+            }
+            eprint!("\r{:40}\r", "");
+            out
+        })
+    };
+    let start = Instant::now();
+    let mut rng = 0x2545_F491_4F6C_DD1D_u64;
+    let mut pending = Vec::with_capacity(256);
+    for i in 0..n {
+        if let Some(rate) = rate {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let job = mix.job(tag, i, &mut rng);
+        let id = job["id"].as_str().unwrap_or("").to_owned();
+        published.lock().unwrap().insert(id, Instant::now());
+        let body = job.to_string();
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                run.jobs().as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish");
+        pending.push(confirm);
+        if pending.len() >= 256 || rate.is_some() {
+            for c in pending.drain(..) {
+                c.await.expect("confirm");
+            }
+        }
+    }
+    for c in pending.drain(..) {
+        c.await.expect("confirm");
+    }
+    let mut out = collector.await.expect("collector");
+    out.seconds = start.elapsed().as_secs_f64();
+    out.jobs = out.by_status.values().sum();
+    out.latencies_ms.sort_by(|a, b| a.total_cmp(b));
+    for (&pid, (cpu0, _)) in workers.iter().zip(usage0) {
+        let (cpu1, hwm) = proc_usage(pid);
+        out.worker_cpu += cpu1 - cpu0;
+        out.worker_rss_kb = out.worker_rss_kb.max(hwm);
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    out
+}
+
+// ---------------------------------------------------------------- ceilings
+
+/// (a) consume → publish a result with confirm → ack, nothing else, with the
+/// worker's prefetch and a job-sized message.
+async fn ceiling_broker(ch: &Channel, queues: &str, n: u64) -> f64 {
+    let (src, dst) = (format!("{queues}ceil.in"), format!("{queues}ceil.out"));
+    for q in [&src, &dst] {
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare");
+    }
+    let body = Mix::Admitted.job("ceiling", 0, &mut 1).to_string();
+    let result = br#"{"id":"ceiling-0","status":"sent","email":"u0@example.com","decided_at_ms":1795000000000,"retry_after_ms":null,"rule":null,"attempts":1,"error":null,"correlation_id":null}"#;
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("amqp");
+    let wch = conn.create_channel().await.expect("channel");
+    wch.basic_qos(PREFETCH, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    wch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let mut consumer = wch
+        .basic_consume(
+            src.as_str().into(),
+            "ceiling".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let done = Arc::new(AtomicU64::new(0));
+    let loop_task = {
+        let (wch, done, dst) = (wch.clone(), done.clone(), dst.clone());
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            while done.load(Ordering::Relaxed) + (tasks.len() as u64) < n {
+                let Some(Ok(d)) = consumer.next().await else {
+                    break;
+                };
+                let (wch, done, dst) = (wch.clone(), done.clone(), dst.clone());
+                tasks.spawn(async move {
+                    wch.basic_publish(
+                        "".into(),
+                        dst.as_str().into(),
+                        BasicPublishOptions::default(),
+                        result,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("confirm");
+                    d.ack(BasicAckOptions::default()).await.expect("ack");
+                    done.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        })
+    };
+    let start = Instant::now();
+    let mut pending = Vec::new();
+    for _ in 0..n {
+        pending.push(
+            ch.basic_publish(
+                "".into(),
+                src.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish"),
+        );
+        if pending.len() >= 256 {
+            for c in pending.drain(..) {
+                c.await.expect("confirm");
+            }
+        }
+    }
+    for c in pending.drain(..) {
+        c.await.expect("confirm");
+    }
+    loop_task.await.expect("loop");
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    for q in [&src, &dst] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    rate
+}
+
+/// (b) the limiter's decisions/s with `PREFETCH` concurrent callers, all admitted.
+async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
+    let settings = RedisSettings {
+        url: redis_url(),
+        key_prefix: format!("{prefix}ceil:"),
+    };
+    let l = RedisLimiter::connect(&settings, &LimitSettings::default())
+        .await
+        .expect("redis");
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..PREFETCH {
+        let (l, next) = (l.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let id = JobId::parse(&format!("c{i}")).expect("id");
+                let email = EmailAddress::parse(&format!("c{i}@example.com")).expect("email");
+                let req = Request {
+                    id: &id,
+                    email: &email,
+                    ip: None,
+                    purpose: None,
+                };
+                l.check(&req, Clock::Server).await.expect("decision");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// (c) the SMTP sink through lettre's pool of `POOL` connections.
+async fn ceiling_smtp(port: u16, n: u64) -> f64 {
+    use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+    let t = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+        .port(port)
+        .pool_config(lettre::transport::smtp::PoolConfig::new().max_size(POOL))
+        .build();
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..PREFETCH {
+        let (t, next) = (t.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                let m = Message::builder()
+                    .from("Bench <no-reply@example.com>".parse().expect("from"))
+                    .to("user@example.com".parse().expect("to"))
+                    .subject("493817 is your Bench code")
+                    .body("Your code is 493817".to_owned())
+                    .expect("message");
+                t.send(m).await.expect("send");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("sender");
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+// -------------------------------------------------------------------- main
+
+struct Row {
+    what: String,
+    out: Outcome,
+    workers: usize,
+}
+
+/// Worker processes, stopped (SIGTERM, then waited for) when dropped, even
+/// if the bench panics.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn scenario(
+    run: &Run,
+    conn: &Connection,
+    ch: &Channel,
+    mix: Mix,
+    n: u64,
+    rate: Option<f64>,
+    workers: usize,
+    tag: &str,
+) -> Row {
+    let children = Workers((0..workers).map(|_| run.spawn_worker()).collect());
+    wait_for_consumers(conn, &run.jobs(), workers as u32).await;
+    let pids: Vec<u32> = children.0.iter().map(Child::id).collect();
+    let out = drive(run, ch, mix, n, rate, tag, &pids).await;
+    drop(children);
+    let what = match rate {
+        Some(r) => format!("{}, offered {:.0}/s", mix.name(), r),
+        None => format!("{}, max rate", mix.name()),
+    };
+    eprintln!("  {what}, {workers} worker(s): {:.0} jobs/s", out.rate());
+    Row { what, out, workers }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let benching = args.iter().any(|a| a == "--bench");
+    let jobs: u64 = args
+        .iter()
+        .position(|a| a == "--jobs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if benching { 20_000 } else { 300 });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let pid = std::process::id();
+        let sink = start_sink().await;
+        let run = Run {
+            queues: format!("mgbench.{pid}."),
+            prefix: format!("mgbench:{pid}:"),
+            sink_port: sink.port,
+        };
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ must answer (BENCH_AMQP_URL)");
+        let ch = conn.create_channel().await.expect("channel");
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+
+        eprintln!("ceilings ({jobs} each)");
+        let broker = ceiling_broker(&ch, &run.queues, jobs).await;
+        eprintln!("  (a) bare broker loop: {broker:.0}/s");
+        let redis = ceiling_redis(&run.prefix, jobs).await;
+        eprintln!("  (b) limiter decisions: {redis:.0}/s");
+        let smtp = ceiling_smtp(sink.port, jobs).await;
+        eprintln!("  (c) SMTP sink: {smtp:.0}/s");
+
+        eprintln!("scenarios ({jobs} jobs each)");
+        let mut rows = Vec::new();
+        rows.push(scenario(&run, &conn, &ch, Mix::Rejected, jobs, None, 1, "rej").await);
+        rows.push(scenario(&run, &conn, &ch, Mix::Admitted, jobs, None, 1, "adm").await);
+        rows.push(scenario(&run, &conn, &ch, Mix::Realistic, jobs, None, 1, "mix").await);
+        let half = rows[1].out.rate() / 2.0;
+        let paced = (jobs / 4).max(100);
+        rows.push(
+            scenario(
+                &run,
+                &conn,
+                &ch,
+                Mix::Admitted,
+                paced,
+                Some(half),
+                1,
+                "half",
+            )
+            .await,
+        );
+        rows.push(scenario(&run, &conn, &ch, Mix::Admitted, jobs, None, 2, "adm2").await);
+        rows.push(scenario(&run, &conn, &ch, Mix::Rejected, jobs, None, 2, "rej2").await);
+
+        // Clean up: every queue and key of the run.
+        let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain((1..5).map(|n| format!("jobs.retry.{n}")));
+        for q in topo_queues {
+            let _ = ch
+                .queue_delete(
+                    format!("{}{q}", run.queues).as_str().into(),
+                    QueueDeleteOptions::default(),
+                )
+                .await;
+        }
+        if let Ok(mut r) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{}*", run.prefix))
+                .query(&mut r)
+                .unwrap_or_default();
+            for chunk in keys.chunks(1000) {
+                let _ = redis::cmd("UNLINK").arg(chunk).query::<()>(&mut r);
+            }
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        report(
+            jobs,
+            broker,
+            redis,
+            smtp,
+            sink.accepted.load(Ordering::Relaxed),
+            &rows,
+        );
+    });
+}
+
+fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row]) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(
+        o,
+        "\nceilings, measured in this run ({jobs} messages each):"
+    );
+    let _ = writeln!(o, "| ceiling | per second |\n|---|---:|");
+    let _ = writeln!(
+        o,
+        "| (a) bare broker loop (consume → confirmed publish → ack, prefetch {PREFETCH}) | {broker:.0} |"
+    );
+    let _ = writeln!(
+        o,
+        "| (b) limiter decisions, {PREFETCH} concurrent callers | {redis:.0} |"
+    );
+    let _ = writeln!(o, "| (c) SMTP sink through a pool of {POOL} | {smtp:.0} |");
+    let _ = writeln!(
+        o,
+        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB |"
+    );
+    let _ = writeln!(
+        o,
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let ceiling = if r.what.starts_with("all rejected") {
+            broker
+        } else {
+            broker.min(smtp)
+        };
+        let vs = if r.what.contains("offered") {
+            "–".to_owned()
+        } else {
+            format!("{:.2}", r.out.rate() / ceiling)
+        };
+        let mut statuses: Vec<_> = r.out.by_status.iter().collect();
+        statuses.sort();
+        let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+            r.what,
+            r.workers,
+            r.out.jobs,
+            r.out.rate(),
+            statuses.join(", "),
+            r.out.pct(0.5),
+            r.out.pct(0.9),
+            r.out.pct(0.99),
+            r.out.latencies_ms.last().copied().unwrap_or(0.0),
+            r.out.worker_cpu,
+            r.out.worker_rss_kb as f64 / 1024.0,
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n(vs ceiling: rejected scenarios against (a); others against min((a), (c)).) mails accepted by the sink: {mails}"
+    );
+}
