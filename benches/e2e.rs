@@ -145,6 +145,9 @@ struct Run {
     queues: String,
     prefix: String,
     sink_port: u16,
+    conn: Connection,
+    /// With publisher confirms.
+    ch: Channel,
 }
 
 impl Run {
@@ -280,13 +283,13 @@ impl Outcome {
 /// already consuming, and collects every result.
 async fn drive(
     run: &Run,
-    ch: &Channel,
     mix: Mix,
     n: u64,
     rate: Option<f64>,
     tag: &str,
     workers: &[u32],
 ) -> Outcome {
+    let ch = &run.ch;
     let usage0: Vec<_> = workers.iter().map(|&p| proc_usage(p)).collect();
     let published: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     // Results are read on their own channel while jobs are published.
@@ -577,8 +580,6 @@ impl Drop for Workers {
 
 async fn scenario(
     run: &Run,
-    conn: &Connection,
-    ch: &Channel,
     mix: Mix,
     n: u64,
     rate: Option<f64>,
@@ -586,9 +587,9 @@ async fn scenario(
     tag: &str,
 ) -> Row {
     let children = Workers((0..workers).map(|_| run.spawn_worker()).collect());
-    wait_for_consumers(conn, &run.jobs(), workers as u32).await;
+    wait_for_consumers(&run.conn, &run.jobs(), workers as u32).await;
     let pids: Vec<u32> = children.0.iter().map(Child::id).collect();
-    let out = drive(run, ch, mix, n, rate, tag, &pids).await;
+    let out = drive(run, mix, n, rate, tag, &pids).await;
     drop(children);
     let what = match rate {
         Some(r) => format!("{}, offered {:.0}/s", mix.name(), r),
@@ -614,11 +615,6 @@ fn main() {
     rt.block_on(async move {
         let pid = std::process::id();
         let sink = start_sink().await;
-        let run = Run {
-            queues: format!("mgbench.{pid}."),
-            prefix: format!("mgbench:{pid}:"),
-            sink_port: sink.port,
-        };
         let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
             .await
             .expect("RabbitMQ must answer (BENCH_AMQP_URL)");
@@ -626,9 +622,17 @@ fn main() {
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .expect("confirms");
+        let run = Run {
+            queues: format!("mgbench.{pid}."),
+            prefix: format!("mgbench:{pid}:"),
+            sink_port: sink.port,
+            conn,
+            ch,
+        };
+        let ch = &run.ch;
 
         eprintln!("ceilings ({jobs} each)");
-        let broker = ceiling_broker(&ch, &run.queues, jobs).await;
+        let broker = ceiling_broker(ch, &run.queues, jobs).await;
         eprintln!("  (a) bare broker loop: {broker:.0}/s");
         let redis = ceiling_redis(&run.prefix, jobs).await;
         eprintln!("  (b) limiter decisions: {redis:.0}/s");
@@ -637,26 +641,14 @@ fn main() {
 
         eprintln!("scenarios ({jobs} jobs each)");
         let mut rows = Vec::new();
-        rows.push(scenario(&run, &conn, &ch, Mix::Rejected, jobs, None, 1, "rej").await);
-        rows.push(scenario(&run, &conn, &ch, Mix::Admitted, jobs, None, 1, "adm").await);
-        rows.push(scenario(&run, &conn, &ch, Mix::Realistic, jobs, None, 1, "mix").await);
+        rows.push(scenario(&run, Mix::Rejected, jobs, None, 1, "rej").await);
+        rows.push(scenario(&run, Mix::Admitted, jobs, None, 1, "adm").await);
+        rows.push(scenario(&run, Mix::Realistic, jobs, None, 1, "mix").await);
         let half = rows[1].out.rate() / 2.0;
         let paced = (jobs / 4).max(100);
-        rows.push(
-            scenario(
-                &run,
-                &conn,
-                &ch,
-                Mix::Admitted,
-                paced,
-                Some(half),
-                1,
-                "half",
-            )
-            .await,
-        );
-        rows.push(scenario(&run, &conn, &ch, Mix::Admitted, jobs, None, 2, "adm2").await);
-        rows.push(scenario(&run, &conn, &ch, Mix::Rejected, jobs, None, 2, "rej2").await);
+        rows.push(scenario(&run, Mix::Admitted, paced, Some(half), 1, "half").await);
+        rows.push(scenario(&run, Mix::Admitted, jobs, None, 2, "adm2").await);
+        rows.push(scenario(&run, Mix::Rejected, jobs, None, 2, "rej2").await);
 
         // Clean up: every queue and key of the run.
         let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
@@ -680,7 +672,7 @@ fn main() {
                 let _ = redis::cmd("UNLINK").arg(chunk).query::<()>(&mut r);
             }
         }
-        let _ = conn.close(200, "bye".into()).await;
+        let _ = run.conn.close(200, "bye".into()).await;
         report(
             jobs,
             broker,
