@@ -309,6 +309,7 @@ async fn drive(
         )
         .await
         .expect("consume results");
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let collector = {
         let published = published.clone();
         tokio::spawn(async move {
@@ -333,11 +334,13 @@ async fn drive(
                     .entry(r["status"].as_str().unwrap_or("?").to_owned())
                     .or_default() += 1;
                 got += 1;
-                if got % 500 == 0 {
+                if progress && got % 500 == 0 {
                     eprint!("\r  {got}/{n} results");
                 }
             }
-            eprint!("\r{:40}\r", "");
+            if progress {
+                eprint!("\r{:40}\r", "");
+            }
             out
         })
     };
