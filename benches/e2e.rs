@@ -346,7 +346,15 @@ async fn drive(
     };
     let start = Instant::now();
     let mut rng = 0x2545_F491_4F6C_DD1D_u64;
-    let mut pending = Vec::with_capacity(256);
+    // Confirms are awaited by a task of their own, so a paced publisher is
+    // not slowed to one broker round trip per job.
+    let (confirms, mut confirm_rx) =
+        tokio::sync::mpsc::unbounded_channel::<lapin::PublisherConfirm>();
+    let confirmer = tokio::spawn(async move {
+        while let Some(c) = confirm_rx.recv().await {
+            c.await.expect("confirm");
+        }
+    });
     for i in 0..n {
         if let Some(rate) = rate {
             let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -368,16 +376,10 @@ async fn drive(
             )
             .await
             .expect("publish");
-        pending.push(confirm);
-        if pending.len() >= 256 || rate.is_some() {
-            for c in pending.drain(..) {
-                c.await.expect("confirm");
-            }
-        }
+        let _ = confirms.send(confirm);
     }
-    for c in pending.drain(..) {
-        c.await.expect("confirm");
-    }
+    drop(confirms);
+    confirmer.await.expect("confirmer");
     let mut out = collector.await.expect("collector");
     out.seconds = start.elapsed().as_secs_f64();
     out.jobs = out.by_status.values().sum();
@@ -393,12 +395,19 @@ async fn drive(
 
 // ---------------------------------------------------------------- ceilings
 
-/// (a) consume → publish a result with confirm → ack, nothing else, with the
-/// worker's prefetch and a job-sized message.
-async fn ceiling_broker(ch: &Channel, queues: &str, n: u64) -> f64 {
-    let (src, dst) = (format!("{queues}ceil.in"), format!("{queues}ceil.out"));
-    for q in [&src, &dst] {
-        ch.queue_declare(
+/// (a) The bare broker loop: in place of a worker, a consumer of the jobs
+/// queue with the worker's prefetch that, for each job, publishes a
+/// result-sized answer to the results queue with a confirm and acks, doing
+/// nothing else. Driven and measured exactly like a scenario (the same
+/// publisher, the same result collector), so the ratio compares like with
+/// like.
+async fn ceiling_broker(run: &Run, n: u64) -> f64 {
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("amqp");
+    let wch = conn.create_channel().await.expect("channel");
+    for q in [run.jobs(), run.results()] {
+        wch.queue_declare(
             q.as_str().into(),
             QueueDeclareOptions::durable(),
             FieldTable::default(),
@@ -406,12 +415,6 @@ async fn ceiling_broker(ch: &Channel, queues: &str, n: u64) -> f64 {
         .await
         .expect("declare");
     }
-    let body = Mix::Admitted.job("ceiling", 0, &mut 1).to_string();
-    let result = br#"{"id":"ceiling-0","status":"sent","email":"u0@example.com","decided_at_ms":1795000000000,"retry_after_ms":null,"rule":null,"attempts":1,"error":null,"correlation_id":null}"#;
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("amqp");
-    let wch = conn.create_channel().await.expect("channel");
     wch.basic_qos(PREFETCH, BasicQosOptions::default())
         .await
         .expect("qos");
@@ -420,74 +423,44 @@ async fn ceiling_broker(ch: &Channel, queues: &str, n: u64) -> f64 {
         .expect("confirms");
     let mut consumer = wch
         .basic_consume(
-            src.as_str().into(),
+            run.jobs().as_str().into(),
             "ceiling".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await
         .expect("consume");
-    let done = Arc::new(AtomicU64::new(0));
-    let loop_task = {
-        let (wch, done, dst) = (wch.clone(), done.clone(), dst.clone());
-        tokio::spawn(async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            while done.load(Ordering::Relaxed) + (tasks.len() as u64) < n {
-                let Some(Ok(d)) = consumer.next().await else {
-                    break;
-                };
-                let (wch, done, dst) = (wch.clone(), done.clone(), dst.clone());
-                tasks.spawn(async move {
-                    wch.basic_publish(
-                        "".into(),
-                        dst.as_str().into(),
-                        BasicPublishOptions::default(),
-                        result,
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await
-                    .expect("publish")
-                    .await
-                    .expect("confirm");
-                    d.ack(BasicAckOptions::default()).await.expect("ack");
-                    done.fetch_add(1, Ordering::Relaxed);
-                });
-            }
-            while tasks.join_next().await.is_some() {}
-        })
-    };
-    let start = Instant::now();
-    let mut pending = Vec::new();
-    for _ in 0..n {
-        pending.push(
-            ch.basic_publish(
-                "".into(),
-                src.as_str().into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish"),
-        );
-        if pending.len() >= 256 {
-            for c in pending.drain(..) {
-                c.await.expect("confirm");
-            }
+    let results = run.results();
+    let bare = tokio::spawn(async move {
+        while let Some(Ok(d)) = consumer.next().await {
+            let (wch, results) = (wch.clone(), results.clone());
+            tokio::spawn(async move {
+                let id = serde_json::from_slice::<Value>(&d.data)
+                    .ok()
+                    .and_then(|j| j["id"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let result = json!({"id": id, "status": "rejected", "email": "victim@example.com",
+                    "decided_at_ms": 1_795_000_000_000_u64, "retry_after_ms": 41_234, "rule": {"scope": "email", "window_ms": 60_000, "max": 1},
+                    "attempts": 1, "error": null, "correlation_id": null});
+                wch.basic_publish(
+                    "".into(),
+                    results.as_str().into(),
+                    BasicPublishOptions::default(),
+                    result.to_string().as_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+                d.ack(BasicAckOptions::default()).await.expect("ack");
+            });
         }
-    }
-    for c in pending.drain(..) {
-        c.await.expect("confirm");
-    }
-    loop_task.await.expect("loop");
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    for q in [&src, &dst] {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
+    });
+    let out = drive(run, Mix::Rejected, n, None, "ceil", &[]).await;
+    bare.abort();
     let _ = conn.close(200, "bye".into()).await;
-    rate
+    out.rate()
 }
 
 /// (b) the limiter's decisions/s with `PREFETCH` concurrent callers, all admitted.
@@ -602,6 +575,15 @@ async fn scenario(
     Row { what, out, workers }
 }
 
+/// The value after `flag` on the command line.
+fn arg(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let benching = args.iter().any(|a| a == "--bench");
@@ -634,24 +616,41 @@ fn main() {
         };
         let ch = &run.ch;
 
-        eprintln!("ceilings ({jobs} each)");
-        let broker = ceiling_broker(ch, &run.queues, jobs).await;
-        eprintln!("  (a) bare broker loop: {broker:.0}/s");
-        let redis = ceiling_redis(&run.prefix, jobs).await;
-        eprintln!("  (b) limiter decisions: {redis:.0}/s");
-        let smtp = ceiling_smtp(sink.port, jobs).await;
-        eprintln!("  (c) SMTP sink: {smtp:.0}/s");
-
-        eprintln!("scenarios ({jobs} jobs each)");
+        // `--only TAG` (rej, adm, mix, adm2, rej2) runs one scenario and no
+        // ceilings, e.g. under a profiler; `--rate R` paces it.
+        let only = arg("--only");
+        let paced_rate: Option<f64> = arg("--rate").and_then(|r| r.parse().ok());
         let mut rows = Vec::new();
-        rows.push(scenario(&run, Mix::Rejected, jobs, None, 1, "rej").await);
-        rows.push(scenario(&run, Mix::Admitted, jobs, None, 1, "adm").await);
-        rows.push(scenario(&run, Mix::Realistic, jobs, None, 1, "mix").await);
-        let half = rows[1].out.rate() / 2.0;
-        let paced = (jobs / 4).max(100);
-        rows.push(scenario(&run, Mix::Admitted, paced, Some(half), 1, "half").await);
-        rows.push(scenario(&run, Mix::Admitted, jobs, None, 2, "adm2").await);
-        rows.push(scenario(&run, Mix::Rejected, jobs, None, 2, "rej2").await);
+        let (mut broker, mut redis, mut smtp) = (f64::NAN, f64::NAN, f64::NAN);
+        if let Some(tag) = only.as_deref() {
+            let (mix, workers) = match tag {
+                "rej" => (Mix::Rejected, 1),
+                "adm" => (Mix::Admitted, 1),
+                "mix" => (Mix::Realistic, 1),
+                "adm2" => (Mix::Admitted, 2),
+                "rej2" => (Mix::Rejected, 2),
+                other => panic!("--only {other}: one of rej, adm, mix, adm2, rej2"),
+            };
+            rows.push(scenario(&run, mix, jobs, paced_rate, workers, tag).await);
+        } else {
+            eprintln!("ceilings ({jobs} each)");
+            broker = ceiling_broker(&run, jobs).await;
+            eprintln!("  (a) bare broker loop: {broker:.0}/s");
+            redis = ceiling_redis(&run.prefix, jobs).await;
+            eprintln!("  (b) limiter decisions: {redis:.0}/s");
+            smtp = ceiling_smtp(sink.port, jobs).await;
+            eprintln!("  (c) SMTP sink: {smtp:.0}/s");
+
+            eprintln!("scenarios ({jobs} jobs each)");
+            rows.push(scenario(&run, Mix::Rejected, jobs, None, 1, "rej").await);
+            rows.push(scenario(&run, Mix::Admitted, jobs, None, 1, "adm").await);
+            rows.push(scenario(&run, Mix::Realistic, jobs, None, 1, "mix").await);
+            let half = rows[1].out.rate() / 2.0;
+            let paced = (jobs / 4).max(100);
+            rows.push(scenario(&run, Mix::Admitted, paced, Some(half), 1, "half").await);
+            rows.push(scenario(&run, Mix::Admitted, jobs, None, 2, "adm2").await);
+            rows.push(scenario(&run, Mix::Rejected, jobs, None, 2, "rej2").await);
+        }
 
         // Clean up: every queue and key of the run.
         let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
