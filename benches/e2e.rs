@@ -114,6 +114,25 @@ async fn sink_session(stream: tokio::net::TcpStream, count: Arc<AtomicU64>) -> s
 
 // ------------------------------------------------------------ worker process
 
+/// The pids of processes whose command name is `comm` (e.g. the broker's
+/// `beam.smp`), for the saturation columns.
+fn pids_named(comm: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+/// CPU seconds (user + system) of processes named `comm`, together.
+fn cpu_of(comm: &str) -> f64 {
+    pids_named(comm).into_iter().map(|p| proc_usage(p).0).sum()
+}
+
 /// CPU seconds (user + system) and peak RSS (kB) of a process.
 fn proc_usage(pid: u32) -> (f64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -260,6 +279,9 @@ impl Mix {
 struct Outcome {
     jobs: u64,
     seconds: f64,
+    /// CPU share of one core used by RabbitMQ and by Redis while it ran.
+    rabbit_cpu: f64,
+    redis_cpu: f64,
     by_status: HashMap<String, u64>,
     latencies_ms: Vec<f64>,
     worker_cpu: f64,
@@ -291,6 +313,7 @@ async fn drive(
 ) -> Outcome {
     let ch = &run.ch;
     let usage0: Vec<_> = workers.iter().map(|&p| proc_usage(p)).collect();
+    let (rabbit0, redis0) = (cpu_of("beam.smp"), cpu_of("redis-server"));
     let published: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     // Results are read on their own channel while jobs are published.
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
@@ -384,6 +407,8 @@ async fn drive(
     out.seconds = start.elapsed().as_secs_f64();
     out.jobs = out.by_status.values().sum();
     out.latencies_ms.sort_by(|a, b| a.total_cmp(b));
+    out.rabbit_cpu = (cpu_of("beam.smp") - rabbit0) / out.seconds;
+    out.redis_cpu = (cpu_of("redis-server") - redis0) / out.seconds;
     for (&pid, (cpu0, _)) in workers.iter().zip(usage0) {
         let (cpu1, hwm) = proc_usage(pid);
         out.worker_cpu += cpu1 - cpu0;
@@ -726,7 +751,7 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
         let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.0} % | {:.0} % |",
             r.what,
             r.workers,
             r.out.jobs,
@@ -738,6 +763,8 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
             r.out.latencies_ms.last().copied().unwrap_or(0.0),
             r.out.worker_cpu,
             r.out.worker_rss_kb as f64 / 1024.0,
+            r.out.rabbit_cpu * 100.0,
+            r.out.redis_cpu * 100.0,
         );
     }
     let _ = writeln!(

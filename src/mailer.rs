@@ -107,6 +107,16 @@ impl Mailer {
         }
     }
 
+    /// Checks that `to` can be written as a mail recipient, without building
+    /// a message (cheap; done before the limiter so a job that could never
+    /// be mailed uses no quota).
+    pub fn check_recipient(&self, to: &EmailAddress) -> Result<(), MailError> {
+        to.as_str()
+            .parse::<Address>()
+            .map(drop)
+            .map_err(|e| MailError::Address(e.to_string()))
+    }
+
     /// Builds the message: `From`, `To`, `Subject`, `Date`, a fresh
     /// `Message-ID`, and a text part or text + HTML alternatives.
     pub fn compose(&self, out: &Outgoing<'_>) -> Result<Message, MailError> {

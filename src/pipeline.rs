@@ -2,11 +2,14 @@
 //! mailer, limiter) and decides what becomes of a job: answered, retried
 //! later, or dead-lettered.
 //!
-//! Order matters. Everything that can make a job `invalid` (decoding,
-//! template lookup, rendering, composing the mail) happens before the
-//! limiter, so a malformed job never uses quota. After an admission the only
-//! ways out are `sent`, a retry (the admission and its quota are kept), or a
-//! refund (`failed`, `expired`).
+//! Order matters. What can make a job `invalid` (decoding, the template set,
+//! the recipient) is checked before the limiter, so a malformed job never
+//! uses quota. The mail is rendered and composed only after admission, so a
+//! flood of rejected jobs costs no rendering; if rendering fails then (a
+//! job's variables break a template), the job is answered `invalid` and its
+//! quota refunded. After an admission the only ways out are `sent`, a retry
+//! (the admission and its quota are kept), or a refund (`failed`,
+//! `expired`, `invalid`).
 
 use std::time::Duration;
 
@@ -139,19 +142,11 @@ impl<L: RateLimiter> Pipeline<L> {
         if job.expires_at.is_some_and(|at| at <= now) {
             return self.expire(&job, msg, answer(Status::Expired)).await;
         }
-        let rendered = match self.templates.render(&job, now) {
-            Ok(r) => r,
-            Err(e) => return invalid(e.to_string()),
-        };
-        let mail = match self.mailer.compose(&Outgoing {
-            to: &job.email,
-            subject: &rendered.subject,
-            text: &rendered.text,
-            html: rendered.html.as_deref(),
-        }) {
-            Ok(m) => m,
-            Err(e) => return invalid(e.to_string()),
-        };
+        // The mail itself is rendered only once admitted: in a flood most
+        // jobs are rejected, and rendering them would be wasted work.
+        if let Err(e) = self.mailer.check_recipient(&job.email) {
+            return invalid(e.to_string());
+        }
 
         let req = Request {
             id: &job.id,
@@ -199,6 +194,31 @@ impl<L: RateLimiter> Pipeline<L> {
                     };
                 }
             },
+        };
+
+        let mail = match self
+            .templates
+            .render(&job, now)
+            .map_err(|e| e.to_string())
+            .and_then(|r| {
+                self.mailer
+                    .compose(&Outgoing {
+                        to: &job.email,
+                        subject: &r.subject,
+                        text: &r.text,
+                        html: r.html.as_deref(),
+                    })
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(m) => m,
+            Err(e) => {
+                // Templates are test-rendered at start-up, so this takes a
+                // job whose variables break a template: answer it, and give
+                // back the quota it was admitted for.
+                let mut r = answer(Status::Invalid);
+                r.error = Some(e);
+                return self.refund_then(&job, msg, r).await;
+            }
         };
 
         let started = std::time::Instant::now();
