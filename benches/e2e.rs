@@ -729,11 +729,11 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
     let _ = writeln!(o, "| (c) SMTP sink through a pool of {POOL} | {smtp:.0} |");
     let _ = writeln!(
         o,
-        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB |"
+        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB | RabbitMQ CPU | Redis CPU |"
     );
     let _ = writeln!(
         o,
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let ceiling = if r.what.starts_with("all rejected") {
@@ -769,6 +769,10 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
     }
     let _ = writeln!(
         o,
-        "\n(vs ceiling: rejected scenarios against (a); others against min((a), (c)).) mails accepted by the sink: {mails}"
+        "\n(vs ceiling: rejected scenarios against (a); others against min((a), (c)). RabbitMQ and Redis CPU: \
+         share of one core while the scenario ran, on {} cores in all.) Mails accepted by the sink: {mails}.",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
     );
 }
