@@ -49,6 +49,14 @@ pub enum Action {
         /// Why.
         error: String,
     },
+    /// The job failed on every attempt: publish this `failed` result, and
+    /// put a copy in the dead-letter queue (with the last error and the
+    /// attempt count) for operators, so a poison job is answered, kept, and
+    /// never loops.
+    GiveUp(JobResult),
+    /// This message was answered before (a crash came between its result
+    /// and its ack): acknowledge it, answer nothing.
+    AlreadyAnswered,
 }
 
 /// A job message as the pipeline needs it.
@@ -59,7 +67,8 @@ pub struct Message<'a> {
     /// 1 for the first attempt.
     pub attempt: u32,
     /// Whether this message was handled before (redelivered by RabbitMQ, or
-    /// a retry), as opposed to a new message that reuses an id.
+    /// sent back through a retry or wait queue), as opposed to a new message
+    /// that reuses an id.
     pub seen_before: bool,
     /// Copied onto the result.
     pub correlation_id: Option<&'a str>,
@@ -94,6 +103,17 @@ impl<L: RateLimiter> Pipeline<L> {
         &self.mailer
     }
 
+    /// Records that the job with this result was answered; best effort (if it
+    /// is lost, a crash before the ack answers the job a second time).
+    pub async fn mark_answered(&self, result: &JobResult) {
+        let Ok(id) = crate::domain::JobId::parse(&result.id) else {
+            return;
+        };
+        if let Err(e) = self.limiter.mark_answered(&id).await {
+            tracing::debug!(error = %e, "could not record the answer");
+        }
+    }
+
     /// The wait before retrying after attempt `failed` (1-based): `initial`
     /// doubling per attempt up to `max`, with jitter.
     pub fn backoff(&self, failed: u32) -> Duration {
@@ -111,7 +131,23 @@ impl<L: RateLimiter> Pipeline<L> {
     /// Processes one job message and says what to do with it. Side effects
     /// (the mail, the limiter) happen here; broker work is the caller's.
     pub async fn handle(&self, msg: &Message<'_>) -> Action {
-        let job = match wire::decode(msg.body) {
+        let decoded = wire::decode(msg.body);
+        if msg.seen_before {
+            let id = match &decoded {
+                Ok(job) => Some(&job.id),
+                Err(DecodeError::Invalid { id, .. }) => Some(id),
+                Err(DecodeError::Unusable(_)) => None,
+            };
+            if let Some(id) = id {
+                match self.limiter.answered(id).await {
+                    Ok(true) => return Action::AlreadyAnswered,
+                    Ok(false) => {}
+                    // Unknown: answer again rather than risk no answer.
+                    Err(e) => tracing::debug!(error = %e, "cannot tell whether the job was answered"),
+                }
+            }
+        }
+        let job = match decoded {
             Ok(job) => job,
             Err(DecodeError::Unusable(error)) => return Action::DeadLetter { error },
             Err(DecodeError::Invalid { id, error }) => {
@@ -276,7 +312,10 @@ impl<L: RateLimiter> Pipeline<L> {
         let mut r = self.result(job.id.as_str(), Status::Failed, msg);
         r.email = Some(job.email.to_string());
         r.error = Some(format!("gave up after {} attempts: {error}", msg.attempt));
-        self.refund_then(job, msg, r).await
+        match self.refund_then(job, msg, r).await {
+            Action::Reply(r) => Action::GiveUp(r),
+            other => other,
+        }
     }
 
     /// The code expired: refund whatever an earlier attempt of this message

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use backon::{ExponentialBuilder, Retryable};
-use futures_lite::StreamExt;
+use futures_lite::{FutureExt as _, StreamExt};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -224,11 +224,29 @@ impl<L: RateLimiter + 'static> Worker<L> {
             let msg = Message {
                 body: &job.body,
                 attempt: job.attempt,
-                seen_before: job.redelivered || job.attempt > 1,
+                seen_before: job.redelivered || job.requeued,
                 correlation_id: job.correlation_id.as_deref(),
             };
             let _in_flight = telemetry::InFlight::enter();
-            let action = self.pipeline.handle(&msg).await;
+            // A panic is a bug, but it must not leave the job unacknowledged
+            // to be redelivered, panic again, and loop: dead-letter it.
+            let action = match std::panic::AssertUnwindSafe(self.pipeline.handle(&msg))
+                .catch_unwind()
+                .await
+            {
+                Ok(action) => action,
+                Err(panic) => {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(panic = %why, "the pipeline panicked on this job");
+                    Action::DeadLetter {
+                        error: format!("mailgate panicked processing this job: {why}"),
+                    }
+                }
+            };
             let done = match &action {
                 Action::Reply(result) => {
                     let since = job.published_at_ms.and_then(|p| now_ms().checked_sub(p));
@@ -243,7 +261,15 @@ impl<L: RateLimiter + 'static> Worker<L> {
                             "answered"
                         ),
                     }
-                    broker.publish_result(&job, &result.to_json()).await
+                    let published = broker.publish_result(&job, &result.to_json()).await;
+                    if published.is_ok() {
+                        self.pipeline.mark_answered(result).await;
+                    }
+                    published
+                }
+                Action::AlreadyAnswered => {
+                    tracing::info!("answered before (its ack was lost); acknowledging");
+                    Ok(())
                 }
                 Action::Retry {
                     failed_attempt,
@@ -260,6 +286,19 @@ impl<L: RateLimiter + 'static> Worker<L> {
                     telemetry::retried("lease");
                     let queue = broker.topology().wait.clone();
                     broker.delay(&job, &queue, job.attempt, *delay).await
+                }
+                Action::GiveUp(result) => {
+                    let error = result.error.clone().unwrap_or_default();
+                    tracing::warn!(error = telemetry::mask_emails(&error), "failed on every attempt; answered and dead-lettered");
+                    telemetry::job_answered(result.status, None);
+                    telemetry::dead_lettered();
+                    match broker.publish_result(&job, &result.to_json()).await {
+                        Ok(()) => {
+                            self.pipeline.mark_answered(result).await;
+                            broker.dead_letter(&job, &error).await
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Action::DeadLetter { error } => {
                     tracing::warn!(%error, "unusable message; dead-lettered");

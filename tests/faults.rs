@@ -150,3 +150,192 @@ async fn redis_goes_away_mid_load_and_comes_back() {
     );
     w.stop().await.unwrap();
 }
+
+/// Every id's results, the mails per mailbox, and whether any job was lost.
+struct Tally {
+    jobs: usize,
+    repeated_results: usize,
+    mailed_twice: usize,
+}
+
+fn tally(h: &Harness, results: &BTreeMap<String, Vec<Value>>, mailbox_of: impl Fn(&str) -> String) -> Tally {
+    let mut t = Tally {
+        jobs: results.len(),
+        repeated_results: 0,
+        mailed_twice: 0,
+    };
+    for (id, rs) in results {
+        t.repeated_results += rs.len() - 1;
+        assert!(rs.iter().all(|r| r["status"] == rs[0]["status"]), "{id}: results disagree: {rs:?}");
+        let mails = h.sink.mails_to(&mailbox_of(id)).len();
+        if rs[0]["status"] == "sent" {
+            assert!(mails >= 1, "{id} answered sent but not mailed");
+        }
+        t.mailed_twice += mails.saturating_sub(1);
+    }
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_under_load_then_restarted() {
+    let h = Harness::with("sigkill", |s| {
+        s.smtp.timeout = Duration::from_secs(2);
+        s.limits.send_lease = Duration::from_secs(7);
+    })
+    .await;
+    h.sink.set_delay(Duration::from_millis(30));
+    let spawn = || {
+        let log = std::env::var("FAULT_LOG").ok().and_then(|p| {
+            std::fs::OpenOptions::new().create(true).append(true).open(p).ok()
+        });
+        let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"]);
+        if let Some(f) = log {
+            c.env("RUST_LOG", "mailgate=debug").stderr(f);
+        } else {
+            c.stderr(std::process::Stdio::null());
+        }
+        c.stdout(std::process::Stdio::null()).spawn().expect("the worker starts")
+    };
+    let mut first = spawn();
+    h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
+    let ids: Vec<String> = (0..80).map(|n| format!("k{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"})).await;
+    }
+    h.sink.wait_for(10, Duration::from_secs(20));
+    // SIGKILL: no chance to finish anything. SMTP transactions the sink has
+    // begun but not yet accepted are the ones in flight.
+    let in_flight_at_kill = h.sink.transactions() as usize - h.sink.mails().len();
+    first.kill().expect("kill");
+    first.wait().expect("reaped");
+    let killed_at = Instant::now();
+    let mut second = spawn();
+
+    let results = results_for(&h, &ids, Duration::from_secs(90)).await;
+    let recovery = killed_at.elapsed();
+    second.kill().ok();
+    second.wait().ok();
+    let by_mailbox = |id: &str| format!("u{}@example.com", &id[1..]);
+    let t = tally(&h, &results, by_mailbox);
+    if t.mailed_twice > 0 {
+        for id in &ids {
+            let n = h.sink.mails_to(&by_mailbox(id)).len();
+            if n > 1 {
+                eprintln!("mailed {n} times: {id}");
+            }
+        }
+    }
+    assert!(results.values().all(|rs| rs[0]["status"] == "sent"), "{results:?}");
+    // A second mail can only go to a job whose SMTP transaction was in
+    // flight at the kill (the server had the mail; the worker never heard).
+    assert!(
+        t.mailed_twice <= in_flight_at_kill.max(1) && t.mailed_twice <= h.settings.smtp.pool_size as usize,
+        "{} mailed twice, more than the {in_flight_at_kill} in flight at the kill",
+        t.mailed_twice
+    );
+    eprintln!(
+        "FAULT sigkill jobs={} lost=0 mailed_twice={} in_flight_at_kill={in_flight_at_kill} repeated_results={} recovery_ms={}",
+        t.jobs,
+        t.mailed_twice,
+        t.repeated_results,
+        recovery.as_millis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_stalls_the_deadline_fires_and_other_jobs_flow() {
+    use common::smtp::{ProxyMode, SmtpProxy};
+    let proxy_for = common::smtp::SmtpSink::start();
+    let proxy = SmtpProxy::start(proxy_for.port);
+    let url = proxy.url();
+    let h = Harness::with("stall", |s| {
+        s.smtp.url = url.clone();
+        s.smtp.timeout = Duration::from_secs(1);
+        s.retry.initial = Duration::from_millis(50);
+    })
+    .await;
+    // The first two connections the worker opens are accepted and never answered.
+    proxy.set(ProxyMode::Stall(2));
+    let w = h.start_worker().await;
+    let t0 = Instant::now();
+    let ids: Vec<String> = (0..30).map(|n| format!("s{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"})).await;
+    }
+    let results = results_for(&h, &ids, Duration::from_secs(30)).await;
+    let took = t0.elapsed();
+    assert_eq!(proxy.stalled(), 2, "two connections were held");
+    let retried: Vec<_> = results.values().filter(|rs| rs[0]["attempts"].as_u64() > Some(1)).collect();
+    assert!(!retried.is_empty() && retried.len() <= 2, "the stalled sends hit the deadline and were retried: {retried:?}");
+    assert!(results.values().all(|rs| rs.len() == 1 && rs[0]["status"] == "sent"), "{results:?}");
+    for n in 0..ids.len() {
+        assert_eq!(proxy_for.mails_to(&format!("u{n}@example.com")).len(), 1);
+    }
+    eprintln!(
+        "FAULT smtp-stall jobs=30 lost=0 mailed_twice=0 retried={} all_done_ms={}",
+        retried.len(),
+        took.as_millis()
+    );
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_gone_then_back() {
+    use common::smtp::{ProxyMode, SmtpProxy};
+    let sink = common::smtp::SmtpSink::start();
+    let proxy = SmtpProxy::start(sink.port);
+    let url = proxy.url();
+    let h = Harness::with("smtpgone", |s| {
+        s.smtp.url = url.clone();
+        s.retry.max_attempts = 8;
+        s.retry.initial = Duration::from_millis(200);
+        s.retry.max = Duration::from_secs(1);
+    })
+    .await;
+    proxy.set(ProxyMode::Refuse);
+    let w = h.start_worker().await;
+    let ids: Vec<String> = (0..20).map(|n| format!("g{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let back = Instant::now();
+    proxy.set(ProxyMode::Forward);
+    let results = results_for(&h, &ids, Duration::from_secs(30)).await;
+    let recovery = back.elapsed();
+    assert!(results.values().all(|rs| rs.len() == 1 && rs[0]["status"] == "sent"), "{results:?}");
+    assert!(results.values().all(|rs| rs[0]["attempts"].as_u64() > Some(1)), "every job waited for the server");
+    for n in 0..ids.len() {
+        assert_eq!(sink.mails_to(&format!("u{n}@example.com")).len(), 1);
+    }
+    eprintln!("FAULT smtp-down jobs=20 lost=0 mailed_twice=0 recovery_ms={}", recovery.as_millis());
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_always_fails_is_answered_dead_lettered_and_never_loops() {
+    let h = Harness::with("poison", |s| {
+        s.retry.max_attempts = 3;
+        s.retry.initial = Duration::from_millis(50);
+    })
+    .await;
+    let w = h.start_worker().await;
+    h.sink.refuse("poison@example.com", 451);
+    h.publish(&json!({"id": "p1", "email": "poison@example.com", "code": "1"})).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["attempts"], 3);
+    assert!(r["error"].as_str().unwrap().contains("451"), "{r}");
+    let (body, props) = h.dead_letter().await;
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["id"], "p1");
+    let headers = props.headers().clone().expect("headers");
+    let get = |k: &str| headers.inner().get(k).cloned();
+    assert_eq!(get("x-mailgate-attempt"), Some(lapin::types::AMQPValue::LongLongInt(3)));
+    assert!(matches!(get("x-mailgate-error"), Some(lapin::types::AMQPValue::LongString(s)) if s.to_string().contains("451")));
+    // It does not come back.
+    let before = h.sink.transactions();
+    h.no_more_results(Duration::from_secs(1)).await;
+    assert_eq!(h.sink.transactions(), before, "no further attempts");
+    assert_eq!(h.sink.transactions(), 3);
+    w.stop().await.unwrap();
+}

@@ -114,6 +114,9 @@ pub struct Incoming {
     pub correlation_id: Option<String>,
     /// 1 for the first attempt.
     pub attempt: u32,
+    /// Whether mailgate sent this message back through a waiting queue
+    /// (a retry or a lease wait): it carries the attempt header.
+    pub requeued: bool,
     /// Whether RabbitMQ delivered this message before (to a consumer that
     /// did not acknowledge it).
     pub redelivered: bool,
@@ -127,14 +130,14 @@ impl Incoming {
     /// Wraps a delivery.
     pub fn new(delivery: Delivery) -> Self {
         let p = &delivery.properties;
-        let attempt = p
+        let attempt_header = p
             .headers()
             .as_ref()
             .and_then(|h| h.inner().get(ATTEMPT_HEADER))
-            .and_then(as_u32)
-            .unwrap_or(1)
-            .max(1);
+            .and_then(as_u32);
+        let attempt = attempt_header.unwrap_or(1).max(1);
         Self {
+            requeued: attempt_header.is_some(),
             body: delivery.data.clone(),
             reply_to: p
                 .reply_to()

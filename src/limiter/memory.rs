@@ -34,6 +34,8 @@ struct State {
     logs: HashMap<String, Log>,
     /// Job record key → its admission.
     jobs: HashMap<String, JobRecord>,
+    /// Answered job key → when the mark is forgotten.
+    answered: HashMap<String, u64>,
     calls: u64,
 }
 
@@ -199,6 +201,7 @@ impl State {
             !log.entries.is_empty()
         });
         self.jobs.retain(|_, rec| rec.expires_at > now);
+        self.answered.retain(|_, until| *until > now);
     }
 }
 
@@ -252,6 +255,19 @@ impl RateLimiter for MemoryLimiter {
             .map(|log| log.entries.iter().map(|(t, _)| *t).collect())
             .unwrap_or_default();
         Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
+    }
+
+    async fn mark_answered(&self, id: &JobId) -> Result<(), LimitError> {
+        let until = Self::now(Clock::Server).saturating_add(self.keys.dedup_ms());
+        let key = self.keys.answered_key(id);
+        self.lock().answered.insert(key, until);
+        Ok(())
+    }
+
+    async fn answered(&self, id: &JobId) -> Result<bool, LimitError> {
+        let now = Self::now(Clock::Server);
+        let key = self.keys.answered_key(id);
+        Ok(self.lock().answered.get(&key).is_some_and(|&until| until > now))
     }
 
     async fn ping(&self) -> Result<(), LimitError> {

@@ -205,6 +205,14 @@ pub trait RateLimiter: Send + Sync {
         clock: Clock,
     ) -> impl Future<Output = Result<Usage, LimitError>> + Send;
 
+    /// Records that job `id` was answered (its result confirmed by the
+    /// broker), for the dedup period, so a redelivery of the same message
+    /// after a crash between the result and the ack is not answered twice.
+    fn mark_answered(&self, id: &JobId) -> impl Future<Output = Result<(), LimitError>> + Send;
+
+    /// Whether [`RateLimiter::mark_answered`] was called for `id`.
+    fn answered(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+
     /// Whether the backend answers (for readiness checks).
     fn ping(&self) -> impl Future<Output = Result<(), LimitError>> + Send;
 
@@ -287,6 +295,11 @@ impl Keyspace {
 
     pub fn job_key(&self, id: &JobId) -> String {
         format!("{}{}", self.job_key_prefix(), id.as_str())
+    }
+
+    /// The key marking that job `id` was answered.
+    pub fn answered_key(&self, id: &JobId) -> String {
+        format!("{}done:{}", self.prefix, id.as_str())
     }
 
     /// Job keys are this followed by the job id.

@@ -285,6 +285,25 @@ impl RateLimiter for RedisLimiter {
         Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
     }
 
+    async fn mark_answered(&self, id: &JobId) -> Result<(), LimitError> {
+        let _: () = redis::cmd("SET")
+            .arg(self.keys.answered_key(id))
+            .arg(1)
+            .arg("PX")
+            .arg(self.keys.dedup_ms())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    async fn answered(&self, id: &JobId) -> Result<bool, LimitError> {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(self.keys.answered_key(id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn ping(&self) -> Result<(), LimitError> {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn.clone())

@@ -159,6 +159,30 @@ impl Harness {
         }
     }
 
+    /// The `mailgate` binary at `exe` running `args`, with the environment
+    /// pointed at this harness's queues, keys and SMTP server.
+    pub fn command(&self, exe: &str, args: &[&str]) -> std::process::Command {
+        let s = &self.settings;
+        let mut c = std::process::Command::new(exe);
+        c.args(args)
+            .env("MAILGATE__AMQP__JOBS_QUEUE", &s.amqp.jobs_queue)
+            .env("MAILGATE__AMQP__RESULTS_QUEUE", &s.amqp.results_queue)
+            .env("MAILGATE__AMQP__URL", &s.amqp.url)
+            .env("MAILGATE__REDIS__KEY_PREFIX", &s.redis.key_prefix)
+            .env("MAILGATE__REDIS__URL", &s.redis.url)
+            .env("MAILGATE__SMTP__URL", &s.smtp.url)
+            .env("MAILGATE__SMTP__POOL_SIZE", s.smtp.pool_size.to_string())
+            .env("MAILGATE__AMQP__PREFETCH", s.amqp.prefetch.to_string())
+            .env("MAILGATE__SMTP__TIMEOUT", humantime::format_duration(s.smtp.timeout).to_string())
+            .env("MAILGATE__LIMITS__SEND_LEASE", humantime::format_duration(s.limits.send_lease).to_string())
+            .env("MAILGATE__RETRY__MAX_ATTEMPTS", s.retry.max_attempts.to_string())
+            .env("MAILGATE__RETRY__INITIAL", humantime::format_duration(s.retry.initial).to_string())
+            .env("MAILGATE__RETRY__MAX", humantime::format_duration(s.retry.max).to_string())
+            .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
+            .env_remove("RUST_LOG");
+        c
+    }
+
     /// Declares a queue of the test's own (e.g. a reply_to queue).
     pub async fn declare(&self, suffix: &str) -> String {
         let name = format!(

@@ -174,3 +174,79 @@ impl SmtpSink {
         }
     }
 }
+
+/// What the proxy in front of the sink does with new connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Pass them to the sink.
+    Forward,
+    /// Accept and close at once: the server is gone.
+    Refuse,
+    /// Accept the next `n` and never answer (hold them open); forward the rest.
+    Stall(u32),
+}
+
+/// A TCP proxy in front of a [`SmtpSink`] that can make the server vanish or
+/// stall, connection by connection. Runs on a thread of its own.
+pub struct SmtpProxy {
+    pub port: u16,
+    mode: Arc<Mutex<ProxyMode>>,
+    stalled: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl SmtpProxy {
+    pub fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(Mutex::new(ProxyMode::Forward));
+        let stalled: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (m, st) = (mode.clone(), stalled.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(client) = conn else { continue };
+                let action = {
+                    let mut mode = m.lock().unwrap();
+                    let now = *mode;
+                    if let ProxyMode::Stall(n) = now {
+                        *mode = if n > 1 { ProxyMode::Stall(n - 1) } else { ProxyMode::Forward };
+                    }
+                    now
+                };
+                match action {
+                    ProxyMode::Refuse => drop(client),
+                    ProxyMode::Stall(_) => st.lock().unwrap().push(client),
+                    ProxyMode::Forward => {
+                        std::thread::spawn(move || {
+                            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                                return;
+                            };
+                            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                            let up = std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut c2, &mut s2);
+                                let _ = s2.shutdown(std::net::Shutdown::Write);
+                            });
+                            let (mut s3, mut c3) = (server, client);
+                            let _ = std::io::copy(&mut s3, &mut c3);
+                            let _ = c3.shutdown(std::net::Shutdown::Write);
+                            let _ = up.join();
+                        });
+                    }
+                }
+            }
+        });
+        Self { port, mode, stalled }
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set(&self, mode: ProxyMode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// Connections being held without an answer.
+    pub fn stalled(&self) -> usize {
+        self.stalled.lock().unwrap().len()
+    }
+}
