@@ -63,7 +63,13 @@ pub struct Mailer {
     transport: Transport,
     from: Mailbox,
     deadline: Duration,
+    /// One permit per pooled connection: holding one means a send can start
+    /// at once (see [`Mailer::reserve`]).
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// The right to send one mail now; see [`Mailer::reserve`].
+pub struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 impl Mailer {
     /// Builds the transport from settings. Does not connect: connections are
@@ -96,7 +102,18 @@ impl Mailer {
             transport,
             from,
             deadline: settings.timeout,
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize)),
         })
+    }
+
+    /// Waits until one of the `pool_size` connections is free. The caller
+    /// then records that its send begins and calls [`Mailer::send`], which
+    /// starts the SMTP transaction at once instead of queueing for the pool.
+    pub async fn reserve(&self) -> Slot {
+        let permit = self.slots.clone().acquire_owned().await;
+        // Acquiring fails only on a closed semaphore, and this one is never
+        // closed (no code calls `close`).
+        Slot(permit.expect("the slot semaphore is never closed"))
     }
 
     /// Where mail goes when it is written to files instead of sent.
@@ -143,8 +160,8 @@ impl Mailer {
         built.map_err(|e| MailError::Address(e.to_string()))
     }
 
-    /// Sends one message within the deadline.
-    pub async fn send(&self, message: Message) -> Result<(), MailError> {
+    /// Sends one message within the deadline, on a reserved slot.
+    pub async fn send(&self, _slot: Slot, message: Message) -> Result<(), MailError> {
         let deadline = self.deadline;
         let expired = || MailError::Transient(format!("send deadline of {deadline:?} passed"));
         match &self.transport {

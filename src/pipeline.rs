@@ -143,7 +143,9 @@ impl<L: RateLimiter> Pipeline<L> {
                     Ok(true) => return Action::AlreadyAnswered,
                     Ok(false) => {}
                     // Unknown: answer again rather than risk no answer.
-                    Err(e) => tracing::debug!(error = %e, "cannot tell whether the job was answered"),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot tell whether the job was answered")
+                    }
                 }
             }
         }
@@ -229,6 +231,17 @@ impl<L: RateLimiter> Pipeline<L> {
                         delay: Duration::from_millis(lease_left_ms + 100),
                     };
                 }
+                Verdict::Interrupted { .. } => {
+                    // Never twice: the admission stays (no refund) so no
+                    // later copy can send either.
+                    let mut r = answer(Status::Failed);
+                    r.error = Some(
+                        "delivery unknown: a worker stopped during this job's SMTP transaction; \
+                         the mail may have arrived, so it is not sent again"
+                            .into(),
+                    );
+                    return Action::Reply(r);
+                }
             },
         };
 
@@ -257,8 +270,23 @@ impl<L: RateLimiter> Pipeline<L> {
             }
         };
 
+        // Take an SMTP slot, then record that the transaction begins: if this
+        // worker dies from here until the outcome is recorded, the job is
+        // answered `failed` (delivery unknown) rather than mailed twice.
+        let slot = self.mailer.reserve().await;
+        match self.limiter.mark_sending(&job.id).await {
+            Ok(true) => {}
+            // Another attempt took the send over (this one's lease lapsed):
+            // look again shortly.
+            Ok(false) => {
+                return Action::Wait {
+                    delay: Duration::from_millis(100),
+                };
+            }
+            Err(e) => return self.transient(&job, msg, limiter_error(&e), true).await,
+        }
         let started = std::time::Instant::now();
-        let sent = self.mailer.send(mail).await;
+        let sent = self.mailer.send(slot, mail).await;
         let outcome = match &sent {
             Ok(()) => "ok",
             Err(MailError::Transient(_)) => "transient",

@@ -89,6 +89,7 @@ pub fn limiter_decision(verdict: &Verdict) {
                 Verdict::Duplicate { .. } => "duplicate",
                 Verdict::InProgress { .. } => "in_progress",
                 Verdict::Resume { .. } => "resume",
+                Verdict::Interrupted { .. } => "interrupted",
                 Verdict::Rejected { .. } => "rejected",
             };
             metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);

@@ -649,6 +649,54 @@ mod cases {
         ));
     }
 
+    pub async fn a_send_interrupted_mid_transaction_is_never_resumed<M: Make>(m: M) {
+        let lim = LimitSettings {
+            send_lease: std::time::Duration::from_millis(300),
+            ..LimitSettings::default()
+        };
+        let b = m.make("interrupted", lim).await;
+        let l = &b.limiter;
+        let (a, c) = (id("j1"), id("j2"));
+        let (mail_a, mail_c) = (email("a@example.com"), email("c@example.com"));
+        let req_a = Request {
+            id: &a,
+            email: &mail_a,
+            ip: None,
+            purpose: None,
+        };
+        let req_c = Request {
+            id: &c,
+            email: &mail_c,
+            ip: None,
+            purpose: None,
+        };
+        assert_eq!(
+            l.check(&req_a, Clock::Server).await.unwrap().verdict,
+            Verdict::Admitted
+        );
+        assert!(l.mark_sending(&a).await.unwrap(), "the transaction begins");
+        assert!(!l.mark_sending(&a).await.unwrap(), "only once");
+        // The sender vanishes; once its lease lapses the job is not resumed.
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        for _ in 0..2 {
+            let v = l.check(&req_a, Clock::Server).await.unwrap().verdict;
+            assert!(matches!(v, Verdict::Interrupted { .. }), "{v:?}");
+        }
+        assert!(
+            !l.release(&a).await.unwrap(),
+            "an interrupted job cannot be released into a resend"
+        );
+        // A transient failure (released) is resumed, not interrupted.
+        assert_eq!(
+            l.check(&req_c, Clock::Server).await.unwrap().verdict,
+            Verdict::Admitted
+        );
+        assert!(l.mark_sending(&c).await.unwrap());
+        assert!(l.release(&c).await.unwrap());
+        let v = l.check(&req_c, Clock::Server).await.unwrap().verdict;
+        assert!(matches!(v, Verdict::Resume { .. }), "{v:?}");
+    }
+
     pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
         let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
         let l = &b.limiter;
@@ -691,6 +739,7 @@ macro_rules! conformance {
                 a_purpose_has_its_own_rules_over_the_shared_log,
                 usage_shows_each_rule_and_uses_nothing,
                 reset_forgets_a_mailbox,
+                a_send_interrupted_mid_transaction_is_never_resumed,
             );
         }
     };

@@ -7,7 +7,10 @@ read before writing). Not for Redis Cluster: a request's keys span slots.
 Data (all keys under the deployment's prefix, all with a TTL):
   <prefix>job:<id>          hash, one per admitted job, lives the dedup period
                               at  admission time (ms)
-                              st  "a" admitted, "s" sent (the mail went out)
+                              st  "a" admitted, not sending; "x" sending (an
+                                  SMTP transaction began); "s" sent (the mail
+                                  went out); "u" unknown (its sender vanished
+                                  mid-send; never resent)
                               lease  until when (ms) one worker owns the send
                                   of an admitted job; another copy of the job
                                   that arrives meanwhile waits, so one
@@ -56,12 +59,21 @@ op "admit" -- decide a batch of requests in order, all at one instant
               2, admitted_at_ms, 0, 0              duplicate: admitted and sent
               3, admitted_at_ms, lease_left_ms, 0  duplicate: admitted, not sent, and
                                                    another attempt owns the send
-              4, admitted_at_ms, 0, 0              duplicate: admitted, not sent, the
-                                                   lease had lapsed and is now the
-                                                   caller's: it must send
+              4, admitted_at_ms, 0, 0              duplicate: admitted, its send never
+                                                   began, the lease had lapsed and is
+                                                   now the caller's: it must send
+              5, admitted_at_ms, 0, 0              duplicate: its send began and its
+                                                   owner vanished mid-send (lease
+                                                   lapsed): delivery unknown, so it is
+                                                   not sent again
 
 op "refund" -- remove one job's admission from every scope
   KEYS[1] job key. Returns 1 if there was one, else 0.
+
+op "sending" -- an SMTP transaction for the job begins: "a" becomes "x" and
+  the lease is renewed
+  KEYS[1] job key; ARGV[2] now or ""; ARGV[3] the send lease, ms.
+  Returns 1 if the job was admitted and not sending, else 0.
 
 op "sent" -- record that a job's mail went out (and drop the lease)
   KEYS[1] job key. Returns 1 if the job record exists, else 0.
@@ -74,7 +86,8 @@ op "reset" -- forget one scope key's admissions (support staff)
   KEYS[1] the scope key. Returns how many admissions were removed.
 
 op "release" -- give up the send lease of an admitted, unsent job (its send
-  failed transiently and will be retried), so the retry need not wait for it
+  failed transiently and will be retried): "x" goes back to "a" and the
+  retry need not wait for the lease
   KEYS[1] job key. Returns 1 if the job is admitted and unsent, else 0.
 ]]
 
@@ -148,6 +161,13 @@ if op == 'admit' then
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, at, 0, 0
       elseif lease > now then
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 3, at, lease - now, 0
+      elseif rec[2] == 'x' then
+        -- Its send began and its owner vanished: the mail may have gone
+        -- out. Not resent (never twice); the caller answers it.
+        call('HSET', job, 'st', 'u')
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 5, at, 0, 0
+      elseif rec[2] == 'u' then
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 5, at, 0, 0
       else
         call('HSET', job, 'lease', lease_s)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 4, at, 0, 0
@@ -226,6 +246,12 @@ elseif op == 'refund' then
   call('DEL', job)
   return 1
 
+elseif op == 'sending' then
+  local job = KEYS[1]
+  if call('HGET', job, 'st') ~= 'a' then return 0 end
+  call('HSET', job, 'st', 'x', 'lease', int(clock() + tonumber(ARGV[3])))
+  return 1
+
 elseif op == 'sent' then
   local job = KEYS[1]
   if call('EXISTS', job) == 0 then return 0 end
@@ -248,8 +274,9 @@ elseif op == 'reset' then
 
 elseif op == 'release' then
   local job = KEYS[1]
-  if call('HGET', job, 'st') ~= 'a' then return 0 end
-  call('HSET', job, 'lease', '0')
+  local st = call('HGET', job, 'st')
+  if st ~= 'a' and st ~= 'x' then return 0 end
+  call('HSET', job, 'st', 'a', 'lease', '0')
   return 1
 end
 

@@ -48,6 +48,10 @@ struct Log {
 struct JobRecord {
     at: u64,
     sent: bool,
+    /// An SMTP transaction began and its outcome is not recorded.
+    sending: bool,
+    /// Its sender vanished mid-send: never sent again.
+    unknown: bool,
     /// Until when (ms) an attempt owns the send.
     lease_until: u64,
     keys: Vec<String>,
@@ -117,6 +121,10 @@ impl MemoryLimiter {
                     admitted_at_ms,
                     lease_left_ms: rec.lease_until - now,
                 }
+            } else if rec.sending || rec.unknown {
+                rec.sending = false;
+                rec.unknown = true;
+                Verdict::Interrupted { admitted_at_ms }
             } else {
                 rec.lease_until = now.saturating_add(lease_ms);
                 Verdict::Resume { admitted_at_ms }
@@ -173,6 +181,8 @@ impl MemoryLimiter {
             JobRecord {
                 at: now,
                 sent: false,
+                sending: false,
+                unknown: false,
                 lease_until: now.saturating_add(lease_ms),
                 keys,
                 expires_at: now.saturating_add(self.keys.dedup_ms()),
@@ -233,6 +243,7 @@ impl RateLimiter for MemoryLimiter {
         Ok(match state.jobs.get_mut(&job_key) {
             Some(rec) => {
                 rec.sent = true;
+                rec.sending = false;
                 rec.lease_until = 0;
                 true
             }
@@ -267,7 +278,11 @@ impl RateLimiter for MemoryLimiter {
     async fn answered(&self, id: &JobId) -> Result<bool, LimitError> {
         let now = Self::now(Clock::Server);
         let key = self.keys.answered_key(id);
-        Ok(self.lock().answered.get(&key).is_some_and(|&until| until > now))
+        Ok(self
+            .lock()
+            .answered
+            .get(&key)
+            .is_some_and(|&until| until > now))
     }
 
     async fn ping(&self) -> Result<(), LimitError> {
@@ -288,8 +303,24 @@ impl RateLimiter for MemoryLimiter {
         let job_key = self.keys.job_key(id);
         let mut state = self.lock();
         Ok(match state.jobs.get_mut(&job_key) {
-            Some(rec) if !rec.sent => {
+            Some(rec) if !rec.sent && !rec.unknown => {
                 rec.lease_until = 0;
+                rec.sending = false;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn mark_sending(&self, id: &JobId) -> Result<bool, LimitError> {
+        let now = Self::now(Clock::Server);
+        let lease_ms = self.keys.lease_ms();
+        let job_key = self.keys.job_key(id);
+        let mut state = self.lock();
+        Ok(match state.jobs.get_mut(&job_key) {
+            Some(rec) if !rec.sent && !rec.sending && !rec.unknown => {
+                rec.sending = true;
+                rec.lease_until = now.saturating_add(lease_ms);
                 true
             }
             _ => false,

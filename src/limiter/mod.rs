@@ -138,11 +138,17 @@ pub enum Verdict {
         /// How long the other attempt's lease still runs.
         lease_left_ms: u64,
     },
-    /// This job id is already admitted but its mail is not known to have gone
-    /// out, and no attempt owns the send any more (its lease lapsed or was
-    /// released): the send lease is now the caller's, which must send.
-    /// Nothing was counted.
+    /// This job id is already admitted, its send never began, and no attempt
+    /// owns it any more (its lease lapsed or was released): the send lease
+    /// is now the caller's, which must send. Nothing was counted.
     Resume {
+        /// When the admission was recorded.
+        admitted_at_ms: u64,
+    },
+    /// This job id's SMTP transaction began and its sender vanished before
+    /// recording the outcome (its lease lapsed): the mail may have gone out.
+    /// It is never sent again; the caller answers it. Nothing was counted.
+    Interrupted {
         /// When the admission was recorded.
         admitted_at_ms: u64,
     },
@@ -185,14 +191,21 @@ pub trait RateLimiter: Send + Sync {
     /// admitted afresh.
     fn refund(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 
+    /// Records that the SMTP transaction of admitted job `id` begins, renewing
+    /// its lease. From now on, if this attempt vanishes, the job is answered
+    /// [`Verdict::Interrupted`] rather than sent again. Returns whether the
+    /// job was admitted and not already sending.
+    fn mark_sending(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
+
     /// Records that the mail of admitted job `id` went out, so that a
     /// redelivery is answered [`Verdict::Duplicate`] rather than mailed
     /// again. Returns whether the job was known.
     fn mark_sent(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 
     /// Gives up the send lease of admitted, unsent job `id` (its send failed
-    /// transiently and will be retried), so the retry is answered
-    /// [`Verdict::Resume`] at once instead of waiting for the lease to lapse.
+    /// transiently and will be retried): it is no longer sending, and the
+    /// retry is answered [`Verdict::Resume`] at once instead of waiting for
+    /// the lease to lapse.
     /// Returns whether the job is admitted and unsent.
     fn release(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
 

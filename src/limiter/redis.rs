@@ -214,6 +214,9 @@ async fn run_batch(
                 4 => Verdict::Resume {
                     admitted_at_ms: num(r[1])?,
                 },
+                5 => Verdict::Interrupted {
+                    admitted_at_ms: num(r[1])?,
+                },
                 _ => return Err(bad()),
             };
             Ok(Decision {
@@ -251,6 +254,17 @@ impl RateLimiter for RedisLimiter {
 
     async fn refund(&self, id: &JobId) -> Result<bool, LimitError> {
         self.single("refund", id).await
+    }
+
+    async fn mark_sending(&self, id: &JobId) -> Result<bool, LimitError> {
+        let reply: i64 = SCRIPT
+            .key(self.keys.job_key(id))
+            .arg("sending")
+            .arg("")
+            .arg(self.keys.lease_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
     }
 
     async fn mark_sent(&self, id: &JobId) -> Result<bool, LimitError> {

@@ -173,11 +173,26 @@ impl Harness {
             .env("MAILGATE__SMTP__URL", &s.smtp.url)
             .env("MAILGATE__SMTP__POOL_SIZE", s.smtp.pool_size.to_string())
             .env("MAILGATE__AMQP__PREFETCH", s.amqp.prefetch.to_string())
-            .env("MAILGATE__SMTP__TIMEOUT", humantime::format_duration(s.smtp.timeout).to_string())
-            .env("MAILGATE__LIMITS__SEND_LEASE", humantime::format_duration(s.limits.send_lease).to_string())
-            .env("MAILGATE__RETRY__MAX_ATTEMPTS", s.retry.max_attempts.to_string())
-            .env("MAILGATE__RETRY__INITIAL", humantime::format_duration(s.retry.initial).to_string())
-            .env("MAILGATE__RETRY__MAX", humantime::format_duration(s.retry.max).to_string())
+            .env(
+                "MAILGATE__SMTP__TIMEOUT",
+                humantime::format_duration(s.smtp.timeout).to_string(),
+            )
+            .env(
+                "MAILGATE__LIMITS__SEND_LEASE",
+                humantime::format_duration(s.limits.send_lease).to_string(),
+            )
+            .env(
+                "MAILGATE__RETRY__MAX_ATTEMPTS",
+                s.retry.max_attempts.to_string(),
+            )
+            .env(
+                "MAILGATE__RETRY__INITIAL",
+                humantime::format_duration(s.retry.initial).to_string(),
+            )
+            .env(
+                "MAILGATE__RETRY__MAX",
+                humantime::format_duration(s.retry.max).to_string(),
+            )
             .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
             .env_remove("RUST_LOG");
         c

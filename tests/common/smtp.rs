@@ -208,7 +208,11 @@ impl SmtpProxy {
                     let mut mode = m.lock().unwrap();
                     let now = *mode;
                     if let ProxyMode::Stall(n) = now {
-                        *mode = if n > 1 { ProxyMode::Stall(n - 1) } else { ProxyMode::Forward };
+                        *mode = if n > 1 {
+                            ProxyMode::Stall(n - 1)
+                        } else {
+                            ProxyMode::Forward
+                        };
                     }
                     now
                 };
@@ -217,10 +221,12 @@ impl SmtpProxy {
                     ProxyMode::Stall(_) => st.lock().unwrap().push(client),
                     ProxyMode::Forward => {
                         std::thread::spawn(move || {
-                            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream))
+                            else {
                                 return;
                             };
-                            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                            let (mut c2, mut s2) =
+                                (client.try_clone().unwrap(), server.try_clone().unwrap());
                             let up = std::thread::spawn(move || {
                                 let _ = std::io::copy(&mut c2, &mut s2);
                                 let _ = s2.shutdown(std::net::Shutdown::Write);
@@ -234,7 +240,11 @@ impl SmtpProxy {
                 }
             }
         });
-        Self { port, mode, stalled }
+        Self {
+            port,
+            mode,
+            stalled,
+        }
     }
 
     pub fn url(&self) -> String {
