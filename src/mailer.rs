@@ -264,7 +264,9 @@ fn classify(e: &lettre::transport::smtp::Error) -> MailError {
         Some(code) => format!("SMTP {code}: {e}"),
         None => e.to_string(),
     };
-    if e.is_permanent() {
+    if e.is_permanent() || e.is_client() {
+        // 5xx, or something this client cannot send to this server (e.g. a
+        // unicode mailbox to a server without SMTPUTF8): retrying won't help.
         MailError::Permanent(text)
     } else {
         // 4xx, timeouts, refused or dropped connections, TLS trouble: the
