@@ -132,6 +132,13 @@ impl<L: RateLimiter> Pipeline<L> {
     /// (the mail, the limiter) happen here; broker work is the caller's.
     pub async fn handle(&self, msg: &Message<'_>) -> Action {
         let decoded = wire::decode(msg.body);
+        // Every later log line about this job carries its id (the worker's
+        // span leaves the field empty until the job is parsed).
+        if let Ok(job) = &decoded {
+            tracing::Span::current().record("id", job.id.as_str());
+        } else if let Err(DecodeError::Invalid { id, .. }) = &decoded {
+            tracing::Span::current().record("id", id.as_str());
+        }
         if msg.seen_before {
             let id = match &decoded {
                 Ok(job) => Some(&job.id),

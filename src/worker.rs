@@ -218,11 +218,11 @@ impl<L: RateLimiter + 'static> Worker<L> {
 
     /// Runs one job through the pipeline and carries out the action.
     async fn process(&self, broker: &Broker, job: Incoming) {
-        let id = job_id_hint(&job.body);
-        let span = tracing::info_span!("job", id = %id, attempt = job.attempt);
+        // The pipeline records the id once it has parsed the job.
+        let span = tracing::info_span!("job", id = tracing::field::Empty, attempt = job.attempt);
         async {
             let msg = Message {
-                body: &job.body,
+                body: job.body(),
                 attempt: job.attempt,
                 seen_before: job.redelivered || job.requeued,
                 correlation_id: job.correlation_id.as_deref(),
@@ -351,20 +351,6 @@ impl<L: RateLimiter + 'static> crate::http::Readiness for Worker<L> {
             }
         };
         vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)]
-    }
-}
-
-/// The job id for log lines, read leniently (the pipeline parses properly).
-fn job_id_hint(body: &[u8]) -> String {
-    #[derive(serde::Deserialize)]
-    struct Id {
-        id: Option<serde_json::Value>,
-    }
-    match serde_json::from_slice::<Id>(body).ok().and_then(|i| i.id) {
-        Some(serde_json::Value::String(s)) => {
-            s.chars().filter(|c| !c.is_control()).take(128).collect()
-        }
-        _ => "-".to_owned(),
     }
 }
 

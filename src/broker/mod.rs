@@ -106,8 +106,6 @@ pub struct Broker {
 
 /// A job message as it arrived.
 pub struct Incoming {
-    /// The raw body.
-    pub body: Vec<u8>,
     /// Where the producer wants the result, if not the results queue.
     pub reply_to: Option<String>,
     /// Copied onto the result.
@@ -138,7 +136,6 @@ impl Incoming {
         let attempt = attempt_header.unwrap_or(1).max(1);
         Self {
             requeued: attempt_header.is_some(),
-            body: delivery.data.clone(),
             reply_to: p
                 .reply_to()
                 .as_ref()
@@ -155,6 +152,11 @@ impl Incoming {
                 .or_else(|| p.timestamp().map(|s| s.saturating_mul(1000))),
             delivery,
         }
+    }
+
+    /// The raw body (borrowed from the delivery: not copied).
+    pub fn body(&self) -> &[u8] {
+        &self.delivery.data
     }
 
     /// Acknowledges the message: it is done.
@@ -382,7 +384,7 @@ impl Broker {
         let props = job
             .properties_with(headers)
             .with_expiration(ms.as_str().into());
-        if self.publish(queue, &job.body, props).await? {
+        if self.publish(queue, job.body(), props).await? {
             Ok(())
         } else {
             Err(BrokerError::NotConfirmed(queue.to_owned()))
@@ -395,7 +397,7 @@ impl Broker {
         let headers = job.headers_with(job.attempt, Some(error));
         let dead = self.topology.dead.clone();
         if self
-            .publish(&dead, &job.body, job.properties_with(headers))
+            .publish(&dead, job.body(), job.properties_with(headers))
             .await?
         {
             Ok(())
