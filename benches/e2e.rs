@@ -286,6 +286,77 @@ struct Outcome {
     latencies_ms: Vec<f64>,
     worker_cpu: f64,
     worker_rss_kb: u64,
+    /// Redis commands mailgate sent (not those run inside its scripts), and
+    /// the bytes in and out, while it ran.
+    redis: RedisTraffic,
+    /// Keys under the run's prefix added while it ran.
+    redis_keys: i64,
+}
+
+/// Commands clients sent to Redis, read from `INFO commandstats` (commands
+/// that scripts run are counted apart: a script cannot call `EVALSHA`,
+/// `EVAL`, `SET`, `PING` or `INFO`), and bytes from `INFO stats`.
+#[derive(Default, Clone, Copy)]
+struct RedisTraffic {
+    /// `EVALSHA` and `EVAL`: one per script call.
+    scripts: u64,
+    /// Other commands mailgate sends itself (`SET`, `PING`, `INFO`, `SCRIPT`).
+    others: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl RedisTraffic {
+    fn read() -> Self {
+        let Ok(mut c) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) else {
+            return Self::default();
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("all")
+            .query(&mut c)
+            .unwrap_or_default();
+        let calls = |cmd: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let stat = |name: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Self {
+            scripts: calls("evalsha") + calls("eval"),
+            // INFO itself is this reader's; it is not counted.
+            others: calls("set") + calls("ping") + calls("script|load"),
+            bytes_in: stat("total_net_input_bytes"),
+            bytes_out: stat("total_net_output_bytes"),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            scripts: self.scripts - before.scripts,
+            others: self.others - before.others,
+            bytes_in: self.bytes_in - before.bytes_in,
+            bytes_out: self.bytes_out - before.bytes_out,
+        }
+    }
+}
+
+/// How many keys lie under `prefix`.
+fn keys_under(prefix: &str) -> i64 {
+    let Ok(mut c) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) else {
+        return 0;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut c)
+        .unwrap_or_default();
+    keys.len() as i64
 }
 
 impl Outcome {
@@ -314,6 +385,7 @@ async fn drive(
     let ch = &run.ch;
     let usage0: Vec<_> = workers.iter().map(|&p| proc_usage(p)).collect();
     let (rabbit0, redis0) = (cpu_of("beam.smp"), cpu_of("redis-server"));
+    let (traffic0, keys0) = (RedisTraffic::read(), keys_under(&run.prefix));
     let published: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     // Results are read on their own channel while jobs are published.
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
@@ -409,6 +481,8 @@ async fn drive(
     out.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     out.rabbit_cpu = (cpu_of("beam.smp") - rabbit0) / out.seconds;
     out.redis_cpu = (cpu_of("redis-server") - redis0) / out.seconds;
+    out.redis = RedisTraffic::read().since(traffic0);
+    out.redis_keys = keys_under(&run.prefix) - keys0;
     for (&pid, (cpu0, _)) in workers.iter().zip(usage0) {
         let (cpu1, hwm) = proc_usage(pid);
         out.worker_cpu += cpu1 - cpu0;
@@ -729,11 +803,11 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
     let _ = writeln!(o, "| (c) SMTP sink through a pool of {POOL} | {smtp:.0} |");
     let _ = writeln!(
         o,
-        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB | RabbitMQ CPU | Redis CPU |"
+        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB | RabbitMQ CPU | Redis CPU | Redis calls/job | Redis bytes/job | Redis keys/job |"
     );
     let _ = writeln!(
         o,
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let ceiling = if r.what.starts_with("all rejected") {
@@ -751,7 +825,7 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
         let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.0} % | {:.0} % |",
+            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.0} % | {:.0} % | {:.2} ({:.2} scripts) | {:.0} | {:.2} |",
             r.what,
             r.workers,
             r.out.jobs,
@@ -765,12 +839,18 @@ fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row
             r.out.worker_rss_kb as f64 / 1024.0,
             r.out.rabbit_cpu * 100.0,
             r.out.redis_cpu * 100.0,
+            (r.out.redis.scripts + r.out.redis.others) as f64 / r.out.jobs.max(1) as f64,
+            r.out.redis.scripts as f64 / r.out.jobs.max(1) as f64,
+            (r.out.redis.bytes_in + r.out.redis.bytes_out) as f64 / r.out.jobs.max(1) as f64,
+            r.out.redis_keys as f64 / r.out.jobs.max(1) as f64,
         );
     }
     let _ = writeln!(
         o,
         "\n(vs ceiling: rejected scenarios against (a); others against min((a), (c)). RabbitMQ and Redis CPU: \
-         share of one core while the scenario ran, on {} cores in all.) Mails accepted by the sink: {mails}.",
+         share of one core while the scenario ran, on {} cores in all. Redis calls: commands \
+         clients sent (EVALSHA, EVAL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
+         per job; bytes: in + out; keys: added under the run's prefix, per job.) Mails accepted by the sink: {mails}.",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)
