@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use futures_lite::StreamExt;
@@ -18,8 +18,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde_json::{Map, Value, json};
 
 use crate::broker::TIMESTAMP_MS_HEADER;
-use crate::domain::{EmailAddress, IpKey, Name};
-use crate::limiter::{Clock, RateLimiter, RedisLimiter, Subject, Usage};
+use crate::domain::{EmailAddress, IpKey, Name, now_ms};
+use crate::ledger::{Backend, Ledger};
+use crate::limiter::{Clock, Quotas, Subject, Usage};
 use crate::mailer::Mailer;
 use crate::settings::{Settings, redact_url};
 use crate::templates::Templates;
@@ -44,8 +45,14 @@ async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
 
 /// Connects the limiter with a hint on failure (one attempt: a tool should
 /// fail fast, unlike the worker).
-async fn limiter(settings: &Settings) -> anyhow::Result<RedisLimiter> {
-    RedisLimiter::connect(&settings.redis, &settings.limits)
+async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
+    if Backend::is_memory(&settings.redis) {
+        bail!(
+            "redis.url is memory://: the limits live inside the worker process, where no tool \
+             can reach them (use Redis to share them)"
+        );
+    }
+    Backend::open(&settings.redis, &settings.limits)
         .await
         .with_context(|| {
             format!(
@@ -55,26 +62,15 @@ async fn limiter(settings: &Settings) -> anyhow::Result<RedisLimiter> {
         })
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// A fresh job id: time and randomness, unique enough for a tool.
+/// A fresh job id: a UUID v7 (time-ordered, 74 random bits), so ids made in
+/// the same millisecond still differ.
 fn new_id() -> String {
-    format!("cli-{}-{:08x}", now_ms(), fastrand_u32())
+    uuid::Uuid::now_v7().to_string()
 }
 
-fn fastrand_u32() -> u32 {
-    // Seeded from the clock and the process; not for secrets.
-    let seed = now_ms() ^ (u64::from(std::process::id()) << 32);
-    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    (x >> 16) as u32
+/// A random 6-digit code.
+fn new_code() -> String {
+    format!("{:06}", uuid::Uuid::new_v4().as_u128() % 1_000_000)
 }
 
 /// What `mailgate publish` was asked to send.
@@ -141,7 +137,7 @@ pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> 
         let code = args
             .code
             .clone()
-            .unwrap_or_else(|| format!("{:06}", fastrand_u32() % 1_000_000));
+            .unwrap_or_else(new_code);
         job.insert("code".into(), json!(code));
         for (k, v) in [
             ("ip", &args.ip),
@@ -494,8 +490,8 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
     };
     report("rabbitmq", amqp(settings).await.map(|(c, _)| drop(c)));
     let redis = async {
-        let l = limiter(settings).await?;
-        l.ping().await?;
+        let ledger = Backend::open(&settings.redis, &settings.limits).await?;
+        ledger.health().await?;
         anyhow::Ok(())
     };
     report("redis", redis.await);

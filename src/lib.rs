@@ -13,6 +13,7 @@ pub mod broker;
 pub mod cli;
 pub mod domain;
 pub mod http;
+pub mod ledger;
 pub mod limiter;
 pub mod mailer;
 pub mod pipeline;

@@ -36,6 +36,10 @@ pub enum MailError {
     /// Not worth retrying: a 5xx reply (e.g. the server refuses the address).
     #[error("{0}")]
     Permanent(String),
+    /// The whole message was handed over and no answer came: the server may
+    /// have it. Never resent.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 /// One mail's parts, ready to be composed.
@@ -114,6 +118,11 @@ impl Mailer {
         // Acquiring fails only on a closed semaphore, and this one is never
         // closed (no code calls `close`).
         Slot(permit.expect("the slot semaphore is never closed"))
+    }
+
+    /// A free connection's slot, if one is free right now (no waiting).
+    pub fn try_reserve(&self) -> Option<Slot> {
+        self.slots.clone().try_acquire_owned().ok().map(Slot)
     }
 
     /// Where mail goes when it is written to files instead of sent.

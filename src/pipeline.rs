@@ -1,35 +1,46 @@
-//! The pipeline: the one place that combines the stages (decode, templates,
-//! mailer, limiter) and decides what becomes of a job: answered, retried
-//! later, or dead-lettered.
+//! The pipeline: the one place that combines the stages (wire, templates,
+//! ledger with its limiter, mailer) and decides what becomes of a job
+//! message: answered, retried later, waiting for another attempt, or
+//! dead-lettered.
 //!
-//! Order matters. What can make a job `invalid` (decoding, the template set,
-//! the recipient) is checked before the limiter, so a malformed job never
-//! uses quota. The mail is rendered and composed only after admission, so a
-//! flood of rejected jobs costs no rendering; if rendering fails then (a
-//! job's variables break a template), the job is answered `invalid` and its
-//! quota refunded. After an admission the only ways out are `sent`, a retry
-//! (the admission and its quota are kept), or a refund (`failed`,
-//! `expired`, `invalid`).
+//! A job goes through five steps, each a function below:
+//! - **decode**: the body becomes a [`Job`]; a body without a usable id is
+//!   dead-lettered, any other bad input is answered `invalid`;
+//! - **screen**: everything else that would make the job `invalid` (its
+//!   template set, its recipient) is checked before the limiter, so a
+//!   malformed job never uses quota;
+//! - **admit**: the ledger looks up the id and, if it has no live admission,
+//!   asks the limiter, atomically. Every answer that needs no mail ends here;
+//! - **deliver**: the mail is rendered (only now, so a flood of rejections
+//!   costs no rendering) and sent;
+//! - **settle**: the outcome is answered and recorded in the ledger.
+//!
+//! Results are built in one place, from an [`Outcome`]. The worker carries
+//! out the returned [`Action`]; results are published through the
+//! [`Outbox`] it passes in, so the ledger can record that a result was
+//! confirmed.
 
+use std::future::Future;
 use std::time::Duration;
 
-use backon::BackoffBuilder;
+use backon::{BackoffBuilder, Retryable};
 
-use crate::domain::Job;
-use crate::limiter::{Clock, Decision, LimitError, RateLimiter, Request, Verdict};
-use crate::mailer::{MailError, Mailer, Outgoing};
-use crate::settings::RetrySettings;
+use crate::domain::{Job, Ticket};
+use crate::ledger::{Admission, Ending, Entry, JobRef, Ledger, LedgerError, Refund, Verdict};
+use crate::limiter::{Clock, Request, RuleRef};
+use crate::mailer::{MailError, Mailer, Outgoing, Slot};
+use crate::settings::Settings;
 use crate::telemetry;
 use crate::templates::Templates;
 use crate::wire::{self, DecodeError, JobResult, RuleWire, Status};
 
-/// What the worker must do with a job message.
+/// What the worker must do with a job message once the pipeline is done.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Publish this result, then acknowledge the job.
-    Reply(JobResult),
-    /// Send the job to wait `delay` in retry queue `queue_attempt` (the
-    /// attempt that failed) and come back as attempt `next_attempt`.
+    /// Acknowledge it: it was answered (or had been answered before).
+    Done,
+    /// Send it to wait `delay` in the retry queue of `failed_attempt`, and
+    /// come back as the next attempt of the same lineage.
     Retry {
         /// The attempt that failed.
         failed_attempt: u32,
@@ -44,19 +55,17 @@ pub enum Action {
         /// How long to wait.
         delay: Duration,
     },
-    /// The message cannot be answered (not JSON, no id): dead-letter it.
+    /// Put it in the dead-letter queue with `error` and acknowledge it: it
+    /// cannot be answered (not JSON, no usable id), its result could not be
+    /// delivered, or it failed on every attempt (its `failed` result was
+    /// published first).
     DeadLetter {
         /// Why.
         error: String,
     },
-    /// The job failed on every attempt: publish this `failed` result, and
-    /// put a copy in the dead-letter queue (with the last error and the
-    /// attempt count) for operators, so a poison job is answered, kept, and
-    /// never loops.
-    GiveUp(JobResult),
-    /// This message was answered before (a crash came between its result
-    /// and its ack): acknowledge it, answer nothing.
-    AlreadyAnswered,
+    /// Leave it unacknowledged: the broker connection is gone, so RabbitMQ
+    /// delivers it again, and the ledger answers that copy.
+    Abandon,
 }
 
 /// A job message as the pipeline needs it.
@@ -66,36 +75,125 @@ pub struct Message<'a> {
     pub body: &'a [u8],
     /// 1 for the first attempt.
     pub attempt: u32,
-    /// Whether this message was handled before (redelivered by RabbitMQ, or
-    /// sent back through a retry or wait queue), as opposed to a new message
-    /// that reuses an id.
-    pub seen_before: bool,
+    /// Its lineage: the one it carried, or a fresh one.
+    pub ticket: &'a Ticket,
+    /// It carried mailgate's ticket: one of mailgate's own copies (a retry
+    /// or a lease wait), not a producer's message.
+    pub continuation: bool,
+    /// RabbitMQ delivered it before (it may be a producer's message whose
+    /// first delivery died with a worker).
+    pub redelivered: bool,
     /// Copied onto the result.
     pub correlation_id: Option<&'a str>,
 }
 
-/// The stages, combined.
-pub struct Pipeline<L> {
-    limiter: L,
-    templates: Templates,
-    mailer: Mailer,
-    retry: RetrySettings,
+/// Why a result was not published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unpublished {
+    /// The broker connection is gone: the job comes back and is answered then.
+    Lost(String),
+    /// No queue would take it (refused, or missing even after declaring it
+    /// again): the job is dead-lettered with this reason.
+    Refused(String),
 }
 
-impl<L: RateLimiter> Pipeline<L> {
+/// Where results go: the worker's broker, for the job being handled.
+pub trait Outbox: Send + Sync {
+    /// Publishes `result` and waits for the broker's confirm.
+    fn publish(&self, result: &JobResult) -> impl Future<Output = Result<(), Unpublished>> + Send;
+}
+
+/// How a message is answered; the one place results are built from.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Sent { decided_at_ms: u64 },
+    Rejected {
+        decided_at_ms: u64,
+        retry_after_ms: u64,
+        rule: RuleRef,
+    },
+    Duplicate,
+    Invalid(String),
+    Expired,
+    Failed(String),
+}
+
+/// The error of a job whose delivery is unknown.
+const DELIVERY_UNKNOWN: &str = "delivery unknown: the SMTP transaction of this job began and \
+     its outcome never came back; the mail may have arrived, so it is not sent again";
+
+impl Outcome {
+    fn result(self, id: &str, job: Option<&Job>, msg: &Message<'_>) -> JobResult {
+        let status = match &self {
+            Outcome::Sent { .. } => Status::Sent,
+            Outcome::Rejected { .. } => Status::Rejected,
+            Outcome::Duplicate => Status::Duplicate,
+            Outcome::Invalid(_) => Status::Invalid,
+            Outcome::Expired => Status::Expired,
+            Outcome::Failed(_) => Status::Failed,
+        };
+        let mut r = JobResult::new(id, status, msg.attempt);
+        r.email = job.map(|j| j.email.to_string());
+        r.correlation_id = msg.correlation_id.map(str::to_owned);
+        match self {
+            Outcome::Sent { decided_at_ms } => r.decided_at_ms = Some(decided_at_ms),
+            Outcome::Rejected {
+                decided_at_ms,
+                retry_after_ms,
+                rule,
+            } => {
+                r.decided_at_ms = Some(decided_at_ms);
+                r.retry_after_ms = Some(retry_after_ms);
+                r.rule = Some(RuleWire {
+                    scope: rule.scope.as_str(),
+                    window_ms: rule.window_ms,
+                    max: rule.max,
+                });
+            }
+            Outcome::Invalid(e) | Outcome::Failed(e) => r.error = Some(e),
+            Outcome::Duplicate | Outcome::Expired => {}
+        }
+        r
+    }
+}
+
+/// What delivering an admitted job came to.
+enum Delivery {
+    /// The SMTP server accepted the mail.
+    Sent,
+    /// The mail could not be built (its variables break a template).
+    Unbuildable(String),
+    /// The send was not attempted: another attempt owns it now, or no SMTP
+    /// connection came free within the lease. The lease was given back.
+    NotNow,
+    /// The ledger could not record that the send begins; nothing was sent.
+    LedgerDown(String),
+    /// The SMTP send failed.
+    Failed(MailError),
+}
+
+/// The stages, combined.
+pub struct Pipeline<L> {
+    ledger: L,
+    templates: Templates,
+    mailer: Mailer,
+    settings: Settings,
+}
+
+impl<L: Ledger> Pipeline<L> {
     /// Combines the stages.
-    pub fn new(limiter: L, templates: Templates, mailer: Mailer, retry: RetrySettings) -> Self {
+    pub fn new(ledger: L, templates: Templates, mailer: Mailer, settings: Settings) -> Self {
         Self {
-            limiter,
+            ledger,
             templates,
             mailer,
-            retry,
+            settings,
         }
     }
 
-    /// The limiter, for health checks.
-    pub fn limiter(&self) -> &L {
-        &self.limiter
+    /// The ledger, for health checks.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
     }
 
     /// The mailer, for health checks.
@@ -103,302 +201,408 @@ impl<L: RateLimiter> Pipeline<L> {
         &self.mailer
     }
 
-    /// Records that the job with this result was answered; best effort (if it
-    /// is lost, a crash before the ack answers the job a second time).
-    pub async fn mark_answered(&self, result: &JobResult) {
-        let Ok(id) = crate::domain::JobId::parse(&result.id) else {
-            return;
+    /// Processes one job message and says what to do with it. Side effects
+    /// (the mail, the ledger, the result) happen here; moving the message
+    /// is the caller's.
+    pub async fn handle(&self, msg: &Message<'_>, out: &impl Outbox) -> Action {
+        let job = match self.decode(msg, out).await {
+            Ok(job) => job,
+            Err(action) => return action,
         };
-        if let Err(e) = self.limiter.mark_answered(&id).await {
-            tracing::debug!(error = %e, "could not record the answer");
+        if let Err(why) = self.screen(&job) {
+            return self.answer(out, msg, &job, Outcome::Invalid(why)).await;
+        }
+        let job_ref = JobRef {
+            request: request(&job),
+            ticket: msg.ticket,
+        };
+        let slot = self.mailer.try_reserve();
+        let decided_at_ms = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {
+            Ok(at) => at,
+            Err(action) => return action,
+        };
+        let delivery = self.deliver(&job, &job_ref, slot).await;
+        self.settle(&job, &job_ref, msg, out, delivery, decided_at_ms)
+            .await
+    }
+
+    /// Decode: the job, or what to do with a message that is not one.
+    async fn decode(&self, msg: &Message<'_>, out: &impl Outbox) -> Result<Job, Action> {
+        match wire::decode(msg.body) {
+            Ok(job) => {
+                // Every later log line about this job carries its id.
+                tracing::Span::current().record("id", job.id.as_str());
+                Ok(job)
+            }
+            Err(DecodeError::Unusable(error)) => Err(Action::DeadLetter { error }),
+            Err(DecodeError::Invalid { id, error }) => {
+                tracing::Span::current().record("id", id.as_str());
+                let r = Outcome::Invalid(error).result(id.as_str(), None, msg);
+                Err(self.publish(out, &r).await.err().unwrap_or(Action::Done))
+            }
+        }
+    }
+
+    /// Screen: why the job can never be mailed, if it cannot.
+    fn screen(&self, job: &Job) -> Result<(), String> {
+        if !self.templates.has_purpose(&job.purpose) {
+            return Err(format!(
+                "unknown purpose {:?}; known: {}",
+                job.purpose.as_str(),
+                self.templates.purposes().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        self.mailer
+            .check_recipient(&job.email)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Admit: the decision time if this lineage now owns the job's send,
+    /// else what to do with the message (answered here if it needs no mail).
+    async fn admit(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        send_now: bool,
+    ) -> Result<u64, Action> {
+        let entry = Entry {
+            job: *job_ref,
+            send_now,
+            expires_at_ms: job
+                .expires_at
+                .map(|t| u64::try_from(t.as_millisecond()).unwrap_or(1).max(1)),
+        };
+        let Admission {
+            decided_at_ms,
+            verdict,
+        } = match self.ledger.admit(&entry, Clock::Server).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.retry(msg, ledger_error(&e))),
+        };
+        telemetry::admission(&verdict);
+        let answered_before = match verdict {
+            Verdict::Sent {
+                by_owner, answered, ..
+            }
+            | Verdict::Unknown { by_owner, answered } => by_owner && answered,
+            Verdict::Finished { answered, .. } => answered,
+            _ => false,
+        };
+        if answered_before {
+            tracing::info!("answered before (its ack was lost); acknowledging");
+            return Err(Action::Done);
+        }
+        let (outcome, by_owner) = match verdict {
+            Verdict::Admitted | Verdict::Resumed { .. } => return Ok(decided_at_ms),
+            Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            } => (
+                Outcome::Rejected {
+                    decided_at_ms,
+                    retry_after_ms,
+                    rule,
+                },
+                false,
+            ),
+            Verdict::Expired => (Outcome::Expired, false),
+            Verdict::Busy { lease_left_ms } => {
+                return Err(Action::Wait {
+                    delay: Duration::from_millis(lease_left_ms.saturating_add(100)),
+                });
+            }
+            Verdict::Conflict => (
+                Outcome::Invalid(format!(
+                    "id {:?} was already used for another job (another mailbox, client address \
+                     or purpose) within limits.dedup_for; give each job its own id",
+                    job.id.as_str()
+                )),
+                false,
+            ),
+            Verdict::Sent {
+                admitted_at_ms,
+                by_owner,
+                ..
+            } => {
+                // This lineage sent it, or this may be the producer's message
+                // whose first delivery did (its worker died before the ack).
+                let ours = by_owner || (msg.redelivered && !msg.continuation);
+                let outcome = if ours {
+                    Outcome::Sent {
+                        decided_at_ms: admitted_at_ms,
+                    }
+                } else {
+                    Outcome::Duplicate
+                };
+                (outcome, by_owner)
+            }
+            Verdict::Unknown { by_owner, .. } => {
+                (Outcome::Failed(DELIVERY_UNKNOWN.into()), by_owner)
+            }
+            Verdict::Finished { how, .. } => (refund_outcome(how), true),
+        };
+        let action = self.answer(out, msg, job, outcome).await;
+        if by_owner && action == Action::Done {
+            self.record(|| self.ledger.answered(job_ref)).await;
+        }
+        Err(action)
+    }
+
+    /// Deliver: renders, takes an SMTP connection if the admission did not
+    /// come with one, and sends.
+    async fn deliver(&self, job: &Job, job_ref: &JobRef<'_>, slot: Option<Slot>) -> Delivery {
+        let mail = match self.compose(job) {
+            Ok(mail) => mail,
+            Err(e) => return Delivery::Unbuildable(e),
+        };
+        let slot = match slot {
+            // Admitted as sending: the transaction begins now.
+            Some(slot) => slot,
+            None => match self.claim_slot(job_ref).await {
+                Ok(slot) => slot,
+                Err(delivery) => return delivery,
+            },
+        };
+        let started = std::time::Instant::now();
+        let sent = self.mailer.send(slot, mail).await;
+        telemetry::smtp_send(
+            match &sent {
+                Ok(()) => "ok",
+                Err(MailError::Permanent(_) | MailError::Address(_)) => "permanent",
+                Err(MailError::Unknown(_)) => "unknown",
+                Err(_) => "transient",
+            },
+            started.elapsed(),
+        );
+        match sent {
+            Ok(()) => Delivery::Sent,
+            Err(e) => Delivery::Failed(e),
+        }
+    }
+
+    /// Renders and composes the job's mail.
+    fn compose(&self, job: &Job) -> Result<lettre::Message, String> {
+        let r = self
+            .templates
+            .render(job, jiff::Timestamp::now())
+            .map_err(|e| e.to_string())?;
+        self.mailer
+            .compose(&Outgoing {
+                to: &job.email,
+                subject: &r.subject,
+                text: &r.text,
+                html: r.html.as_deref(),
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    /// Waits for a free SMTP connection (no longer than the lease leaves
+    /// room for the send), then records that the send begins. If either
+    /// fails the lease is given back.
+    async fn claim_slot(&self, job_ref: &JobRef<'_>) -> Result<Slot, Delivery> {
+        let budget = self
+            .settings
+            .limits
+            .send_lease
+            .saturating_sub(self.settings.smtp.timeout + Duration::from_secs(1));
+        let Ok(slot) = tokio::time::timeout(budget, self.mailer.reserve()).await else {
+            self.record(|| self.ledger.release(job_ref))
+                .await;
+            return Err(Delivery::NotNow);
+        };
+        match self.ledger.sending(job_ref, Clock::Server).await {
+            Ok(true) => Ok(slot),
+            Ok(false) => Err(Delivery::NotNow),
+            Err(e) => {
+                self.record(|| self.ledger.release(job_ref))
+                    .await;
+                Err(Delivery::LedgerDown(ledger_error(&e)))
+            }
+        }
+    }
+
+    /// Settle: answers the delivery and records it in the ledger.
+    async fn settle(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        delivery: Delivery,
+        decided_at_ms: u64,
+    ) -> Action {
+        let error = match delivery {
+            Delivery::Sent => {
+                // The result first, then one write: sent, and whether the
+                // result was confirmed.
+                let r = Outcome::Sent { decided_at_ms }.result(job.id.as_str(), Some(job), msg);
+                let published = self.publish(out, &r).await;
+                let answered = published.is_ok();
+                self.record(|| self.ledger.settle(job_ref, &Ending::Sent, answered))
+                .await;
+                return published.err().unwrap_or(Action::Done);
+            }
+            Delivery::NotNow => {
+                return Action::Wait {
+                    delay: Duration::from_secs(1),
+                };
+            }
+            Delivery::Unbuildable(e) => {
+                // Templates are test-rendered at start-up, so this takes a
+                // job whose variables break a template.
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Invalid), e)
+                    .await;
+            }
+            Delivery::Failed(MailError::Unknown(e)) => {
+                let e = format!("{DELIVERY_UNKNOWN} ({e})");
+                return self.end(job, job_ref, msg, out, Ending::Unknown, e).await;
+            }
+            Delivery::Failed(e @ (MailError::Permanent(_) | MailError::Address(_))) => {
+                let e = e.to_string();
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
+                    .await;
+            }
+            Delivery::Failed(e) => e.to_string(),
+            Delivery::LedgerDown(e) => e,
+        };
+        // A transient failure: nothing was handed over.
+        if msg.attempt < self.settings.retry.max_attempts {
+            self.record(|| self.ledger.release(job_ref))
+                .await;
+            return self.retry(msg, error);
+        }
+        let gave_up = format!("gave up after {} attempts: {error}", msg.attempt);
+        match self
+            .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), gave_up.clone())
+            .await
+        {
+            Action::Done => Action::DeadLetter { error: gave_up },
+            other => other,
+        }
+    }
+
+    /// Ends an owned job without a confirmed mail: records `ending`, answers
+    /// `error` (as the ending's status), then records that it was answered.
+    async fn end(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        ending: Ending,
+        error: String,
+    ) -> Action {
+        self.record(|| self.ledger.settle(job_ref, &ending, false))
+            .await;
+        let outcome = match ending {
+            Ending::Refund(Refund::Invalid) => Outcome::Invalid(error),
+            Ending::Refund(Refund::Expired) => Outcome::Expired,
+            Ending::Refund(Refund::Failed) | Ending::Unknown | Ending::Sent => {
+                Outcome::Failed(error)
+            }
+        };
+        let action = self.answer(out, msg, job, outcome).await;
+        if action == Action::Done {
+            self.record(|| self.ledger.answered(job_ref))
+                .await;
+        }
+        action
+    }
+
+    /// Publishes the result of `outcome` for `job`.
+    async fn answer(
+        &self,
+        out: &impl Outbox,
+        msg: &Message<'_>,
+        job: &Job,
+        outcome: Outcome,
+    ) -> Action {
+        let r = outcome.result(job.id.as_str(), Some(job), msg);
+        self.publish(out, &r).await.err().unwrap_or(Action::Done)
+    }
+
+    /// Publishes `r`; on failure, what to do with the job instead.
+    async fn publish(&self, out: &impl Outbox, r: &JobResult) -> Result<(), Action> {
+        match out.publish(r).await {
+            Ok(()) => Ok(()),
+            Err(Unpublished::Lost(e)) => {
+                tracing::warn!(error = %e, "the result could not be published; the job comes back");
+                Err(Action::Abandon)
+            }
+            Err(Unpublished::Refused(e)) => Err(Action::DeadLetter {
+                error: format!("its result could not be delivered: {e}"),
+            }),
+        }
+    }
+
+    /// A transient failure before anything was sent: retry later.
+    fn retry(&self, msg: &Message<'_>, error: String) -> Action {
+        Action::Retry {
+            failed_attempt: msg.attempt,
+            delay: self.backoff(msg.attempt),
+            error,
         }
     }
 
     /// The wait before retrying after attempt `failed` (1-based): `initial`
     /// doubling per attempt up to `max`, with jitter.
     pub fn backoff(&self, failed: u32) -> Duration {
+        let retry = &self.settings.retry;
         backon::ExponentialBuilder::default()
-            .with_min_delay(self.retry.initial)
-            .with_max_delay(self.retry.max)
+            .with_min_delay(retry.initial)
+            .with_max_delay(retry.max)
             .with_factor(2.0)
             .with_jitter()
             .with_max_times(failed as usize)
             .build()
             .nth(failed.saturating_sub(1) as usize)
-            .unwrap_or(self.retry.max)
+            .unwrap_or(retry.max)
     }
 
-    /// Processes one job message and says what to do with it. Side effects
-    /// (the mail, the limiter) happen here; broker work is the caller's.
-    pub async fn handle(&self, msg: &Message<'_>) -> Action {
-        let decoded = wire::decode(msg.body);
-        // Every later log line about this job carries its id (the worker's
-        // span leaves the field empty until the job is parsed).
-        if let Ok(job) = &decoded {
-            tracing::Span::current().record("id", job.id.as_str());
-        } else if let Err(DecodeError::Invalid { id, .. }) = &decoded {
-            tracing::Span::current().record("id", id.as_str());
-        }
-        if msg.seen_before {
-            let id = match &decoded {
-                Ok(job) => Some(&job.id),
-                Err(DecodeError::Invalid { id, .. }) => Some(id),
-                Err(DecodeError::Unusable(_)) => None,
-            };
-            if let Some(id) = id {
-                match self.limiter.answered(id).await {
-                    Ok(true) => return Action::AlreadyAnswered,
-                    Ok(false) => {}
-                    // Unknown: answer again rather than risk no answer.
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot tell whether the job was answered")
-                    }
-                }
-            }
-        }
-        let job = match decoded {
-            Ok(job) => job,
-            Err(DecodeError::Unusable(error)) => return Action::DeadLetter { error },
-            Err(DecodeError::Invalid { id, error }) => {
-                let mut r = self.result(id.as_str(), Status::Invalid, msg);
-                r.error = Some(error);
-                return Action::Reply(r);
-            }
-        };
-        let answer = |status: Status| {
-            let mut r = self.result(job.id.as_str(), status, msg);
-            r.email = Some(job.email.to_string());
-            r
-        };
-        let invalid = |error: String| {
-            let mut r = answer(Status::Invalid);
-            r.error = Some(error);
-            Action::Reply(r)
-        };
-
-        if !self.templates.has_purpose(&job.purpose) {
-            return invalid(format!(
-                "unknown purpose {:?}; known: {}",
-                job.purpose.as_str(),
-                self.templates.purposes().collect::<Vec<_>>().join(", ")
-            ));
-        }
-        let now = jiff::Timestamp::now();
-        if job.expires_at.is_some_and(|at| at <= now) {
-            return self.expire(&job, msg, answer(Status::Expired)).await;
-        }
-        // The mail itself is rendered only once admitted: in a flood most
-        // jobs are rejected, and rendering them would be wasted work.
-        if let Err(e) = self.mailer.check_recipient(&job.email) {
-            return invalid(e.to_string());
-        }
-
-        let req = Request {
-            id: &job.id,
-            email: &job.email,
-            ip: job.ip.as_ref(),
-            purpose: Some(&job.purpose),
-        };
-        let decided_at_ms = match self.limiter.check(&req, Clock::Server).await {
-            Err(e) => return self.transient(&job, msg, limiter_error(&e), false).await,
-            Ok(Decision {
-                decided_at_ms,
-                verdict,
-            }) => match telemetry::observe_decision(verdict) {
-                Verdict::Admitted => decided_at_ms,
-                Verdict::Resume { admitted_at_ms } => admitted_at_ms,
-                Verdict::Rejected {
-                    retry_after_ms,
-                    rule,
-                } => {
-                    let mut r = answer(Status::Rejected);
-                    r.decided_at_ms = Some(decided_at_ms);
-                    r.retry_after_ms = Some(retry_after_ms);
-                    r.rule = Some(RuleWire {
-                        scope: rule.scope.as_str(),
-                        window_ms: rule.window_ms,
-                        max: rule.max,
-                    });
-                    return Action::Reply(r);
-                }
-                Verdict::Duplicate { admitted_at_ms } => {
-                    // This very message was handled before and its mail went
-                    // out (its result was lost): say so. A new message with
-                    // the same id is a duplicate.
-                    return Action::Reply(if msg.seen_before {
-                        let mut r = answer(Status::Sent);
-                        r.decided_at_ms = Some(admitted_at_ms);
-                        r
-                    } else {
-                        answer(Status::Duplicate)
-                    });
-                }
-                Verdict::InProgress { lease_left_ms, .. } => {
-                    return Action::Wait {
-                        delay: Duration::from_millis(lease_left_ms + 100),
-                    };
-                }
-                Verdict::Interrupted { .. } => {
-                    // Never twice: the admission stays (no refund) so no
-                    // later copy can send either.
-                    let mut r = answer(Status::Failed);
-                    r.error = Some(
-                        "delivery unknown: a worker stopped during this job's SMTP transaction; \
-                         the mail may have arrived, so it is not sent again"
-                            .into(),
-                    );
-                    return Action::Reply(r);
-                }
-            },
-        };
-
-        let mail = match self
-            .templates
-            .render(&job, now)
-            .map_err(|e| e.to_string())
-            .and_then(|r| {
-                self.mailer
-                    .compose(&Outgoing {
-                        to: &job.email,
-                        subject: &r.subject,
-                        text: &r.text,
-                        html: r.html.as_deref(),
-                    })
-                    .map_err(|e| e.to_string())
-            }) {
-            Ok(m) => m,
-            Err(e) => {
-                // Templates are test-rendered at start-up, so this takes a
-                // job whose variables break a template: answer it, and give
-                // back the quota it was admitted for.
-                let mut r = answer(Status::Invalid);
-                r.error = Some(e);
-                return self.refund_then(&job, msg, r).await;
-            }
-        };
-
-        // Take an SMTP slot, then record that the transaction begins: if this
-        // worker dies from here until the outcome is recorded, the job is
-        // answered `failed` (delivery unknown) rather than mailed twice.
-        let slot = self.mailer.reserve().await;
-        match self.limiter.mark_sending(&job.id).await {
-            Ok(true) => {}
-            // Another attempt took the send over (this one's lease lapsed):
-            // look again shortly.
-            Ok(false) => {
-                return Action::Wait {
-                    delay: Duration::from_millis(100),
-                };
-            }
-            Err(e) => return self.transient(&job, msg, limiter_error(&e), true).await,
-        }
-        let started = std::time::Instant::now();
-        let sent = self.mailer.send(slot, mail).await;
-        let outcome = match &sent {
-            Ok(()) => "ok",
-            Err(MailError::Transient(_)) => "transient",
-            Err(_) => "permanent",
-        };
-        telemetry::smtp_send(outcome, started.elapsed());
-        match sent {
-            Ok(()) => {
-                self.mark_sent(&job).await;
-                let mut r = answer(Status::Sent);
-                r.decided_at_ms = Some(decided_at_ms);
-                Action::Reply(r)
-            }
-            Err(MailError::Transient(e)) => self.transient(&job, msg, e, true).await,
-            Err(e) => {
-                let mut r = answer(Status::Failed);
-                r.error = Some(e.to_string());
-                self.refund_then(&job, msg, r).await
-            }
-        }
-    }
-
-    fn result(&self, id: &str, status: Status, msg: &Message<'_>) -> JobResult {
-        let mut r = JobResult::new(id, status, msg.attempt);
-        r.correlation_id = msg.correlation_id.map(str::to_owned);
-        r
-    }
-
-    /// A transient failure: retry later, or, out of attempts, fail (and
-    /// refund). `admitted` says whether this attempt holds the send lease.
-    async fn transient(
-        &self,
-        job: &Job,
-        msg: &Message<'_>,
-        error: String,
-        admitted: bool,
-    ) -> Action {
-        if msg.attempt < self.retry.max_attempts {
-            if admitted {
-                // Let the retry resume at once rather than wait for the lease.
-                if let Err(e) = self.limiter.release(&job.id).await {
-                    tracing::debug!(error = %e, "could not release the send lease; the retry waits for it");
-                }
-            }
-            return Action::Retry {
-                failed_attempt: msg.attempt,
-                delay: self.backoff(msg.attempt),
-                error,
-            };
-        }
-        let mut r = self.result(job.id.as_str(), Status::Failed, msg);
-        r.email = Some(job.email.to_string());
-        r.error = Some(format!("gave up after {} attempts: {error}", msg.attempt));
-        match self.refund_then(job, msg, r).await {
-            Action::Reply(r) => Action::GiveUp(r),
-            other => other,
-        }
-    }
-
-    /// The code expired: refund whatever an earlier attempt of this message
-    /// was admitted for, then answer.
-    async fn expire(&self, job: &Job, msg: &Message<'_>, r: JobResult) -> Action {
-        if msg.seen_before {
-            self.refund_then(job, msg, r).await
-        } else {
-            Action::Reply(r)
-        }
-    }
-
-    /// Refunds the job's admission, then answers `r`. If Redis cannot be
-    /// reached the refund is retried with the job while attempts remain; the
-    /// last attempt answers anyway (the quota then expires with its window).
-    async fn refund_then(&self, job: &Job, msg: &Message<'_>, r: JobResult) -> Action {
-        match self.limiter.refund(&job.id).await {
-            Ok(_) => Action::Reply(r),
-            Err(e) if msg.attempt < self.retry.max_attempts => Action::Retry {
-                failed_attempt: msg.attempt,
-                delay: self.backoff(msg.attempt),
-                error: format!("refund: {}", limiter_error(&e)),
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "could not refund; the quota expires with its window");
-                Action::Reply(r)
-            }
-        }
-    }
-
-    /// Records the send. Retried briefly: if it is lost, a redelivery of the
-    /// job after the lease would mail again.
-    async fn mark_sent(&self, job: &Job) {
-        use backon::Retryable;
-        let mark = || async { self.limiter.mark_sent(&job.id).await };
-        let marked = mark
+    /// Runs a ledger write after the fact (the mail is out, or the result
+    /// is), retried briefly: if it is lost, a later copy of the job is
+    /// answered from what the ledger knew before.
+    async fn record<Fut>(&self, write: impl FnMut() -> Fut)
+    where
+        Fut: Future<Output = Result<bool, LedgerError>>,
+    {
+        let done = write
             .retry(
                 backon::ExponentialBuilder::default()
                     .with_min_delay(Duration::from_millis(50))
                     .with_max_times(5),
             )
             .await;
-        if let Err(e) = marked {
-            tracing::warn!(error = %e, "mail sent but not recorded as sent; a redelivery after the lease would send again");
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "could not record the job's progress in the ledger");
         }
     }
 }
 
-fn limiter_error(e: &LimitError) -> String {
+/// The limiter's view of a job.
+fn request(job: &Job) -> Request<'_> {
+    Request {
+        id: &job.id,
+        email: &job.email,
+        ip: job.ip.as_ref(),
+        purpose: Some(&job.purpose),
+    }
+}
+
+/// How a lineage that ended without a mail is answered again.
+fn refund_outcome(how: Refund) -> Outcome {
+    let again = "this job was answered before with this status; its first result gave the reason";
+    match how {
+        Refund::Expired => Outcome::Expired,
+        Refund::Failed => Outcome::Failed(again.into()),
+        Refund::Invalid => Outcome::Invalid(again.into()),
+    }
+}
+
+fn ledger_error(e: &LedgerError) -> String {
     format!("rate limiter unavailable: {e}")
 }

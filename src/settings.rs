@@ -91,6 +91,16 @@ impl Settings {
         if self.retry.max < self.retry.initial {
             return invalid("retry.max must be at least retry.initial".into());
         }
+        let horizon = self.limits.send_lease + self.retry.horizon();
+        if self.limits.dedup_for < horizon {
+            return invalid(format!(
+                "limits.dedup_for ({}) must cover limits.send_lease plus the longest wait of \
+                 every retry ({} in all with these retry settings), or a job still being \
+                 retried could be forgotten and mailed twice",
+                humantime::format_duration(self.limits.dedup_for),
+                humantime::format_duration(horizon),
+            ));
+        }
         if self.limits.send_lease < self.smtp.timeout + Duration::from_secs(5) {
             return invalid(format!(
                 "limits.send_lease ({}) must exceed smtp.timeout ({}) by at least 5s, \
@@ -228,6 +238,21 @@ pub struct RetrySettings {
     pub max: Duration,
 }
 
+impl RetrySettings {
+    /// The longest a job can spend waiting between its first and its last
+    /// attempt: each retry waits at most twice its backoff (`initial`
+    /// doubling, capped at `max`, plus up to as much again of jitter).
+    pub fn horizon(&self) -> Duration {
+        let mut wait = self.initial;
+        let mut total = Duration::ZERO;
+        for _ in 1..self.max_attempts {
+            total = total.saturating_add(wait.min(self.max).saturating_mul(2));
+            wait = wait.saturating_mul(2);
+        }
+        total
+    }
+}
+
 impl Default for RetrySettings {
     fn default() -> Self {
         Self {
@@ -272,12 +297,19 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
-    /// `redis://host:port/db` (or `rediss://` for TLS).
+    /// `redis://host:port/db` (or `rediss://` for TLS); `memory://` keeps
+    /// the limiter and the ledger in the worker's own memory (one worker,
+    /// for trials: limits are not shared and nothing survives a restart).
     pub url: String,
     /// Prepended to every key mailgate writes, so several deployments (or
     /// tests) can share one Redis without seeing each other.
     #[serde(default = "default_key_prefix")]
     pub key_prefix: String,
+    /// Accept a Redis whose `maxmemory-policy` evicts keys. Off by default:
+    /// an evicted log or job record means admissions over the limits and
+    /// second mails, so the worker refuses such a Redis.
+    #[serde(default)]
+    pub allow_eviction: bool,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -285,6 +317,7 @@ impl std::fmt::Debug for RedisSettings {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(&self.url))
             .field("key_prefix", &self.key_prefix)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -365,10 +398,12 @@ pub struct LimitSettings {
     pub ipv4_prefix: u8,
     /// IPv6 addresses are grouped by this many leading bits (64: one subnet).
     pub ipv6_prefix: u8,
-    /// How long a job id is remembered for de-duplication. Defaults to, and
-    /// may not be shorter than, the longest window of any rule.
-    #[serde(deserialize_with = "opt_human_duration")]
-    pub dedup_for: Option<Duration>,
+    /// How long a job id is remembered after its last change: within it an
+    /// id is never mailed twice and is bound to what it was admitted for.
+    /// Default 24 h; it must cover the send lease plus every retry's
+    /// longest wait (checked at load).
+    #[serde(deserialize_with = "human_duration")]
+    pub dedup_for: Duration,
     /// Stricter (or looser) rules for some purposes, e.g.
     /// `[limits.purpose.reset_password.email]`. A purpose's requests are
     /// counted in the same logs as every other purpose's (a victim's inbox is
@@ -399,7 +434,7 @@ impl Default for LimitSettings {
             normalize: Normalization::default(),
             ipv4_prefix: 32,
             ipv6_prefix: 64,
-            dedup_for: None,
+            dedup_for: Duration::from_secs(24 * 3600),
             send_lease: Duration::from_secs(30),
             purpose: std::collections::BTreeMap::new(),
         }
@@ -450,11 +485,6 @@ impl LimitSettings {
             .unwrap_or_default()
     }
 
-    /// How long job ids are remembered: `dedup_for`, or the longest window.
-    pub fn dedup_period(&self) -> Duration {
-        self.dedup_for.unwrap_or_else(|| self.longest_window())
-    }
-
     /// Checks what serde cannot see key by key.
     pub fn validate(&self) -> Result<(), SettingsError> {
         if self.purpose.len() > 100 {
@@ -479,16 +509,6 @@ impl LimitSettings {
                 "limits.ipv6_prefix must be at most 128".into(),
             ));
         }
-        if let Some(d) = self.dedup_for
-            && d < self.longest_window()
-        {
-            return Err(SettingsError::Invalid(format!(
-                "limits.dedup_for ({}) must be at least the longest window ({}), \
-                     or a redelivered job could be counted twice",
-                humantime::format_duration(d),
-                humantime::format_duration(self.longest_window()),
-            )));
-        }
         Ok(())
     }
 }
@@ -498,10 +518,6 @@ pub fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Er
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
         .map_err(|e| serde::de::Error::custom(format!("bad duration {s:?}: {e}")))
-}
-
-fn opt_human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    human_duration(d).map(Some)
 }
 
 #[cfg(test)]
@@ -526,7 +542,7 @@ mod tests {
         .unwrap();
         let w: Vec<u64> = l.email.rules.iter().map(Rule::window_ms).collect();
         assert_eq!(w, [500, 600_000, 86_400_000]);
-        assert_eq!(l.dedup_period(), Duration::from_secs(86_400));
+        assert_eq!(l.dedup_for, Duration::from_secs(86_400), "24 h by default");
     }
 
     #[test]
@@ -558,7 +574,6 @@ mod tests {
         assert!(limits(r#"email.rules = [{ window = "soon", max = 1 }]"#).is_err());
         assert!(limits(r#"email.rules = [{ window = "1s", max = 1, burst = 2 }]"#).is_err());
         assert!(limits(r#"ipv4_prefix = 33"#).is_err());
-        assert!(limits(r#"dedup_for = "1h""#).is_err());
         assert!(limits(r#"dedup_for = "48h""#).is_ok());
     }
 }

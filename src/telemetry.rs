@@ -4,11 +4,11 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
-//! | `mailgate_limiter_decisions_total` | counter | `verdict`; on rejections `scope`, `window_ms`, `max` of the binding rule |
+//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`); on rejections `scope`, `window_ms`, `max` of the binding rule |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_jobs_in_flight` | gauge | |
-//! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` |
+//! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent`, `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
 
 use std::sync::OnceLock;
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::limiter::Verdict;
+use crate::ledger::Verdict;
 use crate::wire::Status;
 
 /// The process-wide Prometheus recorder, installed on first use. Metrics
@@ -66,35 +66,31 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
     }
 }
 
-/// Counts a limiter decision and hands it back.
-pub fn observe_decision(verdict: Verdict) -> Verdict {
-    limiter_decision(&verdict);
-    verdict
-}
-
-/// The limiter decided.
-pub fn limiter_decision(verdict: &Verdict) {
-    match verdict {
-        Verdict::Rejected { rule, .. } => metrics::counter!(
-            "mailgate_limiter_decisions_total",
-            "verdict" => "rejected",
-            "scope" => rule.scope.as_str(),
-            "window_ms" => rule.window_ms.to_string(),
-            "max" => rule.max.to_string(),
-        )
-        .increment(1),
-        other => {
-            let v = match other {
-                Verdict::Admitted => "admitted",
-                Verdict::Duplicate { .. } => "duplicate",
-                Verdict::InProgress { .. } => "in_progress",
-                Verdict::Resume { .. } => "resume",
-                Verdict::Interrupted { .. } => "interrupted",
-                Verdict::Rejected { .. } => "rejected",
-            };
-            metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
+/// The ledger answered an admission (`verdict`: what it found or did; on
+/// rejections also the binding rule).
+pub fn admission(verdict: &Verdict) {
+    let v = match verdict {
+        Verdict::Rejected { rule, .. } => {
+            metrics::counter!(
+                "mailgate_limiter_decisions_total",
+                "verdict" => "rejected",
+                "scope" => rule.scope.as_str(),
+                "window_ms" => rule.window_ms.to_string(),
+                "max" => rule.max.to_string(),
+            )
+            .increment(1);
+            return;
         }
-    }
+        Verdict::Admitted => "admitted",
+        Verdict::Resumed { .. } => "resumed",
+        Verdict::Expired => "expired",
+        Verdict::Busy { .. } => "busy",
+        Verdict::Sent { .. } => "sent",
+        Verdict::Unknown { .. } => "unknown",
+        Verdict::Finished { .. } => "finished",
+        Verdict::Conflict => "conflict",
+    };
+    metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
 }
 
 /// A job goes to wait in RabbitMQ: `transient` for a retry, `lease` for

@@ -14,19 +14,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use futures_lite::{FutureExt as _, StreamExt};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::broker::{Broker, Incoming};
-use crate::limiter::{RateLimiter, RedisLimiter};
+use crate::broker::{Broker, BrokerError, Incoming};
+use crate::domain::{Ticket, now_ms};
+use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
-use crate::pipeline::{Action, Message, Pipeline};
+use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
 use crate::settings::Settings;
 use crate::telemetry;
 use crate::templates::Templates;
-use crate::wire::Status;
+use crate::wire::{JobResult, Status};
 
 /// Everything a running worker shares between its jobs.
 pub struct Worker<L> {
@@ -42,12 +43,17 @@ pub struct Worker<L> {
     http_addr: std::net::SocketAddr,
 }
 
+/// A connection that lasted this long was healthy: the next loss starts the
+/// reconnect backoff afresh.
+const STABLE: Duration = Duration::from_secs(30);
+
 /// How long an SMTP readiness result is reused.
 const SMTP_CHECK_TTL: Duration = Duration::from_secs(10);
 
 /// Builds the stages from settings: templates (checked), mailer, and the
-/// Redis limiter (retried with backoff until Redis answers or `shutdown`).
-pub async fn build(settings: &Settings) -> anyhow::Result<Worker<RedisLimiter>> {
+/// ledger (Redis, retried with backoff until it answers; refused at once if
+/// it cannot keep the ledger's promises, e.g. it evicts keys).
+pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     // Install the metrics recorder before anything is counted.
     crate::telemetry::prometheus();
     let http = tokio::net::TcpListener::bind(settings.http.listen)
@@ -69,15 +75,22 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<RedisLimiter>> 
     if let Some(dir) = mailer.outbox() {
         tracing::warn!(outbox = %dir.display(), "mail is written to files, not sent (smtp.url is file://)");
     }
-    let limiter = (|| RedisLimiter::connect(&settings.redis, &settings.limits))
+    if Backend::is_memory(&settings.redis) {
+        tracing::warn!(
+            "redis.url is memory://: limits and job records live in this worker only; \
+             they are not shared with other workers and do not survive a restart"
+        );
+    }
+    let ledger = (|| Backend::open(&settings.redis, &settings.limits))
         .retry(reconnect_backoff())
+        .when(|e| !matches!(e, LedgerError::Unfit(_)))
         .notify(|e, wait| {
             tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)");
         })
         .await
         .context("connecting to redis")?;
     Ok(Worker {
-        pipeline: Pipeline::new(limiter, templates, mailer, settings.retry.clone()),
+        pipeline: Pipeline::new(ledger, templates, mailer, settings.clone()),
         settings: settings.clone(),
         amqp_up: AtomicBool::new(false),
         smtp_checked: tokio::sync::Mutex::new(None),
@@ -101,7 +114,7 @@ enum Stop {
     Lost,
 }
 
-impl<L: RateLimiter + 'static> Worker<L> {
+impl<L: Ledger + 'static> Worker<L> {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub fn http_addr(&self) -> std::net::SocketAddr {
         self.http_addr
@@ -136,6 +149,9 @@ impl<L: RateLimiter + 'static> Worker<L> {
         let tag = format!("mailgate-{}-{}", hostname(), std::process::id());
         let mut tasks: JoinSet<()> = JoinSet::new();
         tokio::pin!(shutdown);
+        // After a lost connection or channel, wait before connecting again,
+        // longer each time, so a fault that recurs cannot spin.
+        let mut losses = reconnect_backoff().build();
         loop {
             let amqp = &this.settings.amqp;
             let connect = (|| Broker::connect(amqp, this.settings.retry.max_attempts))
@@ -156,6 +172,7 @@ impl<L: RateLimiter + 'static> Worker<L> {
             };
             tracing::info!(queue = %broker.topology().jobs, "consuming");
             this.amqp_up.store(true, Ordering::Relaxed);
+            let up_since = Instant::now();
             let stop = loop {
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
@@ -180,7 +197,16 @@ impl<L: RateLimiter + 'static> Worker<L> {
             match stop {
                 // In-flight jobs of the lost connection finish on their own;
                 // their acks fail and RabbitMQ redelivers them.
-                Stop::Lost => continue,
+                Stop::Lost => {
+                    if up_since.elapsed() > STABLE {
+                        losses = reconnect_backoff().build();
+                    }
+                    let wait = losses.next().unwrap_or(Duration::from_secs(10));
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
                 Stop::Requested => {
                     if let Err(e) = broker.stop_consuming(&tag).await {
                         tracing::warn!(error = %e, "could not cancel the consumer");
@@ -221,16 +247,20 @@ impl<L: RateLimiter + 'static> Worker<L> {
         // The pipeline records the id once it has parsed the job.
         let span = tracing::info_span!("job", id = tracing::field::Empty, attempt = job.attempt);
         async {
+            let ticket = job.ticket.clone().unwrap_or_else(Ticket::new);
             let msg = Message {
                 body: job.body(),
                 attempt: job.attempt,
-                seen_before: job.redelivered || job.requeued,
+                ticket: &ticket,
+                continuation: job.ticket.is_some(),
+                redelivered: job.redelivered,
                 correlation_id: job.correlation_id.as_deref(),
             };
             let _in_flight = telemetry::InFlight::enter();
+            let out = Replies { broker, job: &job };
             // A panic is a bug, but it must not leave the job unacknowledged
             // to be redelivered, panic again, and loop: dead-letter it.
-            let action = match std::panic::AssertUnwindSafe(self.pipeline.handle(&msg))
+            let action = match std::panic::AssertUnwindSafe(self.pipeline.handle(&msg, &out))
                 .catch_unwind()
                 .await
             {
@@ -247,81 +277,103 @@ impl<L: RateLimiter + 'static> Worker<L> {
                     }
                 }
             };
-            let done = match &action {
-                Action::Reply(result) => {
-                    let since = job.published_at_ms.and_then(|p| now_ms().checked_sub(p));
-                    telemetry::job_answered(result.status, since.map(Duration::from_millis));
-                    match result.status {
-                        Status::Sent | Status::Rejected | Status::Duplicate => {
-                            tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
-                        }
-                        _ => tracing::warn!(
-                            status = ?result.status,
-                            error = result.error.as_deref().map(telemetry::mask_emails),
-                            "answered"
-                        ),
-                    }
-                    let published = broker.publish_result(&job, &result.to_json()).await;
-                    if published.is_ok() {
-                        self.pipeline.mark_answered(result).await;
-                    }
-                    published
-                }
-                Action::AlreadyAnswered => {
-                    tracing::info!("answered before (its ack was lost); acknowledging");
-                    Ok(())
-                }
-                Action::Retry {
-                    failed_attempt,
-                    delay,
-                    error,
-                } => {
-                    tracing::warn!(error = telemetry::mask_emails(error), ?delay, "transient failure; retrying later");
-                    telemetry::retried("transient");
-                    let queue = broker.topology().retry(*failed_attempt);
-                    broker.delay(&job, &queue, failed_attempt + 1, *delay).await
-                }
-                Action::Wait { delay } => {
-                    tracing::info!(?delay, "another attempt owns the send; waiting for its lease");
-                    telemetry::retried("lease");
-                    let queue = broker.topology().wait.clone();
-                    broker.delay(&job, &queue, job.attempt, *delay).await
-                }
-                Action::GiveUp(result) => {
-                    let error = result.error.clone().unwrap_or_default();
-                    tracing::warn!(error = telemetry::mask_emails(&error), "failed on every attempt; answered and dead-lettered");
-                    telemetry::job_answered(result.status, None);
-                    telemetry::dead_lettered();
-                    match broker.publish_result(&job, &result.to_json()).await {
-                        Ok(()) => {
-                            self.pipeline.mark_answered(result).await;
-                            broker.dead_letter(&job, &error).await
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                Action::DeadLetter { error } => {
-                    tracing::warn!(%error, "unusable message; dead-lettered");
-                    telemetry::dead_lettered();
-                    broker.dead_letter(&job, error).await
-                }
-            };
-            let acked = match done {
-                Ok(()) => job.ack().await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = acked {
-                // Unacknowledged: RabbitMQ redelivers it, and the limiter
-                // de-duplicates what was already done.
-                tracing::warn!(error = %e, "could not finish the job; it will be redelivered");
-            }
+            carry_out(broker, &job, &ticket, action).await;
         }
         .instrument(span)
         .await
     }
 }
 
-impl<L: RateLimiter + 'static> crate::http::Readiness for Worker<L> {
+/// Moves the message as `action` says, then acknowledges it. A copy that
+/// RabbitMQ refuses becomes a dead letter; a dead letter it refuses too is
+/// handed back after a pause, so the pool keeps flowing and nothing is lost.
+async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Action) {
+    let moved = match action {
+        Action::Done => Ok(()),
+        Action::Abandon => return,
+        Action::Retry {
+            failed_attempt,
+            delay,
+            error,
+        } => {
+            tracing::warn!(error = telemetry::mask_emails(&error), ?delay, "transient failure; retrying later");
+            telemetry::retried("transient");
+            let queue = broker.topology().retry(failed_attempt);
+            broker.delay(job, &queue, ticket, failed_attempt + 1, delay).await
+        }
+        Action::Wait { delay } => {
+            tracing::info!(?delay, "another attempt owns the send; waiting for its lease");
+            telemetry::retried("lease");
+            let queue = broker.topology().wait.clone();
+            broker.delay(job, &queue, ticket, job.attempt, delay).await
+        }
+        Action::DeadLetter { error } => Err(BrokerError::Refused {
+            queue: String::new(),
+            why: error,
+        }),
+    };
+    let moved = match moved {
+        Err(BrokerError::Refused { queue, why }) => {
+            let error = if queue.is_empty() {
+                why
+            } else {
+                format!("rabbitmq refused its copy to {queue}: {why}")
+            };
+            tracing::warn!(error = telemetry::mask_emails(&error), "dead-lettered");
+            telemetry::dead_lettered();
+            broker.dead_letter(job, &error).await
+        }
+        other => other,
+    };
+    let done = match moved {
+        Ok(()) => job.ack().await,
+        Err(BrokerError::Refused { queue, why }) => {
+            tracing::error!(queue, %why, "rabbitmq refuses even the dead letter; handing the job back in a while");
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            job.requeue().await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = done {
+        // Unacknowledged: RabbitMQ redelivers it, and the ledger answers
+        // that copy from what it recorded.
+        tracing::warn!(error = %e, "could not finish the job; it will be redelivered");
+    }
+}
+
+/// Results of one job, published through the worker's broker.
+struct Replies<'a> {
+    broker: &'a Broker,
+    job: &'a Incoming,
+}
+
+impl Outbox for Replies<'_> {
+    async fn publish(&self, result: &JobResult) -> Result<(), Unpublished> {
+        match self.broker.publish_result(self.job, &result.to_json()).await {
+            Ok(()) => {
+                let since = self.job.published_at_ms.and_then(|p| now_ms().checked_sub(p));
+                telemetry::job_answered(result.status, since.map(Duration::from_millis));
+                match result.status {
+                    Status::Sent | Status::Rejected | Status::Duplicate => {
+                        tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
+                    }
+                    _ => tracing::warn!(
+                        status = ?result.status,
+                        error = result.error.as_deref().map(telemetry::mask_emails),
+                        "answered"
+                    ),
+                }
+                Ok(())
+            }
+            Err(BrokerError::Refused { queue, why }) => {
+                Err(Unpublished::Refused(format!("{queue}: {why}")))
+            }
+            Err(e) => Err(Unpublished::Lost(e.to_string())),
+        }
+    }
+}
+
+impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
     async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
         let amqp = if self.amqp_up.load(Ordering::Relaxed) {
             Ok(())
@@ -330,8 +382,8 @@ impl<L: RateLimiter + 'static> crate::http::Readiness for Worker<L> {
         };
         let redis = self
             .pipeline
-            .limiter()
-            .ping()
+            .ledger()
+            .health()
             .await
             .map_err(|e| e.to_string());
         let smtp = {
@@ -352,13 +404,6 @@ impl<L: RateLimiter + 'static> crate::http::Readiness for Worker<L> {
         };
         vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)]
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 fn hostname() -> String {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use common::harness::Harness;
 use common::*;
-use mailgate::limiter::{Clock, RateLimiter, RedisLimiter, Request, Verdict};
+use mailgate::domain::Ticket;
+use mailgate::ledger::{RedisLedger, Verdict};
+use mailgate::limiter::Clock;
 use mailgate::settings::LimitSettings;
 use serde_json::Value;
 
@@ -115,23 +117,13 @@ async fn publish_wait_prints_the_sent_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
     let h = Harness::new("cli-limits").await;
-    let limiter = RedisLimiter::connect(&h.settings.redis, &LimitSettings::default())
+    let ledger = RedisLedger::connect(&h.settings.redis, &LimitSettings::default())
         .await
         .unwrap();
-    let (a, b) = (id("l1"), id("l2"));
-    let mail = email("victim@example.com");
-    let first = limiter
-        .check(
-            &Request {
-                id: &a,
-                email: &mail,
-                ip: None,
-                purpose: None,
-            },
-            Clock::Server,
-        )
-        .await
-        .unwrap();
+    let job = |n: &str| TestJob::new(n, "victim@example.com", None);
+    let first = job("l1")
+        .admission(&ledger, &Ticket::new(), Clock::Server)
+        .await;
     assert_eq!(first.verdict, Verdict::Admitted);
 
     let out = run_async(mailgate(
@@ -148,18 +140,9 @@ async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     // What the limiter decides right after agrees with what was shown.
-    let second = limiter
-        .check(
-            &Request {
-                id: &b,
-                email: &mail,
-                ip: None,
-                purpose: None,
-            },
-            Clock::Server,
-        )
-        .await
-        .unwrap();
+    let second = job("l2")
+        .admission(&ledger, &Ticket::new(), Clock::Server)
+        .await;
     let Verdict::Rejected {
         retry_after_ms,
         rule,
@@ -201,18 +184,9 @@ async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
         "{}",
         text(&out.stdout)
     );
-    let third = limiter
-        .check(
-            &Request {
-                id: &id("l3"),
-                email: &mail,
-                ip: None,
-                purpose: None,
-            },
-            Clock::Server,
-        )
-        .await
-        .unwrap();
+    let third = job("l3")
+        .admission(&ledger, &Ticket::new(), Clock::Server)
+        .await;
     assert_eq!(
         third.verdict,
         Verdict::Admitted,

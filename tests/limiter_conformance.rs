@@ -1,71 +1,24 @@
-//! One conformance suite for both limiter backends, with an explicit clock so
-//! hour- and day-long windows are checked without waiting. The Redis backend
-//! runs against the real shared Redis, under a per-test key prefix.
+//! One conformance suite for the limiter's decisions in both ledger
+//! backends, with an explicit clock so hour- and day-long windows are checked
+//! without waiting. Each check is a new message (a fresh ticket). The Redis
+//! backend runs against the real shared Redis, under a per-test key prefix.
+//! The job lifecycle has its own suite (`ledger_conformance`).
 
 mod common;
 
 use common::*;
-use mailgate::domain::Name;
-use mailgate::limiter::{
-    Clock, MemoryLimiter, RateLimiter, RedisLimiter, Request, RuleRef, Scope, Verdict,
-};
-use mailgate::limiter::{RuleUsage, Subject};
+use mailgate::domain::Ticket;
+use mailgate::ledger::{Ledger, Verdict};
+use mailgate::limiter::{Clock, Quotas, RuleRef, RuleUsage, Scope, Subject};
 use mailgate::settings::{LimitSettings, PurposeLimits};
 
-/// A limiter plus whatever must be cleaned up after it.
-struct Built<L> {
-    limiter: L,
-    _cleanup: Option<RedisCleanup>,
-}
-
-/// Builds a fresh, empty limiter of one backend.
-trait Make {
-    type L: RateLimiter;
-    async fn make(&self, test: &str, limits: LimitSettings) -> Built<Self::L>;
-}
-
-struct RedisBackend;
-impl Make for RedisBackend {
-    type L = RedisLimiter;
-    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLimiter> {
-        let prefix = unique_prefix(test);
-        let cleanup = RedisCleanup {
-            prefix: prefix.clone(),
-        };
-        let limiter = RedisLimiter::connect(&redis_settings(&prefix), &limits)
-            .await
-            .expect("connect to the shared Redis");
-        Built {
-            limiter,
-            _cleanup: Some(cleanup),
-        }
-    }
-}
-
-struct MemoryBackend;
-impl Make for MemoryBackend {
-    type L = MemoryLimiter;
-    async fn make(&self, _test: &str, limits: LimitSettings) -> Built<MemoryLimiter> {
-        Built {
-            limiter: MemoryLimiter::new(&limits),
-            _cleanup: None,
-        }
-    }
-}
-
-/// Asks `l` about job `job` for `mail` from `from` at `t` ms.
-async fn check<L: RateLimiter>(
-    l: &L,
-    job: &str,
-    mail: &str,
-    from: Option<&str>,
-    t: u64,
-) -> Verdict {
+/// Asks `l` about a new message for job `job` to `mail` from `from` at `t` ms.
+async fn check<L: Ledger>(l: &L, job: &str, mail: &str, from: Option<&str>, t: u64) -> Verdict {
     check_for(l, job, mail, from, None, t).await
 }
 
 /// [`check`] for a job of `purpose`.
-async fn check_for<L: RateLimiter>(
+async fn check_for<L: Ledger>(
     l: &L,
     job: &str,
     mail: &str,
@@ -73,18 +26,10 @@ async fn check_for<L: RateLimiter>(
     purpose: Option<&str>,
     t: u64,
 ) -> Verdict {
-    let (id, email) = (id(job), email(mail));
-    let ip = from.map(ip);
-    let purpose = purpose.map(|p| Name::parse("purpose", p).unwrap());
-    let req = Request {
-        id: &id,
-        email: &email,
-        ip: ip.as_ref(),
-        purpose: purpose.as_ref(),
-    };
-    let d = l.check(&req, Clock::At(t)).await.expect("limiter answers");
-    assert_eq!(d.decided_at_ms, t, "decided_at_ms is the decision time");
-    d.verdict
+    TestJob::new(job, mail, from)
+        .purpose(purpose)
+        .admit(l, &Ticket::new(), Clock::At(t))
+        .await
 }
 
 fn rejected(retry_after_ms: u64, scope: Scope, window_ms: u64, max: u32) -> Verdict {
@@ -100,7 +45,7 @@ fn rejected(retry_after_ms: u64, scope: Scope, window_ms: u64, max: u32) -> Verd
 
 /// `retry_after_ms` is exact: one ms earlier is still rejected, at it the
 /// request is admitted.
-async fn assert_exact<L: RateLimiter>(l: &L, job: &str, mail: &str, from: Option<&str>, t: u64) {
+async fn assert_exact<L: Ledger>(l: &L, job: &str, mail: &str, from: Option<&str>, t: u64) {
     let v = check(l, job, mail, from, t).await;
     let Verdict::Rejected { retry_after_ms, .. } = v else {
         panic!("expected a rejection at {t}, got {v:?}");
@@ -124,7 +69,7 @@ mod cases {
 
     pub async fn first_request_then_30s_later<M: Make>(m: M) {
         let b = m.make("first", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         // A brand-new key: the article's script crashed here on a nil timestamp.
         assert_eq!(
             check(l, "j1", "a@example.com", None, 0).await,
@@ -139,7 +84,7 @@ mod cases {
 
     pub async fn sixth_in_an_hour<M: Make>(m: M) {
         let b = m.make("hour", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         for i in 0..5 {
             let t = i * 61 * SEC;
             let v = check(l, &format!("j{i}"), "a@example.com", None, t).await;
@@ -155,7 +100,7 @@ mod cases {
 
     pub async fn eleventh_in_a_day<M: Make>(m: M) {
         let b = m.make("day", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         for i in 0..10 {
             let v = check(l, &format!("j{i}"), "a@example.com", None, i * 2 * HOUR).await;
             assert_eq!(v, Verdict::Admitted, "send {i}");
@@ -177,7 +122,7 @@ mod cases {
 
     pub async fn ip_rejection_uses_no_mailbox_quota<M: Make>(m: M) {
         let b = m.make("ipnomail", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let x = Some("198.51.100.1");
         for i in 0..5 {
             let v = check(l, &format!("j{i}"), &format!("u{i}@example.com"), x, i).await;
@@ -203,7 +148,7 @@ mod cases {
 
     pub async fn mailbox_rejection_uses_no_ip_quota<M: Make>(m: M) {
         let b = m.make("mailnoip", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         assert_eq!(
             check(l, "j0", "a@example.com", Some("198.51.100.1"), 0).await,
             Verdict::Admitted
@@ -234,130 +179,9 @@ mod cases {
         }
     }
 
-    pub async fn refund_gives_quota_back<M: Make>(m: M) {
-        let b = m.make("refund", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
-        let l = &b.limiter;
-        let x = Some("198.51.100.1");
-        assert_eq!(
-            check(l, "j1", "a@example.com", x, 0).await,
-            Verdict::Admitted
-        );
-        assert!(matches!(
-            check(l, "j2", "a@example.com", x, SEC).await,
-            Verdict::Rejected { .. }
-        ));
-        assert!(l.refund(&id("j1")).await.unwrap(), "j1 was admitted");
-        assert!(
-            !l.refund(&id("j1")).await.unwrap(),
-            "a second refund finds nothing"
-        );
-        assert!(!l.refund(&id("never")).await.unwrap());
-        // Both scopes got their quota back.
-        assert_eq!(
-            check(l, "j3", "a@example.com", x, 2 * SEC).await,
-            Verdict::Admitted
-        );
-        // A refunded id may be admitted afresh.
-        assert!(l.refund(&id("j3")).await.unwrap());
-        assert_eq!(
-            check(l, "j1", "a@example.com", x, 3 * SEC).await,
-            Verdict::Admitted
-        );
-    }
-
-    pub async fn duplicate_is_not_counted_twice<M: Make>(m: M) {
-        let b = m.make("dup", limits(&[(MIN, 1)], &[(MIN, 3)])).await;
-        let l = &b.limiter;
-        let x = Some("198.51.100.1");
-        assert_eq!(
-            check(l, "j1", "a@example.com", x, 0).await,
-            Verdict::Admitted
-        );
-        // The admission owns the send for the lease (30 s by default): other
-        // copies of the job wait.
-        for t in [1, 2, 3] {
-            assert_eq!(
-                check(l, "j1", "a@example.com", x, t).await,
-                Verdict::InProgress {
-                    admitted_at_ms: 0,
-                    lease_left_ms: 30_000 - t
-                }
-            );
-        }
-        assert!(l.mark_sent(&id("j1")).await.unwrap());
-        assert!(!l.mark_sent(&id("unknown")).await.unwrap());
-        assert_eq!(
-            check(l, "j1", "a@example.com", x, 4).await,
-            Verdict::Duplicate { admitted_at_ms: 0 }
-        );
-        assert!(
-            !l.release(&id("j1")).await.unwrap(),
-            "a sent job has no lease"
-        );
-        // The IP counted j1 once: two more fit, the third does not.
-        assert_eq!(
-            check(l, "j2", "b@example.com", x, 5).await,
-            Verdict::Admitted
-        );
-        assert_eq!(
-            check(l, "j3", "c@example.com", x, 6).await,
-            Verdict::Admitted
-        );
-        assert_eq!(
-            check(l, "j4", "d@example.com", x, 7).await,
-            rejected(MIN - 7, Scope::Ip, MIN, 3)
-        );
-    }
-
-    pub async fn send_lease_lapses_or_is_released<M: Make>(m: M) {
-        let b = m.make("lease", LimitSettings::default()).await;
-        let l = &b.limiter;
-        assert_eq!(
-            check(l, "j1", "a@example.com", None, 1_000).await,
-            Verdict::Admitted
-        );
-        assert_eq!(
-            check(l, "j1", "a@example.com", None, 30_999).await,
-            Verdict::InProgress {
-                admitted_at_ms: 1_000,
-                lease_left_ms: 1
-            }
-        );
-        // The admitting attempt died: once its lease lapses, the next copy
-        // owns the send, and holds it for a new lease.
-        assert_eq!(
-            check(l, "j1", "a@example.com", None, 31_000).await,
-            Verdict::Resume {
-                admitted_at_ms: 1_000
-            }
-        );
-        assert_eq!(
-            check(l, "j1", "a@example.com", None, 31_001).await,
-            Verdict::InProgress {
-                admitted_at_ms: 1_000,
-                lease_left_ms: 29_999
-            }
-        );
-        // A transient failure releases the lease: the retry resumes at once.
-        assert!(l.release(&id("j1")).await.unwrap());
-        assert!(!l.release(&id("nope")).await.unwrap());
-        assert_eq!(
-            check(l, "j1", "a@example.com", None, 31_002).await,
-            Verdict::Resume {
-                admitted_at_ms: 1_000
-            }
-        );
-        // None of it counted again: the mailbox's next send waits for 1 min
-        // after the one admission.
-        assert_eq!(
-            check(l, "j2", "a@example.com", None, 31_003).await,
-            rejected(30_000 - 3, Scope::Email, MIN, 1)
-        );
-    }
-
     pub async fn same_millisecond_both_count<M: Make>(m: M) {
         let b = m.make("samems", limits(&[(MIN, 2)], &[(MIN, 3)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let x = Some("198.51.100.1");
         assert_eq!(
             check(l, "j1", "a@example.com", x, 1000).await,
@@ -383,7 +207,7 @@ mod cases {
 
     pub async fn ipv6_groups_by_64<M: Make>(m: M) {
         let b = m.make("v6", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         assert_eq!(
             check(l, "j1", "a@example.com", Some("2001:db8:1:2::1"), 0).await,
             Verdict::Admitted
@@ -416,7 +240,7 @@ mod cases {
 
     pub async fn spellings_of_a_mailbox_share_quota<M: Make>(m: M) {
         let b = m.make("norm", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         assert_eq!(
             check(l, "j0", "John.Smith@gmail.com", None, 0).await,
             Verdict::Admitted
@@ -459,7 +283,7 @@ mod cases {
 
     pub async fn no_ip_means_mailbox_only<M: Make>(m: M) {
         let b = m.make("noip", limits(&[(MIN, 5)], &[(MIN, 1)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         for i in 0..5 {
             let v = check(l, &format!("j{i}"), "a@example.com", None, i).await;
             assert_eq!(v, Verdict::Admitted);
@@ -473,7 +297,7 @@ mod cases {
 
     pub async fn longest_wait_binds<M: Make>(m: M) {
         let b = m.make("binds", limits(&[(MIN, 1)], &[(10 * MIN, 2)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let x = Some("198.51.100.1");
         assert_eq!(
             check(l, "j1", "a@example.com", x, 0).await,
@@ -496,7 +320,7 @@ mod cases {
         // An explicit clock (or a Redis clock that stepped back) may decide
         // before an earlier-recorded admission; the window is (t − W, t].
         let b = m.make("future", limits(&[(MIN, 1)], &[(MIN, 20)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let x = Some("198.51.100.1");
         assert_eq!(
             check(l, "j1", "a@example.com", x, 10 * SEC).await,
@@ -542,7 +366,7 @@ mod cases {
             },
         );
         let b = m.make("purpose", lim).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let reset = Some("reset_password");
         assert_eq!(
             check(l, "v1", "a@example.com", None, 0).await,
@@ -573,7 +397,7 @@ mod cases {
 
     pub async fn usage_shows_each_rule_and_uses_nothing<M: Make>(m: M) {
         let b = m.make("usage", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         assert_eq!(
             check(l, "j1", "a@example.com", None, 0).await,
             Verdict::Admitted
@@ -624,7 +448,7 @@ mod cases {
 
     pub async fn reset_forgets_a_mailbox<M: Make>(m: M) {
         let b = m.make("reset", LimitSettings::default()).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         assert_eq!(
             check(l, "j1", "a@example.com", None, 0).await,
             Verdict::Admitted
@@ -642,64 +466,16 @@ mod cases {
             check(l, "j3", "a@example.com", None, 2).await,
             Verdict::Admitted
         );
-        // The job record stays: j1 is still a duplicate.
+        // The job record stays: j1 is still owned by its first message.
         assert!(matches!(
             check(l, "j1", "a@example.com", None, 3).await,
-            Verdict::InProgress { .. }
+            Verdict::Busy { .. }
         ));
-    }
-
-    pub async fn a_send_interrupted_mid_transaction_is_never_resumed<M: Make>(m: M) {
-        let lim = LimitSettings {
-            send_lease: std::time::Duration::from_millis(300),
-            ..LimitSettings::default()
-        };
-        let b = m.make("interrupted", lim).await;
-        let l = &b.limiter;
-        let (a, c) = (id("j1"), id("j2"));
-        let (mail_a, mail_c) = (email("a@example.com"), email("c@example.com"));
-        let req_a = Request {
-            id: &a,
-            email: &mail_a,
-            ip: None,
-            purpose: None,
-        };
-        let req_c = Request {
-            id: &c,
-            email: &mail_c,
-            ip: None,
-            purpose: None,
-        };
-        assert_eq!(
-            l.check(&req_a, Clock::Server).await.unwrap().verdict,
-            Verdict::Admitted
-        );
-        assert!(l.mark_sending(&a).await.unwrap(), "the transaction begins");
-        assert!(!l.mark_sending(&a).await.unwrap(), "only once");
-        // The sender vanishes; once its lease lapses the job is not resumed.
-        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-        for _ in 0..2 {
-            let v = l.check(&req_a, Clock::Server).await.unwrap().verdict;
-            assert!(matches!(v, Verdict::Interrupted { .. }), "{v:?}");
-        }
-        assert!(
-            !l.release(&a).await.unwrap(),
-            "an interrupted job cannot be released into a resend"
-        );
-        // A transient failure (released) is resumed, not interrupted.
-        assert_eq!(
-            l.check(&req_c, Clock::Server).await.unwrap().verdict,
-            Verdict::Admitted
-        );
-        assert!(l.mark_sending(&c).await.unwrap());
-        assert!(l.release(&c).await.unwrap());
-        let v = l.check(&req_c, Clock::Server).await.unwrap().verdict;
-        assert!(matches!(v, Verdict::Resume { .. }), "{v:?}");
     }
 
     pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
         let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
-        let l = &b.limiter;
+        let l = &b.ledger;
         let x = Some("198.51.100.1");
         assert_eq!(
             check(l, "j1", "a@example.com", x, 0).await,
@@ -726,8 +502,6 @@ macro_rules! conformance {
                 eleventh_in_a_day,
                 ip_rejection_uses_no_mailbox_quota,
                 mailbox_rejection_uses_no_ip_quota,
-                refund_gives_quota_back,
-                duplicate_is_not_counted_twice,
                 same_millisecond_both_count,
                 ipv6_groups_by_64,
                 spellings_of_a_mailbox_share_quota,
@@ -735,11 +509,9 @@ macro_rules! conformance {
                 longest_wait_binds,
                 disabled_scope_is_not_limited,
                 admissions_after_now_do_not_count,
-                send_lease_lapses_or_is_released,
                 a_purpose_has_its_own_rules_over_the_shared_log,
                 usage_shows_each_rule_and_uses_nothing,
                 reset_forgets_a_mailbox,
-                a_send_interrupted_mid_transaction_is_never_resumed,
             );
         }
     };

@@ -1,6 +1,8 @@
 //! Property test: over random sequences of (time step, mailbox, IP, job id,
-//! refund), each backend agrees with the plain reference model on every
-//! decision, every `retry_after_ms` and every binding rule.
+//! lineage) admissions and the lifecycle steps after them (sending, sent,
+//! refund, release), each ledger backend agrees with the plain reference
+//! model on every decision, every `retry_after_ms`, every binding rule and
+//! every state the ledger reports.
 
 mod common;
 
@@ -8,8 +10,9 @@ use std::time::Duration;
 
 use common::model::{Model, Scopes};
 use common::*;
-use mailgate::domain::Normalization;
-use mailgate::limiter::{Clock, MemoryLimiter, RateLimiter, RedisLimiter, Request, Scope};
+use mailgate::domain::{Normalization, Ticket};
+use mailgate::ledger::{Ending, Ledger, MemoryLedger, RedisLedger, Refund};
+use mailgate::limiter::{Clock, Scope};
 use mailgate::settings::LimitSettings;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -26,10 +29,14 @@ enum Op {
         ip: Option<usize>,
         /// `None`: a fresh id; `Some(k)`: reuse the k-th id used so far.
         reuse: Option<usize>,
+        /// Which of two lineages asks.
+        lineage: u32,
     },
-    Refund(usize),
-    MarkSent(usize),
-    Release(usize),
+    /// `(job, lineage)`: the lineage's send begins.
+    Sending(usize, u32),
+    Refund(usize, u32),
+    Sent(usize, u32),
+    Release(usize, u32),
 }
 
 fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
@@ -42,19 +49,23 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
         step,
         0..EMAILS.len(),
         proptest::option::of(0..IPS.len()),
-        proptest::option::weighted(0.1, 0usize..64),
+        proptest::option::weighted(0.2, 0usize..64),
+        0u32..2,
     )
-        .prop_map(|(dt, email, ip, reuse)| Op::Check {
+        .prop_map(|(dt, email, ip, reuse, lineage)| Op::Check {
             dt,
             email,
             ip,
             reuse,
+            lineage,
         });
+    let step = || (0usize..64, 0u32..2);
     let op = prop_oneof![
         20 => check,
-        1 => (0usize..64).prop_map(Op::Refund),
-        1 => (0usize..64).prop_map(Op::MarkSent),
-        1 => (0usize..64).prop_map(Op::Release),
+        1 => step().prop_map(|(k, l)| Op::Sending(k, l)),
+        1 => step().prop_map(|(k, l)| Op::Refund(k, l)),
+        1 => step().prop_map(|(k, l)| Op::Sent(k, l)),
+        1 => step().prop_map(|(k, l)| Op::Release(k, l)),
     ];
     proptest::collection::vec(op, 1..80)
 }
@@ -62,7 +73,7 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
 /// Small windows, so short sequences fill and drain them.
 fn small_limits() -> LimitSettings {
     LimitSettings {
-        dedup_for: Some(Duration::from_secs(1_000 * 3600)),
+        dedup_for: Duration::from_secs(1_000 * 3600),
         send_lease: Duration::from_millis(2_000),
         ..limits(
             &[(1_000, 1), (10_000, 3), (60_000, 5)],
@@ -75,7 +86,7 @@ fn small_limits() -> LimitSettings {
 /// read path is exercised too.
 fn large_n_limits() -> LimitSettings {
     LimitSettings {
-        dedup_for: Some(Duration::from_secs(1_000 * 3600)),
+        dedup_for: Duration::from_secs(1_000 * 3600),
         ..limits(&[(500, 2), (20_000, 12)], &[(30_000, 11), (1_000, 3)])
     }
 }
@@ -83,20 +94,23 @@ fn large_n_limits() -> LimitSettings {
 /// The default policy, stepping through hours.
 fn default_limits() -> LimitSettings {
     LimitSettings {
-        dedup_for: Some(Duration::from_secs(1_000 * 3600)),
+        dedup_for: Duration::from_secs(1_000 * 3600),
         ..LimitSettings::default()
     }
 }
 
-async fn run_case<L: RateLimiter>(
+async fn run_case<L: Ledger>(
     l: &L,
     limits: &LimitSettings,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let mut model = Model::new(limits.send_lease.as_millis() as u64);
-    let mut ids: Vec<String> = Vec::new();
+    // Each id with the mailbox and client it was first used for.
+    let mut jobs: Vec<TestJob> = Vec::new();
+    let tickets = [Ticket::new(), Ticket::new()];
     let mut t = 1_700_000_000_000u64;
     let norm = Normalization::default();
+    let fail = |e: mailgate::ledger::LedgerError| TestCaseError::fail(e.to_string());
     for op in ops {
         match *op {
             Op::Check {
@@ -104,62 +118,70 @@ async fn run_case<L: RateLimiter>(
                 email: e,
                 ip: i,
                 reuse,
+                lineage,
             } => {
                 t += dt;
-                let job = match reuse.filter(|_| !ids.is_empty()) {
-                    Some(k) => ids[k % ids.len()].clone(),
-                    None => {
-                        ids.push(format!("job-{}", ids.len()));
-                        ids.last().cloned().unwrap_or_default()
-                    }
-                };
-                let (jid, mail) = (id(&job), email(EMAILS[e]));
-                let addr = i.map(|i| ip(IPS[i]));
+                let job = TestJob::new(
+                    &match reuse.filter(|_| !jobs.is_empty()) {
+                        Some(k) => jobs[k % jobs.len()].id.as_str().to_owned(),
+                        None => format!("job-{}", jobs.len()),
+                    },
+                    EMAILS[e],
+                    i.map(|i| IPS[i]),
+                );
+                if reuse.is_none() || jobs.is_empty() {
+                    jobs.push(job.clone());
+                }
                 let mut scopes: Scopes<'_> = vec![(
                     Scope::Email,
-                    mail.mailbox_key(&norm),
+                    job.email.mailbox_key(&norm),
                     limits.email.rules.as_slice(),
                 )];
-                if let Some(a) = &addr {
+                if let Some(a) = &job.ip {
                     scopes.push((Scope::Ip, a.network(32, 64), limits.ip.rules.as_slice()));
                 }
-                let want = model.check(&job, &scopes, t);
-                let req = Request {
-                    id: &jid,
-                    email: &mail,
-                    ip: addr.as_ref(),
-                    purpose: None,
-                };
-                let got = l
-                    .check(&req, Clock::At(t))
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(got.decided_at_ms, t);
-                prop_assert_eq!(got.verdict, want, "job {} at t={}", job, t);
+                let fp = format!("{e}/{i:?}");
+                let want = model.admit(job.id.as_str(), &fp, lineage, &scopes, t);
+                let got = job
+                    .admit(l, &tickets[lineage as usize], Clock::At(t))
+                    .await;
+                prop_assert_eq!(got, want, "job {} at t={}", job.id.as_str(), t);
             }
-            Op::Refund(k) if !ids.is_empty() => {
-                let job = &ids[k % ids.len()];
+            Op::Sending(k, lineage) if !jobs.is_empty() => {
+                let job = &jobs[k % jobs.len()];
                 let got = l
-                    .refund(&id(job))
+                    .sending(&job.by(&tickets[lineage as usize]), Clock::At(t))
                     .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(got, model.refund(job), "refund {}", job);
+                    .map_err(fail)?;
+                let want = model.sending(job.id.as_str(), lineage, t);
+                prop_assert_eq!(got, want, "sending {}", job.id.as_str());
             }
-            Op::MarkSent(k) if !ids.is_empty() => {
-                let job = &ids[k % ids.len()];
+            Op::Sent(k, lineage) if !jobs.is_empty() => {
+                let job = &jobs[k % jobs.len()];
                 let got = l
-                    .mark_sent(&id(job))
+                    .settle(&job.by(&tickets[lineage as usize]), &Ending::Sent, true)
                     .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(got, model.mark_sent(job), "mark_sent {}", job);
+                    .map_err(fail)?;
+                prop_assert_eq!(got, model.sent(job.id.as_str(), lineage), "sent {}", job.id.as_str());
             }
-            Op::Release(k) if !ids.is_empty() => {
-                let job = &ids[k % ids.len()];
+            Op::Refund(k, lineage) if !jobs.is_empty() => {
+                let job = &jobs[k % jobs.len()];
+                let ending = Ending::Refund(Refund::Failed);
                 let got = l
-                    .release(&id(job))
+                    .settle(&job.by(&tickets[lineage as usize]), &ending, true)
                     .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(got, model.release(job), "release {}", job);
+                    .map_err(fail)?;
+                let want = model.refund(job.id.as_str(), lineage);
+                prop_assert_eq!(got, want, "refund {}", job.id.as_str());
+            }
+            Op::Release(k, lineage) if !jobs.is_empty() => {
+                let job = &jobs[k % jobs.len()];
+                let got = l
+                    .release(&job.by(&tickets[lineage as usize]))
+                    .await
+                    .map_err(fail)?;
+                let want = model.release(job.id.as_str(), lineage);
+                prop_assert_eq!(got, want, "release {}", job.id.as_str());
             }
             _ => {}
         }
@@ -193,7 +215,7 @@ fn redis_agrees(limits: LimitSettings, max_step: u64, name: &str) {
             let case = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let prefix = format!("{}{case}:", cleanup.prefix);
             rt.block_on(async {
-                let l = RedisLimiter::connect(&redis_settings(&prefix), &limits)
+                let l = RedisLedger::connect(&redis_settings(&prefix), &limits)
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 run_case(&l, &limits, &ops).await
@@ -206,7 +228,7 @@ fn memory_agrees(limits: LimitSettings, max_step: u64) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     runner()
         .run(&ops(max_step), |ops| {
-            rt.block_on(run_case(&MemoryLimiter::new(&limits), &limits, &ops))
+            rt.block_on(run_case(&MemoryLedger::new(&limits), &limits, &ops))
         })
         .expect("the in-memory backend agrees with the model");
 }

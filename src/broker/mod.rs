@@ -9,9 +9,18 @@
 //!   waits behind a much longer one.
 //! - `J.wait`: jobs waiting for another attempt's send lease to lapse; back
 //!   to `J` likewise.
-//! - `J.dead`: messages that cannot be answered (not JSON, no id), with the
-//!   reason in their headers. Never consumed by mailgate.
+//! - `J.dead`: messages that cannot be answered, or whose answer cannot be
+//!   delivered, with the reason in their headers. Never consumed by mailgate.
 //! - `results_queue`: results, unless a job names its own `reply_to`.
+//!
+//! **Only mailgate's own properties and headers are republished.** A copy
+//! (retry, wait, dead letter) is a new message whose properties mailgate
+//! writes from scratch: a producer's `user_id`, `expiration`, or `CC`/`BCC`
+//! headers (which RabbitMQ interprets) never travel on. What mailgate needs
+//! of the original (`reply_to`, `correlation_id`, the publish time) travels
+//! in `x-mailgate-*` headers, and a dead letter keeps the original
+//! properties, for people, under `x-mailgate-original`, a nested table
+//! RabbitMQ does not interpret.
 //!
 //! A job is acknowledged only after whatever replaced it (its result, its
 //! retry, its dead letter) was confirmed by the broker, so a crash at any
@@ -27,26 +36,54 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 
+use crate::domain::Ticket;
 use crate::settings::AmqpSettings;
 
-/// The header carrying a job's attempt number (1 for the first).
+/// The header carrying a copy's attempt number (1 for the first). Read only
+/// on messages that also carry a [`TICKET_HEADER`]: mailgate's own copies.
 pub const ATTEMPT_HEADER: &str = "x-mailgate-attempt";
-/// Publish time in ms (the header RabbitMQ's timestamp plugin uses); the
-/// AMQP `timestamp` property has only whole seconds.
+/// The header carrying a copy's lineage ([`Ticket`]).
+pub const TICKET_HEADER: &str = "x-mailgate-ticket";
+/// The original `reply_to`, on copies.
+pub const REPLY_TO_HEADER: &str = "x-mailgate-reply-to";
+/// The original `correlation_id`, on copies.
+pub const CORRELATION_HEADER: &str = "x-mailgate-correlation-id";
+/// When the producer published the job, ms since the epoch, on copies.
+pub const PUBLISHED_HEADER: &str = "x-mailgate-published-ms";
+/// Publish time in ms as producers may set it (the header RabbitMQ's
+/// timestamp plugin uses); the AMQP `timestamp` property has whole seconds.
 pub const TIMESTAMP_MS_HEADER: &str = "timestamp_in_ms";
-/// On dead letters: why the message could not be processed.
+/// On dead letters: why the message could not be processed or answered.
 pub const ERROR_HEADER: &str = "x-mailgate-error";
+/// On dead letters: how many attempts were made (for people; a dead letter
+/// moved back to the jobs queue starts again at attempt 1).
+pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";
+/// On dead letters: the original message's properties and headers, nested
+/// so RabbitMQ interprets none of them.
+pub const ORIGINAL_HEADER: &str = "x-mailgate-original";
 
-/// Why a broker operation failed. All are transient for the job: it stays
-/// unacknowledged and comes back.
+/// The largest original header table kept on a dead letter, in bytes as
+/// counted by [`encoded_len`]; a larger one is left out (its size noted), so
+/// a dead letter's header frame stays far below RabbitMQ's frame limit.
+const MAX_ORIGINAL_BYTES: usize = 16 * 1024;
+
+/// Why a broker operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    /// The connection, a channel, or an operation on them failed.
+    /// The connection, the channel, or an operation on them failed. The job
+    /// stays unacknowledged and RabbitMQ delivers it again.
     #[error("rabbitmq: {0}")]
     Amqp(#[from] lapin::Error),
-    /// The broker refused to take responsibility for a published message.
-    #[error("rabbitmq did not confirm the publish to {0}")]
-    NotConfirmed(String),
+    /// RabbitMQ refused the message (a negative confirm, or no queue to take
+    /// it even after declaring it again). Retrying the same publish would
+    /// fail the same way.
+    #[error("rabbitmq refused the publish to {queue}: {why}")]
+    Refused {
+        /// Where it was published.
+        queue: String,
+        /// What RabbitMQ said.
+        why: String,
+    },
 }
 
 /// Queue names derived from the settings.
@@ -93,6 +130,32 @@ impl Topology {
         all.extend((1..=self.retries).map(|n| self.retry(n)));
         all
     }
+
+    /// The arguments `queue` is declared with: waiting queues dead-letter
+    /// expired messages back to the jobs queue; the others have none.
+    fn arguments(&self, queue: &str) -> FieldTable {
+        let mut args = FieldTable::default();
+        let waiting = queue == self.wait
+            || queue
+                .strip_prefix(&format!("{}.retry.", self.jobs))
+                .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| (1..=self.retries).contains(&n)));
+        if waiting {
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString("".into()),
+            );
+            args.insert(
+                "x-dead-letter-routing-key".into(),
+                AMQPValue::LongString(self.jobs.as_str().into()),
+            );
+        }
+        args
+    }
+
+    /// Whether mailgate declares `queue` (and so may declare it again).
+    fn owns(&self, queue: &str) -> bool {
+        self.all().iter().any(|q| q == queue)
+    }
 }
 
 /// One connection and channel to RabbitMQ, with publisher confirms on.
@@ -106,48 +169,59 @@ pub struct Broker {
 
 /// A job message as it arrived.
 pub struct Incoming {
-    /// Where the producer wants the result, if not the results queue.
+    /// Where the producer wants the result, if not the results queue: the
+    /// `reply_to` property, else (on mailgate's copies) [`REPLY_TO_HEADER`].
     pub reply_to: Option<String>,
-    /// Copied onto the result.
+    /// Copied onto the result: the `correlation_id` property, else (on
+    /// copies) [`CORRELATION_HEADER`].
     pub correlation_id: Option<String>,
-    /// 1 for the first attempt.
+    /// The lineage this message continues, if it is one of mailgate's own
+    /// copies (it carries a well-formed [`TICKET_HEADER`]).
+    pub ticket: Option<Ticket>,
+    /// 1 for the first attempt; from [`ATTEMPT_HEADER`] on mailgate's copies.
     pub attempt: u32,
-    /// Whether mailgate sent this message back through a waiting queue
-    /// (a retry or a lease wait): it carries the attempt header.
-    pub requeued: bool,
     /// Whether RabbitMQ delivered this message before (to a consumer that
     /// did not acknowledge it).
     pub redelivered: bool,
-    /// When the producer published it, ms since the epoch: its
-    /// `timestamp_in_ms` header, else its AMQP timestamp (seconds).
+    /// When the producer published it, ms since the epoch.
     pub published_at_ms: Option<u64>,
     delivery: Delivery,
 }
 
 impl Incoming {
-    /// Wraps a delivery.
+    /// Wraps a delivery, reading what mailgate needs of its properties.
     pub fn new(delivery: Delivery) -> Self {
         let p = &delivery.properties;
-        let attempt_header = p
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get(ATTEMPT_HEADER))
-            .and_then(as_u32);
-        let attempt = attempt_header.unwrap_or(1).max(1);
+        let header = |name: &str| p.headers().as_ref().and_then(|h| h.inner().get(name));
+        // Header strings become AMQP short strings again on the result, so
+        // only those that fit one are honoured.
+        let short = |name: &str| {
+            header(name)
+                .and_then(as_string)
+                .filter(|s| !s.is_empty() && s.len() <= 255)
+        };
+        let ticket = short(TICKET_HEADER).and_then(|t| Ticket::parse(&t));
+        let attempt = match ticket {
+            Some(_) => header(ATTEMPT_HEADER).and_then(as_u32).unwrap_or(1).max(1),
+            None => 1,
+        };
         Self {
-            requeued: attempt_header.is_some(),
             reply_to: p
                 .reply_to()
                 .as_ref()
                 .map(|s| s.to_string())
-                .filter(|s| !s.is_empty()),
-            correlation_id: p.correlation_id().as_ref().map(|s| s.to_string()),
+                .filter(|s| !s.is_empty())
+                .or_else(|| short(REPLY_TO_HEADER)),
+            correlation_id: p
+                .correlation_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .or_else(|| short(CORRELATION_HEADER)),
+            ticket,
             attempt,
             redelivered: delivery.redelivered,
-            published_at_ms: p
-                .headers()
-                .as_ref()
-                .and_then(|h| h.inner().get(TIMESTAMP_MS_HEADER))
+            published_at_ms: header(PUBLISHED_HEADER)
+                .or_else(|| header(TIMESTAMP_MS_HEADER))
                 .and_then(as_u64)
                 .or_else(|| p.timestamp().map(|s| s.saturating_mul(1000))),
             delivery,
@@ -165,8 +239,8 @@ impl Incoming {
         Ok(())
     }
 
-    /// Hands the message back to RabbitMQ for another consumer (used at
-    /// shutdown for jobs that did not finish in time).
+    /// Hands the message back to RabbitMQ for another consumer (when even
+    /// its dead letter could not be published).
     pub async fn requeue(&self) -> Result<(), BrokerError> {
         self.delivery
             .reject(BasicRejectOptions { requeue: true })
@@ -174,29 +248,89 @@ impl Incoming {
         Ok(())
     }
 
-    /// The message's headers with the attempt number (and an error) set.
-    fn headers_with(&self, attempt: u32, error: Option<&str>) -> FieldTable {
-        let mut headers = self
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        headers.insert(
-            ATTEMPT_HEADER.into(),
-            AMQPValue::LongLongInt(attempt.into()),
-        );
-        if let Some(error) = error {
-            headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+    /// The headers every copy of this message carries: what mailgate needs
+    /// of the original.
+    fn copy_headers(&self) -> FieldTable {
+        let mut h = FieldTable::default();
+        let mut put = |name: &str, v: AMQPValue| {
+            h.insert(name.into(), v);
+        };
+        if let Some(r) = &self.reply_to {
+            put(REPLY_TO_HEADER, AMQPValue::LongString(r.as_str().into()));
         }
-        headers
+        if let Some(c) = &self.correlation_id {
+            put(CORRELATION_HEADER, AMQPValue::LongString(c.as_str().into()));
+        }
+        if let Some(ms) = self.published_at_ms {
+            put(
+                PUBLISHED_HEADER,
+                AMQPValue::LongLongInt(i64::try_from(ms).unwrap_or(i64::MAX)),
+            );
+        }
+        h
     }
 
-    /// The message's properties with `headers` replaced, for republishing.
-    fn properties_with(&self, headers: FieldTable) -> BasicProperties {
-        let mut p = self.delivery.properties.clone().with_headers(headers);
-        p = p.with_delivery_mode(2);
-        p
+    /// The original properties, as a nested table for a dead letter.
+    fn original(&self) -> AMQPValue {
+        let p = &self.delivery.properties;
+        let mut t = FieldTable::default();
+        let mut text = |name: &str, v: &Option<ShortString>| {
+            if let Some(v) = v {
+                t.insert(name.into(), AMQPValue::LongString(v.as_str().into()));
+            }
+        };
+        text("content_type", p.content_type());
+        text("content_encoding", p.content_encoding());
+        text("correlation_id", p.correlation_id());
+        text("reply_to", p.reply_to());
+        text("expiration", p.expiration());
+        text("message_id", p.message_id());
+        text("type", p.kind());
+        text("user_id", p.user_id());
+        text("app_id", p.app_id());
+        if let Some(ts) = p.timestamp() {
+            t.insert("timestamp".into(), AMQPValue::Timestamp(*ts));
+        }
+        if let Some(h) = p.headers() {
+            let v = AMQPValue::FieldTable(h.clone());
+            let len = encoded_len(&v);
+            t.insert(
+                "headers".into(),
+                if len <= MAX_ORIGINAL_BYTES {
+                    v
+                } else {
+                    AMQPValue::LongString(format!("left out: {len} bytes").into())
+                },
+            );
+        }
+        AMQPValue::FieldTable(t)
+    }
+}
+
+/// Roughly how many bytes an AMQP value takes on the wire (an upper bound
+/// within a few bytes per entry), without encoding it.
+fn encoded_len(v: &AMQPValue) -> usize {
+    match v {
+        AMQPValue::LongString(s) => 5 + s.as_bytes().len(),
+        AMQPValue::ShortString(s) => 2 + s.as_str().len(),
+        AMQPValue::ByteArray(b) => 5 + b.as_slice().len(),
+        AMQPValue::FieldTable(t) => {
+            5 + t
+                .inner()
+                .iter()
+                .map(|(k, v)| 1 + k.as_str().len() + encoded_len(v))
+                .sum::<usize>()
+        }
+        AMQPValue::FieldArray(a) => 5 + a.as_slice().iter().map(encoded_len).sum::<usize>(),
+        _ => 9,
+    }
+}
+
+fn as_string(v: &AMQPValue) -> Option<String> {
+    match v {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
     }
 }
 
@@ -217,6 +351,14 @@ fn as_u64(v: &AMQPValue) -> Option<u64> {
         _ => return None,
     };
     u64::try_from(n).ok()
+}
+
+/// What became of a publish that RabbitMQ confirmed.
+enum Routed {
+    /// A queue took it.
+    Queued,
+    /// No queue by that name: it came back.
+    NoQueue,
 }
 
 impl Broker {
@@ -244,7 +386,9 @@ impl Broker {
             channel,
             topology: Topology::new(settings, max_attempts),
         };
-        broker.declare().await?;
+        for q in broker.topology.all() {
+            broker.declare(&q).await?;
+        }
         Ok(broker)
     }
 
@@ -253,34 +397,14 @@ impl Broker {
         &self.topology
     }
 
-    /// Whether the connection is still up.
-    pub fn is_connected(&self) -> bool {
-        self.conn.status().connected()
-    }
-
-    async fn declare(&self) -> Result<(), BrokerError> {
-        let t = &self.topology;
-        let durable = QueueDeclareOptions::durable();
-        for q in [&t.jobs, &t.results, &t.dead] {
-            self.channel
-                .queue_declare(q.as_str().into(), durable, FieldTable::default())
-                .await?;
-        }
-        // Waiting queues dead-letter expired messages back to the jobs queue.
-        let mut back = FieldTable::default();
-        back.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString("".into()),
-        );
-        back.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(t.jobs.as_str().into()),
-        );
-        for q in std::iter::once(t.wait.clone()).chain((1..=t.retries).map(|n| t.retry(n))) {
-            self.channel
-                .queue_declare(q.as_str().into(), durable, back.clone())
-                .await?;
-        }
+    async fn declare(&self, queue: &str) -> Result<(), BrokerError> {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable(),
+                self.topology.arguments(queue),
+            )
+            .await?;
         Ok(())
     }
 
@@ -312,15 +436,14 @@ impl Broker {
         let _ = self.conn.close(200, "bye".into()).await;
     }
 
-    /// Publishes `body` persistently to `queue` and waits for the broker's
-    /// confirm. Returns `false` if the queue does not exist (the message came
-    /// back unroutable).
+    /// Publishes `body` persistently to `queue` (mandatory) and waits for the
+    /// broker's confirm.
     async fn publish(
         &self,
         queue: &str,
         body: &[u8],
         props: BasicProperties,
-    ) -> Result<bool, BrokerError> {
+    ) -> Result<Routed, BrokerError> {
         let confirm = self
             .channel
             .basic_publish(
@@ -336,80 +459,146 @@ impl Broker {
             .await?
             .await?;
         match confirm {
-            Confirmation::Ack(None) => Ok(true),
-            Confirmation::Ack(Some(_returned)) => Ok(false),
-            Confirmation::Nack(_) | Confirmation::NotRequested => {
-                Err(BrokerError::NotConfirmed(queue.to_owned()))
-            }
+            Confirmation::Ack(None) => Ok(Routed::Queued),
+            Confirmation::Ack(Some(_returned)) => Ok(Routed::NoQueue),
+            Confirmation::Nack(_) => Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "negative confirm (the queue refuses messages: full, or a policy)".into(),
+            }),
+            Confirmation::NotRequested => Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "no confirm on a channel in confirm mode".into(),
+            }),
         }
     }
 
+    /// Publishes to one of mailgate's own queues, declaring it again if it
+    /// is gone (an operator deleted it while workers ran).
+    async fn publish_declared(
+        &self,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        if let Routed::Queued = self.publish(queue, body, props.clone()).await? {
+            return Ok(());
+        }
+        if self.topology.owns(queue) {
+            tracing::warn!(queue, "a queue of mailgate's is gone; declaring it again");
+            self.declare(queue).await?;
+            if let Routed::Queued = self.publish(queue, body, props).await? {
+                return Ok(());
+            }
+        }
+        Err(BrokerError::Refused {
+            queue: queue.to_owned(),
+            why: "no such queue".into(),
+        })
+    }
+
     /// Publishes a result for `job`: to its `reply_to` queue if it named one
-    /// that exists, else to the results queue. Confirmed before returning.
+    /// that takes it, else to the results queue (declared again if it is
+    /// gone). Confirmed before returning. [`BrokerError::Refused`] means no
+    /// queue would take it.
     pub async fn publish_result(&self, job: &Incoming, body: &[u8]) -> Result<(), BrokerError> {
         let mut props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_timestamp(now_secs());
+            .with_timestamp(crate::domain::now_ms() / 1000);
         if let Some(c) = &job.correlation_id {
             props = props.with_correlation_id(c.as_str().into());
         }
         if let Some(reply_to) = &job.reply_to {
-            if self.publish(reply_to, body, props.clone()).await? {
-                return Ok(());
+            match self.publish(reply_to, body, props.clone()).await {
+                Ok(Routed::Queued) => return Ok(()),
+                Ok(Routed::NoQueue) => {
+                    tracing::warn!(reply_to, "reply_to queue does not exist; result goes to the results queue");
+                }
+                Err(BrokerError::Refused { why, .. }) => {
+                    tracing::warn!(reply_to, %why, "reply_to queue refused the result; it goes to the results queue");
+                }
+                Err(e) => return Err(e),
             }
-            tracing::warn!(
-                reply_to,
-                "reply_to queue does not exist; result goes to the results queue"
-            );
         }
         let results = self.topology.results.clone();
-        if self.publish(&results, body, props).await? {
-            Ok(())
-        } else {
-            Err(BrokerError::NotConfirmed(results))
-        }
+        self.publish_declared(&results, body, props).await
     }
 
     /// Sends `job` to wait `delay` in `queue` (a retry or the wait queue),
-    /// then come back to the jobs queue as attempt `attempt`.
+    /// then come back to the jobs queue as attempt `attempt` of lineage
+    /// `ticket`.
     pub async fn delay(
         &self,
         job: &Incoming,
         queue: &str,
+        ticket: &Ticket,
         attempt: u32,
         delay: Duration,
     ) -> Result<(), BrokerError> {
-        let headers = job.headers_with(attempt, None);
+        let mut headers = job.copy_headers();
+        headers.insert(
+            TICKET_HEADER.into(),
+            AMQPValue::LongString(ticket.as_str().into()),
+        );
+        headers.insert(
+            ATTEMPT_HEADER.into(),
+            AMQPValue::LongLongInt(attempt.into()),
+        );
         let ms = delay.as_millis().max(1).to_string();
-        let props = job
-            .properties_with(headers)
+        let props = BasicProperties::default()
+            .with_headers(headers)
             .with_expiration(ms.as_str().into());
-        if self.publish(queue, job.body(), props).await? {
-            Ok(())
-        } else {
-            Err(BrokerError::NotConfirmed(queue.to_owned()))
-        }
+        self.publish_declared(queue, job.body(), props).await
     }
 
-    /// Sends `job` to the dead-letter queue with `error` and its attempt
-    /// count in the headers.
+    /// Sends `job` to the dead-letter queue with `error`, its attempt count
+    /// and its original properties in the headers. It carries no ticket, so
+    /// moved back to the jobs queue it is processed afresh, as attempt 1.
     pub async fn dead_letter(&self, job: &Incoming, error: &str) -> Result<(), BrokerError> {
-        let headers = job.headers_with(job.attempt, Some(error));
+        let mut headers = job.copy_headers();
+        headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+        headers.insert(
+            ATTEMPTS_HEADER.into(),
+            AMQPValue::LongLongInt(job.attempt.into()),
+        );
+        headers.insert(ORIGINAL_HEADER.into(), job.original());
+        let props = BasicProperties::default().with_headers(headers);
         let dead = self.topology.dead.clone();
-        if self
-            .publish(&dead, job.body(), job.properties_with(headers))
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(BrokerError::NotConfirmed(dead))
-        }
+        self.publish_declared(&dead, job.body(), props).await
     }
 }
 
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> AmqpSettings {
+        AmqpSettings {
+            url: "amqp://x".into(),
+            jobs_queue: "j".into(),
+            results_queue: "r".into(),
+            prefetch: 1,
+        }
+    }
+
+    #[test]
+    fn only_waiting_queues_dead_letter_back() {
+        let t = Topology::new(&settings(), 3);
+        for q in ["j.wait", "j.retry.1", "j.retry.2"] {
+            assert_eq!(t.arguments(q).inner().len(), 2, "{q}");
+        }
+        for q in ["j", "r", "j.dead", "j.retry.3", "j.retry.x"] {
+            assert!(t.arguments(q).inner().is_empty(), "{q}");
+        }
+        assert!(t.owns("j.retry.2") && !t.owns("j.retry.3") && !t.owns("other"));
+    }
+
+    #[test]
+    fn encoded_len_bounds_nested_tables() {
+        let mut inner = FieldTable::default();
+        inner.insert("CC".into(), AMQPValue::LongString("x".repeat(100).into()));
+        let mut outer = FieldTable::default();
+        outer.insert("h".into(), AMQPValue::FieldTable(inner));
+        let n = encoded_len(&AMQPValue::FieldTable(outer));
+        assert!((110..130).contains(&n), "{n}");
+    }
 }

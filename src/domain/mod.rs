@@ -8,11 +8,20 @@ mod email;
 mod ip;
 mod job;
 mod job_id;
+mod ticket;
 
 pub use email::{EmailAddress, Normalization};
 pub use ip::IpKey;
 pub use job::{Code, Job, Name, VarValue, Vars};
 pub use job_id::JobId;
+pub use ticket::Ticket;
+
+/// The wall clock, ms since the Unix epoch: for publish times and
+/// latencies. Limits and leases never use it: they run on the ledger's
+/// clock (Redis `TIME`), so workers whose clocks disagree still agree.
+pub fn now_ms() -> u64 {
+    u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0)
+}
 
 /// Why a piece of input could not become a domain value.
 ///

@@ -1,4 +1,6 @@
-//! The exact multi-window rate limiter.
+//! The exact multi-window rate limiter: it decides, and it records
+//! admissions. Which job an admission belongs to, and what became of it, is
+//! the [`crate::ledger`]'s business.
 //!
 //! # Semantics
 //! A request is a job id, a mailbox and optionally a client IP, decided at a
@@ -15,17 +17,12 @@
 //! the largest of those. The rule giving it is the *binding* rule; on a tie
 //! the first in order (scopes as listed, rules as configured) binds.
 //!
-//! Admissions are keyed by job id: an id already admitted (and not refunded)
-//! is counted no second time. Its answer says whether its mail went out
-//! ([`Verdict::Duplicate`]), whether another attempt owns the send right now
-//! ([`Verdict::InProgress`]), or whether the send is the caller's to do
-//! because no attempt owns it any more ([`Verdict::Resume`]: a worker died
-//! between admission and send). The *send lease* makes one admission be
-//! mailed by one attempt at a time.
-//!
-//! # Backends
-//! [`RedisLimiter`] is the production backend, shared by any number of
-//! workers; [`MemoryLimiter`] has the same semantics within one process.
+//! # Where the decision runs
+//! In Redis, `decide.lua` holds the decision as Lua functions; the ledger's
+//! script runs them in the same atomic call that looks up and writes the
+//! job's record, so a job is counted once however many copies of it arrive.
+//! In process, `MemoryLogs` holds the same logs for the in-memory ledger.
+//! Both ledgers answer the support tools' questions through [`Quotas`].
 
 mod memory;
 mod redis;
@@ -33,11 +30,15 @@ mod redis;
 use std::fmt;
 use std::future::Future;
 
-pub use self::memory::MemoryLimiter;
-pub use self::redis::RedisLimiter;
+pub(crate) use self::memory::MemoryLogs;
+pub(crate) use self::redis::{connect, reset as redis_reset, usage as redis_usage};
 
 use crate::domain::{EmailAddress, IpKey, JobId, Name};
 use crate::settings::{LimitSettings, Rule};
+
+/// The limiter's decision as Lua functions, for the scripts that decide (see
+/// the module docs).
+pub(crate) const DECIDE_LUA: &str = include_str!("decide.lua");
 
 /// What a rate-limit key identifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -101,70 +102,13 @@ pub enum Clock {
     At(u64),
 }
 
-/// The answer to a [`Request`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// The time the decision was taken at (ms since the epoch, backend clock).
-    pub decided_at_ms: u64,
-    /// What was decided.
-    pub verdict: Verdict,
-}
-
-/// The outcome of a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Within every rule; the admission is now recorded in every scope, and
-    /// the caller owns the job's send for the send lease.
-    Admitted,
-    /// Some rule is full. Nothing was recorded.
-    Rejected {
-        /// Exactly how long until the same request would be admitted.
-        retry_after_ms: u64,
-        /// The rule that sets `retry_after_ms`.
-        rule: RuleRef,
-    },
-    /// This job id is already admitted (and not refunded) and its mail went
-    /// out. Nothing was counted; nothing must be sent.
-    Duplicate {
-        /// When the admission was recorded.
-        admitted_at_ms: u64,
-    },
-    /// This job id is already admitted but its mail is not known to have gone
-    /// out, and another attempt owns the send (its lease is live). Nothing
-    /// was counted; ask again after `lease_left_ms`.
-    InProgress {
-        /// When the admission was recorded.
-        admitted_at_ms: u64,
-        /// How long the other attempt's lease still runs.
-        lease_left_ms: u64,
-    },
-    /// This job id is already admitted, its send never began, and no attempt
-    /// owns it any more (its lease lapsed or was released): the send lease
-    /// is now the caller's, which must send. Nothing was counted.
-    Resume {
-        /// When the admission was recorded.
-        admitted_at_ms: u64,
-    },
-    /// This job id's SMTP transaction began and its sender vanished before
-    /// recording the outcome (its lease lapsed): the mail may have gone out.
-    /// It is never sent again; the caller answers it. Nothing was counted.
-    Interrupted {
-        /// When the admission was recorded.
-        admitted_at_ms: u64,
-    },
-}
-
-/// Why the limiter could not decide. Every variant is transient from the
-/// job's point of view: the job should be retried, not answered.
+/// Why the limiter's tools could not answer. Transient: ask again.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LimitError {
-    /// Redis could not be reached or returned an error. Shared, because one
-    /// failed script call fails every request batched into it.
+    /// Redis could not be reached or returned an error.
     #[error("redis: {0}")]
     Redis(std::sync::Arc<::redis::RedisError>),
-    /// The script answered something this build does not understand (a
-    /// different script version loaded under the same SHA cannot happen, so
-    /// this means a bug or a tampered server).
+    /// Redis answered something this build does not understand.
     #[error("unexpected limiter reply: {0}")]
     Protocol(String),
 }
@@ -175,40 +119,10 @@ impl From<::redis::RedisError> for LimitError {
     }
 }
 
-/// A rate limiter backend. Both backends implement exactly the semantics in
-/// the module docs, checked by one conformance suite.
-pub trait RateLimiter: Send + Sync {
-    /// Decides `req` at `clock`, recording an admission atomically in every scope.
-    fn check(
-        &self,
-        req: &Request<'_>,
-        clock: Clock,
-    ) -> impl Future<Output = Result<Decision, LimitError>> + Send;
-
-    /// Removes the admission of job `id` from every scope, giving its quota
-    /// back (a send failed permanently, or the code expired before sending).
-    /// Returns whether there was an admission to remove; the id may then be
-    /// admitted afresh.
-    fn refund(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
-
-    /// Records that the SMTP transaction of admitted job `id` begins, renewing
-    /// its lease. From now on, if this attempt vanishes, the job is answered
-    /// [`Verdict::Interrupted`] rather than sent again. Returns whether the
-    /// job was admitted and not already sending.
-    fn mark_sending(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
-
-    /// Records that the mail of admitted job `id` went out, so that a
-    /// redelivery is answered [`Verdict::Duplicate`] rather than mailed
-    /// again. Returns whether the job was known.
-    fn mark_sent(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
-
-    /// Gives up the send lease of admitted, unsent job `id` (its send failed
-    /// transiently and will be retried): it is no longer sending, and the
-    /// retry is answered [`Verdict::Resume`] at once instead of waiting for
-    /// the lease to lapse.
-    /// Returns whether the job is admitted and unsent.
-    fn release(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
-
+/// What support tools ask of a limiter backend: how much of a subject's
+/// quota is used, and forgetting it. Both backends answer alike, checked by
+/// one conformance suite.
+pub trait Quotas: Send + Sync {
     /// How much of its quota `subject` has used under `purpose`'s rules, at
     /// `clock`, changing nothing (for `mailgate limits show`).
     fn usage(
@@ -217,17 +131,6 @@ pub trait RateLimiter: Send + Sync {
         purpose: Option<&Name>,
         clock: Clock,
     ) -> impl Future<Output = Result<Usage, LimitError>> + Send;
-
-    /// Records that job `id` was answered (its result confirmed by the
-    /// broker), for the dedup period, so a redelivery of the same message
-    /// after a crash between the result and the ack is not answered twice.
-    fn mark_answered(&self, id: &JobId) -> impl Future<Output = Result<(), LimitError>> + Send;
-
-    /// Whether [`RateLimiter::mark_answered`] was called for `id`.
-    fn answered(&self, id: &JobId) -> impl Future<Output = Result<bool, LimitError>> + Send;
-
-    /// Whether the backend answers (for readiness checks).
-    fn ping(&self) -> impl Future<Output = Result<(), LimitError>> + Send;
 
     /// Forgets every admission counted for `subject` (for support staff).
     /// Job records stay, so redelivered jobs are still de-duplicated.
@@ -306,18 +209,29 @@ impl Keyspace {
         }
     }
 
-    pub fn job_key(&self, id: &JobId) -> String {
-        format!("{}{}", self.job_key_prefix(), id.as_str())
+    /// The key of job `id`'s ledger record.
+    pub fn record_key(&self, id: &JobId) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + 4 + id.as_str().len());
+        key.push_str(&self.prefix);
+        key.push_str("job:");
+        key.push_str(id.as_str());
+        key
     }
 
-    /// The key marking that job `id` was answered.
-    pub fn answered_key(&self, id: &JobId) -> String {
-        format!("{}done:{}", self.prefix, id.as_str())
-    }
-
-    /// Job keys are this followed by the job id.
-    pub fn job_key_prefix(&self) -> String {
-        format!("{}job:", self.prefix)
+    /// The rule sets as `decide.lua` reads them from ARGV: their count, then
+    /// for each its number of rules, how long its keys keep admissions, and
+    /// each rule's `(window_ms, max)`.
+    pub fn rule_set_args(&self) -> Vec<u64> {
+        let mut args = vec![self.sets.len() as u64];
+        for set in &self.sets {
+            args.push(set.rules.len() as u64);
+            args.push(set.keep_ms);
+            for rule in &set.rules {
+                args.push(rule.window_ms());
+                args.push(rule.max.into());
+            }
+        }
+        args
     }
 
     /// The rule set a scope uses for a purpose: its override, else the default.
@@ -375,7 +289,7 @@ impl Keyspace {
     }
 
     pub fn dedup_ms(&self) -> u64 {
-        u64::try_from(self.limits.dedup_period().as_millis())
+        u64::try_from(self.limits.dedup_for.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
     }

@@ -9,7 +9,9 @@ pub mod smtp;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mailgate::domain::{EmailAddress, IpKey, JobId};
+use mailgate::domain::{EmailAddress, IpKey, JobId, Name, Ticket};
+use mailgate::ledger::{Admission, Entry, JobRef, Ledger, MemoryLedger, RedisLedger, Verdict};
+use mailgate::limiter::{Clock, Quotas, Request};
 use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
 
 /// The Redis the tests share (the development machine's, or CI's).
@@ -36,6 +38,110 @@ pub fn redis_settings(prefix: &str) -> RedisSettings {
     RedisSettings {
         url: redis_url(),
         key_prefix: prefix.to_owned(),
+        allow_eviction: false,
+    }
+}
+
+/// A ledger plus whatever must be cleaned up after it.
+pub struct Built<L> {
+    pub ledger: L,
+    _cleanup: Option<RedisCleanup>,
+}
+
+/// Builds a fresh, empty ledger of one backend.
+pub trait Make {
+    type L: Ledger + Quotas + Clone + 'static;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<Self::L>;
+}
+
+/// The Redis ledger on the shared Redis, under a fresh prefix.
+pub struct RedisBackend;
+impl Make for RedisBackend {
+    type L = RedisLedger;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
+        let prefix = unique_prefix(test);
+        let cleanup = RedisCleanup {
+            prefix: prefix.clone(),
+        };
+        let ledger = RedisLedger::connect(&redis_settings(&prefix), &limits)
+            .await
+            .expect("connect to the shared Redis");
+        Built {
+            ledger,
+            _cleanup: Some(cleanup),
+        }
+    }
+}
+
+/// The in-memory ledger.
+pub struct MemoryBackend;
+impl Make for MemoryBackend {
+    type L = MemoryLedger;
+    async fn make(&self, _test: &str, limits: LimitSettings) -> Built<MemoryLedger> {
+        Built {
+            ledger: MemoryLedger::new(&limits),
+            _cleanup: None,
+        }
+    }
+}
+
+/// One job as the tests name it: id, mailbox, client, purpose.
+#[derive(Clone)]
+pub struct TestJob {
+    pub id: JobId,
+    pub email: EmailAddress,
+    pub ip: Option<IpKey>,
+    pub purpose: Option<Name>,
+}
+
+impl TestJob {
+    pub fn new(job: &str, mail: &str, from: Option<&str>) -> Self {
+        Self {
+            id: id(job),
+            email: email(mail),
+            ip: from.map(ip),
+            purpose: None,
+        }
+    }
+
+    pub fn purpose(mut self, purpose: Option<&str>) -> Self {
+        self.purpose = purpose.map(|p| Name::parse("purpose", p).expect("test purpose"));
+        self
+    }
+
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            id: &self.id,
+            email: &self.email,
+            ip: self.ip.as_ref(),
+            purpose: self.purpose.as_ref(),
+        }
+    }
+
+    pub fn by<'a>(&'a self, ticket: &'a Ticket) -> JobRef<'a> {
+        JobRef {
+            request: self.request(),
+            ticket,
+        }
+    }
+
+    /// The whole admission for lineage `ticket` at `clock`.
+    pub async fn admission<L: Ledger>(&self, l: &L, ticket: &Ticket, clock: Clock) -> Admission {
+        let entry = Entry {
+            job: self.by(ticket),
+            send_now: false,
+            expires_at_ms: None,
+        };
+        l.admit(&entry, clock).await.expect("the ledger answers")
+    }
+
+    /// Admission for lineage `ticket` at `clock`.
+    pub async fn admit<L: Ledger>(&self, l: &L, ticket: &Ticket, clock: Clock) -> Verdict {
+        let a = self.admission(l, ticket, clock).await;
+        if let Clock::At(t) = clock {
+            assert_eq!(a.decided_at_ms, t, "decided_at_ms is the decision time");
+        }
+        a.verdict
     }
 }
 
@@ -123,21 +229,29 @@ pub const HOUR: u64 = 60 * MIN;
 pub struct PrivateRedis {
     child: std::process::Child,
     pub port: u16,
+    args: Vec<String>,
 }
 
 impl PrivateRedis {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server started with these extra arguments (e.g. a memory policy).
+    pub fn start_with(args: &[&str]) -> Self {
         let port = free_port();
-        let child = Self::spawn(port);
-        let me = Self { child, port };
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let child = Self::spawn(port, &args);
+        let me = Self { child, port, args };
         me.wait_until_up();
         me
     }
 
-    fn spawn(port: u16) -> std::process::Child {
+    fn spawn(port: u16, args: &[String]) -> std::process::Child {
         std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is installed")
@@ -166,7 +280,7 @@ impl PrivateRedis {
     /// Starts a fresh server on the same port.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Self::spawn(self.port);
+        self.child = Self::spawn(self.port, &self.args);
         self.wait_until_up();
     }
 

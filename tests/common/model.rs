@@ -1,17 +1,37 @@
-//! A plain reference model of the limiter semantics, written straight from the
-//! definitions and sharing no code with either backend: counts are recounted
-//! from a flat list of admissions, and `retry_after_ms` is found by trying
-//! every moment at which some admission leaves some window.
+//! A plain reference model of the limiter and the ledger, written straight
+//! from the definitions and sharing no code with either backend: counts are
+//! recounted from a flat list of admissions, `retry_after_ms` is found by
+//! trying every moment at which some admission leaves some window, and each
+//! job's record follows the lifecycle in `src/ledger/mod.rs`.
 
-use mailgate::limiter::{RuleRef, Scope, Verdict};
+use mailgate::ledger::{Refund, Verdict};
+use mailgate::limiter::{RuleRef, Scope};
 use mailgate::settings::Rule;
 
 struct Admission {
     at: u64,
     id: String,
     keys: Vec<String>,
-    sent: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Admitted,
+    Sending,
+    Sent,
+    Unknown,
+    Refunded,
+}
+
+struct Record {
+    id: String,
+    /// What the id was admitted for (any value that differs per job).
+    fp: String,
+    at: u64,
+    state: State,
+    owner: u32,
     lease_until: u64,
+    answered: bool,
 }
 
 /// Scopes that apply to one request: `(scope, key, rules)` in decision order.
@@ -19,6 +39,7 @@ pub type Scopes<'a> = Vec<(Scope, String, &'a [Rule])>;
 
 pub struct Model {
     admissions: Vec<Admission>,
+    records: Vec<Record>,
     lease_ms: u64,
 }
 
@@ -26,6 +47,7 @@ impl Model {
     pub fn new(lease_ms: u64) -> Self {
         Self {
             admissions: Vec::new(),
+            records: Vec::new(),
             lease_ms,
         }
     }
@@ -55,29 +77,77 @@ impl Model {
         full
     }
 
-    pub fn check(&mut self, id: &str, scopes: &Scopes<'_>, t: u64) -> Verdict {
+    fn record(&mut self, id: &str) -> Option<&mut Record> {
+        self.records.iter_mut().find(|r| r.id == id)
+    }
+
+    /// A new message of lineage `ticket` for job `id` (admitted for `fp`)
+    /// at `t`.
+    pub fn admit(&mut self, id: &str, fp: &str, ticket: u32, scopes: &Scopes<'_>, t: u64) -> Verdict {
         let lease_ms = self.lease_ms;
-        if let Some(a) = self.admissions.iter_mut().find(|a| a.id == id) {
-            let admitted_at_ms = a.at;
-            return if a.sent {
-                Verdict::Duplicate { admitted_at_ms }
-            } else if a.lease_until > t {
-                Verdict::InProgress {
-                    admitted_at_ms,
-                    lease_left_ms: a.lease_until - t,
+        if let Some(r) = self.record(id) {
+            let mine = r.owner == ticket;
+            let (at, answered) = (r.at, r.answered);
+            if r.fp != fp {
+                return Verdict::Conflict;
+            }
+            match r.state {
+                State::Refunded if mine => {
+                    return Verdict::Finished {
+                        how: Refund::Failed,
+                        answered,
+                    };
                 }
-            } else {
-                a.lease_until = t + lease_ms;
-                Verdict::Resume { admitted_at_ms }
-            };
+                State::Sent => {
+                    return Verdict::Sent {
+                        admitted_at_ms: at,
+                        by_owner: mine,
+                        answered,
+                    };
+                }
+                State::Unknown => {
+                    return Verdict::Unknown {
+                        by_owner: mine,
+                        answered,
+                    };
+                }
+                State::Admitted | State::Sending if r.lease_until > t => {
+                    return Verdict::Busy {
+                        lease_left_ms: r.lease_until - t,
+                    };
+                }
+                State::Sending => {
+                    r.state = State::Unknown;
+                    r.answered = false;
+                    return Verdict::Unknown {
+                        by_owner: mine,
+                        answered: false,
+                    };
+                }
+                State::Admitted => {
+                    r.owner = ticket;
+                    r.lease_until = t + lease_ms;
+                    r.answered = false;
+                    return Verdict::Resumed { admitted_at_ms: at };
+                }
+                State::Refunded => {}
+            }
         }
         if self.full_rules(scopes, t).is_empty() {
             self.admissions.push(Admission {
                 at: t,
                 id: id.to_owned(),
                 keys: scopes.iter().map(|(_, k, _)| k.clone()).collect(),
-                sent: false,
-                lease_until: t + self.lease_ms,
+            });
+            self.records.retain(|r| r.id != id);
+            self.records.push(Record {
+                id: id.to_owned(),
+                fp: fp.to_owned(),
+                at: t,
+                state: State::Admitted,
+                owner: ticket,
+                lease_until: t + lease_ms,
+                answered: false,
             });
             return Verdict::Admitted;
         }
@@ -112,30 +182,60 @@ impl Model {
         }
     }
 
-    pub fn refund(&mut self, id: &str) -> bool {
-        let before = self.admissions.len();
-        self.admissions.retain(|a| a.id != id);
-        before != self.admissions.len()
-    }
-
-    pub fn mark_sent(&mut self, id: &str) -> bool {
-        match self.admissions.iter_mut().find(|a| a.id == id) {
-            Some(a) => {
-                a.sent = true;
-                a.lease_until = 0;
+    /// The owner's send begins.
+    pub fn sending(&mut self, id: &str, ticket: u32, t: u64) -> bool {
+        let lease_ms = self.lease_ms;
+        match self.record(id) {
+            Some(r) if r.state == State::Admitted && r.owner == ticket => {
+                r.state = State::Sending;
+                r.lease_until = t + lease_ms;
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
-    pub fn release(&mut self, id: &str) -> bool {
-        match self.admissions.iter_mut().find(|a| a.id == id && !a.sent) {
-            Some(a) => {
-                a.lease_until = 0;
+    /// The mail went out.
+    pub fn sent(&mut self, id: &str, ticket: u32) -> bool {
+        match self.record(id) {
+            Some(r) if r.state != State::Refunded => {
+                r.state = State::Sent;
+                r.owner = ticket;
+                r.lease_until = 0;
+                r.answered = true;
                 true
             }
-            None => false,
+            _ => false,
+        }
+    }
+
+    /// A refund, as failed.
+    pub fn refund(&mut self, id: &str, ticket: u32) -> bool {
+        match self.record(id) {
+            Some(r)
+                if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) =>
+            {
+                r.state = State::Refunded;
+                r.lease_until = 0;
+                r.answered = true;
+                self.admissions.retain(|a| a.id != id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A transient failure gives the lease back.
+    pub fn release(&mut self, id: &str, ticket: u32) -> bool {
+        match self.record(id) {
+            Some(r)
+                if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) =>
+            {
+                r.state = State::Admitted;
+                r.lease_until = 0;
+                true
+            }
+            _ => false,
         }
     }
 }

@@ -1,0 +1,319 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{
+    Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund,
+    Verdict,
+};
+use crate::domain::{Name, Ticket};
+use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
+use crate::settings::LimitSettings;
+
+/// How many admissions pass between sweeps of idle keys and records.
+const SWEEP_EVERY: u64 = 1024;
+
+/// The single-process ledger: the same semantics as [`super::RedisLedger`]
+/// (one conformance suite checks both), with records and limiter logs in
+/// this process. For one worker without Redis (`redis.url = "memory://"`)
+/// and for tests; several workers with in-memory ledgers do **not** share
+/// quotas, and nothing survives a restart.
+///
+/// Memory stays bounded: every [`SWEEP_EVERY`] admissions, records past
+/// their dedup period and logs idle for their longest window are dropped.
+#[derive(Clone)]
+pub struct MemoryLedger {
+    inner: Arc<Mutex<State>>,
+}
+
+struct State {
+    logs: MemoryLogs,
+    /// Job id → its record.
+    records: HashMap<String, Record>,
+    admissions: u64,
+    /// The latest time any call was made at: the clock of the calls that
+    /// take none (their records' lives are counted from it).
+    clock: u64,
+}
+
+struct Record {
+    fingerprint: Fingerprint,
+    admitted_at: u64,
+    state: JobState,
+    owner: Ticket,
+    lease_until: u64,
+    answered: bool,
+    /// When the record is forgotten.
+    until: u64,
+}
+
+impl MemoryLedger {
+    /// An empty ledger with `limits`. Keys carry no prefix: nothing else
+    /// shares this process's memory.
+    pub fn new(limits: &LimitSettings) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(State {
+                logs: MemoryLogs::new(Keyspace::new("", limits)),
+                records: HashMap::new(),
+                admissions: 0,
+                clock: 0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // No code path panics while holding the lock, and the state stays
+        // consistent between statements; recover rather than poison forever.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(clock: Clock) -> u64 {
+        match clock {
+            Clock::At(ms) => ms,
+            Clock::Server => crate::domain::now_ms(),
+        }
+    }
+
+    /// How many limiter keys and job records are held, for memory-bound tests.
+    pub fn len(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.logs.len(), s.records.len())
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+
+    /// Drops every key and record idle at `now` (ms) at once, rather than at
+    /// the next periodic sweep. Lets tests check the memory bound.
+    pub fn sweep(&self, now: u64) {
+        self.lock().sweep(now);
+    }
+}
+
+impl State {
+    fn sweep(&mut self, now: u64) {
+        self.logs.sweep(now);
+        self.records.retain(|_, r| r.until > now);
+    }
+
+    /// The live record of `id` at `now`, if any.
+    fn record(&mut self, id: &str, now: u64) -> Option<&mut Record> {
+        self.clock = self.clock.max(now);
+        self.records.get_mut(id).filter(|r| r.until > now)
+    }
+
+    /// The record of `id` as of the latest call.
+    fn latest(&mut self, id: &str) -> Option<&mut Record> {
+        let now = self.clock;
+        self.record(id, now)
+    }
+
+    /// `ledger.lua`'s "admit" for one request.
+    fn admit(&mut self, entry: &Entry<'_>, now: u64) -> Verdict {
+        let job = &entry.job;
+        let keys = self.logs.keyspace().clone();
+        let (lease, dedup) = (keys.lease_ms(), keys.dedup_ms());
+        let scopes = keys.applicable(&job.request);
+        let fingerprint = Fingerprint::of(&job.request);
+        let expired = entry.expires_at_ms.is_some_and(|at| at <= now);
+        let sending = if entry.send_now {
+            JobState::Sending
+        } else {
+            JobState::Admitted
+        };
+        let id = job.request.id.as_str();
+        if let Some(rec) = self.record(id, now) {
+            let mine = rec.owner == *job.ticket;
+            let answered = rec.answered;
+            let admitted_at_ms = rec.admitted_at;
+            match rec.state {
+                _ if rec.fingerprint != fingerprint => return Verdict::Conflict,
+                JobState::Refunded(how) if mine => return Verdict::Finished { how, answered },
+                JobState::Sent => {
+                    return Verdict::Sent {
+                        admitted_at_ms,
+                        by_owner: mine,
+                        answered,
+                    };
+                }
+                JobState::Unknown => {
+                    return Verdict::Unknown {
+                        by_owner: mine,
+                        answered,
+                    };
+                }
+                JobState::Admitted | JobState::Sending if rec.lease_until > now => {
+                    return Verdict::Busy {
+                        lease_left_ms: rec.lease_until - now,
+                    };
+                }
+                JobState::Sending => {
+                    // Its send began and its owner vanished: never resent.
+                    rec.state = JobState::Unknown;
+                    rec.answered = false;
+                    rec.until = now.saturating_add(dedup);
+                    return Verdict::Unknown {
+                        by_owner: mine,
+                        answered: false,
+                    };
+                }
+                JobState::Admitted if expired => {
+                    rec.state = JobState::Refunded(Refund::Expired);
+                    rec.owner = job.ticket.clone();
+                    rec.lease_until = 0;
+                    rec.answered = false;
+                    rec.until = now.saturating_add(dedup);
+                    self.logs.forget(&scopes, id);
+                    return Verdict::Expired;
+                }
+                JobState::Admitted => {
+                    rec.state = sending;
+                    rec.owner = job.ticket.clone();
+                    rec.lease_until = now.saturating_add(lease);
+                    rec.answered = false;
+                    rec.until = now.saturating_add(dedup);
+                    return Verdict::Resumed { admitted_at_ms };
+                }
+                // Another lineage's refunded admission: decide afresh.
+                JobState::Refunded(_) => {}
+            }
+        }
+        if expired {
+            return Verdict::Expired;
+        }
+        if let Some((retry_after_ms, rule)) = self.logs.judge(&scopes, now) {
+            return Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            };
+        }
+        self.logs.record(&scopes, now, id);
+        self.records.insert(
+            id.to_owned(),
+            Record {
+                fingerprint,
+                admitted_at: now,
+                state: sending,
+                owner: job.ticket.clone(),
+                lease_until: now.saturating_add(lease),
+                answered: false,
+                until: now.saturating_add(dedup),
+            },
+        );
+        Verdict::Admitted
+    }
+}
+
+impl Ledger for MemoryLedger {
+    async fn admit(&self, entry: &Entry<'_>, clock: Clock) -> Result<Admission, LedgerError> {
+        let now = Self::now(clock);
+        let mut state = self.lock();
+        state.admissions += 1;
+        if state.admissions.is_multiple_of(SWEEP_EVERY) {
+            state.sweep(now);
+        }
+        Ok(Admission {
+            decided_at_ms: now,
+            verdict: state.admit(entry, now),
+        })
+    }
+
+    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
+        let now = Self::now(clock);
+        let mut state = self.lock();
+        let lease = state.logs.keyspace().lease_ms();
+        Ok(match state.record(job.request.id.as_str(), now) {
+            Some(rec) if rec.state == JobState::Admitted && rec.owner == *job.ticket => {
+                rec.state = JobState::Sending;
+                rec.lease_until = now.saturating_add(lease);
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        Ok(match state.latest(job.request.id.as_str()) {
+            Some(rec)
+                if matches!(rec.state, JobState::Admitted | JobState::Sending)
+                    && rec.owner == *job.ticket =>
+            {
+                rec.state = JobState::Admitted;
+                rec.lease_until = 0;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn settle(
+        &self,
+        job: &JobRef<'_>,
+        ending: &Ending,
+        answered: bool,
+    ) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        let (keys, now) = (state.logs.keyspace().clone(), state.clock);
+        let id = job.request.id.as_str();
+        let Some(rec) = state.latest(id) else {
+            return Ok(false);
+        };
+        let mine = rec.owner == *job.ticket;
+        let unsent = matches!(rec.state, JobState::Admitted | JobState::Sending);
+        let refund = match ending {
+            Ending::Sent if !matches!(rec.state, JobState::Refunded(_)) => {
+                rec.state = JobState::Sent;
+                rec.owner = job.ticket.clone();
+                None
+            }
+            Ending::Unknown if mine && matches!(rec.state, JobState::Sending | JobState::Unknown) => {
+                rec.state = JobState::Unknown;
+                None
+            }
+            Ending::Refund(how) if mine && unsent => {
+                rec.state = JobState::Refunded(*how);
+                Some(())
+            }
+            _ => return Ok(false),
+        };
+        rec.lease_until = 0;
+        rec.answered = answered;
+        rec.until = now.saturating_add(keys.dedup_ms());
+        if refund.is_some() {
+            state.logs.forget(&keys.applicable(&job.request), id);
+        }
+        Ok(true)
+    }
+
+    async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        Ok(match state.latest(job.request.id.as_str()) {
+            Some(rec) if rec.owner == *job.ticket => {
+                rec.answered = true;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn health(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}
+
+impl Quotas for MemoryLedger {
+    async fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> Result<Usage, LimitError> {
+        Ok(self.lock().logs.usage(subject, purpose, Self::now(clock)))
+    }
+
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+        Ok(self.lock().logs.reset(subject))
+    }
+}

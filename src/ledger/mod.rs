@@ -1,0 +1,401 @@
+//! The job ledger: what became of each job id, so that a job is counted
+//! once, mailed at most once, and every message about it gets an answer that
+//! agrees with the others.
+//!
+//! # The record
+//! An id gets a record when it is first admitted; rejected, invalid and
+//! expired jobs leave nothing behind. The record binds the id to what it was
+//! admitted for (its [`Fingerprint`]: mailbox, client address, purpose),
+//! holds the job's [`JobState`], the [`Ticket`] of the message lineage that
+//! owns its send, and that owner's *send lease*. It lives `limits.dedup_for`
+//! after its last change: within that period an id is never mailed twice.
+//!
+//! ```text
+//!            admit (limiter admits)
+//!   (none) ────────────────────────► Admitted ──sending──► Sending ──settle: sent──► Sent
+//!     ▲         admit, send_now          │  ▲                 │  │
+//!     │      ───────────────────────────┼──┼────────────────►│  ├─settle: unknown──► Unknown
+//!     │                                  │  └────release──────┘  └─lease lapses, seen──► Unknown
+//!     │   admit of a new lineage         │  (a transient failure)
+//!     └──────── Refunded ◄──settle: refund (expired, failed, invalid), or admit past expires_at
+//! ```
+//!
+//! # Tickets and lineages
+//! A message that reaches mailgate without a ticket (a producer's message,
+//! or a dead letter replayed) gets a fresh [`Ticket`]; the copies mailgate
+//! publishes itself (retries, lease waits) carry it on. The record names the
+//! owner's ticket, so the ledger tells "this job's own retry" from "another
+//! message with the same id" without remembering anything per message.
+//!
+//! # Backends
+//! [`RedisLedger`] (one Lua script, `ledger.lua`, run after the limiter's
+//! decision chunk) is shared by any number of workers; [`MemoryLedger`] has
+//! the same semantics in one process. One conformance suite checks both.
+
+mod memory;
+mod redis;
+
+use std::future::Future;
+
+use sha2::{Digest, Sha256};
+
+pub use self::memory::MemoryLedger;
+pub use self::redis::RedisLedger;
+
+use crate::domain::Ticket;
+use crate::domain::Name;
+use crate::limiter::{Clock, LimitError, Quotas, Request, RuleRef, Subject, Usage};
+use crate::settings::{LimitSettings, RedisSettings};
+
+/// What an id was admitted for: a digest of the mailbox (as parsed), the
+/// client address and the purpose. A message reusing the id for anything
+/// else is a conflict and never touches the first job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// The fingerprint of `req` (SHA-256, first 128 bits, hex).
+    pub fn of(req: &Request<'_>) -> Self {
+        let mut h = Sha256::new();
+        h.update(req.email.as_str().as_bytes());
+        h.update([0]);
+        if let Some(ip) = req.ip {
+            h.update(ip.addr().to_string().as_bytes());
+        }
+        h.update([0]);
+        h.update(req.purpose.map_or("", |p| p.as_str()).as_bytes());
+        let digest = h.finalize();
+        Self(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// The fingerprint as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A job's state in its record. The Redis script spells each as one
+/// character ([`JobState::code`]); the memory backend holds the enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Admitted; its SMTP transaction has not begun (or a transient failure
+    /// ended it before the message was handed over).
+    Admitted,
+    /// An SMTP transaction began and its outcome is not recorded.
+    Sending,
+    /// The SMTP server accepted the mail.
+    Sent,
+    /// The mail may or may not have arrived (its sender vanished mid-send,
+    /// or the server never answered the end of the message). Never resent.
+    Unknown,
+    /// Ended without a mail; the quota was given back.
+    Refunded(Refund),
+}
+
+impl JobState {
+    /// The character `ledger.lua` stores in the record's `st` field.
+    pub fn code(self) -> u8 {
+        match self {
+            JobState::Admitted => b'a',
+            JobState::Sending => b'x',
+            JobState::Sent => b's',
+            JobState::Unknown => b'u',
+            JobState::Refunded(_) => b'r',
+        }
+    }
+}
+
+/// How a job ended without a mail (its quota given back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refund {
+    /// `expires_at` passed before its send began.
+    Expired,
+    /// The SMTP server refused it, or every attempt failed.
+    Failed,
+    /// Its mail could not be built (its variables break a template).
+    Invalid,
+}
+
+impl Refund {
+    /// The character `ledger.lua` stores in the record's `fin` field.
+    pub fn code(self) -> u8 {
+        match self {
+            Refund::Expired => b'e',
+            Refund::Failed => b'f',
+            Refund::Invalid => b'i',
+        }
+    }
+
+    /// The refund a `fin` character stands for.
+    pub fn from_code(c: u8) -> Option<Self> {
+        [Refund::Expired, Refund::Failed, Refund::Invalid]
+            .into_iter()
+            .find(|r| r.code() == c)
+    }
+}
+
+/// One job as one message lineage asks about it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    /// The job as the limiter counts it (id, mailbox, client, purpose).
+    pub request: Request<'a>,
+    /// The asking lineage.
+    pub ticket: &'a Ticket,
+}
+
+/// What admission is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    /// The job and the asking lineage.
+    pub job: JobRef<'a>,
+    /// The caller holds a free SMTP connection and begins the transaction as
+    /// soon as it is admitted: the record goes straight to
+    /// [`JobState::Sending`], saving a round trip. Otherwise it stays
+    /// [`JobState::Admitted`] until [`Ledger::sending`].
+    pub send_now: bool,
+    /// The job's `expires_at`, ms since the epoch, if it has one.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// The answer to [`Ledger::admit`], taken at one instant of the backend's
+/// clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// The decision time (ms since the epoch, backend clock).
+    pub decided_at_ms: u64,
+    /// What the ledger found or did.
+    pub verdict: Verdict,
+}
+
+/// What admission found or did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The id had no live admission and the limiter admitted it now, in every
+    /// scope. The caller's lineage owns the send for the lease.
+    Admitted,
+    /// The id's admission had not begun sending and nobody held its lease:
+    /// the caller's lineage owns the send now. Nothing was counted again.
+    Resumed {
+        /// When the admission was recorded.
+        admitted_at_ms: u64,
+    },
+    /// A limit applies. Nothing was recorded.
+    Rejected {
+        /// Exactly how long until the same request would be admitted.
+        retry_after_ms: u64,
+        /// The rule that sets `retry_after_ms`.
+        rule: RuleRef,
+    },
+    /// `expires_at` passed and nothing was sending: nothing is admitted (an
+    /// unsent admission of the id was refunded).
+    Expired,
+    /// Another attempt owns the send; ask again after `lease_left_ms`.
+    Busy {
+        /// How long its lease still runs.
+        lease_left_ms: u64,
+    },
+    /// The id's mail went out.
+    Sent {
+        /// When its admission was recorded.
+        admitted_at_ms: u64,
+        /// The caller's lineage sent it.
+        by_owner: bool,
+        /// The sender's result was confirmed.
+        answered: bool,
+    },
+    /// The id's mail may have arrived (delivery unknown); it is never resent.
+    Unknown {
+        /// The caller's lineage was the sender.
+        by_owner: bool,
+        /// The sender's result was confirmed.
+        answered: bool,
+    },
+    /// The caller's own lineage ended without a mail, as `how`.
+    Finished {
+        /// How it was answered.
+        how: Refund,
+        /// That answer was confirmed.
+        answered: bool,
+    },
+    /// The id was admitted for another job (another mailbox, client or
+    /// purpose). Nothing was touched.
+    Conflict,
+}
+
+/// How an owner's attempt ended, for [`Ledger::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The SMTP server accepted the mail.
+    Sent,
+    /// The end of the message got no answer: delivery unknown, never resent.
+    Unknown,
+    /// No mail; give the quota back, answered as this.
+    Refund(Refund),
+}
+
+/// Why the ledger could not answer. Transient from a job's point of view:
+/// the job is retried, not answered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LedgerError {
+    /// Redis could not be reached or returned an error. Shared, because one
+    /// failed script call fails every request batched into it.
+    #[error("redis: {0}")]
+    Redis(std::sync::Arc<::redis::RedisError>),
+    /// Redis answered something this build does not understand.
+    #[error("unexpected ledger reply: {0}")]
+    Protocol(String),
+    /// The store cannot keep the ledger's promises (e.g. it evicts keys).
+    #[error("{0}")]
+    Unfit(String),
+}
+
+impl From<::redis::RedisError> for LedgerError {
+    fn from(e: ::redis::RedisError) -> Self {
+        LedgerError::Redis(std::sync::Arc::new(e))
+    }
+}
+
+/// A ledger backend. Both backends implement exactly the semantics in the
+/// module docs (and `ledger.lua`'s header), checked by one conformance suite.
+pub trait Ledger: Send + Sync {
+    /// Looks up the job's record and, if the id has no live admission, asks
+    /// the limiter and records the admission, atomically.
+    fn admit(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> impl Future<Output = Result<Admission, LedgerError>> + Send;
+
+    /// The owner begins its SMTP transaction ([`JobState::Admitted`] →
+    /// [`JobState::Sending`], lease renewed). `false`: the ticket no longer
+    /// owns an unsent admission (its lease lapsed and another attempt took
+    /// over); the caller must not send.
+    fn sending(
+        &self,
+        job: &JobRef<'_>,
+        clock: Clock,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// The owner's send failed before its message was handed over and will
+    /// be retried: back to [`JobState::Admitted`] with the lease released, so
+    /// the retry resumes at once. `false`: the ticket owned nothing unsent.
+    fn release(&self, job: &JobRef<'_>) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Records how the owner's attempt ended, and whether its result was
+    /// confirmed (`answered`). A refund removes the admission from every
+    /// scope. `false`: nothing was recorded (the record is gone, or a refund
+    /// was asked of what the ticket does not own unsent).
+    fn settle(
+        &self,
+        job: &JobRef<'_>,
+        ending: &Ending,
+        answered: bool,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// The owner's final result was confirmed (after a [`Ledger::settle`]
+    /// that came before the result was published).
+    fn answered(&self, job: &JobRef<'_>) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Whether the store answers and can keep the ledger's promises (for
+    /// readiness checks): Redis answers, and does not evict keys unless
+    /// `redis.allow_eviction` says so.
+    fn health(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
+}
+
+/// The ledger a worker uses, chosen by `redis.url`: Redis, or `memory://`
+/// for a single worker without Redis (limits are not shared with other
+/// workers and nothing survives a restart).
+pub enum Backend {
+    /// Shared, in Redis.
+    Redis(RedisLedger),
+    /// In this process.
+    Memory(MemoryLedger),
+}
+
+impl Backend {
+    /// Whether `redis.url` asks for the in-memory backend.
+    pub fn is_memory(redis: &RedisSettings) -> bool {
+        redis.url.starts_with("memory:")
+    }
+
+    /// Opens the backend `redis.url` names. For Redis this connects, loads
+    /// the script and checks the store ([`Ledger::health`]).
+    pub async fn open(redis: &RedisSettings, limits: &LimitSettings) -> Result<Self, LedgerError> {
+        if Self::is_memory(redis) {
+            return Ok(Backend::Memory(MemoryLedger::new(limits)));
+        }
+        let ledger = RedisLedger::connect(redis, limits).await?;
+        ledger.health().await?;
+        Ok(Backend::Redis(ledger))
+    }
+}
+
+impl Ledger for Backend {
+    async fn admit(&self, entry: &Entry<'_>, clock: Clock) -> Result<Admission, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.admit(entry, clock).await,
+            Backend::Memory(l) => l.admit(entry, clock).await,
+        }
+    }
+
+    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.sending(job, clock).await,
+            Backend::Memory(l) => l.sending(job, clock).await,
+        }
+    }
+
+    async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.release(job).await,
+            Backend::Memory(l) => l.release(job).await,
+        }
+    }
+
+    async fn settle(
+        &self,
+        job: &JobRef<'_>,
+        ending: &Ending,
+        answered: bool,
+    ) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.settle(job, ending, answered).await,
+            Backend::Memory(l) => l.settle(job, ending, answered).await,
+        }
+    }
+
+    async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.answered(job).await,
+            Backend::Memory(l) => l.answered(job).await,
+        }
+    }
+
+    async fn health(&self) -> Result<(), LedgerError> {
+        match self {
+            Backend::Redis(l) => l.health().await,
+            Backend::Memory(l) => l.health().await,
+        }
+    }
+}
+
+impl Quotas for Backend {
+    async fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> Result<Usage, LimitError> {
+        match self {
+            Backend::Redis(l) => l.usage(subject, purpose, clock).await,
+            Backend::Memory(l) => l.usage(subject, purpose, clock).await,
+        }
+    }
+
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+        match self {
+            Backend::Redis(l) => l.reset(subject).await,
+            Backend::Memory(l) => l.reset(subject).await,
+        }
+    }
+}

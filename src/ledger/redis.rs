@@ -1,0 +1,415 @@
+use std::sync::{Arc, LazyLock};
+
+use redis::aio::ConnectionManager;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{
+    Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict,
+};
+use crate::domain::Name;
+use crate::limiter::{
+    Clock, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage, redis_reset,
+    redis_usage,
+};
+use crate::settings::{LimitSettings, RedisSettings};
+
+/// The ledger's script: the limiter's decision chunk, then `ledger.lua`
+/// (whose header documents every operation's KEYS and ARGV).
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{}", include_str!("ledger.lua"))));
+
+/// Most admissions decided in one script call.
+const MAX_BATCH: usize = 64;
+/// Admission calls in flight at once; while they run, new requests gather
+/// into the next batch.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// The result codes of `ledger.lua`'s "admit", named as in its `CODE` table
+/// (a unit test checks the two agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    Rejected = 0,
+    Admitted = 1,
+    Expired = 2,
+    Resumed = 3,
+    Busy = 4,
+    Sent = 5,
+    Unknown = 6,
+    Finished = 7,
+    Conflict = 8,
+}
+
+/// Every code with its name in `ledger.lua`.
+const CODES: [(Code, &str); 9] = [
+    (Code::Rejected, "rejected"),
+    (Code::Admitted, "admitted"),
+    (Code::Expired, "expired"),
+    (Code::Resumed, "resumed"),
+    (Code::Busy, "busy"),
+    (Code::Sent, "sent"),
+    (Code::Unknown, "unknown"),
+    (Code::Finished, "finished"),
+    (Code::Conflict, "conflict"),
+];
+
+/// The production ledger: records in Redis, shared by every worker.
+///
+/// Admissions asked while earlier ones are in flight are decided together in
+/// one `EVALSHA` (in arrival order, all at one Redis instant, atomically), so
+/// under load the fixed cost of a script call is shared; an idle ledger sends
+/// each at once. The script is loaded again on `NOSCRIPT` (e.g. after a Redis
+/// restart). The connection is multiplexed and re-established after Redis
+/// comes back; a call made while Redis is away fails with
+/// [`LedgerError::Redis`], which callers treat as transient.
+#[derive(Clone)]
+pub struct RedisLedger {
+    conn: ConnectionManager,
+    keys: Arc<Keyspace>,
+    queue: mpsc::Sender<Pending>,
+    allow_eviction: bool,
+}
+
+/// An admission waiting for its batch.
+struct Pending {
+    clock: Clock,
+    /// id, fingerprint, ticket, send_now, expires_at, shape.
+    args: [String; 6],
+    /// The record key, then the scope keys.
+    keys: Vec<String>,
+    /// The scope of each scope key, and its rule set.
+    scopes: Vec<(Scope, usize)>,
+    reply: oneshot::Sender<Result<Admission, LedgerError>>,
+}
+
+impl RedisLedger {
+    /// Connects to Redis (failing if it does not answer now) and loads the
+    /// script, so a bad URL or an unusable server shows at start-up. Must be
+    /// called within a Tokio runtime: it starts the batching task, which ends
+    /// when the last clone of the ledger is dropped.
+    pub async fn connect(redis: &RedisSettings, limits: &LimitSettings) -> Result<Self, LedgerError> {
+        let mut conn = crate::limiter::connect(redis).await?;
+        SCRIPT.prepare_invoke().load_async(&mut conn).await?;
+        let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
+        let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(dispatch(rx, conn.clone(), keys.clone()));
+        Ok(Self {
+            conn,
+            keys,
+            queue,
+            allow_eviction: redis.allow_eviction,
+        })
+    }
+
+    /// An invocation of operation `op` on `job`'s record.
+    fn op(&self, op: &str, job: &JobRef<'_>) -> redis::ScriptInvocation<'static> {
+        let mut inv = SCRIPT.prepare_invoke();
+        inv.key(self.keys.record_key(job.request.id)).arg(op);
+        inv
+    }
+}
+
+/// Gathers queued admissions into batches and runs up to [`MAX_IN_FLIGHT`]
+/// script calls at once.
+async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys: Arc<Keyspace>) {
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut carried: Option<Pending> = None;
+    loop {
+        // Wait for a free slot first: requests arriving meanwhile join the batch.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        // Callers whose answers just arrived are about to ask again: let them
+        // run before the batch closes (no timer, so an idle ledger adds no
+        // latency).
+        tokio::task::yield_now().await;
+        let clock = first.clock;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                // One batch is one instant: an explicit clock ends the batch.
+                Ok(p) if p.clock == clock => batch.push(p),
+                Ok(p) => {
+                    carried = Some(p);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        tokio::spawn(async move {
+            match run_batch(&mut conn, &keys, clock, &batch).await {
+                Ok(admissions) => {
+                    for (p, a) in batch.into_iter().zip(admissions) {
+                        let _ = p.reply.send(Ok(a));
+                    }
+                }
+                Err(e) => {
+                    for p in batch {
+                        let _ = p.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+fn clock_arg(clock: Clock) -> String {
+    match clock {
+        Clock::Server => String::new(),
+        Clock::At(ms) => ms.to_string(),
+    }
+}
+
+async fn run_batch(
+    conn: &mut ConnectionManager,
+    keys: &Keyspace,
+    clock: Clock,
+    batch: &[Pending],
+) -> Result<Vec<Admission>, LedgerError> {
+    let mut inv = SCRIPT.prepare_invoke();
+    inv.arg("admit")
+        .arg(clock_arg(clock))
+        .arg(keys.dedup_ms())
+        .arg(keys.lease_ms())
+        .arg(keys.rule_set_args());
+    for p in batch {
+        inv.arg(&p.args[..]);
+        inv.key(&p.keys[..]);
+    }
+    let reply: Vec<i64> = inv.invoke_async(conn).await?;
+    let bad = || {
+        LedgerError::Protocol(format!(
+            "{} values for {} admissions",
+            reply.len(),
+            batch.len()
+        ))
+    };
+    if reply.len() != 1 + 4 * batch.len() {
+        return Err(bad());
+    }
+    let num = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let decided_at_ms = num(reply[0])?;
+    batch
+        .iter()
+        .zip(reply[1..].chunks_exact(4))
+        .map(|(p, r)| {
+            let verdict = verdict(keys, p, r).ok_or_else(bad)?;
+            Ok(Admission {
+                decided_at_ms,
+                verdict,
+            })
+        })
+        .collect()
+}
+
+/// One admission's four reply values as a [`Verdict`]; `None` if they make
+/// no sense.
+fn verdict(keys: &Keyspace, p: &Pending, r: &[i64]) -> Option<Verdict> {
+    let num = |i: usize| u64::try_from(r[i]).ok();
+    let flag = |i: usize| r[i] == 1;
+    let (code, _) = CODES.iter().find(|(c, _)| *c as i64 == r[0])?;
+    Some(match code {
+        Code::Rejected => {
+            let (scope, set) = *p.scopes.get(usize::try_from(r[2] - 1).ok()?)?;
+            let rule = keys.sets.get(set)?.rules.get(usize::try_from(r[3] - 1).ok()?)?;
+            Verdict::Rejected {
+                retry_after_ms: num(1)?,
+                rule: RuleRef {
+                    scope,
+                    window_ms: rule.window_ms(),
+                    max: rule.max,
+                },
+            }
+        }
+        Code::Admitted => Verdict::Admitted,
+        Code::Expired => Verdict::Expired,
+        Code::Resumed => Verdict::Resumed {
+            admitted_at_ms: num(1)?,
+        },
+        Code::Busy => Verdict::Busy {
+            lease_left_ms: num(2)?,
+        },
+        Code::Sent => Verdict::Sent {
+            admitted_at_ms: num(1)?,
+            by_owner: flag(2),
+            answered: flag(3),
+        },
+        Code::Unknown => Verdict::Unknown {
+            by_owner: flag(2),
+            answered: flag(3),
+        },
+        Code::Finished => Verdict::Finished {
+            how: Refund::from_code(u8::try_from(r[1]).ok()?)?,
+            answered: flag(2),
+        },
+        Code::Conflict => Verdict::Conflict,
+    })
+}
+
+impl Ledger for RedisLedger {
+    async fn admit(&self, entry: &Entry<'_>, clock: Clock) -> Result<Admission, LedgerError> {
+        let job = &entry.job;
+        let applicable = self.keys.applicable(&job.request);
+        let mut keys = Vec::with_capacity(1 + applicable.len());
+        keys.push(self.keys.record_key(job.request.id));
+        let mut shape = String::with_capacity(applicable.len());
+        let mut scopes = Vec::with_capacity(applicable.len());
+        for (scope, key, set) in applicable {
+            // Settings allow at most 100 purposes, so at most 202 sets: the
+            // character stays within a byte.
+            shape.push(char::from(b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1')));
+            keys.push(key);
+            scopes.push((scope, set));
+        }
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            clock,
+            args: [
+                job.request.id.as_str().to_owned(),
+                Fingerprint::of(&job.request).as_str().to_owned(),
+                job.ticket.as_str().to_owned(),
+                if entry.send_now { "1" } else { "0" }.to_owned(),
+                entry.expires_at_ms.unwrap_or(0).to_string(),
+                shape,
+            ],
+            keys,
+            scopes,
+            reply,
+        };
+        let gone = || LedgerError::Protocol("the ledger's batching task stopped".into());
+        self.queue.send(pending).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
+        let reply: i64 = self
+            .op("sending", job)
+            .arg(clock_arg(clock))
+            .arg(self.keys.dedup_ms())
+            .arg(self.keys.lease_ms())
+            .arg(job.ticket.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
+    }
+
+    async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        let reply: i64 = self
+            .op("release", job)
+            .arg(self.keys.dedup_ms())
+            .arg(job.ticket.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
+    }
+
+    async fn settle(
+        &self,
+        job: &JobRef<'_>,
+        ending: &Ending,
+        answered: bool,
+    ) -> Result<bool, LedgerError> {
+        let how = match ending {
+            Ending::Sent => b's',
+            Ending::Unknown => b'u',
+            Ending::Refund(r) => r.code(),
+        };
+        let mut inv = self.op("settle", job);
+        if matches!(ending, Ending::Refund(..)) {
+            for (_, key, _) in self.keys.applicable(&job.request) {
+                inv.key(key);
+            }
+        }
+        let reply: i64 = inv
+            .arg(self.keys.dedup_ms())
+            .arg(job.ticket.as_str())
+            .arg(job.request.id.as_str())
+            .arg(char::from(how).to_string())
+            .arg(if answered { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
+    }
+
+    async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        let reply: i64 = self
+            .op("answered", job)
+            .arg(job.ticket.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply == 1)
+    }
+
+    async fn health(&self) -> Result<(), LedgerError> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let policy = info
+            .lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(str::trim)
+            .unwrap_or("noeviction");
+        if policy != "noeviction" && !self.allow_eviction {
+            return Err(LedgerError::Unfit(format!(
+                "Redis evicts keys (maxmemory-policy {policy}): under memory pressure it would \
+                 drop limiter logs and job records, admitting over the limits and mailing jobs \
+                 twice; set maxmemory-policy noeviction, or redis.allow_eviction = true to \
+                 accept that"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Quotas for RedisLedger {
+    async fn usage(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+        clock: Clock,
+    ) -> Result<Usage, LimitError> {
+        redis_usage(&self.conn, &self.keys, subject, purpose, clock).await
+    }
+
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+        redis_reset(&self.conn, &self.keys, subject).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Lua `CODE` table and [`CODES`] name the same numbers.
+    #[test]
+    fn result_codes_agree_with_the_script() {
+        let lua = include_str!("ledger.lua");
+        let table = lua
+            .split_once("local CODE = {")
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(t, _)| t)
+            .expect("ledger.lua has a CODE table");
+        let mut in_lua: Vec<(String, i64)> = table
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.trim().split_once('=')?;
+                let n = rest.trim().split(',').next()?.trim().parse().ok()?;
+                Some((name.trim().to_owned(), n))
+            })
+            .collect();
+        in_lua.sort_by_key(|(_, n)| *n);
+        let mut in_rust: Vec<(String, i64)> =
+            CODES.iter().map(|(c, name)| ((*name).to_owned(), *c as i64)).collect();
+        in_rust.sort_by_key(|(_, n)| *n);
+        assert_eq!(in_lua, in_rust);
+    }
+}

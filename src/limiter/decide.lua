@@ -1,0 +1,150 @@
+--[[
+mailgate limiter: the decision, as Lua functions. This is a chunk, not a
+script: it defines local functions and is placed in front of each script
+that decides (the ledger's, src/ledger/ledger.lua), so the limiter's
+semantics live here once. Requires Redis >= 5 (effects replication, so TIME
+may be read before writing).
+
+Data: one sorted set per scope key (<prefix>email:<mailbox>,
+<prefix>ip:<network>): score = admission ms, member =
+"<admission ms, 12 hex digits>:<job id>". Members are unique per job, never
+bare timestamps, so two jobs in the same millisecond both count; the time is
+repeated in the member so reads need no WITHSCORES (formatting scores costs
+Redis more than the rest of a decision). A key lives its scope's longest
+window after its newest admission.
+
+Semantics: a request is admitted iff for every rule (W, N) of every scope,
+fewer than N admissions of that key lie in (now - W, now]. That holds iff the
+N-th newest admission at or before now (if any) is at or before now - W, so
+only the newest few entries of a log are ever read. A full rule frees up at
+t_N + W, where t_N is that N-th newest time; retry_after is the largest such
+wait over all rules, and the first rule (scope order, then rule order) with
+that wait is the binding one.
+
+Rule sets travel in ARGV (written by limiter::Keyspace::push_rule_sets):
+  R, the number of rule sets; then for each: r, the number of its rules;
+  keep_ms, how long its keys keep admissions (the longest window of any rule
+  set of the same scope, since keys are shared across purposes); then r
+  pairs (window_ms, max).
+A request's "shape" names the rule set of each of its scope keys: one
+character per key, '0' + the 1-based rule set ("12": two keys, the first
+judged by set 1, the second by set 2).
+]]
+
+local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
+
+-- Integers as Redis wants them in commands (never "1.7e+12").
+local function int(x)
+  return format('%.0f', x)
+end
+
+-- The admission time a log member starts with: 12 hex digits of ms
+-- (parsed with strtoul; a decimal prefix would cost a slow strtod).
+local function time_of(member)
+  return tonumber(sub(member, 1, 12), 16)
+end
+
+-- A job's member in the scope logs.
+local function member_of(at, id)
+  return format('%012x', at) .. ':' .. id
+end
+
+-- Parses the rule sets starting at ARGV[a]. Returns the sets and the index
+-- after them, or nil and why (before anything was written).
+local function rule_sets(a)
+  local count = tonumber(ARGV[a])
+  if not count then return nil, 'rule set count' end
+  local sets = {}
+  a = a + 1
+  for i = 1, count do
+    local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    if not n or not keep or keep < 1 then return nil, 'rule set ' .. i end
+    -- fetch: how many of a log's newest entries one read gets: the largest
+    -- N, at least 1 (the newest entry shows whether any is after now), at
+    -- most 16 (a larger N costs a second read, only when the log is that long).
+    local set = {n = n, w = {}, max = {}, rank = {}, keep = keep, keep_s = ARGV[a + 1], fetch = 1}
+    for r = 1, n do
+      local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
+      local w, m = tonumber(w_s), tonumber(m_s)
+      if not w or not m or w < 1 or m < 1 then return nil, 'rule ' .. r .. ' of set ' .. i end
+      set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
+      if m > set.fetch then set.fetch = m end
+    end
+    set.fetch = math.min(set.fetch, 16)
+    set.fetch_s = '-' .. set.fetch
+    sets[i] = set
+    a = a + 2 + 2 * n
+  end
+  return sets, a
+end
+
+-- Whether a shape names only rule sets that exist.
+local function shape_ok(shape, sets)
+  for s = 1, #shape do
+    if not sets[byte(shape, s) - 48] then return false end
+  end
+  return true
+end
+
+-- Judges one request at `now`: its scope keys are KEYS[first ..
+-- first + #shape - 1]. Returns 0 if every rule has room, else the wait,
+-- the 1-based scope and the 1-based rule that binds. Writes nothing.
+local function judge(first, shape, sets, now)
+  local now_s = int(now)
+  local best_d, best_s, best_r = 0, 0, 0
+  for s = 1, #shape do
+    local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
+    -- The newest entries, oldest of them first; a brand-new key reads as
+    -- empty. Reading by rank is cheapest; only if the log holds entries
+    -- after now (a clock that stepped back) is it read by score, and whole.
+    local log = call('ZRANGE', key, set.fetch_s, '-1')
+    local len = #log
+    local newest = len > 0 and time_of(log[len])
+    local by_score = newest and newest > now
+    if by_score then
+      log = call('ZRANGEBYSCORE', key, '-inf', now_s)
+      len = #log
+      newest = len > 0 and time_of(log[len])
+    end
+    for r = 1, set.n do
+      local n = set.max[r]
+      local i = len - n + 1
+      local t_n
+      if i == len then
+        t_n = newest
+      elseif i > 0 then
+        t_n = time_of(log[i])
+      elseif not by_score and n > set.fetch and len == set.fetch then
+        -- A large N and a log at least as long as one read: fetch just the
+        -- N-th newest.
+        local m = call('ZRANGE', key, set.rank[r], set.rank[r])[1]
+        t_n = m and time_of(m)
+      end
+      -- The rule is full iff d > 0; the largest d binds, the first on a tie.
+      if t_n then
+        local d = t_n + set.w[r] - now
+        if d > best_d then best_d, best_s, best_r = d, s, r end
+      end
+    end
+  end
+  return best_d, best_s, best_r
+end
+
+-- Records an admission at `now` in each scope key of a request.
+local function record(first, shape, sets, now, member)
+  local now_s = int(now)
+  for s = 1, #shape do
+    local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
+    -- Forget what no rule can see any more, so memory stays bounded.
+    call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
+    call('ZADD', key, now_s, member)
+    call('PEXPIRE', key, set.keep_s)
+  end
+end
+
+-- Removes an admission from the scope keys KEYS[first .. last] (a refund).
+local function forget(first, last, member)
+  for k = first, last do
+    call('ZREM', KEYS[k], member)
+  end
+end

@@ -1,0 +1,36 @@
+--[[
+mailgate limiter tools: reading and clearing one scope key's log, for support
+staff (`mailgate limits show|reset`). The log's layout is decide.lua's.
+
+op "peek" -- read one scope key's log without changing anything
+  KEYS[1] the scope key. ARGV[2] now in ms, or "" for the Redis server's TIME.
+  returns {now, then the admission times at or before now, oldest first}
+
+op "reset" -- forget one scope key's admissions
+  KEYS[1] the scope key. returns how many admissions were removed
+]]
+local op = ARGV[1]
+if #KEYS ~= 1 then
+  return redis.error_reply('mailgate limiter tools: takes exactly 1 key')
+end
+
+if op == 'peek' and #ARGV == 2 then
+  local now
+  if ARGV[2] ~= '' then
+    now = tonumber(ARGV[2])
+    if not now then return redis.error_reply('mailgate limiter tools peek: bad clock') end
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local out = {now}
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))) do
+    out[#out + 1] = tonumber(string.sub(m, 1, 12), 16)
+  end
+  return out
+elseif op == 'reset' and #ARGV == 1 then
+  local n = redis.call('ZCARD', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  return n
+end
+return redis.error_reply('mailgate limiter tools: unknown op or wrong argument count')

@@ -1,0 +1,392 @@
+//! The Redis ledger beyond the shared semantics: concurrency against the
+//! real server, Redis time, TTLs on every key, nothing left by rejections,
+//! bytes per admission, a Redis that evicts, malformed calls, and the
+//! NOSCRIPT fallback. Also the in-memory ledger's memory bound.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use mailgate::domain::Ticket;
+use mailgate::ledger::{Ending, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict};
+use mailgate::limiter::Clock;
+use mailgate::settings::{LimitSettings, RedisSettings};
+
+const EMAILS: [&str; 4] = [
+    "a@example.com",
+    "b@example.com",
+    "c@example.com",
+    "d@example.com",
+];
+const IPS: [&str; 2] = ["198.51.100.1", "2001:db8::1"];
+
+/// 64 tasks hammer a few keys with real Redis time; afterwards no window of
+/// any rule holds more admissions than the rule allows.
+async fn never_over_limit<L: Ledger + Clone + 'static>(
+    l: L,
+    limits: LimitSettings,
+    tag: &str,
+) {
+    let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let (l, admitted, tag) = (l.clone(), admitted.clone(), tag.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..60 {
+                let n = task * 1000 + i;
+                let (e, a) = (n % EMAILS.len(), (n / 7) % IPS.len());
+                let job = TestJob::new(&format!("{tag}-{n}"), EMAILS[e], Some(IPS[a]));
+                let d = job.admission(&l, &Ticket::new(), Clock::Server).await;
+                if d.verdict == Verdict::Admitted {
+                    admitted.lock().unwrap().push((d.decided_at_ms, e, a));
+                }
+                if i % 5 == 0 {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let admitted = admitted.lock().unwrap().clone();
+    assert!(
+        admitted.len() >= 2,
+        "some requests were admitted: {}",
+        admitted.len()
+    );
+    let windows_ok = |rules: &[mailgate::settings::Rule],
+                      key_of: &dyn Fn(&(u64, usize, usize)) -> usize| {
+        for &(t, ..) in &admitted {
+            for r in rules {
+                let w = r.window_ms();
+                for key in 0..EMAILS.len() {
+                    let n = admitted
+                        .iter()
+                        .filter(|x| key_of(x) == key && x.0 + w > t && x.0 <= t)
+                        .count();
+                    assert!(
+                        n <= r.max as usize,
+                        "{n} admissions in a {w}ms window (max {})",
+                        r.max
+                    );
+                }
+            }
+        }
+    };
+    windows_ok(&limits.email.rules, &|x| x.1);
+    windows_ok(&limits.ip.rules, &|x| x.2);
+}
+
+fn tight_limits() -> LimitSettings {
+    limits(&[(50, 1), (300, 3)], &[(40, 2), (250, 6)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_never_exceed_a_rule() {
+    let prefix = unique_prefix("concurrency");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &tight_limits())
+        .await
+        .unwrap();
+    never_over_limit(l, tight_limits(), "r").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_backend_concurrent_callers_never_exceed_a_rule() {
+    never_over_limit(MemoryLedger::new(&tight_limits()), tight_limits(), "m").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_in_one_instant_admits_exactly_max() {
+    let prefix = unique_prefix("burst");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let lim = limits(&[(MIN, 3)], &[]);
+    let l = RedisLedger::connect(&redis_settings(&prefix), &lim)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for n in 0..64 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            TestJob::new(&format!("b{n}"), "victim@example.com", None)
+                .admit(&l, &Ticket::new(), Clock::At(5_000))
+                .await
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Verdict::Admitted => admitted += 1,
+            Verdict::Rejected { retry_after_ms, .. } => assert_eq!(retry_after_ms, MIN),
+            v => panic!("{v:?}"),
+        }
+    }
+    assert_eq!(admitted, 3);
+}
+
+#[tokio::test]
+async fn time_comes_from_redis() {
+    let prefix = unique_prefix("time");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
+        .await
+        .unwrap();
+    let d = TestJob::new("t1", "a@example.com", None)
+        .admission(&l, &Ticket::new(), Clock::Server)
+        .await;
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let redis_now = secs * 1000 + micros / 1000;
+    assert!(d.decided_at_ms <= redis_now && redis_now - d.decided_at_ms < 5_000);
+    // Same machine here, so the clocks agree too; on a pool they need not.
+    let local = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(local.abs_diff(d.decided_at_ms) < 5_000);
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl() {
+    let prefix = unique_prefix("ttl");
+    let cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let lim = LimitSettings::default();
+    let l = RedisLedger::connect(&redis_settings(&prefix), &lim)
+        .await
+        .unwrap();
+    for n in 0..200u64 {
+        let job = TestJob::new(
+            &format!("j{n}"),
+            &format!("u{}@example.com", n % 17),
+            Some(&format!("2001:db8:{}::1", n % 5)),
+        );
+        let ticket = Ticket::new();
+        let v = job.admit(&l, &ticket, Clock::At(n * 7 * SEC)).await;
+        if v == Verdict::Admitted {
+            match n % 4 {
+                0 => assert!(l.settle(&job.by(&ticket), &Ending::Sent, true).await.unwrap()),
+                1 => assert!(l.release(&job.by(&ticket)).await.unwrap()),
+                2 => {
+                    let refund = Ending::Refund(Refund::Failed);
+                    assert!(l.settle(&job.by(&ticket), &refund, false).await.unwrap());
+                    assert!(l.answered(&job.by(&ticket)).await.unwrap());
+                }
+                _ => assert!(l.sending(&job.by(&ticket), Clock::At(n * 7 * SEC)).await.unwrap()),
+            }
+        }
+    }
+    let keys = cleanup.keys_with_ttl();
+    assert!(keys.len() > 20, "the run wrote keys: {}", keys.len());
+    let longest = 24 * HOUR as i64;
+    for (key, ttl) in keys {
+        assert!(key.starts_with(&prefix), "{key} is under the prefix");
+        assert!(ttl > 0 && ttl <= longest, "{key} has TTL {ttl}");
+        if key.contains(":ip:") {
+            assert!(
+                ttl <= HOUR as i64,
+                "ip keys live for the ip scope's longest window: {key} {ttl}"
+            );
+        }
+    }
+}
+
+/// A rejected, expired or conflicting job leaves nothing in Redis: memory is
+/// proportional to admissions. Prints the bytes one admission costs.
+#[tokio::test]
+async fn only_admissions_use_memory() {
+    let prefix = unique_prefix("bytes");
+    let cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
+        .await
+        .unwrap();
+    let victim = TestJob::new("first", "victim@example.com", Some("203.0.113.7"));
+    assert_eq!(victim.admit(&l, &Ticket::new(), Clock::Server).await, Verdict::Admitted);
+    let before = cleanup.keys_with_ttl().len();
+    assert_eq!(before, 3, "one record and two scope logs");
+    for n in 0..1_000 {
+        let v = TestJob::new(&format!("flood-{n}"), "victim@example.com", Some("203.0.113.7"))
+            .admit(&l, &Ticket::new(), Clock::Server)
+            .await;
+        assert!(matches!(v, Verdict::Rejected { .. }), "{v:?}");
+    }
+    let (late, ticket) = (TestJob::new("late", "other@example.com", None), Ticket::new());
+    let expired = mailgate::ledger::Entry {
+        job: late.by(&ticket),
+        send_now: false,
+        expires_at_ms: Some(1),
+    };
+    assert_eq!(l.admit(&expired, Clock::Server).await.unwrap().verdict, Verdict::Expired);
+    let conflict = TestJob::new("first", "someone.else@example.com", None);
+    assert_eq!(conflict.admit(&l, &Ticket::new(), Clock::Server).await, Verdict::Conflict);
+    let keys = cleanup.keys_with_ttl();
+    assert_eq!(keys.len(), before, "1 000 rejections, an expiry and a conflict wrote no key");
+
+    // Bytes per admission: the record plus one log entry per scope.
+    let mut conn = redis::Client::open(redis_url()).unwrap().get_connection().unwrap();
+    let mut bytes = 0;
+    let n = 200;
+    let mut total_before = 0i64;
+    for (k, _) in &keys {
+        let used: i64 = redis::cmd("MEMORY").arg("USAGE").arg(k).query(&mut conn).unwrap();
+        total_before += used;
+    }
+    for i in 0..n {
+        let job = TestJob::new(
+            &format!("b3c1f0e2-{i:04}-4b1a-9d2c-6a8f2e7d1c0b"),
+            &format!("user{i}@example.com"),
+            Some("2001:db8::1"),
+        );
+        assert_eq!(job.admit(&l, &Ticket::new(), Clock::Server).await, Verdict::Admitted);
+    }
+    for (k, _) in cleanup.keys_with_ttl() {
+        let used: i64 = redis::cmd("MEMORY").arg("USAGE").arg(&k).query(&mut conn).unwrap();
+        bytes += used;
+    }
+    let per = (bytes - total_before) as f64 / n as f64;
+    println!("bytes per admission (36-char id, mailbox and IPv6 scopes): {per:.0}");
+    assert!(per < 600.0, "{per} bytes per admission");
+}
+
+/// A Redis that evicts keys is refused, naming the setting, unless the
+/// operator allows it.
+#[tokio::test]
+async fn a_redis_that_evicts_is_refused() {
+    let server = PrivateRedis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let mut settings = RedisSettings {
+        url: server.url(),
+        key_prefix: "t:".into(),
+        allow_eviction: false,
+    };
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    let Err(LedgerError::Unfit(why)) = l.health().await else {
+        panic!("an evicting Redis must be unfit");
+    };
+    assert!(why.contains("maxmemory-policy allkeys-lru") && why.contains("allow_eviction"), "{why}");
+    let open = mailgate::ledger::Backend::open(&settings, &LimitSettings::default()).await;
+    assert!(matches!(open, Err(LedgerError::Unfit(_))));
+    settings.allow_eviction = true;
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    l.health().await.expect("allowed explicitly");
+}
+
+/// A malformed call is refused before its first write: nothing is left.
+#[tokio::test]
+async fn malformed_calls_write_nothing() {
+    let server = PrivateRedis::start();
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
+    let script = format!(
+        "{}\n{}",
+        include_str!("../src/limiter/decide.lua"),
+        include_str!("../src/ledger/ledger.lua")
+    );
+    let sets = ["2", "1", "60000", "60000", "1", "0", "1"];
+    let calls: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        // A good request, then one with a bad flag: the first is not written.
+        (
+            vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
+            [&["admit", "", "86400000", "30000"][..], &sets[..], &["a", "fp", "tk", "0", "0", "1", "b", "fp", "tk", "?", "0", "1"]].concat(),
+        ),
+        // A shape naming a rule set that does not exist.
+        (vec!["t:job:a", "t:email:a"], [&["admit", "", "86400000", "30000"][..], &sets[..], &["a", "fp", "tk", "0", "0", "9"]].concat()),
+        // Keys that do not match the requests.
+        (vec!["t:job:a"], [&["admit", "", "86400000", "30000"][..], &sets[..], &["a", "fp", "tk", "0", "0", "1"]].concat()),
+        // A rule with a zero window.
+        (vec!["t:job:a", "t:email:a"], vec!["admit", "", "86400000", "30000", "1", "1", "1", "0", "1", "a", "fp", "tk", "0", "0", "1"]),
+        (vec!["t:job:a"], vec!["settle", "86400000", "tk", "a", "z", "1"]),
+        (vec!["t:job:a"], vec!["sending", "", "x", "30000", "tk"]),
+        (vec!["t:job:a"], vec!["release", "86400000"]),
+        (vec!["t:job:a"], vec!["nope"]),
+    ];
+    for (keys, args) in calls {
+        let r: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+            .arg(&script)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(&args)
+            .query(&mut conn);
+        let e = r.expect_err(&format!("{args:?} must be refused"));
+        assert!(e.to_string().contains("mailgate ledger"), "{e}");
+        let n: i64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+        assert_eq!(n, 0, "{args:?} wrote nothing");
+    }
+}
+
+#[tokio::test]
+async fn script_is_reloaded_after_a_flush() {
+    let server = PrivateRedis::start();
+    let settings = RedisSettings {
+        url: server.url(),
+        key_prefix: "t:".into(),
+        allow_eviction: false,
+    };
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection().unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    let v = TestJob::new("j1", "a@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::At(0))
+        .await;
+    assert_eq!(v, Verdict::Admitted, "EVALSHA falls back to loading the script");
+}
+
+#[test]
+fn memory_backend_forgets_idle_keys() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let l = MemoryLedger::new(&LimitSettings::default());
+    rt.block_on(async {
+        for n in 0..5_000u64 {
+            TestJob::new(
+                &format!("j{n}"),
+                &format!("u{n}@example.com"),
+                Some(&format!("10.0.{}.{}", n / 250, n % 250)),
+            )
+            .admit(&l, &Ticket::new(), Clock::At(n))
+            .await;
+        }
+    });
+    let (keys, jobs) = l.len();
+    assert!(keys > 1000 && jobs > 1000);
+    l.sweep(5_000 + 24 * HOUR);
+    assert!(
+        l.is_empty(),
+        "everything idle for its longest window is gone: {:?}",
+        l.len()
+    );
+    // The periodic sweep does the same without being asked.
+    rt.block_on(async {
+        for n in 0..2_048u64 {
+            TestJob::new(&format!("k{n}"), &format!("v{n}@example.com"), None)
+                .admit(&l, &Ticket::new(), Clock::At(n * 2 * 24 * HOUR))
+                .await;
+        }
+    });
+    let (keys, jobs) = l.len();
+    assert!(
+        keys < 1100 && jobs < 1100,
+        "idle keys were swept: {keys} {jobs}"
+    );
+}
