@@ -296,7 +296,7 @@ impl<L: RateLimiter> Pipeline<L> {
         let sent = self.mailer.send(slot, mail).await;
         let outcome = match &sent {
             Ok(()) => "ok",
-            Err(MailError::Transient(_)) => "transient",
+            Err(MailError::Transient(_) | MailError::Relay(_)) => "transient",
             Err(_) => "permanent",
         };
         telemetry::smtp_send(outcome, started.elapsed());
@@ -307,7 +307,9 @@ impl<L: RateLimiter> Pipeline<L> {
                 r.decided_at_ms = Some(decided_at_ms);
                 Action::Reply(r)
             }
-            Err(MailError::Transient(e)) => self.transient(&job, msg, e, true).await,
+            Err(MailError::Transient(e) | MailError::Relay(e)) => {
+                self.transient(&job, msg, e, true).await
+            }
             Err(e) => {
                 let mut r = answer(Status::Failed);
                 r.error = Some(e.to_string());
