@@ -600,27 +600,35 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-/// (c) the SMTP sink through lettre's pool of `POOL` connections.
+/// (c) the SMTP sink through mailgate's own `Mailer` with a pool of `POOL`
+/// connections: the same code, TLS mode and slots the worker uses.
 async fn ceiling_smtp(port: u16, n: u64) -> f64 {
-    use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
-    let t = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
-        .port(port)
-        .pool_config(lettre::transport::smtp::PoolConfig::new().max_size(POOL))
-        .build();
+    use mailgate::mailer::{Mailer, Outgoing};
+    let mailer = Mailer::new(&mailgate::settings::SmtpSettings {
+        url: format!("smtp://127.0.0.1:{port}?tls=none"),
+        from: "Bench <no-reply@example.com>".into(),
+        pool_size: POOL,
+        timeout: Duration::from_secs(30),
+    })
+    .expect("mailer");
+    let to = EmailAddress::parse("user@example.com").expect("to");
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..PREFETCH {
-        let (t, next) = (t.clone(), next.clone());
+        let (mailer, next, to) = (mailer.clone(), next.clone(), to.clone());
         tasks.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < n {
-                let m = Message::builder()
-                    .from("Bench <no-reply@example.com>".parse().expect("from"))
-                    .to("user@example.com".parse().expect("to"))
-                    .subject("493817 is your Bench code")
-                    .body("Your code is 493817".to_owned())
+                let m = mailer
+                    .compose(&Outgoing {
+                        to: &to,
+                        subject: "493817 is your Bench code",
+                        text: "Your code is 493817",
+                        html: None,
+                    })
                     .expect("message");
-                t.send(m).await.expect("send");
+                let slot = mailer.reserve().await;
+                mailer.send(slot, m).await.expect("send");
             }
         }));
     }

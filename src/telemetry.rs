@@ -10,6 +10,7 @@
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent`, `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
+//! | `mailgate_smtp_relay_up` | gauge | 1 while the SMTP relay works, 0 after a relay failure (connect, TLS, AUTH, greeting, MAIL FROM) until the next successful session setup or send |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -153,6 +154,12 @@ pub fn mask_emails(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Whether the SMTP relay works, as [`crate::mailer::Mailer::relay_health`]
+/// says: `mailgate_smtp_relay_up` is 1 or 0.
+pub fn smtp_relay_up(up: bool) {
+    metrics::gauge!("mailgate_smtp_relay_up").set(if up { 1.0 } else { 0.0 });
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod harness;
 pub mod model;
+pub mod script;
 pub mod smtp;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,27 +1,31 @@
-//! Building and sending mail over SMTP (pooled, TLS via rustls), or into a
-//! folder of `.eml` files for development.
+//! Building and sending mail over SMTP (pooled connections, TLS via
+//! rustls), or into a folder of `.eml` files for development.
 //!
 //! Addresses are parsed by lettre and headers are written by lettre, never
 //! spliced as text, so no field can add a header. Every send has one deadline
-//! for the whole SMTP transaction. Failures are classified for the pipeline:
-//! [`MailError::Transient`] is worth retrying, [`MailError::Permanent`] is not.
+//! for the whole SMTP transaction. Failures are classified by the SMTP phase
+//! they happened in ([`MailError`]); a connection is reused only after a
+//! fully successful transaction ([`pool`], [`smtp`]).
+
+mod pool;
+mod smtp;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, MultiPart};
-use lettre::transport::smtp::PoolConfig;
-use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::{Tls, TlsParameters};
-use lettre::{
-    Address, AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,
-};
+use lettre::{Address, AsyncFileTransport, AsyncTransport, Message, Tokio1Executor};
+use tokio::time::Instant;
 
 use crate::domain::EmailAddress;
 use crate::settings::SmtpSettings;
 
-/// Why a mail could not be built or sent.
+/// Why a mail could not be built or sent. What the caller should do
+/// depends on the variant: [`MailError::Relay`] and [`MailError::Transient`]
+/// are worth retrying, [`MailError::Permanent`] is not, and
+/// [`MailError::Unknown`] must never be sent again.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MailError {
     /// `smtp.url` or `smtp.from` is unusable (a start-up error).
@@ -30,14 +34,24 @@ pub enum MailError {
     /// The recipient cannot be written as a mail address (the job is invalid).
     #[error("the address cannot be mailed: {0}")]
     Address(String),
-    /// Worth retrying: a 4xx reply, a connection or TLS failure, the deadline.
+    /// The relay or the session is failing, whatever the mail: the
+    /// connection, TLS, STARTTLS, AUTH, the greeting or EHLO (incl. 421),
+    /// MAIL FROM refused, or the deadline or an I/O error before RCPT.
+    /// Retry later; [`Mailer::relay_health`] reports it too.
+    #[error("{0}")]
+    Relay(String),
+    /// This mail was not delivered but may be later: a 4xx to RCPT, DATA or
+    /// the message, or an I/O error or the deadline after MAIL FROM was
+    /// accepted and before the final dot was written.
     #[error("{0}")]
     Transient(String),
-    /// Not worth retrying: a 5xx reply (e.g. the server refuses the address).
+    /// This mail will never be accepted: a 5xx to RCPT, DATA or the message,
+    /// or something this server cannot take for this mail (e.g. a non-ASCII
+    /// address to a server without SMTPUTF8).
     #[error("{0}")]
     Permanent(String),
-    /// The whole message was handed over and no answer came: the server may
-    /// have it. Never resent.
+    /// The final dot was written and no reply came (the deadline, EOF, an
+    /// I/O error): the server may have the mail. Never send it again.
     #[error("{0}")]
     Unknown(String),
 }
@@ -57,28 +71,30 @@ pub struct Outgoing<'a> {
 
 #[derive(Clone)]
 enum Transport {
-    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    Smtp(Arc<pool::SmtpPool>),
     File(AsyncFileTransport<Tokio1Executor>, PathBuf),
 }
 
-/// Composes and sends mail. Cheap to clone; clones share the connection pool.
+/// Composes and sends mail. Cheap to clone; clones share the connections
+/// and the slots.
 #[derive(Clone)]
 pub struct Mailer {
     transport: Transport,
     from: Mailbox,
     deadline: Duration,
-    /// One permit per pooled connection: holding one means a send can start
-    /// at once (see [`Mailer::reserve`]).
-    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// One permit per connection (`pool_size`): a send holds one for its
+    /// whole duration, so at most `pool_size` connections are in use or
+    /// idle, and holding one means a send can start at once.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
-/// The right to send one mail now; see [`Mailer::reserve`].
+/// The right to send one mail now; see [`Mailer::reserve`]. Dropping it
+/// gives the slot back.
 pub struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 impl Mailer {
     /// Builds the transport from settings. Does not connect: connections are
-    /// opened on demand and kept in a pool of `pool_size`. Must be called
-    /// within a Tokio runtime (the pool starts a task).
+    /// opened on demand and at most `pool_size` exist at once.
     pub fn new(settings: &SmtpSettings) -> Result<Self, MailError> {
         let from: Mailbox = settings
             .from
@@ -95,7 +111,10 @@ impl Mailer {
                 })?;
                 Transport::File(AsyncFileTransport::new(&dir), dir)
             }
-            "smtp" | "smtps" => Transport::Smtp(smtp_transport(&url, settings)?),
+            "smtp" | "smtps" => {
+                let endpoint = smtp::Endpoint::from_url(&url, settings.timeout)?;
+                Transport::Smtp(Arc::new(pool::SmtpPool::new(endpoint)))
+            }
             other => {
                 return Err(MailError::Config(format!(
                     "smtp.url: unknown scheme {other:?} (smtp://, smtps:// or file://)"
@@ -106,7 +125,7 @@ impl Mailer {
             transport,
             from,
             deadline: settings.timeout,
-            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize)),
+            slots: Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize)),
         })
     }
 
@@ -120,7 +139,8 @@ impl Mailer {
         Slot(permit.expect("the slot semaphore is never closed"))
     }
 
-    /// A free connection's slot, if one is free right now (no waiting).
+    /// A slot if one is free right now, without waiting: whether an SMTP
+    /// connection is free at this moment.
     pub fn try_reserve(&self) -> Option<Slot> {
         self.slots.clone().try_acquire_owned().ok().map(Slot)
     }
@@ -169,39 +189,40 @@ impl Mailer {
         built.map_err(|e| MailError::Address(e.to_string()))
     }
 
-    /// Sends one message within the deadline, on a reserved slot.
+    /// Sends one message on a reserved slot, within `smtp.timeout` for the
+    /// whole send (connect included). Dropping the returned future closes
+    /// the connection it was using.
     pub async fn send(&self, _slot: Slot, message: Message) -> Result<(), MailError> {
-        let deadline = self.deadline;
-        let expired = || MailError::Transient(format!("send deadline of {deadline:?} passed"));
+        let deadline = Instant::now() + self.deadline;
         match &self.transport {
-            Transport::Smtp(t) => match tokio::time::timeout(deadline, t.send(message)).await {
-                Err(_) => Err(expired()),
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(classify(&e)),
-            },
-            Transport::File(t, _) => match tokio::time::timeout(deadline, t.send(message)).await {
-                Err(_) => Err(expired()),
+            Transport::Smtp(pool) => {
+                let bytes = message.formatted();
+                pool.send(message.envelope(), &bytes, deadline).await
+            }
+            Transport::File(t, _) => match tokio::time::timeout_at(deadline, t.send(message)).await
+            {
+                Err(_) => Err(MailError::Transient(format!(
+                    "writing the mail file: the send deadline of {} passed",
+                    humantime::format_duration(self.deadline)
+                ))),
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(MailError::Transient(format!("writing the mail file: {e}"))),
             },
         }
     }
 
-    /// Whether the SMTP server answers (or the outbox is writable), for
-    /// readiness checks.
+    /// Whether the SMTP relay answers (or the outbox is writable), for
+    /// readiness checks: opens a new connection (the whole session setup),
+    /// sends NOOP and quits; every SMTP failure is [`MailError::Relay`]. The
+    /// connection takes a slot, so it never exceeds `pool_size`; when every
+    /// slot is busy sending, the answer is [`Mailer::relay_health`] instead.
     pub async fn check(&self) -> Result<(), MailError> {
         match &self.transport {
-            Transport::Smtp(t) => {
-                match tokio::time::timeout(self.deadline, t.test_connection()).await {
-                    Ok(Ok(true)) => Ok(()),
-                    Ok(Ok(false)) => Err(MailError::Transient(
-                        "the SMTP server did not answer NOOP".into(),
-                    )),
-                    Ok(Err(e)) => Err(classify(&e)),
-                    Err(_) => Err(MailError::Transient(
-                        "the SMTP server did not answer in time".into(),
-                    )),
-                }
+            Transport::Smtp(pool) => {
+                let Some(_slot) = self.try_reserve() else {
+                    return self.relay_health().map_err(MailError::Relay);
+                };
+                pool.check(Instant::now() + self.deadline).await
             }
             Transport::File(_, dir) => {
                 let meta = std::fs::metadata(dir)
@@ -216,71 +237,16 @@ impl Mailer {
             }
         }
     }
-}
 
-fn smtp_transport(
-    url: &url::Url,
-    settings: &SmtpSettings,
-) -> Result<AsyncSmtpTransport<Tokio1Executor>, MailError> {
-    let host = url
-        .host_str()
-        .ok_or_else(|| MailError::Config("smtp.url has no host".into()))?
-        .to_owned();
-    let tls_param = url
-        .query_pairs()
-        .find(|(k, _)| k == "tls")
-        .map(|(_, v)| v.into_owned());
-    let params = || {
-        TlsParameters::new(host.clone()).map_err(|e| MailError::Config(format!("smtp TLS: {e}")))
-    };
-    let (tls, default_port) = match (url.scheme(), tls_param.as_deref()) {
-        ("smtps", _) => (Tls::Wrapper(params()?), 465),
-        ("smtp", None | Some("opportunistic")) => (Tls::Opportunistic(params()?), 25),
-        ("smtp", Some("required")) => (Tls::Required(params()?), 587),
-        ("smtp", Some("none")) => (Tls::None, 25),
-        (_, Some(other)) => {
-            return Err(MailError::Config(format!(
-                "smtp.url: tls={other:?} (use required, opportunistic or none)"
-            )));
+    /// Whether the relay is failing, without any I/O: `Err(why)` after a
+    /// relay failure (see [`MailError::Relay`]), `Ok` from the start and
+    /// again after the next successful session setup or send. Always `Ok`
+    /// for `file://`. Also exported as the gauge `mailgate_smtp_relay_up`.
+    pub fn relay_health(&self) -> Result<(), String> {
+        match &self.transport {
+            Transport::Smtp(pool) => pool.health(),
+            Transport::File(..) => Ok(()),
         }
-        _ => unreachable!("the caller matched the scheme"),
-    };
-    let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-        .port(url.port().unwrap_or(default_port))
-        .tls(tls)
-        // Each step gets the whole deadline; `send` enforces it overall.
-        .timeout(Some(settings.timeout))
-        .pool_config(PoolConfig::new().max_size(settings.pool_size));
-    if let Some(password) = url.password() {
-        let decode = |s: &str| {
-            percent_encoding_decode(s)
-                .ok_or_else(|| MailError::Config("smtp.url: credentials are not UTF-8".into()))
-        };
-        builder = builder.credentials(Credentials::new(decode(url.username())?, decode(password)?));
-    }
-    Ok(builder.build())
-}
-
-fn percent_encoding_decode(s: &str) -> Option<String> {
-    let bytes: Vec<u8> = url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned().into_bytes())?;
-    String::from_utf8(bytes).ok()
-}
-
-fn classify(e: &lettre::transport::smtp::Error) -> MailError {
-    let text = match e.status() {
-        Some(code) => format!("SMTP {code}: {e}"),
-        None => e.to_string(),
-    };
-    if e.is_permanent() || e.is_client() {
-        // 5xx, or something this client cannot send to this server (e.g. a
-        // unicode mailbox to a server without SMTPUTF8): retrying won't help.
-        MailError::Permanent(text)
-    } else {
-        // 4xx, timeouts, refused or dropped connections, TLS trouble: the
-        // next attempt may well succeed.
-        MailError::Transient(text)
     }
 }
 

@@ -1,0 +1,584 @@
+//! One SMTP connection's life, on lettre's client API: opening a session
+//! (connect, TLS, greeting, EHLO, STARTTLS, AUTH) and running one mail
+//! transaction on it step by step, so that every failure is known by the
+//! phase it happened in and classified by that phase (see [`Failed::classify`]).
+//!
+//! A transaction takes its connection by value and hands it back only when
+//! the server accepted the mail (a 2xx after the final dot). On any error,
+//! deadline or cancellation the connection is dropped, never reused: a late
+//! reply can then never be read as the answer to another mail's command.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lettre::Address;
+use lettre::address::Envelope;
+use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
+use lettre::transport::smtp::commands::{Data, Mail, Noop, Rcpt};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use lettre::transport::smtp::response::Severity;
+use tokio::time::{Instant, timeout_at};
+
+use super::MailError;
+
+/// An open SMTP session.
+pub(super) type Connection = AsyncSmtpConnection;
+
+/// Where and how to reach the relay, parsed once from `smtp.url`.
+pub(super) struct Endpoint {
+    host: String,
+    port: u16,
+    tls: Tls,
+    credentials: Option<Credentials>,
+    hello: ClientId,
+    /// The send deadline, only to name it in error messages.
+    timeout: Duration,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Endpoint {
+    /// Reads an `smtp://` or `smtps://` URL: `?tls=opportunistic` (the
+    /// default for `smtp://`), `required` or `none`; `user:pass@` credentials,
+    /// percent-decoded. Default ports: 25, 587 with `tls=required`, 465.
+    pub(super) fn from_url(url: &url::Url, timeout: Duration) -> Result<Self, MailError> {
+        let host = match url.host() {
+            Some(url::Host::Domain(d)) => d.to_owned(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            None => return Err(MailError::Config("smtp.url has no host".into())),
+        };
+        let (tls, default_port) = tls_mode(url, &host)?;
+        Ok(Self {
+            port: url.port().unwrap_or(default_port),
+            host,
+            tls,
+            credentials: credentials(url)?,
+            hello: ClientId::default(),
+            timeout,
+        })
+    }
+
+    /// Opens a session ready for MAIL FROM: connects (implicit TLS for
+    /// `smtps://`), reads the greeting, says EHLO, upgrades with STARTTLS
+    /// when offered (or fails when required and not offered), and
+    /// authenticates when credentials are set. All within `deadline`.
+    pub(super) async fn open(&self, deadline: Instant) -> Result<Connection, Failed> {
+        let mut conn = self.connect(deadline).await?;
+        let setup = async {
+            self.starttls(&mut conn, deadline).await?;
+            self.authenticate(&mut conn, deadline).await
+        };
+        match setup.await {
+            Ok(()) => Ok(conn),
+            Err(failed) => {
+                discard(conn, &failed, deadline).await;
+                Err(failed)
+            }
+        }
+    }
+
+    async fn connect(&self, deadline: Instant) -> Result<Connection, Failed> {
+        let implicit = match &self.tls {
+            Tls::Wrapper(params) => Some(params.clone()),
+            _ => None,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let connecting = AsyncSmtpConnection::connect_tokio1(
+            (self.host.as_str(), self.port),
+            Some(left),
+            &self.hello,
+            implicit,
+            None,
+        );
+        step(deadline, Phase::Connect, connecting).await
+    }
+
+    async fn starttls(&self, conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
+        let params = match &self.tls {
+            Tls::Required(_) if !conn.can_starttls() => {
+                return Err(Failed::unsupported(
+                    Phase::StartTls,
+                    format!("STARTTLS required but not offered by {self}"),
+                ));
+            }
+            Tls::Required(params) => params,
+            Tls::Opportunistic(params) if conn.can_starttls() => params,
+            _ => return Ok(()),
+        };
+        let upgrade = conn.starttls(params.clone(), &self.hello);
+        step(deadline, Phase::StartTls, upgrade).await
+    }
+
+    async fn authenticate(&self, conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        let offered = conn.server_info().get_auth_mechanism(DEFAULT_MECHANISMS);
+        if offered.is_none() {
+            return Err(Failed::unsupported(
+                Phase::Auth,
+                format!(
+                    "AUTH (PLAIN or LOGIN) required by the credentials in smtp.url but not offered by {self}"
+                ),
+            ));
+        }
+        let auth = conn.auth(DEFAULT_MECHANISMS, credentials);
+        step(deadline, Phase::Auth, auth).await.map(drop)
+    }
+}
+
+fn tls_mode(url: &url::Url, host: &str) -> Result<(Tls, u16), MailError> {
+    let tls_param = url
+        .query_pairs()
+        .find(|(k, _)| k == "tls")
+        .map(|(_, v)| v.into_owned());
+    let params = || {
+        TlsParameters::new(host.to_owned()).map_err(|e| MailError::Config(format!("smtp TLS: {e}")))
+    };
+    Ok(match (url.scheme(), tls_param.as_deref()) {
+        ("smtps", _) => (Tls::Wrapper(params()?), 465),
+        ("smtp", None | Some("opportunistic")) => (Tls::Opportunistic(params()?), 25),
+        ("smtp", Some("required")) => (Tls::Required(params()?), 587),
+        ("smtp", Some("none")) => (Tls::None, 25),
+        ("smtp", Some(other)) => {
+            return Err(MailError::Config(format!(
+                "smtp.url: tls={other:?} (use required, opportunistic or none)"
+            )));
+        }
+        (other, _) => {
+            return Err(MailError::Config(format!(
+                "smtp.url: {other}:// is not an SMTP scheme"
+            )));
+        }
+    })
+}
+
+fn credentials(url: &url::Url) -> Result<Option<Credentials>, MailError> {
+    let Some(password) = url.password() else {
+        return Ok(None);
+    };
+    let decode = |s: &str| {
+        percent_decode(s)
+            .ok_or_else(|| MailError::Config("smtp.url: credentials are not UTF-8".into()))
+    };
+    Ok(Some(Credentials::new(
+        decode(url.username())?,
+        decode(password)?,
+    )))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes: Vec<u8> = url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned().into_bytes())?;
+    String::from_utf8(bytes).ok()
+}
+
+/// Runs one mail transaction (MAIL FROM, RCPT for each recipient, DATA,
+/// the message) on `conn`, all within `deadline`. Hands the connection back
+/// only after the server accepted the mail; on failure it is closed (with a
+/// QUIT when the session is at a command boundary) and never returned.
+pub(super) async fn transaction(
+    mut conn: Connection,
+    envelope: &Envelope,
+    message: &[u8],
+    deadline: Instant,
+) -> Result<Connection, Failed> {
+    match transact(&mut conn, envelope, message, deadline).await {
+        Ok(()) => Ok(conn),
+        Err(failed) => {
+            discard(conn, &failed, deadline).await;
+            Err(failed)
+        }
+    }
+}
+
+async fn transact(
+    conn: &mut Connection,
+    envelope: &Envelope,
+    message: &[u8],
+    deadline: Instant,
+) -> Result<(), Failed> {
+    let params = mail_parameters(conn, envelope, message)?;
+    let from = Mail::new(envelope.from().cloned(), params);
+    step(deadline, Phase::MailFrom, conn.command(from)).await?;
+    for to in envelope.to() {
+        let rcpt = Rcpt::new(to.clone(), vec![]);
+        step(deadline, Phase::Rcpt, conn.command(rcpt)).await?;
+    }
+    step(deadline, Phase::Data, conn.command(Data)).await?;
+    write_message(conn, message, deadline).await
+}
+
+/// The MAIL FROM parameters the mail needs (as lettre's own `send` does:
+/// SMTPUTF8 for non-ASCII addresses, 8BITMIME for a non-ASCII message), or
+/// why this server cannot take it.
+fn mail_parameters(
+    conn: &Connection,
+    envelope: &Envelope,
+    message: &[u8],
+) -> Result<Vec<MailParameter>, Failed> {
+    let info = conn.server_info();
+    let ascii = |a: &Address| AsRef::<str>::as_ref(a).is_ascii();
+    let sender_ascii = envelope.from().is_none_or(ascii);
+    let recipients_ascii = envelope.to().iter().all(ascii);
+    let mut params = Vec::new();
+    if !(sender_ascii && recipients_ascii) {
+        if !info.supports_feature(Extension::SmtpUtfEight) {
+            // The sender is the same for every mail: a relay problem. A
+            // recipient is this mail's own problem.
+            let (phase, whose) = if sender_ascii {
+                (Phase::Rcpt, "recipient")
+            } else {
+                (Phase::MailFrom, "sender")
+            };
+            let why =
+                format!("the {whose} address is not ASCII and the server does not offer SMTPUTF8");
+            return Err(Failed::unsupported(phase, why));
+        }
+        params.push(MailParameter::SmtpUtfEight);
+    }
+    if !message.is_ascii() {
+        if !info.supports_feature(Extension::EightBitMime) {
+            let why = "the message is not ASCII and the server does not offer 8BITMIME";
+            return Err(Failed::unsupported(Phase::Data, why.into()));
+        }
+        params.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    }
+    Ok(params)
+}
+
+/// Writes the message and the final dot, and reads the reply. Whether a
+/// failure came before or after the final dot decides between "not
+/// delivered" and "delivery unknown", so the dot is tracked exactly: lettre
+/// writes it right after the message iterator runs dry, in the same poll.
+async fn write_message(
+    conn: &mut Connection,
+    message: &[u8],
+    deadline: Instant,
+) -> Result<(), Failed> {
+    let dot = AtomicBool::new(false);
+    let parts = DotTracker {
+        message: Some(message),
+        dot: &dot,
+    };
+    let sent = timeout_at(deadline, conn.message_iter(parts)).await;
+    let phase = if dot.load(Ordering::Relaxed) {
+        Phase::EndOfData
+    } else {
+        Phase::Message
+    };
+    let fault = match sent {
+        Ok(Ok(reply)) if reply.code().severity == Severity::PositiveCompletion => return Ok(()),
+        Ok(Ok(reply)) => Fault::Broken(format!("unexpected reply {}", reply.code())),
+        Ok(Err(e)) => Fault::from(&e),
+        Err(_) => Fault::Deadline,
+    };
+    Err(Failed { phase, fault })
+}
+
+/// Yields the message once; when asked for more, records that the message
+/// is written and the final dot is about to be.
+struct DotTracker<'a> {
+    message: Option<&'a [u8]>,
+    dot: &'a AtomicBool,
+}
+
+impl<'a> Iterator for DotTracker<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let part = self.message.take();
+        if part.is_none() {
+            self.dot.store(true, Ordering::Relaxed);
+        }
+        part
+    }
+}
+
+/// NOOP, for health checks.
+pub(super) async fn noop(conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
+    step(deadline, Phase::Noop, conn.command(Noop))
+        .await
+        .map(drop)
+}
+
+/// QUIT within `deadline`, ignoring the outcome: the connection is done.
+pub(super) async fn quit(mut conn: Connection, deadline: Instant) {
+    let _ = timeout_at(deadline, conn.quit()).await;
+}
+
+/// Closes a connection after a failure. After a reply (or before any
+/// command was sent) the session is at a command boundary and gets a QUIT;
+/// after an I/O error or the deadline it is in an unknown state and is just
+/// dropped, which closes the socket.
+async fn discard(conn: Connection, failed: &Failed, deadline: Instant) {
+    match failed.fault {
+        Fault::Reply(..) | Fault::Unsupported(_) => quit(conn, deadline).await,
+        Fault::Broken(_) | Fault::Deadline => drop(conn),
+    }
+}
+
+/// One step of the session, within the deadline; a failure is tagged with
+/// the step's phase.
+async fn step<T>(
+    deadline: Instant,
+    phase: Phase,
+    fut: impl Future<Output = Result<T, lettre::transport::smtp::Error>>,
+) -> Result<T, Failed> {
+    match timeout_at(deadline, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Failed {
+            phase,
+            fault: Fault::from(&e),
+        }),
+        Err(_) => Err(Failed {
+            phase,
+            fault: Fault::Deadline,
+        }),
+    }
+}
+
+/// Where a session was when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// TCP connect, implicit TLS, the greeting, EHLO.
+    Connect,
+    /// STARTTLS and the EHLO after it.
+    StartTls,
+    /// AUTH.
+    Auth,
+    /// NOOP (health checks only).
+    Noop,
+    /// MAIL FROM.
+    MailFrom,
+    /// RCPT TO.
+    Rcpt,
+    /// The DATA command.
+    Data,
+    /// Writing the message, before the final dot.
+    Message,
+    /// The final dot was written (or was being written); waiting for the reply.
+    EndOfData,
+}
+
+/// What went wrong in one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fault {
+    /// A 4xx or 5xx reply: the code and the server's text.
+    Reply(u16, String),
+    /// An I/O error, the connection closed (EOF), or a reply that cannot be
+    /// read: the session is unusable.
+    Broken(String),
+    /// The send deadline passed during the step.
+    Deadline,
+    /// Found before sending anything: this server cannot do what is needed
+    /// (STARTTLS, AUTH, SMTPUTF8, 8BITMIME). The text says what.
+    Unsupported(String),
+}
+
+impl From<&lettre::transport::smtp::Error> for Fault {
+    fn from(e: &lettre::transport::smtp::Error) -> Self {
+        match e.status() {
+            Some(code) => {
+                let text = std::error::Error::source(e).map_or(String::new(), |s| s.to_string());
+                Fault::Reply(code.into(), text)
+            }
+            None if e.is_client() => Fault::Unsupported(e.to_string()),
+            None => Fault::Broken(e.to_string()),
+        }
+    }
+}
+
+/// A failed session step: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Failed {
+    pub(super) phase: Phase,
+    pub(super) fault: Fault,
+}
+
+impl Failed {
+    fn unsupported(phase: Phase, why: String) -> Self {
+        Self {
+            phase,
+            fault: Fault::Unsupported(why),
+        }
+    }
+
+    /// Whether this is how a parked connection that died while idle fails:
+    /// MAIL FROM met a closed or broken connection, or a 421 (the server is
+    /// closing it). Nothing of the mail was accepted yet, so a transaction
+    /// on a reused connection that fails this way may be tried once more on
+    /// a fresh connection.
+    pub(super) fn is_stale_connection(&self) -> bool {
+        self.phase == Phase::MailFrom
+            && matches!(self.fault, Fault::Broken(_) | Fault::Reply(421, _))
+    }
+
+    /// The error for the caller, by phase:
+    ///
+    /// | phase | 4xx | 5xx | I/O, EOF, deadline | unsupported |
+    /// |---|---|---|---|---|
+    /// | connect, STARTTLS, AUTH, NOOP, MAIL FROM | Relay | Relay | Relay | Relay |
+    /// | RCPT, DATA | Transient | Permanent | Transient | Permanent |
+    /// | the message, before the final dot | – | – | Transient | – |
+    /// | end of data (the dot was written) | Transient | Permanent | **Unknown** | – |
+    pub(super) fn classify(&self, endpoint: &Endpoint) -> MailError {
+        let text = self.describe(endpoint);
+        match (self.phase, &self.fault) {
+            (Phase::Connect | Phase::StartTls | Phase::Auth | Phase::Noop | Phase::MailFrom, _) => {
+                MailError::Relay(format!("relay: {text}"))
+            }
+            (_, Fault::Reply(code, _)) if *code >= 500 => MailError::Permanent(text),
+            (_, Fault::Reply(..)) => MailError::Transient(text),
+            (Phase::EndOfData, _) => MailError::Unknown(format!(
+                "delivery unknown: {text}; the server may have the mail"
+            )),
+            (_, Fault::Unsupported(_)) => MailError::Permanent(text),
+            (_, Fault::Broken(_) | Fault::Deadline) => MailError::Transient(text),
+        }
+    }
+
+    fn describe(&self, endpoint: &Endpoint) -> String {
+        let phase = match (self.phase, &self.fault) {
+            (Phase::Connect, Fault::Reply(..)) => format!("the greeting or EHLO of {endpoint}"),
+            (Phase::Connect, _) => format!("connecting to {endpoint}"),
+            (Phase::StartTls, _) => format!("STARTTLS with {endpoint}"),
+            (Phase::Auth, _) => format!("AUTH with {endpoint}"),
+            (Phase::Noop, _) => format!("NOOP to {endpoint}"),
+            (Phase::MailFrom, _) => "MAIL FROM".into(),
+            (Phase::Rcpt, _) => "RCPT".into(),
+            (Phase::Data, _) => "DATA".into(),
+            (Phase::Message, _) => "writing the message".into(),
+            (Phase::EndOfData, _) => "end of data".into(),
+        };
+        match &self.fault {
+            Fault::Reply(code, text) => format!("SMTP {code} to {phase}: {text}"),
+            Fault::Broken(text) => format!("{phase}: {text}"),
+            Fault::Deadline => format!(
+                "{phase}: the send deadline of {} passed",
+                humantime::format_duration(endpoint.timeout)
+            ),
+            Fault::Unsupported(text) => text.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint::from_url(&url::Url::parse(url).unwrap(), Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn urls_choose_tls_port_and_credentials() {
+        let e = endpoint("smtp://u%20x:p%40ss@mail.example.com?tls=required");
+        assert!(matches!(e.tls, Tls::Required(_)));
+        assert_eq!(e.port, 587);
+        let c = e.credentials.as_ref().unwrap();
+        assert_eq!(c, &Credentials::new("u x".into(), "p@ss".into()));
+        assert!(matches!(endpoint("smtp://h").tls, Tls::Opportunistic(_)));
+        assert!(matches!(endpoint("smtp://h:2525?tls=none").tls, Tls::None));
+        let s = endpoint("smtps://h");
+        assert!(matches!(s.tls, Tls::Wrapper(_)));
+        assert_eq!((s.port, s.credentials.is_none()), (465, true));
+        let v6 = endpoint("smtp://[::1]:2525");
+        assert_eq!(
+            (v6.host.as_str(), v6.to_string()),
+            ("::1", "[::1]:2525".into())
+        );
+    }
+
+    fn class(phase: Phase, fault: Fault) -> &'static str {
+        match (Failed { phase, fault }).classify(&endpoint("smtp://h")) {
+            MailError::Relay(_) => "relay",
+            MailError::Transient(_) => "transient",
+            MailError::Permanent(_) => "permanent",
+            MailError::Unknown(_) => "unknown",
+            MailError::Config(_) | MailError::Address(_) => "other",
+        }
+    }
+
+    #[test]
+    fn failures_are_classified_by_phase() {
+        use Phase::*;
+        let reply = |c| Fault::Reply(c, "x".into());
+        let broken = || Fault::Broken("network error".into());
+        let unsupported = || Fault::Unsupported("x".into());
+        for phase in [Connect, StartTls, Auth, Noop, MailFrom] {
+            for fault in [
+                reply(421),
+                reply(550),
+                broken(),
+                Fault::Deadline,
+                unsupported(),
+            ] {
+                assert_eq!(class(phase, fault.clone()), "relay", "{phase:?} {fault:?}");
+            }
+        }
+        for phase in [Rcpt, Data, EndOfData] {
+            assert_eq!(class(phase, reply(451)), "transient", "{phase:?}");
+            assert_eq!(class(phase, reply(550)), "permanent", "{phase:?}");
+        }
+        for phase in [Rcpt, Data, Message] {
+            assert_eq!(class(phase, broken()), "transient", "{phase:?}");
+            assert_eq!(class(phase, Fault::Deadline), "transient", "{phase:?}");
+        }
+        assert_eq!(class(Rcpt, unsupported()), "permanent");
+        assert_eq!(class(Data, unsupported()), "permanent");
+        assert_eq!(class(EndOfData, broken()), "unknown");
+        assert_eq!(class(EndOfData, Fault::Deadline), "unknown");
+    }
+
+    #[test]
+    fn texts_name_the_code_and_the_phase() {
+        let e = endpoint("smtp://mail.example.com:587");
+        let rcpt = Failed {
+            phase: Phase::Rcpt,
+            fault: Fault::Reply(550, "5.1.1 no such user".into()),
+        };
+        assert_eq!(
+            rcpt.classify(&e).to_string(),
+            "SMTP 550 to RCPT: 5.1.1 no such user"
+        );
+        let late = Failed {
+            phase: Phase::EndOfData,
+            fault: Fault::Deadline,
+        };
+        assert_eq!(
+            late.classify(&e).to_string(),
+            "delivery unknown: end of data: the send deadline of 1s passed; the server may have the mail"
+        );
+        let tls = Failed::unsupported(
+            Phase::StartTls,
+            format!("STARTTLS required but not offered by {e}"),
+        );
+        assert_eq!(
+            tls.classify(&e).to_string(),
+            "relay: STARTTLS required but not offered by mail.example.com:587"
+        );
+    }
+
+    #[test]
+    fn only_a_dead_connection_at_mail_from_is_stale() {
+        let f = |phase, fault| Failed { phase, fault }.is_stale_connection();
+        assert!(f(Phase::MailFrom, Fault::Broken("eof".into())));
+        assert!(f(Phase::MailFrom, Fault::Reply(421, "bye".into())));
+        assert!(!f(Phase::MailFrom, Fault::Reply(451, "later".into())));
+        assert!(!f(Phase::MailFrom, Fault::Deadline));
+        assert!(!f(Phase::Rcpt, Fault::Broken("eof".into())));
+    }
+}
