@@ -29,8 +29,9 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use mailgate::domain::{EmailAddress, JobId};
-use mailgate::limiter::{Clock, RateLimiter, RedisLimiter, Request};
+use mailgate::domain::{EmailAddress, JobId, Ticket};
+use mailgate::ledger::{Entry, JobRef, Ledger, RedisLedger};
+use mailgate::limiter::{Clock, Request};
 use mailgate::settings::{LimitSettings, RedisSettings};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -562,13 +563,15 @@ async fn ceiling_broker(run: &Run, n: u64) -> f64 {
     out.rate()
 }
 
-/// (b) the limiter's decisions/s with `PREFETCH` concurrent callers, all admitted.
+/// (b) admissions/s (the ledger's script with the limiter's decision) with
+/// `PREFETCH` concurrent callers, all admitted.
 async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
     let settings = RedisSettings {
         url: redis_url(),
         key_prefix: format!("{prefix}ceil:"),
+        allow_eviction: true,
     };
-    let l = RedisLimiter::connect(&settings, &LimitSettings::default())
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .expect("redis");
     let next = Arc::new(AtomicU64::new(0));
@@ -590,7 +593,16 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     ip: None,
                     purpose: None,
                 };
-                l.check(&req, Clock::Server).await.expect("decision");
+                let ticket = Ticket::new();
+                let entry = Entry {
+                    job: JobRef {
+                        request: req,
+                        ticket: &ticket,
+                    },
+                    send_now: false,
+                    expires_at_ms: None,
+                };
+                l.admit(&entry, Clock::Server).await.expect("decision");
             }
         }));
     }

@@ -134,10 +134,7 @@ pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> 
         let mut job = Map::new();
         job.insert("id".into(), json!(args.id.clone().unwrap_or_else(new_id)));
         job.insert("email".into(), json!(email));
-        let code = args
-            .code
-            .clone()
-            .unwrap_or_else(new_code);
+        let code = args.code.clone().unwrap_or_else(new_code);
         job.insert("code".into(), json!(code));
         for (k, v) in [
             ("ip", &args.ip),
@@ -490,8 +487,7 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
     };
     report("rabbitmq", amqp(settings).await.map(|(c, _)| drop(c)));
     let redis = async {
-        let ledger = Backend::open(&settings.redis, &settings.limits).await?;
-        ledger.health().await?;
+        limiter(settings).await?.health().await?;
         anyhow::Ok(())
     };
     report("redis", redis.await);

@@ -106,7 +106,9 @@ pub trait Outbox: Send + Sync {
 /// How a message is answered; the one place results are built from.
 #[derive(Debug, Clone, PartialEq)]
 enum Outcome {
-    Sent { decided_at_ms: u64 },
+    Sent {
+        decided_at_ms: u64,
+    },
     Rejected {
         decided_at_ms: u64,
         retry_after_ms: u64,
@@ -408,16 +410,14 @@ impl<L: Ledger> Pipeline<L> {
             .send_lease
             .saturating_sub(self.settings.smtp.timeout + Duration::from_secs(1));
         let Ok(slot) = tokio::time::timeout(budget, self.mailer.reserve()).await else {
-            self.record(|| self.ledger.release(job_ref))
-                .await;
+            self.record(|| self.ledger.release(job_ref)).await;
             return Err(Delivery::NotNow);
         };
         match self.ledger.sending(job_ref, Clock::Server).await {
             Ok(true) => Ok(slot),
             Ok(false) => Err(Delivery::NotNow),
             Err(e) => {
-                self.record(|| self.ledger.release(job_ref))
-                    .await;
+                self.record(|| self.ledger.release(job_ref)).await;
                 Err(Delivery::LedgerDown(ledger_error(&e)))
             }
         }
@@ -441,7 +441,7 @@ impl<L: Ledger> Pipeline<L> {
                 let published = self.publish(out, &r).await;
                 let answered = published.is_ok();
                 self.record(|| self.ledger.settle(job_ref, &Ending::Sent, answered))
-                .await;
+                    .await;
                 return published.err().unwrap_or(Action::Done);
             }
             Delivery::NotNow => {
@@ -471,13 +471,19 @@ impl<L: Ledger> Pipeline<L> {
         };
         // A transient failure: nothing was handed over.
         if msg.attempt < self.settings.retry.max_attempts {
-            self.record(|| self.ledger.release(job_ref))
-                .await;
+            self.record(|| self.ledger.release(job_ref)).await;
             return self.retry(msg, error);
         }
         let gave_up = format!("gave up after {} attempts: {error}", msg.attempt);
         match self
-            .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), gave_up.clone())
+            .end(
+                job,
+                job_ref,
+                msg,
+                out,
+                Ending::Refund(Refund::Failed),
+                gave_up.clone(),
+            )
             .await
         {
             Action::Done => Action::DeadLetter { error: gave_up },
@@ -507,8 +513,7 @@ impl<L: Ledger> Pipeline<L> {
         };
         let action = self.answer(out, msg, job, outcome).await;
         if action == Action::Done {
-            self.record(|| self.ledger.answered(job_ref))
-                .await;
+            self.record(|| self.ledger.answered(job_ref)).await;
         }
         action
     }

@@ -247,7 +247,7 @@ impl<L: Ledger + 'static> Worker<L> {
         // The pipeline records the id once it has parsed the job.
         let span = tracing::info_span!("job", id = tracing::field::Empty, attempt = job.attempt);
         async {
-            let ticket = job.ticket.clone().unwrap_or_else(Ticket::new);
+            let ticket = job.ticket.clone().unwrap_or_default();
             let msg = Message {
                 body: job.body(),
                 attempt: job.attempt,
@@ -296,13 +296,22 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
             delay,
             error,
         } => {
-            tracing::warn!(error = telemetry::mask_emails(&error), ?delay, "transient failure; retrying later");
+            tracing::warn!(
+                error = telemetry::mask_emails(&error),
+                ?delay,
+                "transient failure; retrying later"
+            );
             telemetry::retried("transient");
             let queue = broker.topology().retry(failed_attempt);
-            broker.delay(job, &queue, ticket, failed_attempt + 1, delay).await
+            broker
+                .delay(job, &queue, ticket, failed_attempt + 1, delay)
+                .await
         }
         Action::Wait { delay } => {
-            tracing::info!(?delay, "another attempt owns the send; waiting for its lease");
+            tracing::info!(
+                ?delay,
+                "another attempt owns the send; waiting for its lease"
+            );
             telemetry::retried("lease");
             let queue = broker.topology().wait.clone();
             broker.delay(job, &queue, ticket, job.attempt, delay).await
@@ -349,9 +358,16 @@ struct Replies<'a> {
 
 impl Outbox for Replies<'_> {
     async fn publish(&self, result: &JobResult) -> Result<(), Unpublished> {
-        match self.broker.publish_result(self.job, &result.to_json()).await {
+        match self
+            .broker
+            .publish_result(self.job, &result.to_json())
+            .await
+        {
             Ok(()) => {
-                let since = self.job.published_at_ms.and_then(|p| now_ms().checked_sub(p));
+                let since = self
+                    .job
+                    .published_at_ms
+                    .and_then(|p| now_ms().checked_sub(p));
                 telemetry::job_answered(result.status, since.map(Duration::from_millis));
                 match result.status {
                     Status::Sent | Status::Rejected | Status::Duplicate => {

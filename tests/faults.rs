@@ -383,10 +383,14 @@ async fn a_job_that_always_fails_is_answered_dead_lettered_and_never_loops() {
     assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["id"], "p1");
     let headers = props.headers().clone().expect("headers");
     let get = |k: &str| headers.inner().get(k).cloned();
+    // The attempt count is for people: a dead letter carries no attempt
+    // header or ticket, so one moved back to the jobs queue starts afresh.
     assert_eq!(
-        get("x-mailgate-attempt"),
+        get("x-mailgate-attempts"),
         Some(lapin::types::AMQPValue::LongLongInt(3))
     );
+    assert_eq!(get("x-mailgate-attempt"), None);
+    assert_eq!(get("x-mailgate-ticket"), None);
     assert!(
         matches!(get("x-mailgate-error"), Some(lapin::types::AMQPValue::LongString(s)) if s.to_string().contains("451"))
     );

@@ -138,7 +138,10 @@ impl Topology {
         let waiting = queue == self.wait
             || queue
                 .strip_prefix(&format!("{}.retry.", self.jobs))
-                .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| (1..=self.retries).contains(&n)));
+                .is_some_and(|n| {
+                    n.parse::<u32>()
+                        .is_ok_and(|n| (1..=self.retries).contains(&n))
+                });
         if waiting {
             args.insert(
                 "x-dead-letter-exchange".into(),
@@ -511,7 +514,10 @@ impl Broker {
             match self.publish(reply_to, body, props.clone()).await {
                 Ok(Routed::Queued) => return Ok(()),
                 Ok(Routed::NoQueue) => {
-                    tracing::warn!(reply_to, "reply_to queue does not exist; result goes to the results queue");
+                    tracing::warn!(
+                        reply_to,
+                        "reply_to queue does not exist; result goes to the results queue"
+                    );
                 }
                 Err(BrokerError::Refused { why, .. }) => {
                     tracing::warn!(reply_to, %why, "reply_to queue refused the result; it goes to the results queue");

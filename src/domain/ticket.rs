@@ -40,7 +40,13 @@ mod tests {
         let (a, b) = (Ticket::new(), Ticket::new());
         assert_ne!(a, b);
         assert_eq!(Ticket::parse(a.as_str()), Some(a));
-        for bad in ["", "x", &"A".repeat(32), &"0".repeat(33), "0123456789abcdef0123456789abcdeg"] {
+        for bad in [
+            "",
+            "x",
+            &"A".repeat(32),
+            &"0".repeat(33),
+            "0123456789abcdef0123456789abcdeg",
+        ] {
             assert_eq!(Ticket::parse(bad), None, "{bad}");
         }
     }

@@ -2,8 +2,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{
-    Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund,
-    Verdict,
+    Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
 use crate::domain::{Name, Ticket};
 use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
@@ -268,7 +267,9 @@ impl Ledger for MemoryLedger {
                 rec.owner = job.ticket.clone();
                 None
             }
-            Ending::Unknown if mine && matches!(rec.state, JobState::Sending | JobState::Unknown) => {
+            Ending::Unknown
+                if mine && matches!(rec.state, JobState::Sending | JobState::Unknown) =>
+            {
                 rec.state = JobState::Unknown;
                 None
             }

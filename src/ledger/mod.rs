@@ -42,8 +42,8 @@ use sha2::{Digest, Sha256};
 pub use self::memory::MemoryLedger;
 pub use self::redis::RedisLedger;
 
-use crate::domain::Ticket;
 use crate::domain::Name;
+use crate::domain::Ticket;
 use crate::limiter::{Clock, LimitError, Quotas, Request, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
 

@@ -3,9 +3,7 @@ use std::sync::{Arc, LazyLock};
 use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{
-    Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict,
-};
+use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::{
     Clock, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage, redis_reset,
@@ -86,7 +84,10 @@ impl RedisLedger {
     /// script, so a bad URL or an unusable server shows at start-up. Must be
     /// called within a Tokio runtime: it starts the batching task, which ends
     /// when the last clone of the ledger is dropped.
-    pub async fn connect(redis: &RedisSettings, limits: &LimitSettings) -> Result<Self, LedgerError> {
+    pub async fn connect(
+        redis: &RedisSettings,
+        limits: &LimitSettings,
+    ) -> Result<Self, LedgerError> {
         let mut conn = crate::limiter::connect(redis).await?;
         SCRIPT.prepare_invoke().load_async(&mut conn).await?;
         let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
@@ -219,7 +220,11 @@ fn verdict(keys: &Keyspace, p: &Pending, r: &[i64]) -> Option<Verdict> {
     Some(match code {
         Code::Rejected => {
             let (scope, set) = *p.scopes.get(usize::try_from(r[2] - 1).ok()?)?;
-            let rule = keys.sets.get(set)?.rules.get(usize::try_from(r[3] - 1).ok()?)?;
+            let rule = keys
+                .sets
+                .get(set)?
+                .rules
+                .get(usize::try_from(r[3] - 1).ok()?)?;
             Verdict::Rejected {
                 retry_after_ms: num(1)?,
                 rule: RuleRef {
@@ -265,7 +270,9 @@ impl Ledger for RedisLedger {
         for (scope, key, set) in applicable {
             // Settings allow at most 100 purposes, so at most 202 sets: the
             // character stays within a byte.
-            shape.push(char::from(b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1')));
+            shape.push(char::from(
+                b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1'),
+            ));
             keys.push(key);
             scopes.push((scope, set));
         }
@@ -407,8 +414,10 @@ mod tests {
             })
             .collect();
         in_lua.sort_by_key(|(_, n)| *n);
-        let mut in_rust: Vec<(String, i64)> =
-            CODES.iter().map(|(c, name)| ((*name).to_owned(), *c as i64)).collect();
+        let mut in_rust: Vec<(String, i64)> = CODES
+            .iter()
+            .map(|(c, name)| ((*name).to_owned(), *c as i64))
+            .collect();
         in_rust.sort_by_key(|(_, n)| *n);
         assert_eq!(in_lua, in_rust);
     }

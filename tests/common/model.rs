@@ -83,7 +83,14 @@ impl Model {
 
     /// A new message of lineage `ticket` for job `id` (admitted for `fp`)
     /// at `t`.
-    pub fn admit(&mut self, id: &str, fp: &str, ticket: u32, scopes: &Scopes<'_>, t: u64) -> Verdict {
+    pub fn admit(
+        &mut self,
+        id: &str,
+        fp: &str,
+        ticket: u32,
+        scopes: &Scopes<'_>,
+        t: u64,
+    ) -> Verdict {
         let lease_ms = self.lease_ms;
         if let Some(r) = self.record(id) {
             let mine = r.owner == ticket;
@@ -212,9 +219,7 @@ impl Model {
     /// A refund, as failed.
     pub fn refund(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
-            Some(r)
-                if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) =>
-            {
+            Some(r) if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) => {
                 r.state = State::Refunded;
                 r.lease_until = 0;
                 r.answered = true;
@@ -228,9 +233,7 @@ impl Model {
     /// A transient failure gives the lease back.
     pub fn release(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
-            Some(r)
-                if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) =>
-            {
+            Some(r) if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) => {
                 r.state = State::Admitted;
                 r.lease_until = 0;
                 true
