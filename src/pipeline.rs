@@ -274,7 +274,7 @@ impl<L: Ledger> Pipeline<L> {
             send_now,
             expires_at_ms: job
                 .expires_at
-                .map(|t| u64::try_from(t.as_millisecond()).unwrap_or(1).max(1)),
+                .map(|t| u64::try_from(t.as_millisecond()).unwrap_or(0)),
         };
         let Admission {
             decided_at_ms,
@@ -297,7 +297,9 @@ impl<L: Ledger> Pipeline<L> {
             return Err(Action::Done);
         }
         let (outcome, by_owner) = match verdict {
-            Verdict::Admitted | Verdict::Resumed { .. } => return Ok(decided_at_ms),
+            Verdict::Admitted => return Ok(decided_at_ms),
+            // Every `sent` of a job carries the time it was admitted.
+            Verdict::Resumed { admitted_at_ms } => return Ok(admitted_at_ms),
             Verdict::Rejected {
                 retry_after_ms,
                 rule,
@@ -309,7 +311,12 @@ impl<L: Ledger> Pipeline<L> {
                 },
                 false,
             ),
-            Verdict::Expired => (Outcome::Expired, false),
+            // Past its expiry an unsent admission is refunded into a record
+            // the asking lineage owns; only mailgate's own copies ask about
+            // ids they may have been admitted for, so only they record that
+            // their answer went out (a producer's message has nothing to
+            // record, and the write would cost a round trip).
+            Verdict::Expired => (Outcome::Expired, msg.continuation),
             Verdict::Busy { lease_left_ms } => {
                 return Err(Action::Wait {
                     delay: Duration::from_millis(lease_left_ms.saturating_add(100)),
@@ -435,14 +442,15 @@ impl<L: Ledger> Pipeline<L> {
     ) -> Action {
         let error = match delivery {
             Delivery::Sent => {
-                // The result first, then one write: sent, and whether the
-                // result was confirmed.
-                let r = Outcome::Sent { decided_at_ms }.result(job.id.as_str(), Some(job), msg);
-                let published = self.publish(out, &r).await;
-                let answered = published.is_ok();
-                self.record(|| self.ledger.settle(job_ref, &Ending::Sent, answered))
+                // Recorded before the result goes out, so a copy of the job
+                // seen after a crash is answered `sent` again, never
+                // "delivery unknown". Whether the result was confirmed is
+                // not recorded (it would cost a round trip per mail): a
+                // crash between the confirm and the ack repeats `sent`.
+                self.record(|| self.ledger.settle(job_ref, &Ending::Sent, false))
                     .await;
-                return published.err().unwrap_or(Action::Done);
+                let r = Outcome::Sent { decided_at_ms }.result(job.id.as_str(), Some(job), msg);
+                return self.publish(out, &r).await.err().unwrap_or(Action::Done);
             }
             Delivery::NotNow => {
                 return Action::Wait {

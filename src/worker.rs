@@ -402,7 +402,12 @@ impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
             .health()
             .await
             .map_err(|e| e.to_string());
-        let smtp = {
+        // The relay's health as the sends see it, at once; otherwise a probe
+        // connection, at most every few seconds.
+        let relay = self.pipeline.mailer().relay_health();
+        let smtp = if relay.is_err() {
+            relay
+        } else {
             let mut cached = self.smtp_checked.lock().await;
             match &*cached {
                 Some((at, r)) if at.elapsed() < SMTP_CHECK_TTL => r.clone(),

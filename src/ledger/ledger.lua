@@ -61,7 +61,7 @@ op "admit" -- decide a batch of requests in order, all at one instant
              send_now ('1': the caller has an SMTP connection free and
                starts its transaction at once, so the record goes straight
                to x; '0': to a, and the caller marks "sending" later),
-             expires_at ms ('0': never),
+             expires_at ms ('': never),
              shape (decide.lua; may be empty: no scope has rules)
   KEYS     for each request: its record key, then its scope keys (#shape)
   returns  {now, then 4 integers per request: code and up to 3 values (CODE)}
@@ -76,7 +76,7 @@ local function admit()
   while a <= #ARGV do
     local r = {id = ARGV[a], fp = ARGV[a + 1], ticket = ARGV[a + 2], now_send = ARGV[a + 3],
       expires = tonumber(ARGV[a + 4]), shape = ARGV[a + 5], key = KEYS[k], first = k + 1}
-    if not r.shape or not r.expires or r.id == '' or r.fp == '' or r.ticket == ''
+    if not r.shape or (not r.expires and ARGV[a + 4] ~= '') or r.id == '' or r.fp == '' or r.ticket == ''
       or (r.now_send ~= '1' and r.now_send ~= '0') or not shape_ok(r.shape, sets) then
       return fail('request ' .. (#reqs + 1) .. ' is malformed')
     end
@@ -93,7 +93,7 @@ local function admit()
     o = o + 4
   end
   for _, r in ipairs(reqs) do
-    local expired = r.expires > 0 and r.expires <= now
+    local expired = r.expires ~= nil and r.expires <= now
     local last = r.first + #r.shape - 1
     local rec = call('HMGET', r.key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
     local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
@@ -217,12 +217,15 @@ end
 
 --[[
 op "answered" -- the owner's final result was confirmed by RabbitMQ
-  KEYS[1] record. ARGV: ticket. returns 1 if the ticket owns the record.
+  KEYS[1] record. ARGV: dedup_ms, ticket. returns 1 if the ticket owns the record.
 ]]
 local function answered()
-  if #KEYS ~= 1 or #ARGV ~= 2 or ARGV[2] == '' then return fail('takes 1 key and 2 arguments') end
-  if call('HGET', KEYS[1], 'own') ~= ARGV[2] then return 0 end
+  if #KEYS ~= 1 or #ARGV ~= 3 or not tonumber(ARGV[2]) or ARGV[3] == '' then
+    return fail('takes 1 key and 3 arguments')
+  end
+  if call('HGET', KEYS[1], 'own') ~= ARGV[3] then return 0 end
   call('HSET', KEYS[1], 'ans', '1')
+  call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 

@@ -163,7 +163,7 @@ impl State {
                     rec.lease_until = 0;
                     rec.answered = false;
                     rec.until = now.saturating_add(dedup);
-                    self.logs.forget(&scopes, id);
+                    self.logs.forget(&scopes, admitted_at_ms, id);
                     return Verdict::Expired;
                 }
                 JobState::Admitted => {
@@ -221,11 +221,15 @@ impl Ledger for MemoryLedger {
     async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
         let now = Self::now(clock);
         let mut state = self.lock();
-        let lease = state.logs.keyspace().lease_ms();
+        let (lease, dedup) = {
+            let keys = state.logs.keyspace();
+            (keys.lease_ms(), keys.dedup_ms())
+        };
         Ok(match state.record(job.request.id.as_str(), now) {
             Some(rec) if rec.state == JobState::Admitted && rec.owner == *job.ticket => {
                 rec.state = JobState::Sending;
                 rec.lease_until = now.saturating_add(lease);
+                rec.until = now.saturating_add(dedup);
                 true
             }
             _ => false,
@@ -234,6 +238,7 @@ impl Ledger for MemoryLedger {
 
     async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
         let mut state = self.lock();
+        let (now, dedup) = (state.clock, state.logs.keyspace().dedup_ms());
         Ok(match state.latest(job.request.id.as_str()) {
             Some(rec)
                 if matches!(rec.state, JobState::Admitted | JobState::Sending)
@@ -241,6 +246,7 @@ impl Ledger for MemoryLedger {
             {
                 rec.state = JobState::Admitted;
                 rec.lease_until = 0;
+                rec.until = now.saturating_add(dedup);
                 true
             }
             _ => false,
@@ -260,6 +266,7 @@ impl Ledger for MemoryLedger {
             return Ok(false);
         };
         let mine = rec.owner == *job.ticket;
+        let admitted_at = rec.admitted_at;
         let unsent = matches!(rec.state, JobState::Admitted | JobState::Sending);
         let refund = match ending {
             Ending::Sent if !matches!(rec.state, JobState::Refunded(_)) => {
@@ -283,16 +290,20 @@ impl Ledger for MemoryLedger {
         rec.answered = answered;
         rec.until = now.saturating_add(keys.dedup_ms());
         if refund.is_some() {
-            state.logs.forget(&keys.applicable(&job.request), id);
+            state
+                .logs
+                .forget(&keys.applicable(&job.request), admitted_at, id);
         }
         Ok(true)
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
         let mut state = self.lock();
+        let (now, dedup) = (state.clock, state.logs.keyspace().dedup_ms());
         Ok(match state.latest(job.request.id.as_str()) {
             Some(rec) if rec.owner == *job.ticket => {
                 rec.answered = true;
+                rec.until = now.saturating_add(dedup);
                 true
             }
             _ => false,

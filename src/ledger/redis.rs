@@ -284,7 +284,10 @@ impl Ledger for RedisLedger {
                 Fingerprint::of(&job.request).as_str().to_owned(),
                 job.ticket.as_str().to_owned(),
                 if entry.send_now { "1" } else { "0" }.to_owned(),
-                entry.expires_at_ms.unwrap_or(0).to_string(),
+                entry
+                    .expires_at_ms
+                    .map(|ms| ms.to_string())
+                    .unwrap_or_default(),
                 shape,
             ],
             keys,
@@ -349,6 +352,7 @@ impl Ledger for RedisLedger {
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
         let reply: i64 = self
             .op("answered", job)
+            .arg(self.keys.dedup_ms())
             .arg(job.ticket.as_str())
             .invoke_async(&mut self.conn.clone())
             .await?;

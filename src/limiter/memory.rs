@@ -92,11 +92,14 @@ impl MemoryLogs {
         }
     }
 
-    /// Removes job `id`'s admission from `scopes` (a refund).
-    pub fn forget(&mut self, scopes: &[(Scope, String, usize)], id: &str) {
+    /// Removes job `id`'s admission made at `at` from `scopes` (a refund).
+    /// An admission of the same id at another time (made after an earlier
+    /// record of the id was forgotten) stays.
+    pub fn forget(&mut self, scopes: &[(Scope, String, usize)], at: u64, id: &str) {
         for (_, key, _) in scopes {
             if let Some(log) = self.logs.get_mut(key) {
-                log.entries.retain(|(_, member)| **member != *id);
+                log.entries
+                    .retain(|(t, member)| *t != at || **member != *id);
                 if log.entries.is_empty() {
                     self.logs.remove(key);
                 }

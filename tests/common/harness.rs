@@ -198,6 +198,21 @@ impl Harness {
         c
     }
 
+    /// A fresh channel, for checks that may close it (a passive declare of
+    /// a missing queue does).
+    pub async fn channel_for_checks(&self) -> Channel {
+        self._conn.create_channel().await.expect("channel")
+    }
+
+    /// Every Redis key under the test's prefix.
+    pub fn redis_keys(&self) -> Vec<String> {
+        self._redis
+            .keys_with_ttl()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     /// Declares a queue of the test's own (e.g. a reply_to queue).
     pub async fn declare(&self, suffix: &str) -> String {
         let name = format!(

@@ -1,6 +1,4 @@
-//! The tools around the worker: `publish`, `results`, `limits` and
-//! `check-config`. Each is an edge like `main`: it may use any stage, and it
-//! reports errors as one line with the cause and a hint.
+//! The tools: `publish`, `results`, `limits`, `check-config` and `probe`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};

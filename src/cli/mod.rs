@@ -1,0 +1,234 @@
+//! The `mailgate` command line: the clap tree, and the tools around the
+//! worker (`publish`, `results`, `limits`, `check-config`, `probe`). Each is
+//! an edge like `main`: it may use any stage, and it reports errors as one
+//! line with the cause and a hint.
+
+mod tools;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::settings::Settings;
+pub use tools::*;
+
+/// Sends verification codes by mail, behind an exact rate limiter.
+#[derive(Parser)]
+#[command(name = "mailgate", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Pretty, global = true, env = "MAILGATE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// The settings file; MAILGATE__SECTION__KEY variables override it.
+    #[arg(
+        long,
+        global = true,
+        default_value = "config/default.toml",
+        env = "MAILGATE_CONFIG"
+    )]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    /// What to do.
+    pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// For people.
+    Pretty,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// What to do.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Consume jobs and mail codes until SIGTERM or SIGINT.
+    Worker,
+    /// Publish jobs (one from flags, or JSON lines) with publisher confirms.
+    Publish(PublishFlags),
+    /// Print results as JSON lines.
+    Results {
+        /// Keep printing new results until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// Read this queue instead of [amqp] results_queue.
+        #[arg(long)]
+        queue: Option<String>,
+    },
+    /// Look at or reset a mailbox's or an IP's quota.
+    Limits {
+        #[command(subcommand)]
+        /// Show or reset.
+        action: LimitsAction,
+    },
+    /// Ask the local worker's /readyz; exit 0 if it is ready (container health checks).
+    Probe,
+    /// Validate the settings and render every template with sample data.
+    CheckConfig {
+        /// Also reach RabbitMQ, Redis and SMTP.
+        #[arg(long)]
+        connect: bool,
+    },
+}
+
+/// `publish`'s flags.
+#[derive(clap::Args)]
+pub struct PublishFlags {
+    /// The mailbox to send a code to.
+    #[arg(long)]
+    email: Option<String>,
+    /// The client IP that asked for it.
+    #[arg(long)]
+    ip: Option<String>,
+    /// The code (default: a random 6-digit code).
+    #[arg(long)]
+    code: Option<String>,
+    /// The template set (default: verify).
+    #[arg(long)]
+    purpose: Option<String>,
+    /// The locale, e.g. zh-CN.
+    #[arg(long)]
+    locale: Option<String>,
+    /// The job id (default: generated).
+    #[arg(long)]
+    id: Option<String>,
+    /// A template variable, `name=value`; repeatable.
+    #[arg(long = "var", value_parser = parse_var)]
+    vars: Vec<(String, String)>,
+    /// The code expires this long from now, e.g. 10m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    expires_in: Option<std::time::Duration>,
+    /// Publish the JSON lines (one job object each) of this file; `-` for stdin.
+    #[arg(long, conflicts_with_all = ["email", "ip", "code", "purpose", "locale", "id", "vars", "expires_in"])]
+    file: Option<PathBuf>,
+    /// Ask for results on this queue.
+    #[arg(long)]
+    reply_to: Option<String>,
+    /// Wait for each job's result (on a private queue) and print it.
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: how long to wait for all results.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+}
+
+/// `limits`' actions.
+#[derive(Subcommand)]
+pub enum LimitsAction {
+    /// Show each rule's use and when the next send is allowed; consumes nothing.
+    Show {
+        /// A mailbox (normalized as the limiter does).
+        #[arg(long)]
+        email: Option<String>,
+        /// A client IP (grouped as the limiter does).
+        #[arg(long)]
+        ip: Option<String>,
+        /// Judge by this purpose's rules.
+        #[arg(long)]
+        purpose: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a mailbox's or IP's admissions (for support staff).
+    Reset {
+        /// A mailbox.
+        #[arg(long)]
+        email: Option<String>,
+        /// A client IP.
+        #[arg(long)]
+        ip: Option<String>,
+    },
+}
+
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not name=value"))
+}
+
+/// Runs a command; `Ok(false)` means it ran but something it checked failed.
+pub async fn run(
+    config: &std::path::Path,
+    command: Command,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    let settings = Settings::load(config).with_context(|| {
+        format!(
+            "{} (choose another with --config or MAILGATE_CONFIG)",
+            config.display()
+        )
+    })?;
+    match command {
+        Command::Worker => {
+            let worker = crate::worker::build(&settings).await?;
+            worker.run(shutdown).await?;
+            Ok(true)
+        }
+        Command::Publish(f) => {
+            let args = PublishArgs {
+                email: f.email,
+                ip: f.ip,
+                code: f.code,
+                purpose: f.purpose,
+                locale: f.locale,
+                id: f.id,
+                vars: f.vars,
+                expires_in: f.expires_in,
+                file: f.file,
+                reply_to: f.reply_to,
+                wait: f.wait,
+                timeout: f.timeout,
+            };
+            publish(&settings, &args).await
+        }
+        Command::Results { follow, queue } => {
+            results(&settings, queue.as_deref(), follow, shutdown).await?;
+            Ok(true)
+        }
+        Command::Limits { action } => match action {
+            LimitsAction::Show {
+                email,
+                ip,
+                purpose,
+                json,
+            } => {
+                let who = Who::parse(email.as_deref(), ip.as_deref())?;
+                let usage = limits_show(&settings, &who, purpose.as_deref()).await?;
+                if json {
+                    println!("{}", usage_json(&usage));
+                } else {
+                    print!("{}", render_usage(&usage));
+                }
+                Ok(true)
+            }
+            LimitsAction::Reset { email, ip } => {
+                let who = Who::parse(email.as_deref(), ip.as_deref())?;
+                println!("{}", limits_reset(&settings, &who).await?);
+                Ok(true)
+            }
+        },
+        Command::CheckConfig { connect } => check_config(&settings, connect).await,
+        Command::Probe => probe(&settings).await,
+    }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the
+/// line already holds (some libraries repeat their source in their message).
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}

@@ -1,0 +1,799 @@
+//! One conformance suite for the job ledger's lifecycle (admission, lease,
+//! sending, release, settle, answered, conflicts, expiry) in both backends,
+//! with an explicit clock wherever an operation takes one. The Redis backend
+//! runs against the real shared Redis, under a per-test key prefix; its
+//! records live by real TTL (`limits.dedup_for`), the memory backend's by the
+//! latest time it was called with. The limiter's decisions have their own
+//! suite (`limiter_conformance`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mailgate::domain::Ticket;
+use mailgate::ledger::{Ending, Entry, Ledger, Refund, Verdict};
+use mailgate::limiter::{Clock, Quotas, RuleRef, Scope, Subject};
+use mailgate::settings::LimitSettings;
+
+/// `LimitSettings::default().send_lease`.
+const LEASE: u64 = 30 * SEC;
+/// An arbitrary start, far from 0.
+const T0: u64 = 1_000_000;
+const MAIL: &str = "a@example.com";
+const IP: &str = "198.51.100.1";
+
+/// At most `email` admissions per mailbox and `ip` per client in an hour.
+fn per_hour(email: u32, ip: u32) -> LimitSettings {
+    limits(&[(HOUR, email)], &[(HOUR, ip)])
+}
+
+/// Job `id` to [`MAIL`] from [`IP`].
+fn job(id: &str) -> TestJob {
+    TestJob::new(id, MAIL, Some(IP))
+}
+
+/// Job `id` to a mailbox and from a client of its own (numbered `n`).
+fn own_job(id: &str, n: u8) -> TestJob {
+    TestJob::new(
+        id,
+        &format!("m{n}@example.com"),
+        Some(&format!("198.51.100.{}", 100 + n)),
+    )
+}
+
+/// A message of lineage `t` about `job` at `at` ms (no expiry, not sending).
+async fn ask<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, at: u64) -> Verdict {
+    job.admit(l, t, Clock::At(at)).await
+}
+
+/// [`ask`] with `send_now` and `expires_at_ms`.
+async fn ask_with<L: Ledger>(
+    l: &L,
+    job: &TestJob,
+    t: &Ticket,
+    at: u64,
+    send_now: bool,
+    expires_at_ms: Option<u64>,
+) -> Verdict {
+    let entry = Entry {
+        job: job.by(t),
+        send_now,
+        expires_at_ms,
+    };
+    let a = l
+        .admit(&entry, Clock::At(at))
+        .await
+        .expect("the ledger answers");
+    assert_eq!(a.decided_at_ms, at, "decided_at_ms is the decision time");
+    a.verdict
+}
+
+/// A message of lineage `t` about `job` whose `expires_at` is `expired_at`.
+async fn ask_expired<L: Ledger>(
+    l: &L,
+    job: &TestJob,
+    t: &Ticket,
+    at: u64,
+    expired_at: u64,
+) -> Verdict {
+    ask_with(l, job, t, at, false, Some(expired_at)).await
+}
+
+async fn sending<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, at: u64) -> bool {
+    l.sending(&job.by(t), Clock::At(at)).await.expect("sending")
+}
+
+async fn release<L: Ledger>(l: &L, job: &TestJob, t: &Ticket) -> bool {
+    l.release(&job.by(t)).await.expect("release")
+}
+
+async fn settle<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, end: Ending, answered: bool) -> bool {
+    l.settle(&job.by(t), &end, answered).await.expect("settle")
+}
+
+async fn answered<L: Ledger>(l: &L, job: &TestJob, t: &Ticket) -> bool {
+    l.answered(&job.by(t)).await.expect("answered")
+}
+
+/// Admissions counted at `at` for `job`'s mailbox and for its client, by
+/// the first rule of each scope (the hour of [`per_hour`]).
+async fn used<L: Quotas>(l: &L, job: &TestJob, at: u64) -> (u32, u32) {
+    let e = l
+        .usage(Subject::Email(&job.email), None, Clock::At(at))
+        .await
+        .expect("usage");
+    let i = match &job.ip {
+        Some(ip) => {
+            l.usage(Subject::Ip(ip), None, Clock::At(at))
+                .await
+                .expect("usage")
+                .rules[0]
+                .count
+        }
+        None => 0,
+    };
+    (e.rules[0].count, i)
+}
+
+fn sent(admitted_at_ms: u64, by_owner: bool, answered: bool) -> Verdict {
+    Verdict::Sent {
+        admitted_at_ms,
+        by_owner,
+        answered,
+    }
+}
+
+fn unknown(by_owner: bool, answered: bool) -> Verdict {
+    Verdict::Unknown { by_owner, answered }
+}
+
+fn finished(how: Refund, answered: bool) -> Verdict {
+    Verdict::Finished { how, answered }
+}
+
+fn busy(lease_left_ms: u64) -> Verdict {
+    Verdict::Busy { lease_left_ms }
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn a_second_message_is_busy_for_the_rest_of_the_lease<M: Make>(m: M) {
+        let b = m.make("busy", per_hour(2, 2)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        let a = Ticket::new();
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert_eq!(
+            ask(l, &j, &Ticket::new(), T0 + 12 * SEC).await,
+            busy(LEASE - 12 * SEC)
+        );
+        assert_eq!(ask(l, &j, &Ticket::new(), T0 + LEASE - 1).await, busy(1));
+        // Counted once in each scope: a second job still fits a limit of two.
+        assert_eq!(used(l, &j, T0 + LEASE - 1).await, (1, 1));
+        assert_eq!(
+            ask(l, &job("j2"), &Ticket::new(), T0 + LEASE - 1).await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn a_lapsed_lease_passes_the_send_to_another_lineage<M: Make>(m: M) {
+        let b = m.make("lapse", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert_eq!(
+            ask(l, &j, &n, T0 + LEASE).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+        assert!(!sending(l, &j, &a, T0 + LEASE + 1).await, "the old owner");
+        assert!(sending(l, &j, &n, T0 + LEASE + 1).await, "the new owner");
+        // `sending` renewed the new owner's lease.
+        assert_eq!(
+            ask(l, &j, &Ticket::new(), T0 + LEASE + 2).await,
+            busy(LEASE - 1)
+        );
+        assert_eq!(used(l, &j, T0 + LEASE + 2).await, (1, 1));
+    }
+
+    pub async fn release_by_the_owner_lets_the_next_message_resume_at_once<M: Make>(m: M) {
+        let b = m.make("release", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        let (a, n, o) = (Ticket::new(), Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(release(l, &j, &a).await);
+        assert_eq!(
+            ask(l, &j, &n, T0 + 1).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+        // Released from sending too (a failure before the mail was handed over).
+        assert!(sending(l, &j, &n, T0 + 2).await);
+        assert!(release(l, &j, &n).await);
+        assert_eq!(
+            ask(l, &j, &o, T0 + 3).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+        assert_eq!(used(l, &j, T0 + 3).await, (1, 1));
+    }
+
+    pub async fn release_by_another_lineage_or_of_an_unknown_id_is_refused<M: Make>(m: M) {
+        let b = m.make("release-no", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        let a = Ticket::new();
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(!release(l, &j, &Ticket::new()).await, "not the owner");
+        assert!(!release(l, &job("j9"), &a).await, "no such id");
+        // Nothing changed: the owner still holds its lease.
+        assert_eq!(ask(l, &j, &Ticket::new(), T0 + 1).await, busy(LEASE - 1));
+    }
+
+    pub async fn a_send_whose_lease_lapses_is_unknown_and_never_resent<M: Make>(m: M) {
+        let b = m.make("unknown", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j, &a, T0 + 1).await);
+        assert!(!sending(l, &j, &a, T0 + 2).await, "already sending");
+        assert_eq!(ask(l, &j, &n, T0 + LEASE).await, busy(1));
+        assert_eq!(ask(l, &j, &n, T0 + 1 + LEASE).await, unknown(false, false));
+        assert_eq!(
+            ask(l, &j, &Ticket::new(), T0 + 2 * LEASE).await,
+            unknown(false, false),
+            "stays unknown"
+        );
+        assert_eq!(ask(l, &j, &a, T0 + 2 * LEASE).await, unknown(true, false));
+        assert!(!release(l, &j, &a).await, "never resent");
+        assert!(!sending(l, &j, &a, T0 + 2 * LEASE).await);
+        assert!(!sending(l, &j, &n, T0 + 2 * LEASE).await);
+        assert_eq!(ask(l, &j, &n, T0 + 3 * LEASE).await, unknown(false, false));
+        assert_eq!(used(l, &j, T0 + 3 * LEASE).await, (1, 1));
+    }
+
+    pub async fn send_now_admits_straight_into_sending<M: Make>(m: M) {
+        let b = m.make("send-now", per_hour(5, 5)).await;
+        let l = &b.ledger;
+        let (j, a) = (job("j1"), Ticket::new());
+        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
+        assert!(!sending(l, &j, &a, T0 + 1).await, "already sending");
+        assert_eq!(
+            ask(l, &j, &Ticket::new(), T0 + LEASE).await,
+            unknown(false, false),
+            "a lapse is unknown, not resumed"
+        );
+        // A resumption with send_now is sending too.
+        let j2 = job("j2");
+        assert_eq!(ask(l, &j2, &Ticket::new(), T0).await, Verdict::Admitted);
+        let n = Ticket::new();
+        assert_eq!(
+            ask_with(l, &j2, &n, T0 + LEASE, true, None).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+        assert!(
+            !sending(l, &j2, &n, T0 + LEASE + 1).await,
+            "already sending"
+        );
+        assert_eq!(
+            ask(l, &j2, &Ticket::new(), T0 + 2 * LEASE).await,
+            unknown(false, false)
+        );
+    }
+
+    pub async fn sent_is_reported_to_every_later_message<M: Make>(m: M) {
+        let b = m.make("sent", per_hour(5, 5)).await;
+        let l = &b.ledger;
+        for (i, ans) in [false, true].into_iter().enumerate() {
+            let (j, a) = (job(&format!("j{i}")), Ticket::new());
+            assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+            assert!(sending(l, &j, &a, T0 + 1).await);
+            assert!(settle(l, &j, &a, Ending::Sent, ans).await);
+            assert_eq!(ask(l, &j, &a, T0 + 2).await, sent(T0, true, ans));
+            assert_eq!(
+                ask(l, &j, &Ticket::new(), T0 + 3).await,
+                sent(T0, false, ans)
+            );
+            assert_eq!(
+                ask(l, &j, &Ticket::new(), T0 + 3 * LEASE).await,
+                sent(T0, false, ans)
+            );
+        }
+        assert_eq!(used(l, &job("j0"), T0 + 3 * LEASE).await, (2, 2));
+    }
+
+    pub async fn a_late_sent_overrides_unknown<M: Make>(m: M) {
+        let b = m.make("sent-late", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let (j, a, n) = (job("j1"), Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j, &a, T0).await);
+        assert_eq!(ask(l, &j, &n, T0 + LEASE).await, unknown(false, false));
+        assert!(settle(l, &j, &a, Ending::Sent, true).await);
+        assert_eq!(ask(l, &j, &n, T0 + LEASE + 1).await, sent(T0, false, true));
+        assert_eq!(ask(l, &j, &a, T0 + LEASE + 1).await, sent(T0, true, true));
+        assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1));
+    }
+
+    pub async fn an_owners_refund_gives_the_quota_back_in_every_scope<M: Make>(m: M) {
+        let b = m.make("refund", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let hows = [Refund::Failed, Refund::Invalid, Refund::Expired];
+        for (n, how) in (0u8..).zip(hows) {
+            let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
+            let ans = n == 1;
+            assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+            if n == 0 {
+                // A refused send is refunded from sending, too.
+                assert!(sending(l, &j, &a, T0).await);
+            }
+            assert!(settle(l, &j, &a, Ending::Refund(how), ans).await, "{how:?}");
+            assert_eq!(used(l, &j, T0 + 1).await, (0, 0), "{how:?}");
+            assert_eq!(ask(l, &j, &a, T0 + 1).await, finished(how, ans));
+            // A new job for the same mailbox and client fits both limits of one.
+            let k = TestJob {
+                id: id(&format!("k{n}")),
+                ..j.clone()
+            };
+            assert_eq!(ask(l, &k, &Ticket::new(), T0 + 2).await, Verdict::Admitted);
+            // Another lineage of the refunded job is decided afresh: rejected
+            // now (k holds the quota), admitted once the window has passed.
+            let o = Ticket::new();
+            assert!(
+                matches!(
+                    ask(l, &j, &o, T0 + 3).await,
+                    Verdict::Rejected { retry_after_ms, .. } if retry_after_ms == HOUR - 1
+                ),
+                "{how:?}"
+            );
+            assert_eq!(ask(l, &j, &o, T0 + 2 + HOUR).await, Verdict::Admitted);
+            assert_eq!(ask(l, &j, &a, T0 + 3 + HOUR).await, busy(LEASE - 1));
+        }
+    }
+
+    pub async fn a_refund_by_another_lineage_or_after_a_send_is_refused<M: Make>(m: M) {
+        let b = m.make("refund-no", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let failed = Ending::Refund(Refund::Failed);
+        // Not the owner's, or no such id.
+        let (j, a) = (own_job("j1", 1), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(!settle(l, &j, &Ticket::new(), failed, false).await);
+        assert!(!settle(l, &own_job("j9", 9), &a, failed, false).await);
+        assert_eq!(used(l, &j, T0 + 1).await, (1, 1));
+        assert!(sending(l, &j, &a, T0 + 1).await, "the owner still owns it");
+        // Sent.
+        assert!(settle(l, &j, &a, Ending::Sent, false).await);
+        assert!(!settle(l, &j, &a, failed, false).await);
+        assert_eq!(ask(l, &j, &a, T0 + 2).await, sent(T0, true, false));
+        assert_eq!(used(l, &j, T0 + 2).await, (1, 1));
+        // Unknown, as marked by another copy or as settled by the owner.
+        let (j2, a2) = (own_job("j2", 2), Ticket::new());
+        assert_eq!(ask(l, &j2, &a2, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j2, &a2, T0).await);
+        assert_eq!(
+            ask(l, &j2, &Ticket::new(), T0 + LEASE).await,
+            unknown(false, false)
+        );
+        assert!(!settle(l, &j2, &a2, failed, false).await);
+        assert!(settle(l, &j2, &a2, Ending::Unknown, false).await);
+        assert!(!settle(l, &j2, &a2, Ending::Refund(Refund::Expired), false).await);
+        assert_eq!(ask(l, &j2, &a2, T0 + LEASE).await, unknown(true, false));
+        assert_eq!(used(l, &j2, T0 + LEASE).await, (1, 1));
+        // Already refunded: not twice.
+        let (j3, a3) = (own_job("j3", 3), Ticket::new());
+        assert_eq!(ask(l, &j3, &a3, T0).await, Verdict::Admitted);
+        assert!(settle(l, &j3, &a3, failed, false).await);
+        assert!(!settle(l, &j3, &a3, failed, true).await);
+        assert!(!settle(l, &j3, &a3, Ending::Sent, true).await);
+        assert_eq!(
+            ask(l, &j3, &a3, T0 + 1).await,
+            finished(Refund::Failed, false)
+        );
+    }
+
+    pub async fn answered_is_recorded_for_the_owner_only<M: Make>(m: M) {
+        let b = m.make("answered", per_hour(5, 5)).await;
+        let l = &b.ledger;
+        // Sent.
+        let (j, a, o) = (job("j1"), Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(settle(l, &j, &a, Ending::Sent, false).await);
+        assert!(!answered(l, &j, &o).await);
+        assert_eq!(ask(l, &j, &o, T0 + 1).await, sent(T0, false, false));
+        assert!(answered(l, &j, &a).await);
+        assert_eq!(ask(l, &j, &o, T0 + 2).await, sent(T0, false, true));
+        assert_eq!(ask(l, &j, &a, T0 + 2).await, sent(T0, true, true));
+        // Unknown.
+        let (j, a, o) = (job("j2"), Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j, &a, T0).await);
+        assert!(settle(l, &j, &a, Ending::Unknown, false).await);
+        assert_eq!(ask(l, &j, &a, T0 + 1).await, unknown(true, false));
+        assert!(!answered(l, &j, &o).await);
+        assert_eq!(ask(l, &j, &o, T0 + 1).await, unknown(false, false));
+        assert!(answered(l, &j, &a).await);
+        assert_eq!(ask(l, &j, &a, T0 + 2).await, unknown(true, true));
+        assert_eq!(ask(l, &j, &o, T0 + 2).await, unknown(false, true));
+        // Finished.
+        let (j, a) = (job("j3"), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(settle(l, &j, &a, Ending::Refund(Refund::Invalid), false).await);
+        assert_eq!(
+            ask(l, &j, &a, T0 + 1).await,
+            finished(Refund::Invalid, false)
+        );
+        assert!(!answered(l, &j, &Ticket::new()).await);
+        assert!(answered(l, &j, &a).await);
+        assert_eq!(
+            ask(l, &j, &a, T0 + 2).await,
+            finished(Refund::Invalid, true)
+        );
+        // No such id.
+        assert!(!answered(l, &job("j9"), &a).await);
+    }
+
+    pub async fn another_job_under_the_same_id_is_a_conflict_that_touches_nothing<M: Make>(m: M) {
+        let b = m.make("conflict", per_hour(1, 5)).await;
+        let l = &b.ledger;
+        let (j, a) = (job("j1"), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        // The victim's mailbox is at its limit.
+        let victim = TestJob::new("v1", "victim@example.com", Some("198.51.100.7"));
+        assert_eq!(ask(l, &victim, &Ticket::new(), T0).await, Verdict::Admitted);
+        let others = [
+            TestJob::new("j1", "victim@example.com", Some(IP)),
+            TestJob::new("j1", MAIL, Some("198.51.100.2")),
+            job("j1").purpose(Some("reset_password")),
+        ];
+        for other in &others {
+            for t in [&Ticket::new(), &a] {
+                assert_eq!(ask(l, other, t, T0 + 1).await, Verdict::Conflict);
+                // Not even an expired message refunds the first job.
+                assert_eq!(
+                    ask_expired(l, other, t, T0 + 1, T0).await,
+                    Verdict::Conflict
+                );
+                assert_eq!(
+                    ask_with(l, other, t, T0 + 1, true, None).await,
+                    Verdict::Conflict
+                );
+            }
+        }
+        assert_eq!(used(l, &j, T0 + 2).await, (1, 1));
+        assert_eq!(used(l, &victim, T0 + 2).await, (1, 1));
+        assert_eq!(used(l, &others[1], T0 + 2).await, (1, 0));
+        // The first job is as it was: leased by its owner, who may send it.
+        assert_eq!(ask(l, &j, &Ticket::new(), T0 + 2).await, busy(LEASE - 2));
+        assert!(sending(l, &j, &a, T0 + 2).await);
+        assert!(settle(l, &j, &a, Ending::Sent, true).await);
+        for other in &others {
+            assert_eq!(
+                ask(l, other, &Ticket::new(), T0 + 3).await,
+                Verdict::Conflict
+            );
+        }
+        assert_eq!(ask(l, &j, &a, T0 + 3).await, sent(T0, true, true));
+    }
+
+    pub async fn the_fingerprint_is_the_parsed_address_client_and_purpose<M: Make>(m: M) {
+        let b = m.make("fingerprint", per_hour(5, 5)).await;
+        let l = &b.ledger;
+        let j = TestJob::new("j1", "Anna@Example.COM", Some("203.0.113.9"));
+        assert_eq!(ask(l, &j, &Ticket::new(), T0).await, Verdict::Admitted);
+        // Spellings that parse to the same address and client: the same job.
+        for (mail, from) in [
+            (" Anna@example.com ", "203.0.113.9"),
+            ("Anna@EXAMPLE.com", "::ffff:203.0.113.9"),
+        ] {
+            let same = TestJob::new("j1", mail, Some(from));
+            assert_eq!(
+                ask(l, &same, &Ticket::new(), T0 + 1).await,
+                busy(LEASE - 1),
+                "{mail} {from}"
+            );
+        }
+        // Another address string (though the same mailbox for the limiter),
+        // another client address, or no client: a conflict.
+        for (mail, from) in [
+            ("anna@example.com", Some("203.0.113.9")),
+            ("Anna+x@example.com", Some("203.0.113.9")),
+            ("Anna@Example.COM", Some("203.0.113.10")),
+            ("Anna@Example.COM", None),
+        ] {
+            let other = TestJob::new("j1", mail, from);
+            assert_eq!(
+                ask(l, &other, &Ticket::new(), T0 + 1).await,
+                Verdict::Conflict,
+                "{mail} {from:?}"
+            );
+        }
+        // IDN spellings of a domain are one address; a job without a client
+        // conflicts with the same one from a client.
+        let k = TestJob::new("k1", "anna@bücher.example", None);
+        assert_eq!(ask(l, &k, &Ticket::new(), T0).await, Verdict::Admitted);
+        let idn = TestJob::new("k1", "anna@XN--BCHER-KVA.example", None);
+        assert_eq!(ask(l, &idn, &Ticket::new(), T0 + 1).await, busy(LEASE - 1));
+        let with_ip = TestJob::new("k1", "anna@bücher.example", Some("203.0.113.9"));
+        assert_eq!(
+            ask(l, &with_ip, &Ticket::new(), T0 + 1).await,
+            Verdict::Conflict
+        );
+        // A purpose, or none.
+        let p = job("p1").purpose(Some("verify"));
+        assert_eq!(ask(l, &p, &Ticket::new(), T0).await, Verdict::Admitted);
+        assert_eq!(
+            ask(l, &job("p1"), &Ticket::new(), T0 + 1).await,
+            Verdict::Conflict
+        );
+    }
+
+    pub async fn an_expired_job_without_a_record_writes_nothing<M: Make>(m: M) {
+        let b = m.make("expired-none", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let (j, a) = (job("j1"), Ticket::new());
+        assert_eq!(ask_expired(l, &j, &a, T0, T0).await, Verdict::Expired);
+        assert_eq!(ask_expired(l, &j, &a, T0, 1).await, Verdict::Expired);
+        assert_eq!(
+            ask_with(l, &j, &a, T0, true, Some(T0 - 1)).await,
+            Verdict::Expired
+        );
+        assert_eq!(used(l, &j, T0).await, (0, 0));
+        // No record: the same id is a fresh job (not Finished), one ms before
+        // its expiry, with the quota untouched.
+        assert_eq!(
+            ask_with(l, &j, &a, T0 + 1, false, Some(T0 + 2)).await,
+            Verdict::Admitted
+        );
+    }
+
+    pub async fn an_expired_unsent_admission_is_refunded<M: Make>(m: M) {
+        let b = m.make("expired-unsent", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        // Another lineage, after the owner's lease lapsed.
+        let (j, a, n) = (own_job("j1", 1), Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert_eq!(
+            ask_expired(l, &j, &n, T0 + LEASE, T0 + LEASE).await,
+            Verdict::Expired
+        );
+        assert_eq!(used(l, &j, T0 + LEASE).await, (0, 0));
+        assert_eq!(
+            ask(l, &j, &n, T0 + LEASE + 1).await,
+            finished(Refund::Expired, false)
+        );
+        assert!(!sending(l, &j, &a, T0 + LEASE + 1).await, "the old owner");
+        let k = TestJob {
+            id: id("k1"),
+            ..j.clone()
+        };
+        assert_eq!(
+            ask(l, &k, &Ticket::new(), T0 + LEASE + 2).await,
+            Verdict::Admitted
+        );
+        // The owner's own lineage, after a release.
+        let (j2, a2) = (own_job("j2", 2), Ticket::new());
+        assert_eq!(ask(l, &j2, &a2, T0).await, Verdict::Admitted);
+        assert!(release(l, &j2, &a2).await);
+        assert_eq!(
+            ask_expired(l, &j2, &a2, T0 + 1, T0 + 1).await,
+            Verdict::Expired
+        );
+        assert_eq!(used(l, &j2, T0 + 1).await, (0, 0));
+        assert_eq!(
+            ask(l, &j2, &a2, T0 + 2).await,
+            finished(Refund::Expired, false)
+        );
+        // A lease still held: busy, not refunded.
+        let (j3, a3) = (own_job("j3", 3), Ticket::new());
+        assert_eq!(ask(l, &j3, &a3, T0).await, Verdict::Admitted);
+        assert_eq!(
+            ask_expired(l, &j3, &Ticket::new(), T0 + 1, T0).await,
+            busy(LEASE - 1)
+        );
+        assert_eq!(used(l, &j3, T0 + 1).await, (1, 1));
+        assert!(sending(l, &j3, &a3, T0 + 1).await);
+    }
+
+    pub async fn expiry_never_refunds_a_send_begun_or_done<M: Make>(m: M) {
+        let b = m.make("expired-sent", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        // Sending, by `sending` or by send_now.
+        for (n, send_now) in [(1, false), (2, true)] {
+            let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
+            assert_eq!(
+                ask_with(l, &j, &a, T0, send_now, None).await,
+                Verdict::Admitted
+            );
+            if !send_now {
+                assert!(sending(l, &j, &a, T0).await);
+            }
+            assert_eq!(
+                ask_expired(l, &j, &Ticket::new(), T0 + 1, T0).await,
+                busy(LEASE - 1)
+            );
+            assert_eq!(
+                ask_expired(l, &j, &Ticket::new(), T0 + LEASE, T0).await,
+                unknown(false, false)
+            );
+            assert_eq!(
+                ask_expired(l, &j, &a, T0 + LEASE + 1, T0).await,
+                unknown(true, false)
+            );
+            assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1), "{send_now}");
+        }
+        // Sent, and settled unknown.
+        for (n, end) in [(3, Ending::Sent), (4, Ending::Unknown)] {
+            let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
+            assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+            assert!(sending(l, &j, &a, T0).await);
+            assert!(settle(l, &j, &a, end, true).await);
+            let expect = match end {
+                Ending::Sent => sent(T0, false, true),
+                _ => unknown(false, true),
+            };
+            assert_eq!(ask_expired(l, &j, &Ticket::new(), T0 + 1, T0).await, expect);
+            assert_eq!(
+                ask_expired(l, &j, &Ticket::new(), T0 + 2 * LEASE, T0).await,
+                expect
+            );
+            assert_eq!(used(l, &j, T0 + 2 * LEASE).await, (1, 1), "{end:?}");
+        }
+    }
+
+    // A refund removes only this record's admission from the scope logs.
+    // When `dedup_for` is shorter than a window, an id can be admitted again
+    // after its record lapsed; refunding the new admission must leave the
+    // earlier one, whose mail went out, counted.
+    pub async fn a_refund_removes_only_its_own_admission<M: Make>(m: M) {
+        let mut lim = per_hour(5, 5);
+        lim.dedup_for = Duration::from_secs(1);
+        let b = m.make("refund-own", lim).await;
+        let l = &b.ledger;
+        let (j, a) = (job("j1"), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j, &a, T0).await);
+        assert!(settle(l, &j, &a, Ending::Sent, true).await);
+        // The record lapses (Redis: real TTL; memory: the clock moves on).
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let (n, o) = (Ticket::new(), Ticket::new());
+        assert_eq!(ask(l, &j, &n, T0 + 10 * SEC).await, Verdict::Admitted);
+        assert_eq!(used(l, &j, T0 + 10 * SEC).await, (2, 2));
+        assert!(release(l, &j, &n).await);
+        assert_eq!(
+            ask_expired(l, &j, &o, T0 + 10 * SEC + 1, T0).await,
+            Verdict::Expired
+        );
+        assert_eq!(
+            used(l, &j, T0 + 10 * SEC + 1).await,
+            (1, 1),
+            "the first admission's mail went out: it still counts"
+        );
+    }
+
+    // A record lives `dedup_for` after its *last change*, `sending` and
+    // `release` included; otherwise it would lapse while its job is still
+    // being retried, and the id be admitted (counted, and mailed) again.
+    pub async fn sending_and_release_renew_the_records_life<M: Make>(m: M) {
+        let mut lim = per_hour(5, 5);
+        lim.dedup_for = Duration::from_secs(1);
+        let b = m.make("renew", lim).await;
+        let l = &b.ledger;
+        let (j1, a1, j2, a2) = (job("j1"), Ticket::new(), job("j2"), Ticket::new());
+        assert_eq!(ask(l, &j1, &a1, T0).await, Verdict::Admitted);
+        assert_eq!(ask(l, &j2, &a2, T0).await, Verdict::Admitted);
+        // Real time moves with the explicit clock (Redis TTLs are real).
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(sending(l, &j1, &a1, T0 + 700).await);
+        assert!(release(l, &j2, &a2).await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            ask(l, &j1, &Ticket::new(), T0 + 1200).await,
+            busy(LEASE - 500),
+            "renewed by sending"
+        );
+        assert_eq!(
+            ask(l, &j2, &Ticket::new(), T0 + 1200).await,
+            Verdict::Resumed { admitted_at_ms: T0 },
+            "renewed by release"
+        );
+        assert_eq!(used(l, &j1, T0 + 1200).await, (2, 2));
+    }
+
+    // `expires_at_ms: Some(0)` (the epoch, long past) is expired; only
+    // `None` means no expiry.
+    pub async fn an_expires_at_of_zero_is_in_the_past<M: Make>(m: M) {
+        let b = m.make("expired-zero", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let j = job("j1");
+        assert_eq!(
+            ask_expired(l, &j, &Ticket::new(), T0, 0).await,
+            Verdict::Expired
+        );
+        assert_eq!(used(l, &j, T0).await, (0, 0));
+    }
+
+    pub async fn a_rejected_request_leaves_no_record<M: Make>(m: M) {
+        let b = m.make("rejected", per_hour(1, 5)).await;
+        let l = &b.ledger;
+        assert_eq!(
+            ask(l, &job("j0"), &Ticket::new(), T0).await,
+            Verdict::Admitted
+        );
+        let (j, a) = (job("j1"), Ticket::new());
+        let rejected = Verdict::Rejected {
+            retry_after_ms: HOUR - 1,
+            rule: RuleRef {
+                scope: Scope::Email,
+                window_ms: HOUR,
+                max: 1,
+            },
+        };
+        assert_eq!(ask(l, &j, &a, T0 + 1).await, rejected);
+        assert_eq!(ask_with(l, &j, &a, T0 + 1, true, None).await, rejected);
+        // No record binds a rejected id: another job under it is no conflict...
+        assert_eq!(ask(l, &job("k1"), &a, T0 + 1).await, rejected);
+        let k = TestJob::new("k1", "b@example.com", Some(IP));
+        assert_eq!(ask(l, &k, &Ticket::new(), T0 + 2).await, Verdict::Admitted);
+        // ...and after the window the same job is admitted afresh (not
+        // resumed), even for the lineage that was rejected.
+        assert_eq!(ask(l, &j, &a, T0 + HOUR).await, Verdict::Admitted);
+        assert_eq!(ask(l, &j, &Ticket::new(), T0 + HOUR).await, busy(LEASE));
+    }
+
+    pub async fn health_is_ok<M: Make>(m: M) {
+        let b = m.make("health", LimitSettings::default()).await;
+        b.ledger.health().await.expect("healthy");
+    }
+}
+
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@cases $make;
+                a_second_message_is_busy_for_the_rest_of_the_lease,
+                a_lapsed_lease_passes_the_send_to_another_lineage,
+                release_by_the_owner_lets_the_next_message_resume_at_once,
+                release_by_another_lineage_or_of_an_unknown_id_is_refused,
+                a_send_whose_lease_lapses_is_unknown_and_never_resent,
+                send_now_admits_straight_into_sending,
+                sent_is_reported_to_every_later_message,
+                a_late_sent_overrides_unknown,
+                an_owners_refund_gives_the_quota_back_in_every_scope,
+                a_refund_by_another_lineage_or_after_a_send_is_refused,
+                answered_is_recorded_for_the_owner_only,
+                another_job_under_the_same_id_is_a_conflict_that_touches_nothing,
+                the_fingerprint_is_the_parsed_address_client_and_purpose,
+                an_expired_job_without_a_record_writes_nothing,
+                an_expired_unsent_admission_is_refunded,
+                expiry_never_refunds_a_send_begun_or_done,
+                a_refund_removes_only_its_own_admission,
+                sending_and_release_renew_the_records_life,
+                an_expires_at_of_zero_is_in_the_past,
+                a_rejected_request_leaves_no_record,
+                health_is_ok,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident,)*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                cases::$case($make).await;
+            }
+        )*
+    };
+}
+
+conformance!(redis, RedisBackend);
+conformance!(memory, MemoryBackend);
+
+/// Tickets come from headers: only a ticket's shape is accepted.
+#[test]
+fn tickets_are_32_lowercase_hex_digits() {
+    let t = Ticket::new();
+    assert_eq!(Ticket::parse(t.as_str()), Some(t));
+    let ok = "0123456789abcdef0123456789abcdef";
+    assert_eq!(
+        Ticket::parse(ok).map(|t| t.as_str().to_owned()),
+        Some(ok.into())
+    );
+    for bad in [
+        "",
+        "0",
+        &ok[..31],
+        &format!("{ok}0"),
+        "0123456789ABCDEF0123456789abcdef",
+        "0123456789abcdef0123456789abcdeg",
+        " 123456789abcdef0123456789abcdef",
+        "0123456789abcdef0123456789abcde\n",
+        "0123456789abcdef-123456789abcdef",
+        "0123456789abcdef0123456789abcdé",
+        "01234567-89ab-cdef-0123-456789abcdef",
+    ] {
+        assert_eq!(Ticket::parse(bad), None, "{bad:?}");
+    }
+}
