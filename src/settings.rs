@@ -568,6 +568,27 @@ mod tests {
     }
 
     #[test]
+    fn dedup_for_must_outlast_a_job_being_retried() {
+        let mut s: Settings = config::Config::builder()
+            .add_source(config::File::from(std::path::Path::new(
+                "config/default.toml",
+            )))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("the shipped config");
+        s.validate().expect("the shipped config is valid");
+        // 5 attempts: waits of at most 2 × (1 + 2 + 4 + 8) s, plus a 30 s lease.
+        assert_eq!(s.retry.horizon(), Duration::from_secs(30));
+        s.limits.dedup_for = Duration::from_secs(59);
+        let err = s
+            .validate()
+            .expect_err("shorter than the lease plus the retries");
+        assert!(err.to_string().contains("limits.dedup_for"), "{err}");
+        s.limits.dedup_for = Duration::from_secs(60);
+        s.validate().expect("exactly enough");
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         assert!(limits(r#"email.rules = [{ window = "0s", max = 1 }]"#).is_err());
         assert!(limits(r#"email.rules = [{ window = "1s", max = 0 }]"#).is_err());

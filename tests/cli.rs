@@ -310,3 +310,67 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
     assert!(out.1.contains("shutdown requested"), "{}", out.1);
 }
+
+/// A Redis that evicts keys is refused at start, with the setting named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_refuses_a_redis_that_evicts() {
+    let h = Harness::new("cli-evict").await;
+    let server = PrivateRedis::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let out = run_async({
+        let mut c = mailgate(&h, &["worker"]);
+        c.env("MAILGATE__REDIS__URL", server.url());
+        c
+    })
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("maxmemory-policy volatile-lru") && err.contains("redis.allow_eviction"),
+        "{err}"
+    );
+    let out = run_async({
+        let mut c = mailgate(&h, &["check-config", "--connect"]);
+        c.env("MAILGATE__REDIS__URL", server.url());
+        c
+    })
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains("redis: FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// `redis.url = "memory://"`: one worker without Redis, which says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_memory_needs_no_redis() {
+    let h = Harness::new("cli-memory").await;
+    let mut child = mailgate(&h, &["worker"])
+        .env("MAILGATE__REDIS__URL", "memory://")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
+    for id in ["m1", "m2"] {
+        h.publish(&serde_json::json!({"id": id, "email": "mem@example.com", "code": "1"}))
+            .await;
+    }
+    let results = h.results(2).await;
+    assert_eq!(results["m1"]["status"], "sent");
+    assert_eq!(results["m2"]["status"], "rejected", "limits hold in memory");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("memory://") && err.contains("not shared"),
+        "the worker warns at start: {err}"
+    );
+}
