@@ -346,7 +346,7 @@ async fn the_worker_refuses_a_redis_that_evicts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_memory_needs_no_redis() {
     let h = Harness::new("cli-memory").await;
-    let mut child = mailgate(&h, &["worker"])
+    let child = mailgate(&h, &["worker"])
         .env("MAILGATE__REDIS__URL", "memory://")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
