@@ -39,6 +39,7 @@ local CODE = {
 }
 
 local op = ARGV[1]
+local NONE = {false, false, false, false, false, false, false}
 
 -- The time: ARGV[i] if given, else the Redis server's clock.
 local function clock(i)
@@ -95,7 +96,11 @@ local function admit()
   for _, r in ipairs(reqs) do
     local expired = r.expires ~= nil and r.expires <= now
     local last = r.first + #r.shape - 1
-    local rec = call('HMGET', r.key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
+    -- Most ids are new: EXISTS costs Redis less than reading seven fields.
+    local rec = NONE
+    if call('EXISTS', r.key) == 1 then
+      rec = call('HMGET', r.key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
+    end
     local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
     local mine, ans = own == r.ticket and 1 or 0, rec[6] == '1' and 1 or 0
     if fp and fp ~= r.fp then
