@@ -9,7 +9,24 @@ use mailgate::cli::{self, Cli, Command, LogFormat};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The stack every thread gets. A message's AMQP header table may nest
+/// tables as deep as a frame allows (about 18 000 levels in RabbitMQ's
+/// 128 KiB frames), and it is parsed (by lapin's I/O thread) and dropped
+/// (by the job's task) recursively: on the default 2 MiB stack one such
+/// message would abort the worker, and again after every restart. 256 MiB
+/// covers the deepest with room to spare even in a debug build (which needs
+/// over 128 MiB); it is address space, and only the pages used are ever
+/// committed.
+const THREAD_STACK: usize = 256 << 20;
+
 fn main() -> ExitCode {
+    // lapin starts its I/O thread without a stack size, so it takes the
+    // standard library's default, which RUST_MIN_STACK sets. Setting it is
+    // sound here: no other thread exists yet, so none can read the
+    // environment meanwhile.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        unsafe { std::env::set_var("RUST_MIN_STACK", THREAD_STACK.to_string()) };
+    }
     let cli = Cli::parse();
     let default_filter = if matches!(cli.command, Command::Worker) {
         "info,lapin=warn"
@@ -17,7 +34,11 @@ fn main() -> ExitCode {
         "warn,lapin=error"
     };
     init_telemetry(cli.log_format, default_filter);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -168,6 +168,8 @@ enum Delivery {
     /// The send was not attempted: another attempt owns it now, or no SMTP
     /// connection came free within the lease. The lease was given back.
     NotNow,
+    /// `expires_at` passed while the job waited for an SMTP connection.
+    Expired,
     /// The ledger could not record that the send begins; nothing was sent.
     LedgerDown(String),
     /// The SMTP send failed.
@@ -281,7 +283,7 @@ impl<L: Ledger> Pipeline<L> {
             verdict,
         } = match self.ledger.admit(&entry, Clock::Server).await {
             Ok(a) => a,
-            Err(e) => return Err(self.retry(msg, ledger_error(&e))),
+            Err(e) => return Err(self.unavailable(job, msg, out, ledger_error(&e)).await),
         };
         telemetry::admission(&verdict);
         let answered_before = match verdict {
@@ -369,7 +371,7 @@ impl<L: Ledger> Pipeline<L> {
         let slot = match slot {
             // Admitted as sending: the transaction begins now.
             Some(slot) => slot,
-            None => match self.claim_slot(job_ref).await {
+            None => match self.claim_slot(job, job_ref).await {
                 Ok(slot) => slot,
                 Err(delivery) => return delivery,
             },
@@ -409,8 +411,9 @@ impl<L: Ledger> Pipeline<L> {
 
     /// Waits for a free SMTP connection (no longer than the lease leaves
     /// room for the send), then records that the send begins. If either
-    /// fails the lease is given back.
-    async fn claim_slot(&self, job_ref: &JobRef<'_>) -> Result<Slot, Delivery> {
+    /// fails the lease is given back; if the job expired meanwhile, it is
+    /// not sent.
+    async fn claim_slot(&self, job: &Job, job_ref: &JobRef<'_>) -> Result<Slot, Delivery> {
         let budget = self
             .settings
             .limits
@@ -420,6 +423,13 @@ impl<L: Ledger> Pipeline<L> {
             self.record(|| self.ledger.release(job_ref)).await;
             return Err(Delivery::NotNow);
         };
+        // The wait may have outlasted the code: it is not sent then.
+        if job
+            .expires_at
+            .is_some_and(|at| at <= jiff::Timestamp::now())
+        {
+            return Err(Delivery::Expired);
+        }
         match self.ledger.sending(job_ref, Clock::Server).await {
             Ok(true) => Ok(slot),
             Ok(false) => Err(Delivery::NotNow),
@@ -456,6 +466,18 @@ impl<L: Ledger> Pipeline<L> {
                 return Action::Wait {
                     delay: Duration::from_secs(1),
                 };
+            }
+            Delivery::Expired => {
+                return self
+                    .end(
+                        job,
+                        job_ref,
+                        msg,
+                        out,
+                        Ending::Refund(Refund::Expired),
+                        String::new(),
+                    )
+                    .await;
             }
             Delivery::Unbuildable(e) => {
                 // Templates are test-rendered at start-up, so this takes a
@@ -558,6 +580,28 @@ impl<L: Ledger> Pipeline<L> {
             failed_attempt: msg.attempt,
             delay: self.backoff(msg.attempt),
             error,
+        }
+    }
+
+    /// The ledger could not be asked: retry later, or, out of attempts,
+    /// answer `failed` and dead-letter the job (nothing can be recorded).
+    async fn unavailable(
+        &self,
+        job: &Job,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        error: String,
+    ) -> Action {
+        if msg.attempt < self.settings.retry.max_attempts {
+            return self.retry(msg, error);
+        }
+        let gave_up = format!("gave up after {} attempts: {error}", msg.attempt);
+        match self
+            .answer(out, msg, job, Outcome::Failed(gave_up.clone()))
+            .await
+        {
+            Action::Done => Action::DeadLetter { error: gave_up },
+            other => other,
         }
     }
 

@@ -532,19 +532,29 @@ mod cases {
     pub async fn an_expired_unsent_admission_is_refunded<M: Make>(m: M) {
         let b = m.make("expired-unsent", per_hour(1, 1)).await;
         let l = &b.ledger;
-        // Another lineage, after the owner's lease lapsed.
+        // Another lineage, after the owner's lease lapsed: too late for it,
+        // but the admission is the owner's to judge by its own expiry.
         let (j, a, n) = (own_job("j1", 1), Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
         assert_eq!(
             ask_expired(l, &j, &n, T0 + LEASE, T0 + LEASE).await,
             Verdict::Expired
         );
-        assert_eq!(used(l, &j, T0 + LEASE).await, (0, 0));
         assert_eq!(
-            ask(l, &j, &n, T0 + LEASE + 1).await,
+            used(l, &j, T0 + LEASE).await,
+            (1, 1),
+            "not refunded by another"
+        );
+        // The owner's copy, expired too, refunds it.
+        assert_eq!(
+            ask_expired(l, &j, &a, T0 + LEASE + 1, T0 + LEASE).await,
+            Verdict::Expired
+        );
+        assert_eq!(used(l, &j, T0 + LEASE + 1).await, (0, 0));
+        assert_eq!(
+            ask(l, &j, &a, T0 + LEASE + 1).await,
             finished(Refund::Expired, false)
         );
-        assert!(!sending(l, &j, &a, T0 + LEASE + 1).await, "the old owner");
         let k = TestJob {
             id: id("k1"),
             ..j.clone()
@@ -638,12 +648,12 @@ mod cases {
         assert!(settle(l, &j, &a, Ending::Sent, true).await);
         // The record lapses (Redis: real TTL; memory: the clock moves on).
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        let (n, o) = (Ticket::new(), Ticket::new());
+        let n = Ticket::new();
         assert_eq!(ask(l, &j, &n, T0 + 10 * SEC).await, Verdict::Admitted);
         assert_eq!(used(l, &j, T0 + 10 * SEC).await, (2, 2));
         assert!(release(l, &j, &n).await);
         assert_eq!(
-            ask_expired(l, &j, &o, T0 + 10 * SEC + 1, T0).await,
+            ask_expired(l, &j, &n, T0 + 10 * SEC + 1, T0).await,
             Verdict::Expired
         );
         assert_eq!(

@@ -503,3 +503,164 @@ async fn publish_gives_every_line_its_own_id() {
     }
     assert_eq!(queued, printed, "each queued job carries its printed id");
 }
+
+/// Messages RabbitMQ forwards but a strict AMQP parser refuses or recurses
+/// on: a header table nested as deep as a frame allows, and short strings
+/// (`reply_to`, `correlation_id`, a header name) that are not UTF-8. The
+/// worker process (its real binary, with its thread stacks) answers them and
+/// the jobs behind them; it never aborts or reconnects in a loop. Published
+/// with Python's pika, which sends such bytes as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparseable_or_deep_properties_never_stop_the_worker() {
+    let h = Harness::with("deepprops", |s| {
+        s.smtp.timeout = Duration::from_secs(2);
+        s.limits.send_lease = Duration::from_secs(7);
+    })
+    .await;
+    let mut worker = h
+        .command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
+        .stdout(std::process::Stdio::null())
+        .stderr(
+            std::env::var("DEEP_LOG")
+                .ok()
+                .and_then(|p| std::fs::File::create(p).ok())
+                .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
+        )
+        .spawn()
+        .unwrap();
+    h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
+    let jobs = h.settings.amqp.jobs_queue.clone();
+    let script = format!(
+        r#"
+import json, sys, threading, pika
+sys.setrecursionlimit(10**6)
+threading.stack_size(512 * 1024 * 1024)
+def nested(depth):
+    d = {{"z": 1}}
+    for _ in range(depth):
+        d = {{"a": d}}
+    return d
+def job(i):
+    return json.dumps({{"id": "h%d" % i, "email": "h%d@example.com" % i, "code": "1"}})
+def run():
+    c = pika.BlockingConnection(pika.URLParameters("{url}"))
+    ch = c.channel()
+    ch.confirm_delivery()
+    P = pika.BasicProperties
+    for i, p in enumerate([P(headers=nested(17000)), P(reply_to=b"\xff\xfeq"),
+                           P(correlation_id=b"\xc3\x28"), P(headers={{b"\xff": "v"}}),
+                           P(reply_to="{jobs}.wait"), P(reply_to="{jobs}.retry.1")]):
+        p.delivery_mode = 2
+        ch.basic_publish("", "{jobs}", job(i), p)
+    c.close()
+t = threading.Thread(target=run)
+t.start()
+t.join()
+"#,
+        url = common::harness::amqp_url(),
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in 0..3 {
+        h.publish(&job(&format!("after-{n}"), &format!("a{n}@example.com")))
+            .await;
+    }
+    let results = h.results(9).await;
+    assert!(
+        results.values().all(|r| r["status"] == "sent"),
+        "{results:?}"
+    );
+    assert_eq!(results["h2"]["correlation_id"], "\u{fffd}(");
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "the worker is still running"
+    );
+    // The wait and retry queues still flow: nothing was parked in them.
+    h.publish(&job("twice", "t@example.com")).await;
+    h.publish(&job("twice", "t@example.com")).await;
+    let mut statuses = vec![
+        h.result().await["status"].as_str().unwrap().to_owned(),
+        h.result().await["status"].as_str().unwrap().to_owned(),
+    ];
+    statuses.sort();
+    assert_eq!(statuses, ["duplicate", "sent"]);
+    assert_eq!(depth(&h, &format!("{jobs}.wait")).await, 0);
+    let _ = worker.kill();
+    let _ = worker.wait();
+}
+
+/// Redis unavailable through a job's last attempt: the job is answered
+/// `failed` and dead-lettered, not left without a result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_through_the_last_attempt_still_answers() {
+    let mut redis = common::PrivateRedis::start();
+    let url = redis.url();
+    let h = Harness::with("redislast", |s| {
+        s.redis.url = url;
+        s.retry.max_attempts = 2;
+        s.retry.initial = Duration::from_millis(100);
+    })
+    .await;
+    let w = h.start_worker().await;
+    redis.kill();
+    h.publish(&job("lost-redis", "r@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["status"].as_str(), r["attempts"].as_u64()),
+        (Some("failed"), Some(2)),
+        "{r}"
+    );
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("gave up after 2 attempts"),
+        "{r}"
+    );
+    let (_, props) = h.dead_letter().await;
+    let headers = props.headers().clone().expect("headers");
+    let Some(AMQPValue::LongString(error)) = headers.inner().get("x-mailgate-error") else {
+        panic!("{headers:?}");
+    };
+    assert!(
+        error.to_string().contains("rate limiter unavailable"),
+        "{error}"
+    );
+    assert!(h.sink.mails().is_empty());
+    w.stop().await.unwrap();
+}
+
+/// A job admitted while every SMTP connection is busy, whose code expires
+/// before one comes free, is not sent: `expired`, and its quota refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_code_that_expires_while_waiting_for_a_connection_is_not_sent() {
+    let h = Harness::with("slotexpiry", |s| {
+        s.smtp.pool_size = 1;
+        s.smtp.timeout = Duration::from_secs(3);
+        s.limits.send_lease = Duration::from_secs(10);
+    })
+    .await;
+    h.sink.set_delay(Duration::from_millis(2_000));
+    let w = h.start_worker().await;
+    h.publish(&job("slow", "slow@example.com")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(800);
+    h.publish(&json!({"id": "x", "email": "x@example.com", "code": "1", "expires_at": expires.to_string()}))
+        .await;
+    let results = h.results(2).await;
+    assert_eq!(results["slow"]["status"], "sent");
+    assert_eq!(results["x"]["status"], "expired", "{}", results["x"]);
+    assert!(h.sink.mails_to("x@example.com").is_empty());
+    h.sink.set_delay(Duration::ZERO);
+    h.publish(&job("x2", "x@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent", "the quota was refunded");
+    w.stop().await.unwrap();
+}

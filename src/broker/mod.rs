@@ -63,9 +63,12 @@ pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";
 pub const ORIGINAL_HEADER: &str = "x-mailgate-original";
 
 /// The largest original header table kept on a dead letter, in bytes as
-/// counted by [`encoded_len`]; a larger one is left out (its size noted), so
-/// a dead letter's header frame stays far below RabbitMQ's frame limit.
+/// counted by [`encoded_len`]; a larger one is left out, so a dead letter's
+/// header frame stays far below RabbitMQ's frame limit.
 const MAX_ORIGINAL_BYTES: usize = 16 * 1024;
+/// The deepest nesting of tables and arrays kept on a dead letter; a deeper
+/// one is left out, so encoding it never recurses far.
+const MAX_ORIGINAL_DEPTH: usize = 8;
 
 /// Why a broker operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -296,37 +299,44 @@ impl Incoming {
         }
         if let Some(h) = p.headers() {
             let v = AMQPValue::FieldTable(h.clone());
-            let len = encoded_len(&v);
-            t.insert(
-                "headers".into(),
-                if len <= MAX_ORIGINAL_BYTES {
-                    v
-                } else {
-                    AMQPValue::LongString(format!("left out: {len} bytes").into())
-                },
-            );
+            let kept = match encoded_len(&v, MAX_ORIGINAL_DEPTH) {
+                Some(len) if len <= MAX_ORIGINAL_BYTES => v,
+                Some(len) => AMQPValue::LongString(format!("left out: {len} bytes").into()),
+                None => AMQPValue::LongString(
+                    format!("left out: nested deeper than {MAX_ORIGINAL_DEPTH}").into(),
+                ),
+            };
+            t.insert("headers".into(), kept);
         }
         AMQPValue::FieldTable(t)
     }
 }
 
 /// Roughly how many bytes an AMQP value takes on the wire (an upper bound
-/// within a few bytes per entry), without encoding it.
-fn encoded_len(v: &AMQPValue) -> usize {
-    match v {
+/// within a few bytes per entry), without encoding it; `None` if tables and
+/// arrays nest deeper than `depth`.
+fn encoded_len(v: &AMQPValue, depth: usize) -> Option<usize> {
+    let inner = |v| depth.checked_sub(1).and_then(|d| encoded_len(v, d));
+    Some(match v {
         AMQPValue::LongString(s) => 5 + s.as_bytes().len(),
         AMQPValue::ShortString(s) => 2 + s.as_str().len(),
         AMQPValue::ByteArray(b) => 5 + b.as_slice().len(),
         AMQPValue::FieldTable(t) => {
-            5 + t
-                .inner()
-                .iter()
-                .map(|(k, v)| 1 + k.as_str().len() + encoded_len(v))
-                .sum::<usize>()
+            let mut n = 5;
+            for (k, v) in t.inner() {
+                n += 1 + k.as_str().len() + inner(v)?;
+            }
+            n
         }
-        AMQPValue::FieldArray(a) => 5 + a.as_slice().iter().map(encoded_len).sum::<usize>(),
+        AMQPValue::FieldArray(a) => {
+            let mut n = 5;
+            for v in a.as_slice() {
+                n += inner(v)?;
+            }
+            n
+        }
         _ => 9,
-    }
+    })
 }
 
 fn as_string(v: &AMQPValue) -> Option<String> {
@@ -500,8 +510,8 @@ impl Broker {
     }
 
     /// Publishes a result for `job`: to its `reply_to` queue if it named one
-    /// that takes it, else to the results queue (declared again if it is
-    /// gone). Confirmed before returning. [`BrokerError::Refused`] means no
+    /// that takes it (and is not one of mailgate's other queues), else to the
+    /// results queue (declared again if it is gone). Confirmed before returning. [`BrokerError::Refused`] means no
     /// queue would take it.
     pub async fn publish_result(&self, job: &Incoming, body: &[u8]) -> Result<(), BrokerError> {
         let mut props = BasicProperties::default()
@@ -510,7 +520,19 @@ impl Broker {
         if let Some(c) = &job.correlation_id {
             props = props.with_correlation_id(c.as_str().into());
         }
-        if let Some(reply_to) = &job.reply_to {
+        // mailgate's own queues are never a reply target: a result parked
+        // in a waiting queue (no TTL) would hold up every retry behind it.
+        let reply_to = job.reply_to.as_deref().filter(|q| {
+            let ours = self.topology.owns(q) && *q != self.topology.results;
+            if ours {
+                tracing::warn!(
+                    reply_to = q,
+                    "reply_to names one of mailgate's queues; the result goes to the results queue"
+                );
+            }
+            !ours
+        });
+        if let Some(reply_to) = reply_to {
             match self.publish(reply_to, body, props.clone()).await {
                 Ok(Routed::Queued) => return Ok(()),
                 Ok(Routed::NoQueue) => {
@@ -604,7 +626,9 @@ mod tests {
         inner.insert("CC".into(), AMQPValue::LongString("x".repeat(100).into()));
         let mut outer = FieldTable::default();
         outer.insert("h".into(), AMQPValue::FieldTable(inner));
-        let n = encoded_len(&AMQPValue::FieldTable(outer));
+        let outer = AMQPValue::FieldTable(outer);
+        let n = encoded_len(&outer, 8).expect("two levels");
         assert!((110..130).contains(&n), "{n}");
+        assert_eq!(encoded_len(&outer, 1), None, "deeper than allowed");
     }
 }

@@ -29,7 +29,8 @@ Result codes of "admit" (Code in src/ledger/redis.rs; keep both in step):
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
   admitted = 1, -- at: admitted now, the caller's ticket owns the send
-  expired = 2, -- expires_at passed and nothing was sending: nothing admitted
+  expired = 2, -- expires_at passed before a send began: nothing admitted (the
+               -- caller's own unsent admission was refunded)
   resumed = 3, -- at: an admission nobody was sending is now the caller's
   busy = 4, -- at, lease_left_ms: another attempt owns the send
   sent = 5, -- at, by_owner, answered: the mail went out
@@ -119,11 +120,15 @@ local function admit()
       call('HSET', r.key, 'st', 'u', 'ans', '0')
       call('PEXPIRE', r.key, dedup_s)
       put(CODE.unknown, at, mine, 0)
-    elseif fp and st == 'a' and expired then
+    elseif fp and st == 'a' and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
       forget(r.first, last, member_of(at, r.id))
-      call('HSET', r.key, 'st', 'r', 'fin', 'e', 'own', r.ticket, 'lease', '0', 'ans', '0')
+      call('HSET', r.key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0')
       call('PEXPIRE', r.key, dedup_s)
+      put(CODE.expired)
+    elseif fp and st == 'a' and expired then
+      -- Another message of the job, and too late for it; the owner's own
+      -- copy judges its admission by its own expires_at when it comes back.
       put(CODE.expired)
     elseif fp and st == 'a' then
       call('HSET', r.key, 'st', r.now_send == '1' and 'x' or 'a', 'own', r.ticket, 'lease', lease_s, 'ans', '0')

@@ -157,9 +157,11 @@ impl State {
                         answered: false,
                     };
                 }
+                // Another message of the job, and too late for it: the
+                // owner's copy judges its admission by its own expiry.
+                JobState::Admitted if expired && !mine => return Verdict::Expired,
                 JobState::Admitted if expired => {
                     rec.state = JobState::Refunded(Refund::Expired);
-                    rec.owner = job.ticket.clone();
                     rec.lease_until = 0;
                     rec.answered = false;
                     rec.until = now.saturating_add(dedup);

@@ -186,8 +186,9 @@ pub enum Verdict {
         /// The rule that sets `retry_after_ms`.
         rule: RuleRef,
     },
-    /// `expires_at` passed and nothing was sending: nothing is admitted (an
-    /// unsent admission of the id was refunded).
+    /// `expires_at` passed before a send began: nothing is admitted. If the
+    /// caller's own lineage held an unsent admission, it was refunded;
+    /// another lineage's is left to its owner.
     Expired,
     /// Another attempt owns the send; ask again after `lease_left_ms`.
     Busy {
