@@ -358,8 +358,12 @@ async fn a_worker_on_memory_needs_no_redis() {
             .await;
     }
     let results = h.results(2).await;
-    assert_eq!(results["m1"]["status"], "sent");
-    assert_eq!(results["m2"]["status"], "rejected", "limits hold in memory");
+    let mut statuses: Vec<&str> = results
+        .values()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses, ["rejected", "sent"], "limits hold in memory");
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
