@@ -68,22 +68,27 @@ op "admit" -- decide a batch of requests in order, all at one instant
   KEYS     for each request: its record key, then its scope keys (#shape)
   returns  {now, then 4 integers per request: code and up to 3 values (CODE)}
 ]]
+-- Whether the 6 request values at ARGV[a] are well formed.
+local function request_ok(a, sets)
+  local expires, shape, flag = ARGV[a + 4], ARGV[a + 5], ARGV[a + 3]
+  return shape ~= nil and (expires == '' or tonumber(expires) ~= nil)
+    and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= ''
+    and (flag == '1' or flag == '0') and shape_ok(shape, sets)
+end
+
 local function admit()
   local now = clock(2)
   local dedup_s, lease = ARGV[3], tonumber(ARGV[4])
   if not now or not tonumber(dedup_s) or not lease then return fail('bad clock, dedup or lease') end
-  local sets, a = rule_sets(5)
-  if not sets then return fail(a) end
-  local reqs, k = {}, 1
-  while a <= #ARGV do
-    local r = {id = ARGV[a], fp = ARGV[a + 1], ticket = ARGV[a + 2], now_send = ARGV[a + 3],
-      expires = tonumber(ARGV[a + 4]), shape = ARGV[a + 5], key = KEYS[k], first = k + 1}
-    if not r.shape or (not r.expires and ARGV[a + 4] ~= '') or r.id == '' or r.fp == '' or r.ticket == ''
-      or (r.now_send ~= '1' and r.now_send ~= '0') or not shape_ok(r.shape, sets) then
-      return fail('request ' .. (#reqs + 1) .. ' is malformed')
-    end
-    k = k + 1 + #r.shape
-    reqs[#reqs + 1] = r
+  local sets, first_request = rule_sets(5)
+  if not sets then return fail(first_request) end
+  -- Every request is checked before the first write.
+  local nargs = #ARGV
+  local a, k, n = first_request, 1, 0
+  while a <= nargs do
+    n = n + 1
+    if not request_ok(a, sets) then return fail('request ' .. n .. ' is malformed') end
+    k = k + 1 + #ARGV[a + 5]
     a = a + 6
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
@@ -94,17 +99,22 @@ local function admit()
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = c, x or 0, y or 0, z or 0
     o = o + 4
   end
-  for _, r in ipairs(reqs) do
-    local expired = r.expires ~= nil and r.expires <= now
-    local last = r.first + #r.shape - 1
+  a, k = first_request, 1
+  while a <= nargs do
+    local id, want, ticket, state = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1' and 'x' or 'a'
+    local expires, shape = tonumber(ARGV[a + 4]), ARGV[a + 5]
+    local key, first = KEYS[k], k + 1
+    local last = first + #shape - 1
+    a, k = a + 6, last + 1
+    local expired = expires ~= nil and expires <= now
     -- Most ids are new: EXISTS costs Redis less than reading seven fields.
     local rec = NONE
-    if call('EXISTS', r.key) == 1 then
-      rec = call('HMGET', r.key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
+    if call('EXISTS', key) == 1 then
+      rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
     end
     local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
-    local mine, ans = own == r.ticket and 1 or 0, rec[6] == '1' and 1 or 0
-    if fp and fp ~= r.fp then
+    local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
+    if fp and fp ~= want then
       put(CODE.conflict)
     elseif fp and st == 'r' and mine == 1 then
       put(CODE.finished, string.byte(rec[7] or 'f'), ans)
@@ -117,36 +127,35 @@ local function admit()
     elseif fp and st == 'x' then
       -- Its send began and its owner vanished: the mail may have gone out.
       -- Never resent (at most once); the caller answers it.
-      call('HSET', r.key, 'st', 'u', 'ans', '0')
-      call('PEXPIRE', r.key, dedup_s)
+      call('HSET', key, 'st', 'u', 'ans', '0')
+      call('PEXPIRE', key, dedup_s)
       put(CODE.unknown, at, mine, 0)
     elseif fp and st == 'a' and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
-      forget(r.first, last, member_of(at, r.id))
-      call('HSET', r.key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0')
-      call('PEXPIRE', r.key, dedup_s)
+      forget(first, last, member_of(at, id))
+      call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0')
+      call('PEXPIRE', key, dedup_s)
       put(CODE.expired)
     elseif fp and st == 'a' and expired then
       -- Another message of the job, and too late for it; the owner's own
       -- copy judges its admission by its own expires_at when it comes back.
       put(CODE.expired)
     elseif fp and st == 'a' then
-      call('HSET', r.key, 'st', r.now_send == '1' and 'x' or 'a', 'own', r.ticket, 'lease', lease_s, 'ans', '0')
-      call('PEXPIRE', r.key, dedup_s)
+      call('HSET', key, 'st', state, 'own', ticket, 'lease', lease_s, 'ans', '0')
+      call('PEXPIRE', key, dedup_s)
       put(CODE.resumed, at)
     elseif expired then
       -- No admission (or another lineage's refunded one): nothing to do.
       put(CODE.expired)
     else
-      local d, s, rule = judge(r.first, r.shape, sets, now)
+      local d, s, rule = judge(first, shape, sets, now, now_s)
       if d > 0 then
         put(CODE.rejected, d, s, rule)
       else
-        record(r.first, r.shape, sets, now, member_of(now, r.id))
-        if fp then call('DEL', r.key) end
-        call('HSET', r.key, 'fp', r.fp, 'at', now_s, 'st', r.now_send == '1' and 'x' or 'a',
-          'own', r.ticket, 'lease', lease_s, 'ans', '0')
-        call('PEXPIRE', r.key, dedup_s)
+        record(first, shape, sets, now, now_s, member_of(now, id))
+        if fp then call('DEL', key) end
+        call('HSET', key, 'fp', want, 'at', now_s, 'st', state, 'own', ticket, 'lease', lease_s, 'ans', '0')
+        call('PEXPIRE', key, dedup_s)
         put(CODE.admitted, now)
       end
     end

@@ -86,11 +86,11 @@ local function shape_ok(shape, sets)
   return true
 end
 
--- Judges one request at `now`: its scope keys are KEYS[first ..
--- first + #shape - 1]. Returns 0 if every rule has room, else the wait,
--- the 1-based scope and the 1-based rule that binds. Writes nothing.
-local function judge(first, shape, sets, now)
-  local now_s = int(now)
+-- Judges one request at `now` (`now_s`: the same as Redis wants it): its
+-- scope keys are KEYS[first .. first + #shape - 1]. Returns 0 if every rule
+-- has room, else the wait, the 1-based scope and the 1-based rule that
+-- binds. Writes nothing.
+local function judge(first, shape, sets, now, now_s)
   local best_d, best_s, best_r = 0, 0, 0
   for s = 1, #shape do
     local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
@@ -130,9 +130,8 @@ local function judge(first, shape, sets, now)
   return best_d, best_s, best_r
 end
 
--- Records an admission at `now` in each scope key of a request.
-local function record(first, shape, sets, now, member)
-  local now_s = int(now)
+-- Records an admission at `now` (`now_s`) in each scope key of a request.
+local function record(first, shape, sets, now, now_s, member)
   for s = 1, #shape do
     local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
     -- Forget what no rule can see any more, so memory stays bounded.
