@@ -598,6 +598,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     job: JobRef {
                         request: req,
                         ticket: &ticket,
+                        attempt: 1,
                     },
                     send_now: false,
                     expires_at_ms: None,

@@ -139,6 +139,7 @@ async fn round_mailgate(
                     job: JobRef {
                         request: req,
                         ticket: &ticket,
+                        attempt: 1,
                     },
                     send_now: false,
                     expires_at_ms: None,

@@ -219,6 +219,7 @@ impl<L: Ledger> Pipeline<L> {
         let job_ref = JobRef {
             request: request(&job),
             ticket: msg.ticket,
+            attempt: msg.attempt,
         };
         let slot = self.mailer.try_reserve();
         let decided_at_ms = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {

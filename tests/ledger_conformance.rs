@@ -733,6 +733,73 @@ mod cases {
         assert_eq!(ask(l, &j, &Ticket::new(), T0 + HOUR).await, busy(LEASE));
     }
 
+    /// A later attempt of the owner's lineage takes over what an earlier one
+    /// left sending or leased (it ended without handing a message over, or
+    /// there would be no later attempt), and a late write of the earlier
+    /// attempt can no longer touch what the later one owns.
+    pub async fn an_earlier_attempt_is_fenced_off<M: Make>(m: M) {
+        let b = m.make("fence", per_hour(5, 5)).await;
+        let l = &b.ledger;
+        let (j, a, other) = (job("j1"), Ticket::new(), Ticket::new());
+        // Attempt 1 was admitted straight into sending, and never heard back.
+        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
+        // Another lineage still waits for the lease...
+        assert_eq!(ask(l, &j, &other, T0 + 1).await, busy(LEASE - 1));
+        // ...but the owner's attempt 2 resumes at once.
+        let second = Entry {
+            job: j.attempt(&a, 2),
+            send_now: false,
+            expires_at_ms: None,
+        };
+        let v = l.admit(&second, Clock::At(T0 + 2)).await.unwrap().verdict;
+        assert_eq!(v, Verdict::Resumed { admitted_at_ms: T0 });
+        // Late writes of attempt 1 are refused and change nothing.
+        assert!(
+            !l.sending(&j.attempt(&a, 1), Clock::At(T0 + 3))
+                .await
+                .unwrap()
+        );
+        assert!(!l.release(&j.attempt(&a, 1)).await.unwrap());
+        let refund = Ending::Refund(Refund::Failed);
+        assert!(!l.settle(&j.attempt(&a, 1), &refund, true).await.unwrap());
+        assert!(
+            !l.settle(&j.attempt(&a, 1), &Ending::Unknown, true)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            used(l, &j, T0 + 3).await,
+            (1, 1),
+            "not refunded by attempt 1"
+        );
+        // Attempt 2 owns it.
+        assert!(
+            l.sending(&j.attempt(&a, 2), Clock::At(T0 + 4))
+                .await
+                .unwrap()
+        );
+        // The same attempt seen again after its lease lapsed (its worker died
+        // mid-send) is unknown: never resent.
+        let again = l
+            .admit(&second, Clock::At(T0 + 4 + LEASE))
+            .await
+            .unwrap()
+            .verdict;
+        assert_eq!(again, unknown(true, false));
+        // A third attempt cannot undo that: unknown is final.
+        let third = Entry {
+            job: j.attempt(&a, 3),
+            send_now: false,
+            expires_at_ms: None,
+        };
+        let v = l
+            .admit(&third, Clock::At(T0 + 5 + LEASE))
+            .await
+            .unwrap()
+            .verdict;
+        assert_eq!(v, unknown(true, false));
+    }
+
     pub async fn health_is_ok<M: Make>(m: M) {
         let b = m.make("health", LimitSettings::default()).await;
         b.ledger.health().await.expect("healthy");
@@ -764,6 +831,7 @@ macro_rules! conformance {
                 sending_and_release_renew_the_records_life,
                 an_expires_at_of_zero_is_in_the_past,
                 a_rejected_request_leaves_no_record,
+                an_earlier_attempt_is_fenced_off,
                 health_is_ok,
             );
         }

@@ -715,6 +715,7 @@ async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() 
                 purpose: Some(&purpose),
             },
             ticket: &owner,
+            attempt: 1,
         },
         send_now: true,
         expires_at_ms: None,

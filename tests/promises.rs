@@ -664,3 +664,31 @@ async fn a_code_that_expires_while_waiting_for_a_connection_is_not_sent() {
     assert_eq!(h.result().await["status"], "sent", "the quota was refunded");
     w.stop().await.unwrap();
 }
+
+/// Review finding: a Redis stall longer than the client's 5 s timeout let an
+/// admission run after its worker had given up on it, leaving the job marked
+/// sending; its own retry then answered "delivery unknown" although nothing
+/// was sent. A later attempt of the same lineage knows the earlier one sent
+/// nothing, so it takes the admission over and sends, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_stall_is_not_taken_for_a_lost_send() {
+    let redis = common::PrivateRedis::start();
+    let url = redis.url();
+    let h = Harness::with("redisstall", |s| {
+        s.redis.url = url;
+        s.retry.initial = Duration::from_millis(100);
+        s.retry.max = Duration::from_millis(200);
+    })
+    .await;
+    let w = h.start_worker().await;
+    redis.pause();
+    h.publish(&job("stalled", "s@example.com")).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    redis.resume();
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "{r}");
+    assert!(r["attempts"].as_u64().unwrap() >= 2, "{r}");
+    assert_eq!(h.sink.mails_to("s@example.com").len(), 1);
+    h.no_more_results(Duration::from_millis(500)).await;
+    w.stop().await.unwrap();
+}

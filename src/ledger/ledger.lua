@@ -20,6 +20,10 @@ write (ARGV), so an id is never mailed twice within that period:
            r  refunded: ended without a mail (expired, failed, invalid); the
               quota was given back; fin says how it was answered
   own    the ticket of the message lineage that owns the send
+  n      the owner's attempt; an earlier attempt of the owner's lineage
+         ended without handing a message over (that is why a later one
+         exists), so what it left is known unsent, and a late write of it
+         is refused
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
@@ -40,7 +44,7 @@ local CODE = {
 }
 
 local op = ARGV[1]
-local NONE = {false, false, false, false, false, false, false}
+local NONE = {false, false, false, false, false, false, false, false}
 
 -- The time: ARGV[i] if given, else the Redis server's clock.
 local function clock(i)
@@ -58,8 +62,8 @@ op "admit" -- decide a batch of requests in order, all at one instant
   ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   ARGV[3]  dedup_ms: how long a record lives after its last write
   ARGV[4]  lease_ms: how long an admission (or a resumption) owns the send
-  ARGV[5]  the rule sets (decide.lua), then for each request 6 values:
-             id, fingerprint, ticket,
+  ARGV[5]  the rule sets (decide.lua), then for each request 7 values:
+             id, fingerprint, ticket, attempt (>= 1),
              send_now ('1': the caller has an SMTP connection free and
                starts its transaction at once, so the record goes straight
                to x; '0': to a, and the caller marks "sending" later),
@@ -68,11 +72,12 @@ op "admit" -- decide a batch of requests in order, all at one instant
   KEYS     for each request: its record key, then its scope keys (#shape)
   returns  {now, then 4 integers per request: code and up to 3 values (CODE)}
 ]]
--- Whether the 6 request values at ARGV[a] are well formed.
+-- Whether the 7 request values at ARGV[a] are well formed.
 local function request_ok(a, sets)
-  local expires, shape, flag = ARGV[a + 4], ARGV[a + 5], ARGV[a + 3]
+  local attempt, flag, expires, shape = tonumber(ARGV[a + 3]), ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   return shape ~= nil and (expires == '' or tonumber(expires) ~= nil)
     and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= ''
+    and attempt ~= nil and attempt >= 1
     and (flag == '1' or flag == '0') and shape_ok(shape, sets)
 end
 
@@ -88,8 +93,8 @@ local function admit()
   while a <= nargs do
     n = n + 1
     if not request_ok(a, sets) then return fail('request ' .. n .. ' is malformed') end
-    k = k + 1 + #ARGV[a + 5]
-    a = a + 6
+    k = k + 1 + #ARGV[a + 6]
+    a = a + 7
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
@@ -101,19 +106,25 @@ local function admit()
   end
   a, k = first_request, 1
   while a <= nargs do
-    local id, want, ticket, state = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1' and 'x' or 'a'
-    local expires, shape = tonumber(ARGV[a + 4]), ARGV[a + 5]
+    local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+    local attempt, state = tonumber(attempt_s), ARGV[a + 4] == '1' and 'x' or 'a'
+    local expires, shape = tonumber(ARGV[a + 5]), ARGV[a + 6]
     local key, first = KEYS[k], k + 1
     local last = first + #shape - 1
-    a, k = a + 6, last + 1
+    a, k = a + 7, last + 1
     local expired = expires ~= nil and expires <= now
     -- Most ids are new: EXISTS costs Redis less than reading seven fields.
     local rec = NONE
     if call('EXISTS', key) == 1 then
-      rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
+      rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'n')
     end
     local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
     local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
+    -- What an earlier attempt of the owner's own lineage left sending, or
+    -- leased, is known unsent: it is the admission of this attempt now.
+    if mine == 1 and (tonumber(rec[8]) or 0) < attempt and (st == 'a' or st == 'x') then
+      st, held = 'a', 0
+    end
     if fp and fp ~= want then
       put(CODE.conflict)
     elseif fp and st == 'r' and mine == 1 then
@@ -133,7 +144,7 @@ local function admit()
     elseif fp and st == 'a' and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
       forget(first, last, member_of(at, id))
-      call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0')
+      call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
       call('PEXPIRE', key, dedup_s)
       put(CODE.expired)
     elseif fp and st == 'a' and expired then
@@ -141,7 +152,7 @@ local function admit()
       -- copy judges its admission by its own expires_at when it comes back.
       put(CODE.expired)
     elseif fp and st == 'a' then
-      call('HSET', key, 'st', state, 'own', ticket, 'lease', lease_s, 'ans', '0')
+      call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', lease_s, 'ans', '0')
       call('PEXPIRE', key, dedup_s)
       put(CODE.resumed, at)
     elseif expired then
@@ -154,7 +165,8 @@ local function admit()
       else
         record(first, shape, sets, now, now_s, member_of(now, id))
         if fp then call('DEL', key) end
-        call('HSET', key, 'fp', want, 'at', now_s, 'st', state, 'own', ticket, 'lease', lease_s, 'ans', '0')
+        call('HSET', key, 'fp', want, 'at', now_s, 'st', state, 'own', ticket, 'n', attempt_s,
+          'lease', lease_s, 'ans', '0')
         call('PEXPIRE', key, dedup_s)
         put(CODE.admitted, now)
       end
@@ -165,16 +177,18 @@ end
 
 --[[
 op "sending" -- the owner begins its SMTP transaction: a becomes x, lease renewed
-  KEYS[1] record. ARGV: now or "", dedup_ms, lease_ms, ticket.
-  returns 1 if the ticket owns the admission and nothing is sending, else 0
-  (the lease lapsed and another attempt took the send over).
+  KEYS[1] record. ARGV: now or "", dedup_ms, lease_ms, ticket, attempt.
+  returns 1 if this attempt of the ticket owns the admission and nothing is
+  sending, else 0 (the lease lapsed and another attempt took the send over).
 ]]
 local function sending()
-  if #KEYS ~= 1 or #ARGV ~= 5 then return fail('takes 1 key and 5 arguments') end
+  if #KEYS ~= 1 or #ARGV ~= 6 then return fail('takes 1 key and 6 arguments') end
   local now, dedup_s, lease = clock(2), ARGV[3], tonumber(ARGV[4])
-  if not now or not tonumber(dedup_s) or not lease or ARGV[5] == '' then return fail('bad arguments') end
-  local rec = call('HMGET', KEYS[1], 'st', 'own')
-  if rec[1] ~= 'a' or rec[2] ~= ARGV[5] then return 0 end
+  if not now or not tonumber(dedup_s) or not lease or ARGV[5] == '' or not tonumber(ARGV[6]) then
+    return fail('bad arguments')
+  end
+  local rec = call('HMGET', KEYS[1], 'st', 'own', 'n')
+  if rec[1] ~= 'a' or rec[2] ~= ARGV[5] or rec[3] ~= ARGV[6] then return 0 end
   call('HSET', KEYS[1], 'st', 'x', 'lease', int(now + lease))
   call('PEXPIRE', KEYS[1], dedup_s)
   return 1
@@ -184,14 +198,14 @@ end
 op "release" -- the owner's send failed before the message was handed over
   (a transient failure) and will be retried: x or a becomes a, lease 0, so
   the retry resumes at once instead of waiting for the lease to lapse
-  KEYS[1] record. ARGV: dedup_ms, ticket.
-  returns 1 if the ticket owned an unsent admission, else 0.
+  KEYS[1] record. ARGV: dedup_ms, ticket, attempt.
+  returns 1 if this attempt of the ticket owned an unsent admission, else 0.
 ]]
 local function release()
-  if #KEYS ~= 1 or #ARGV ~= 3 then return fail('takes 1 key and 3 arguments') end
-  if not tonumber(ARGV[2]) or ARGV[3] == '' then return fail('bad arguments') end
-  local rec = call('HMGET', KEYS[1], 'st', 'own')
-  if (rec[1] ~= 'a' and rec[1] ~= 'x') or rec[2] ~= ARGV[3] then return 0 end
+  if #KEYS ~= 1 or #ARGV ~= 4 then return fail('takes 1 key and 4 arguments') end
+  if not tonumber(ARGV[2]) or ARGV[3] == '' or not tonumber(ARGV[4]) then return fail('bad arguments') end
+  local rec = call('HMGET', KEYS[1], 'st', 'own', 'n')
+  if (rec[1] ~= 'a' and rec[1] ~= 'x') or rec[2] ~= ARGV[3] or rec[3] ~= ARGV[4] then return 0 end
   call('HSET', KEYS[1], 'st', 'a', 'lease', '0')
   call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
@@ -200,7 +214,8 @@ end
 --[[
 op "settle" -- record how the owner's attempt ended
   KEYS[1] record, then the job's scope keys (for a refund).
-  ARGV: dedup_ms, ticket, id, end, answered ('1' if its result was confirmed)
+  ARGV: dedup_ms, ticket, attempt, id, end, answered ('1' if its result was
+        confirmed); refunds and "unknown" only from the owning attempt
   end:  's' sent: the SMTP server accepted the mail (recorded even if another
           copy marked it unknown meanwhile: it is the truth)
         'u' unknown: the end of the message got no answer; never resent
@@ -209,24 +224,26 @@ op "settle" -- record how the owner's attempt ended
   returns 1 if recorded, 0 if the record is gone or not the ticket's.
 ]]
 local function settle()
-  if #KEYS < 1 or #ARGV ~= 6 then return fail('takes at least 1 key and 6 arguments') end
-  local dedup_s, ticket, id, how, answered = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-  if not tonumber(dedup_s) or ticket == '' or id == '' or (answered ~= '1' and answered ~= '0')
+  if #KEYS < 1 or #ARGV ~= 7 then return fail('takes at least 1 key and 7 arguments') end
+  local dedup_s, ticket, attempt, id, how, answered = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+  if not tonumber(dedup_s) or ticket == '' or not tonumber(attempt) or id == ''
+    or (answered ~= '1' and answered ~= '0')
     or not string.find('suefi', how, 1, true) or #how ~= 1 then
     return fail('bad arguments')
   end
   local key = KEYS[1]
-  local rec = call('HMGET', key, 'st', 'own', 'at')
+  local rec = call('HMGET', key, 'st', 'own', 'at', 'n')
   local st, own, at = rec[1], rec[2], tonumber(rec[3])
+  local owning = own == ticket and rec[4] == attempt
   if not st then return 0 end
   if how == 's' then
     if st == 'r' then return 0 end
-    call('HSET', key, 'st', 's', 'own', ticket, 'lease', '0', 'ans', answered)
+    call('HSET', key, 'st', 's', 'own', ticket, 'n', attempt, 'lease', '0', 'ans', answered)
   elseif how == 'u' then
-    if own ~= ticket or (st ~= 'x' and st ~= 'u') then return 0 end
+    if not owning or (st ~= 'x' and st ~= 'u') then return 0 end
     call('HSET', key, 'st', 'u', 'lease', '0', 'ans', answered)
   else
-    if own ~= ticket or (st ~= 'a' and st ~= 'x') then return 0 end
+    if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
     forget(2, #KEYS, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
   end

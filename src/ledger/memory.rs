@@ -39,6 +39,8 @@ struct Record {
     admitted_at: u64,
     state: JobState,
     owner: Ticket,
+    /// The owner's attempt.
+    attempt: u32,
     lease_until: u64,
     answered: bool,
     /// When the record is forgotten.
@@ -122,8 +124,18 @@ impl State {
             JobState::Admitted
         };
         let id = job.request.id.as_str();
+        let attempt = job.attempt.max(1);
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
+            // What an earlier attempt of the owner's own lineage left sending,
+            // or leased, is known unsent: it is this attempt's admission now.
+            if mine
+                && rec.attempt < attempt
+                && matches!(rec.state, JobState::Admitted | JobState::Sending)
+            {
+                rec.state = JobState::Admitted;
+                rec.lease_until = 0;
+            }
             let answered = rec.answered;
             let admitted_at_ms = rec.admitted_at;
             match rec.state {
@@ -162,6 +174,7 @@ impl State {
                 JobState::Admitted if expired && !mine => return Verdict::Expired,
                 JobState::Admitted if expired => {
                     rec.state = JobState::Refunded(Refund::Expired);
+                    rec.attempt = attempt;
                     rec.lease_until = 0;
                     rec.answered = false;
                     rec.until = now.saturating_add(dedup);
@@ -171,6 +184,7 @@ impl State {
                 JobState::Admitted => {
                     rec.state = sending;
                     rec.owner = job.ticket.clone();
+                    rec.attempt = attempt;
                     rec.lease_until = now.saturating_add(lease);
                     rec.answered = false;
                     rec.until = now.saturating_add(dedup);
@@ -197,6 +211,7 @@ impl State {
                 admitted_at: now,
                 state: sending,
                 owner: job.ticket.clone(),
+                attempt,
                 lease_until: now.saturating_add(lease),
                 answered: false,
                 until: now.saturating_add(dedup),
@@ -204,6 +219,11 @@ impl State {
         );
         Verdict::Admitted
     }
+}
+
+/// Whether `job`'s attempt of its lineage owns `rec`.
+fn owns(rec: &Record, job: &JobRef<'_>) -> bool {
+    rec.owner == *job.ticket && rec.attempt == job.attempt.max(1)
 }
 
 impl Ledger for MemoryLedger {
@@ -228,7 +248,7 @@ impl Ledger for MemoryLedger {
             (keys.lease_ms(), keys.dedup_ms())
         };
         Ok(match state.record(job.request.id.as_str(), now) {
-            Some(rec) if rec.state == JobState::Admitted && rec.owner == *job.ticket => {
+            Some(rec) if rec.state == JobState::Admitted && owns(rec, job) => {
                 rec.state = JobState::Sending;
                 rec.lease_until = now.saturating_add(lease);
                 rec.until = now.saturating_add(dedup);
@@ -244,7 +264,7 @@ impl Ledger for MemoryLedger {
         Ok(match state.latest(job.request.id.as_str()) {
             Some(rec)
                 if matches!(rec.state, JobState::Admitted | JobState::Sending)
-                    && rec.owner == *job.ticket =>
+                    && owns(rec, job) =>
             {
                 rec.state = JobState::Admitted;
                 rec.lease_until = 0;
@@ -267,13 +287,14 @@ impl Ledger for MemoryLedger {
         let Some(rec) = state.latest(id) else {
             return Ok(false);
         };
-        let mine = rec.owner == *job.ticket;
+        let mine = owns(rec, job);
         let admitted_at = rec.admitted_at;
         let unsent = matches!(rec.state, JobState::Admitted | JobState::Sending);
         let refund = match ending {
             Ending::Sent if !matches!(rec.state, JobState::Refunded(_)) => {
                 rec.state = JobState::Sent;
                 rec.owner = job.ticket.clone();
+                rec.attempt = job.attempt.max(1);
                 None
             }
             Ending::Unknown

@@ -23,9 +23,11 @@
 //! # Tickets and lineages
 //! A message that reaches mailgate without a ticket (a producer's message,
 //! or a dead letter replayed) gets a fresh [`Ticket`]; the copies mailgate
-//! publishes itself (retries, lease waits) carry it on. The record names the
-//! owner's ticket, so the ledger tells "this job's own retry" from "another
-//! message with the same id" without remembering anything per message.
+//! publishes itself (retries, lease waits) carry it on, with their attempt
+//! number. The record names the owner's ticket and attempt, so the ledger
+//! tells "this job's own retry" from "another message with the same id"
+//! without remembering anything per message, and a stale write of an earlier
+//! attempt is fenced off (see [`JobRef::attempt`]).
 //!
 //! # Backends
 //! [`RedisLedger`] (one Lua script, `ledger.lua`, run after the limiter's
@@ -134,13 +136,20 @@ impl Refund {
     }
 }
 
-/// One job as one message lineage asks about it.
+/// One job as one attempt of one message lineage asks about it.
 #[derive(Debug, Clone, Copy)]
 pub struct JobRef<'a> {
     /// The job as the limiter counts it (id, mailbox, client, purpose).
     pub request: Request<'a>,
     /// The asking lineage.
     pub ticket: &'a Ticket,
+    /// The lineage's attempt (1 for the first). A lineage's attempt `k`
+    /// exists only because attempt `k − 1` ended without handing a message
+    /// to the SMTP server, so what an earlier attempt of the same lineage
+    /// left marked *sending* is known unsent; and a late write of an earlier
+    /// attempt (one that reached Redis after its caller gave up on it) can
+    /// no longer change what a later attempt owns.
+    pub attempt: u32,
 }
 
 /// What admission is asked.

@@ -70,8 +70,8 @@ pub struct RedisLedger {
 /// An admission waiting for its batch.
 struct Pending {
     clock: Clock,
-    /// id, fingerprint, ticket, send_now, expires_at, shape.
-    args: [String; 6],
+    /// id, fingerprint, ticket, attempt, send_now, expires_at, shape.
+    args: [String; 7],
     /// The record key, then the scope keys.
     keys: Vec<String>,
     /// The scope of each scope key, and its rule set.
@@ -283,6 +283,7 @@ impl Ledger for RedisLedger {
                 job.request.id.as_str().to_owned(),
                 Fingerprint::of(&job.request).as_str().to_owned(),
                 job.ticket.as_str().to_owned(),
+                job.attempt.max(1).to_string(),
                 if entry.send_now { "1" } else { "0" }.to_owned(),
                 entry
                     .expires_at_ms
@@ -306,6 +307,7 @@ impl Ledger for RedisLedger {
             .arg(self.keys.dedup_ms())
             .arg(self.keys.lease_ms())
             .arg(job.ticket.as_str())
+            .arg(job.attempt.max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(reply == 1)
@@ -316,6 +318,7 @@ impl Ledger for RedisLedger {
             .op("release", job)
             .arg(self.keys.dedup_ms())
             .arg(job.ticket.as_str())
+            .arg(job.attempt.max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(reply == 1)
@@ -341,6 +344,7 @@ impl Ledger for RedisLedger {
         let reply: i64 = inv
             .arg(self.keys.dedup_ms())
             .arg(job.ticket.as_str())
+            .arg(job.attempt.max(1))
             .arg(job.request.id.as_str())
             .arg(char::from(how).to_string())
             .arg(if answered { "1" } else { "0" })

@@ -120,9 +120,15 @@ impl TestJob {
     }
 
     pub fn by<'a>(&'a self, ticket: &'a Ticket) -> JobRef<'a> {
+        self.attempt(ticket, 1)
+    }
+
+    /// Attempt `attempt` of lineage `ticket`.
+    pub fn attempt<'a>(&'a self, ticket: &'a Ticket, attempt: u32) -> JobRef<'a> {
         JobRef {
             request: self.request(),
             ticket,
+            attempt,
         }
     }
 
@@ -276,6 +282,25 @@ impl PrivateRedis {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops the server in its tracks (SIGSTOP): connections stay open and
+    /// nothing is answered, as in a long stall; `resume` lets it go on.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// See [`PrivateRedis::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
     }
 
     /// Starts a fresh server on the same port.
