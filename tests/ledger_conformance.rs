@@ -733,25 +733,28 @@ mod cases {
         assert_eq!(ask(l, &j, &Ticket::new(), T0 + HOUR).await, busy(LEASE));
     }
 
-    /// A later attempt of the owner's lineage takes over what an earlier one
-    /// left sending or leased (it ended without handing a message over, or
-    /// there would be no later attempt), and a late write of the earlier
-    /// attempt can no longer touch what the later one owns.
-    pub async fn an_earlier_attempt_is_fenced_off<M: Make>(m: M) {
+    /// An attempt number never takes a send over: a later attempt of the
+    /// owner's own lineage still waits for the lease, and after a send began
+    /// it is unknown (the same attempt can be delivered twice, and producers
+    /// can write any ticket and attempt). Late writes of an earlier attempt
+    /// cannot change what a later attempt owns.
+    pub async fn attempts_fence_late_writes_but_never_take_a_send_over<M: Make>(m: M) {
         let b = m.make("fence", per_hour(5, 5)).await;
         let l = &b.ledger;
-        let (j, a, other) = (job("j1"), Ticket::new(), Ticket::new());
-        // Attempt 1 was admitted straight into sending, and never heard back.
-        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
-        // Another lineage still waits for the lease...
-        assert_eq!(ask(l, &j, &other, T0 + 1).await, busy(LEASE - 1));
-        // ...but the owner's attempt 2 resumes at once.
-        let second = Entry {
-            job: j.attempt(&a, 2),
+        let (j, a) = (job("j1"), Ticket::new());
+        let entry = |attempt| Entry {
+            job: j.attempt(&a, attempt),
             send_now: false,
             expires_at_ms: None,
         };
-        let v = l.admit(&second, Clock::At(T0 + 2)).await.unwrap().verdict;
+        // Attempt 1 is sending.
+        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
+        // Attempt 2 of the same lineage waits for the lease like anyone.
+        let v = l.admit(&entry(2), Clock::At(T0 + 1)).await.unwrap().verdict;
+        assert_eq!(v, busy(LEASE - 1));
+        // Attempt 1's transient failure releases; attempt 2 resumes it.
+        assert!(l.release(&j.attempt(&a, 1)).await.unwrap());
+        let v = l.admit(&entry(2), Clock::At(T0 + 2)).await.unwrap().verdict;
         assert_eq!(v, Verdict::Resumed { admitted_at_ms: T0 });
         // Late writes of attempt 1 are refused and change nothing.
         assert!(
@@ -762,38 +765,23 @@ mod cases {
         assert!(!l.release(&j.attempt(&a, 1)).await.unwrap());
         let refund = Ending::Refund(Refund::Failed);
         assert!(!l.settle(&j.attempt(&a, 1), &refund, true).await.unwrap());
-        assert!(
-            !l.settle(&j.attempt(&a, 1), &Ending::Unknown, true)
-                .await
-                .unwrap()
-        );
         assert_eq!(
             used(l, &j, T0 + 3).await,
             (1, 1),
             "not refunded by attempt 1"
         );
-        // Attempt 2 owns it.
+        // Attempt 2 owns it and begins its send.
         assert!(
             l.sending(&j.attempt(&a, 2), Clock::At(T0 + 4))
                 .await
                 .unwrap()
         );
-        // The same attempt seen again after its lease lapsed (its worker died
-        // mid-send) is unknown: never resent.
-        let again = l
-            .admit(&second, Clock::At(T0 + 4 + LEASE))
-            .await
-            .unwrap()
-            .verdict;
-        assert_eq!(again, unknown(true, false));
-        // A third attempt cannot undo that: unknown is final.
-        let third = Entry {
-            job: j.attempt(&a, 3),
-            send_now: false,
-            expires_at_ms: None,
-        };
+        // Attempt 3 (or a forged one) neither takes it over while it runs...
+        let v = l.admit(&entry(3), Clock::At(T0 + 5)).await.unwrap().verdict;
+        assert_eq!(v, busy(LEASE - 1));
+        // ...nor after its lease lapsed: its send began, so it is unknown.
         let v = l
-            .admit(&third, Clock::At(T0 + 5 + LEASE))
+            .admit(&entry(3), Clock::At(T0 + 4 + LEASE))
             .await
             .unwrap()
             .verdict;
@@ -831,7 +819,7 @@ macro_rules! conformance {
                 sending_and_release_renew_the_records_life,
                 an_expires_at_of_zero_is_in_the_past,
                 a_rejected_request_leaves_no_record,
-                an_earlier_attempt_is_fenced_off,
+                attempts_fence_late_writes_but_never_take_a_send_over,
                 health_is_ok,
             );
         }

@@ -298,9 +298,26 @@ impl Incoming {
             t.insert("timestamp".into(), AMQPValue::Timestamp(*ts));
         }
         if let Some(h) = p.headers() {
-            let v = AMQPValue::FieldTable(h.clone());
-            let kept = match encoded_len(&v, MAX_ORIGINAL_DEPTH) {
-                Some(len) if len <= MAX_ORIGINAL_BYTES => v,
+            // mailgate's own headers (a ticket above all: a replay must start
+            // a lineage of its own) and RabbitMQ's dead-letter history stay
+            // behind. The size and depth are judged before anything is
+            // copied, so a table nested thousands deep is never walked far.
+            let theirs: Vec<_> = h
+                .inner()
+                .iter()
+                .filter(|(k, _)| !k.as_str().starts_with("x-mailgate-") && k.as_str() != "x-death")
+                .collect();
+            let len = theirs.iter().try_fold(5, |n, (k, v)| {
+                Some(n + 1 + k.as_str().len() + encoded_len(v, MAX_ORIGINAL_DEPTH - 1)?)
+            });
+            let kept = match len {
+                Some(len) if len <= MAX_ORIGINAL_BYTES => AMQPValue::FieldTable(
+                    theirs
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                        .into(),
+                ),
                 Some(len) => AMQPValue::LongString(format!("left out: {len} bytes").into()),
                 None => AMQPValue::LongString(
                     format!("left out: nested deeper than {MAX_ORIGINAL_DEPTH}").into(),

@@ -20,10 +20,10 @@ write (ARGV), so an id is never mailed twice within that period:
            r  refunded: ended without a mail (expired, failed, invalid); the
               quota was given back; fin says how it was answered
   own    the ticket of the message lineage that owns the send
-  n      the owner's attempt; an earlier attempt of the owner's lineage
-         ended without handing a message over (that is why a later one
-         exists), so what it left is known unsent, and a late write of it
-         is refused
+  n      the owner's attempt: "sending", "release", a refund and "unknown"
+         are accepted only from that attempt, so a late write of an earlier
+         one (a call that reached Redis after its caller gave up on it)
+         cannot change what a later attempt owns
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
@@ -44,7 +44,7 @@ local CODE = {
 }
 
 local op = ARGV[1]
-local NONE = {false, false, false, false, false, false, false, false}
+local NONE = {false, false, false, false, false, false, false}
 
 -- The time: ARGV[i] if given, else the Redis server's clock.
 local function clock(i)
@@ -116,15 +116,10 @@ local function admit()
     -- Most ids are new: EXISTS costs Redis less than reading seven fields.
     local rec = NONE
     if call('EXISTS', key) == 1 then
-      rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'n')
+      rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
     end
     local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
     local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
-    -- What an earlier attempt of the owner's own lineage left sending, or
-    -- leased, is known unsent: it is the admission of this attempt now.
-    if mine == 1 and (tonumber(rec[8]) or 0) < attempt and (st == 'a' or st == 'x') then
-      st, held = 'a', 0
-    end
     if fp and fp ~= want then
       put(CODE.conflict)
     elseif fp and st == 'r' and mine == 1 then

@@ -127,15 +127,6 @@ impl State {
         let attempt = job.attempt.max(1);
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
-            // What an earlier attempt of the owner's own lineage left sending,
-            // or leased, is known unsent: it is this attempt's admission now.
-            if mine
-                && rec.attempt < attempt
-                && matches!(rec.state, JobState::Admitted | JobState::Sending)
-            {
-                rec.state = JobState::Admitted;
-                rec.lease_until = 0;
-            }
             let answered = rec.answered;
             let admitted_at_ms = rec.admitted_at;
             match rec.state {

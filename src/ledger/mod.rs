@@ -27,7 +27,9 @@
 //! number. The record names the owner's ticket and attempt, so the ledger
 //! tells "this job's own retry" from "another message with the same id"
 //! without remembering anything per message, and a stale write of an earlier
-//! attempt is fenced off (see [`JobRef::attempt`]).
+//! attempt is fenced off (see [`JobRef::attempt`]). A ticket is not a
+//! credential: a producer can put any ticket in its headers, so a ticket
+//! only ever selects which answer a message gets, never a second send.
 //!
 //! # Backends
 //! [`RedisLedger`] (one Lua script, `ledger.lua`, run after the limiter's
@@ -143,12 +145,13 @@ pub struct JobRef<'a> {
     pub request: Request<'a>,
     /// The asking lineage.
     pub ticket: &'a Ticket,
-    /// The lineage's attempt (1 for the first). A lineage's attempt `k`
-    /// exists only because attempt `k − 1` ended without handing a message
-    /// to the SMTP server, so what an earlier attempt of the same lineage
-    /// left marked *sending* is known unsent; and a late write of an earlier
-    /// attempt (one that reached Redis after its caller gave up on it) can
-    /// no longer change what a later attempt owns.
+    /// The lineage's attempt (1 for the first). The record names the
+    /// attempt that owns the send; "sending", "release", refunds and
+    /// "unknown" are accepted from that attempt only, so a late write of an
+    /// earlier attempt (a call that reached Redis after its caller gave up on
+    /// it) cannot change what a later attempt owns. An attempt number never
+    /// takes a send over: the same attempt can be delivered twice, and a
+    /// producer can write any ticket and attempt into its headers.
     pub attempt: u32,
 }
 
