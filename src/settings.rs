@@ -281,15 +281,56 @@ impl Default for WorkerSettings {
     }
 }
 
-/// `scheme://user:***@host...`: a URL with its password hidden, for logs.
+/// A URL with its password hidden, for logs and messages:
+/// `scheme://user:***@host...`. Where a password cannot be told apart from
+/// the rest (the URL does not parse, or its authority has no `@` but a `:`
+/// followed by something that is not a port, as in a mistyped
+/// `amqp://guest:secret127.0.0.1:5672`), the whole authority is hidden:
+/// `scheme://***/...`.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let hidden = || format!("{scheme}://***{tail}");
+    if let Some((_, host)) = authority.rsplit_once('@') {
+        // user[:password]@host: keep the user and the host.
+        let user = authority[..authority.len() - host.len() - 1]
+            .split(':')
+            .next()
+            .unwrap_or("");
+        if !plain_host(host) {
+            return hidden();
         }
-        _ => url.to_owned(),
+        return format!("{scheme}://{user}:***@{host}{tail}");
+    }
+    if plain_host(authority) {
+        url.to_owned()
+    } else {
+        hidden()
+    }
+}
+
+/// Whether an authority without userinfo is just `host` or `host:port`
+/// (an IPv6 host in brackets), so it cannot hold a password.
+fn plain_host(authority: &str) -> bool {
+    let after_v6 = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((_, after)) => after,
+            None => return false,
+        },
+        None => authority,
+    };
+    let host_end = if authority.starts_with('[') {
+        authority.len() - after_v6.len()
+    } else {
+        0
+    };
+    let rest = &authority[host_end..];
+    match rest.split_once(':') {
+        None => true,
+        Some((_, port)) => port.bytes().all(|b| b.is_ascii_digit()),
     }
 }
 
@@ -565,6 +606,41 @@ mod tests {
             redact_url("redis://127.0.0.1:6379/0"),
             "redis://127.0.0.1:6379/0"
         );
+        // No '@': the password runs into the host; the authority is hidden.
+        assert_eq!(
+            redact_url("amqp://guest:S3cretPw127.0.0.1:5672/%2f"),
+            "amqp://***/%2f"
+        );
+        assert_eq!(redact_url("S3cret"), "***");
+        assert_eq!(redact_url("redis://[::1]:6379/0"), "redis://[::1]:6379/0");
+        assert_eq!(
+            redact_url("smtp://u:p%40ss@mail.example.com?tls=required"),
+            "smtp://u:***@mail.example.com?tls=required"
+        );
+    }
+
+    proptest::proptest! {
+        /// However a URL is shaped, its printed form never shows the password.
+        #[test]
+        fn no_printed_url_shows_its_password(
+            scheme in "(amqp|amqps|redis|rediss|smtp|smtps|x)",
+            user in "[a-zA-Z0-9._~%!$&'()*+,;=-]{0,12}",
+            password in "[a-zA-Z0-9._~%!$&'()*+,;=:-]{5,24}[a-zA-Z._~%!$&'()*+,;=-]",
+            host in "[a-z0-9.-]{0,12}",
+            port in proptest::option::of(0u32..70000),
+            tail in "[a-zA-Z0-9/%?=&#@:._-]{0,20}",
+            at in proptest::bool::ANY,
+        ) {
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            let sep = if at { "@" } else { "" };
+            let url = format!("{scheme}://{user}:{password}{sep}{host}{port}{tail}");
+            let shown = redact_url(&url);
+            // A password is a secret only where it could be one: at least
+            // six characters not all found elsewhere in the URL by chance.
+            let elsewhere = format!("{scheme}://{user}:{sep}{host}{port}{tail}");
+            proptest::prop_assume!(!elsewhere.contains(&password));
+            proptest::prop_assert!(!shown.contains(&password), "{url} -> {shown}");
+        }
     }
 
     #[test]

@@ -204,7 +204,8 @@ impl Templates {
             .map(|(k, v)| {
                 let v = match v {
                     VarValue::Text(s) => Value::from(s.as_str()),
-                    VarValue::Number(n) => Value::from(*n),
+                    VarValue::Integer(n) => Value::from(*n),
+                    VarValue::Float(n) => Value::from(*n),
                     VarValue::Bool(b) => Value::from(*b),
                 };
                 (k, v)
@@ -418,5 +419,23 @@ mod tests {
 
         let (_d, s) = set(&[("bad.name/en/subject.txt", "x")]);
         assert!(Templates::load(&s).is_err());
+    }
+
+    #[test]
+    fn numbers_render_as_written() {
+        let mut files = OK.to_vec();
+        files.retain(|(p, _)| *p != "verify/en/body.txt");
+        files.push((
+            "verify/en/body.txt",
+            "{{ code }} {{ vars.n | default('') }} {{ vars.big | default('') }} {{ vars.f | default('') }}",
+        ));
+        let (_d, s) = set(&files);
+        let t = Templates::load(&s).unwrap();
+        let job = crate::wire::decode(
+            br#"{"id":"j","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"f":1.5}}"#,
+        )
+        .unwrap();
+        let r = t.render(&job, jiff::Timestamp::now()).unwrap();
+        assert_eq!(r.text, "1 10 12345678901234567890 1.5");
     }
 }

@@ -50,6 +50,9 @@ struct JobWire {
 /// Parses a message body into a job. The id is found first, so that every
 /// later problem can be answered to it.
 pub fn decode(body: &[u8]) -> Result<Job, DecodeError> {
+    // A UTF-8 byte order mark is not JSON, but editors and some producers'
+    // libraries write one: skip it.
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     let IdOnly { id } = serde_json::from_slice(body)
         .map_err(|e| DecodeError::Unusable(format!("not a JSON object: {e}")))?;
     let id = match id {
@@ -98,7 +101,11 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
                 let v = match v {
                     Value::String(s) => VarValue::Text(s),
                     Value::Bool(b) => VarValue::Bool(b),
-                    Value::Number(n) => VarValue::Number(n.as_f64().unwrap_or(0.0)),
+                    Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+                        (Some(i), _) => VarValue::Integer(i.into()),
+                        (None, Some(u)) => VarValue::Integer(u.into()),
+                        _ => VarValue::Float(n.as_f64().unwrap_or(0.0)),
+                    },
                     _ => {
                         return Err(InvalidInput::Field {
                             field: "vars",
@@ -285,6 +292,21 @@ mod tests {
             "x".repeat(1 << 20)
         );
         assert!(invalid(&big).contains("bytes"));
+    }
+
+    #[test]
+    fn numbers_stay_as_written_and_a_bom_is_skipped() {
+        let mut body = b"\xEF\xBB\xBF".to_vec();
+        body.extend_from_slice(
+            br#"{"id":"j1","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"neg":-3,"f":1.5}}"#,
+        );
+        let job = decode(&body).expect("a BOM before JSON is skipped");
+        let vars: std::collections::BTreeMap<&str, VarValue> =
+            job.vars.iter().map(|(k, v)| (k, v.clone())).collect();
+        assert_eq!(vars["n"], VarValue::Integer(10));
+        assert_eq!(vars["big"], VarValue::Integer(12_345_678_901_234_567_890));
+        assert_eq!(vars["neg"], VarValue::Integer(-3));
+        assert_eq!(vars["f"], VarValue::Float(1.5));
     }
 
     #[test]

@@ -113,8 +113,11 @@ impl fmt::Display for Name {
 pub enum VarValue {
     /// Text, at most [`Vars::MAX_VALUE_CHARS`] characters, no control characters.
     Text(String),
-    /// A number.
-    Number(f64),
+    /// A whole number, kept exact (so `12345678901234567890` renders as
+    /// written, not as a float).
+    Integer(i128),
+    /// A number with a fraction or an exponent.
+    Float(f64),
     /// A truth value.
     Bool(bool),
 }
