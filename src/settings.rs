@@ -79,14 +79,16 @@ impl Settings {
         if self.amqp.prefetch == 0 {
             return invalid("amqp.prefetch must be at least 1".into());
         }
-        if self.amqp.jobs_queue.is_empty() || self.amqp.results_queue.is_empty() {
-            return invalid("amqp.jobs_queue and amqp.results_queue must be named".into());
+        if self.retry.max_attempts == 0 || self.retry.max_attempts > MAX_ATTEMPTS {
+            return invalid(format!(
+                "retry.max_attempts is {}; it must be 1 to {MAX_ATTEMPTS} (each attempt after \
+                 the first has a retry queue of its own)",
+                self.retry.max_attempts
+            ));
         }
-        if self.smtp.pool_size == 0 {
-            return invalid("smtp.pool_size must be at least 1".into());
-        }
-        if self.retry.max_attempts == 0 {
-            return invalid("retry.max_attempts must be at least 1".into());
+        self.amqp.check_queues(self.retry.max_attempts)?;
+        if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
+            return invalid("smtp.pool_size must be 1 to 1000".into());
         }
         if self.retry.max < self.retry.initial {
             return invalid("retry.max must be at least retry.initial".into());
@@ -113,6 +115,14 @@ impl Settings {
     }
 }
 
+/// Most attempts a job may have: each attempt after the first waits in a
+/// queue of its own.
+pub const MAX_ATTEMPTS: u32 = 50;
+
+/// The longest rule window, send lease or dedup period: a year. Longer ones
+/// overflow what Redis accepts as an expiry once added to the clock.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// RabbitMQ connection and queue names.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -129,6 +139,57 @@ pub struct AmqpSettings {
     /// Unacknowledged jobs per worker, which is also how many are processed at once.
     #[serde(default = "default_prefetch")]
     pub prefetch: u16,
+}
+
+impl AmqpSettings {
+    /// Checks the queue names, and those derived from `jobs_queue` for
+    /// `max_attempts`: each must be a name RabbitMQ accepts (1 to 255 bytes,
+    /// not starting with the reserved `amq.`), and the results queue must
+    /// be none of mailgate's other queues.
+    fn check_queues(&self, max_attempts: u32) -> Result<(), SettingsError> {
+        let jobs = &self.jobs_queue;
+        let longest = format!("{jobs}.retry.{}", max_attempts.saturating_sub(1).max(1));
+        for (key, name) in [
+            ("amqp.jobs_queue", jobs.as_str()),
+            ("amqp.results_queue", self.results_queue.as_str()),
+        ] {
+            if name.is_empty() {
+                return Err(SettingsError::Invalid(format!("{key} must be named")));
+            }
+            if name.starts_with("amq.") {
+                return Err(SettingsError::Invalid(format!(
+                    "{key} {name:?}: names starting with \"amq.\" are reserved by RabbitMQ"
+                )));
+            }
+            if name.len() > 255 {
+                return Err(SettingsError::Invalid(format!(
+                    "{key} is {} bytes; RabbitMQ queue names are at most 255",
+                    name.len()
+                )));
+            }
+        }
+        if longest.len() > 255 {
+            return Err(SettingsError::Invalid(format!(
+                "amqp.jobs_queue is {} bytes: the retry queues derived from it ({longest:?}) \
+                 would exceed RabbitMQ's 255; use at most {} bytes with these retry settings",
+                jobs.len(),
+                255 - (longest.len() - jobs.len()),
+            )));
+        }
+        let derived = [jobs.clone(), format!("{jobs}.dead"), format!("{jobs}.wait")];
+        let is_retry = self
+            .results_queue
+            .strip_prefix(&format!("{jobs}.retry."))
+            .is_some_and(|n| n.parse::<u32>().is_ok());
+        if derived.contains(&self.results_queue) || is_retry {
+            return Err(SettingsError::Invalid(format!(
+                "amqp.results_queue {:?} is one of the queues mailgate derives from \
+                 amqp.jobs_queue; results would be taken for jobs",
+                self.results_queue
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for AmqpSettings {
@@ -540,6 +601,23 @@ impl LimitSettings {
                 )));
             }
         }
+        for (what, d) in std::iter::once(("limits.dedup_for", self.dedup_for))
+            .chain(std::iter::once(("limits.send_lease", self.send_lease)))
+            .chain(
+                self.email_rule_lists()
+                    .chain(self.ip_rule_lists())
+                    .flatten()
+                    .map(|r| ("a rule window in limits", r.window)),
+            )
+        {
+            if d > MAX_PERIOD {
+                return Err(SettingsError::Invalid(format!(
+                    "{what} is {}; the longest accepted is {}",
+                    humantime::format_duration(d),
+                    humantime::format_duration(MAX_PERIOD),
+                )));
+            }
+        }
         if self.ipv4_prefix > 32 {
             return Err(SettingsError::Invalid(
                 "limits.ipv4_prefix must be at most 32".into(),
@@ -662,6 +740,69 @@ mod tests {
         assert!(err.to_string().contains("limits.dedup_for"), "{err}");
         s.limits.dedup_for = Duration::from_secs(60);
         s.validate().expect("exactly enough");
+    }
+
+    fn shipped() -> Settings {
+        config::Config::builder()
+            .add_source(config::File::from(std::path::Path::new(
+                "config/default.toml",
+            )))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("the shipped config")
+    }
+
+    #[test]
+    fn queue_names_that_would_crash_or_loop_are_refused() {
+        let refused = |tweak: &dyn Fn(&mut Settings), says: &str| {
+            let mut s = shipped();
+            tweak(&mut s);
+            let err = s.validate().expect_err(says).to_string();
+            assert!(err.contains(says), "{err}");
+        };
+        refused(
+            &|s| s.amqp.jobs_queue = "j".repeat(249),
+            "amqp.jobs_queue is 249 bytes",
+        );
+        refused(&|s| s.amqp.jobs_queue = "amq.jobs".into(), "reserved");
+        refused(&|s| s.amqp.results_queue = "r".repeat(256), "at most 255");
+        refused(
+            &|s| s.retry.max_attempts = 1_000_000,
+            "retry.max_attempts is 1000000",
+        );
+        refused(
+            &|s| s.amqp.results_queue = s.amqp.jobs_queue.clone(),
+            "amqp.results_queue",
+        );
+        refused(
+            &|s| s.amqp.results_queue = format!("{}.retry.2", s.amqp.jobs_queue),
+            "amqp.results_queue",
+        );
+        refused(
+            &|s| s.amqp.results_queue = format!("{}.wait", s.amqp.jobs_queue),
+            "amqp.results_queue",
+        );
+        let mut s = shipped();
+        s.amqp.jobs_queue = "j".repeat(240);
+        s.validate().expect("240 bytes leave room for '.retry.4'");
+    }
+
+    #[test]
+    fn periods_longer_than_a_year_are_refused() {
+        assert!(limits(r#"email.rules = [{ window = "1000000000years", max = 1 }]"#).is_err());
+        let err = limits(r#"email.rules = [{ window = "400days", max = 1 }]"#).unwrap_err();
+        assert!(
+            err.contains("rule window") && err.contains("longest accepted"),
+            "{err}"
+        );
+        assert!(limits(r#"dedup_for = "2years""#).is_err());
+        assert!(
+            limits(
+                r#"email.rules = [{ window = "365days", max = 1 }]
+            dedup_for = "366days""#
+            )
+            .is_ok()
+        );
     }
 
     #[test]

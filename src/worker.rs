@@ -152,17 +152,26 @@ impl<L: Ledger + 'static> Worker<L> {
         // After a lost connection or channel, wait before connecting again,
         // longer each time, so a fault that recurs cannot spin.
         let mut losses = reconnect_backoff().build();
+        let mut started = false;
         loop {
             let amqp = &this.settings.amqp;
+            // RabbitMQ refusing the queues (other arguments, no permission)
+            // is not an outage: at start, it stops the worker with the
+            // broker's reason; later it is retried, with that reason logged.
             let connect = (|| Broker::connect(amqp, this.settings.retry.max_attempts))
                 .retry(reconnect_backoff())
-                .notify(|e, wait| {
-                    tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)");
+                .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
+                .notify(|e, wait| match e {
+                    BrokerError::Refused { .. } => {
+                        tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
+                    }
+                    _ => tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"),
                 });
             let broker = tokio::select! {
                 b = connect => b.context("connecting to rabbitmq")?,
                 () = &mut shutdown => break,
             };
+            started = true;
             let mut consumer = match broker.consume(&tag).await {
                 Ok(c) => c,
                 Err(e) => {

@@ -378,3 +378,30 @@ async fn a_worker_on_memory_needs_no_redis() {
         "the worker warns at start: {err}"
     );
 }
+
+/// A jobs queue declared before with other arguments: the worker stops at
+/// start with RabbitMQ's own reason, instead of retrying forever as if the
+/// broker were down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_stops_with_the_brokers_reason_when_its_queue_is_refused() {
+    let h = Harness::new("cli-refused").await;
+    let mut args = lapin::types::FieldTable::default();
+    args.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(5));
+    h.channel
+        .queue_declare(
+            h.settings.amqp.jobs_queue.as_str().into(),
+            lapin::options::QueueDeclareOptions::durable(),
+            args,
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let out = run_async(mailgate(&h, &["worker"])).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("PRECONDITION_FAILED") && err.contains(&h.settings.amqp.jobs_queue),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20), "no retrying");
+}

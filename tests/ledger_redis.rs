@@ -362,7 +362,7 @@ async fn malformed_calls_write_nothing() {
                 &["admit", "", "86400000", "30000"][..],
                 &sets[..],
                 &[
-                    "a", "fp", "tk", "0", "0", "1", "b", "fp", "tk", "?", "0", "1",
+                    "a", "fp", "tk", "1", "0", "", "1", "b", "fp", "tk", "1", "?", "", "1",
                 ],
             ]
             .concat(),
@@ -373,7 +373,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["admit", "", "86400000", "30000"][..],
                 &sets[..],
-                &["a", "fp", "tk", "0", "0", "9"],
+                &["a", "fp", "tk", "1", "0", "", "9"],
             ]
             .concat(),
         ),
@@ -383,7 +383,49 @@ async fn malformed_calls_write_nothing() {
             [
                 &["admit", "", "86400000", "30000"][..],
                 &sets[..],
-                &["a", "fp", "tk", "0", "0", "1"],
+                &["a", "fp", "tk", "1", "0", "", "1"],
+            ]
+            .concat(),
+        ),
+        // A good request whose record would outlive what Redis accepts.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &["admit", "", "99999999999999999", "30000"][..],
+                &sets[..],
+                &["a", "fp", "tk", "1", "0", "", "1"],
+            ]
+            .concat(),
+        ),
+        // A window of a billion years: ZADD must not run before PEXPIRE fails.
+        (
+            vec!["t:job:a", "t:email:a"],
+            vec![
+                "admit",
+                "",
+                "86400000",
+                "30000",
+                "1",
+                "1",
+                "31536000000000000000",
+                "31536000000000000000",
+                "1",
+                "a",
+                "fp",
+                "tk",
+                "1",
+                "0",
+                "",
+                "1",
+            ],
+        ),
+        // Attempt 0.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &["admit", "", "86400000", "30000"][..],
+                &sets[..],
+                &["a", "fp", "tk", "0", "0", "", "1"],
             ]
             .concat(),
         ),
@@ -391,16 +433,24 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             vec![
-                "admit", "", "86400000", "30000", "1", "1", "1", "0", "1", "a", "fp", "tk", "0",
-                "0", "1",
+                "admit", "", "86400000", "30000", "1", "1", "1", "0", "1", "a", "fp", "tk", "1",
+                "0", "", "1",
             ],
         ),
         (
             vec!["t:job:a"],
-            vec!["settle", "86400000", "tk", "a", "z", "1"],
+            vec!["settle", "86400000", "tk", "1", "a", "z", "1"],
         ),
-        (vec!["t:job:a"], vec!["sending", "", "x", "30000", "tk"]),
-        (vec!["t:job:a"], vec!["release", "86400000"]),
+        (
+            vec!["t:job:a"],
+            vec!["sending", "", "x", "30000", "tk", "1"],
+        ),
+        (
+            vec!["t:job:a"],
+            vec!["sending", "", "99999999999999999", "30000", "tk", "1"],
+        ),
+        (vec!["t:job:a"], vec!["release", "86400000", "tk"]),
+        (vec!["t:job:a"], vec!["answered", "99999999999999999", "tk"]),
         (vec!["t:job:a"], vec!["nope"]),
     ];
     for (keys, args) in calls {
@@ -415,6 +465,22 @@ async fn malformed_calls_write_nothing() {
         let n: i64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
+    // The same shape, well formed, is accepted and written.
+    let good = [
+        &["admit", "", "86400000", "30000"][..],
+        &sets[..],
+        &["a", "fp", "tk", "1", "0", "", "1"],
+    ]
+    .concat();
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg(&script)
+        .arg(2)
+        .arg(&["t:job:a", "t:email:a"])
+        .arg(&good)
+        .query(&mut conn)
+        .expect("a well-formed admission");
+    let n: i64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert_eq!(n, 2, "the record and the mailbox log");
 }
 
 #[tokio::test]

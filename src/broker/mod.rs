@@ -80,7 +80,7 @@ pub enum BrokerError {
     /// RabbitMQ refused the message (a negative confirm, or no queue to take
     /// it even after declaring it again). Retrying the same publish would
     /// fail the same way.
-    #[error("rabbitmq refused the publish to {queue}: {why}")]
+    #[error("rabbitmq refused {queue}: {why}")]
     Refused {
         /// Where it was published.
         queue: String,
@@ -427,6 +427,9 @@ impl Broker {
         &self.topology
     }
 
+    /// Declares one of mailgate's queues. A queue that exists with other
+    /// arguments, or a user without permission, is [`BrokerError::Refused`]
+    /// with RabbitMQ's own reason.
     async fn declare(&self, queue: &str) -> Result<(), BrokerError> {
         self.channel
             .queue_declare(
@@ -434,7 +437,14 @@ impl Broker {
                 QueueDeclareOptions::durable(),
                 self.topology.arguments(queue),
             )
-            .await?;
+            .await
+            .map_err(|e| match e.kind() {
+                lapin::ErrorKind::ProtocolError(amqp) => BrokerError::Refused {
+                    queue: queue.to_owned(),
+                    why: amqp.get_message().to_string(),
+                },
+                _ => BrokerError::Amqp(e),
+            })?;
         Ok(())
     }
 

@@ -53,6 +53,12 @@ local function clock(i)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Whether ARGV value `v` is a period Redis can add to its clock.
+local function period_ok(v)
+  local n = tonumber(v)
+  return n ~= nil and n >= 1 and n <= MAX_PERIOD_MS
+end
+
 local function fail(why)
   return redis.error_reply('mailgate ledger ' .. tostring(op) .. ': ' .. why)
 end
@@ -84,7 +90,11 @@ end
 local function admit()
   local now = clock(2)
   local dedup_s, lease = ARGV[3], tonumber(ARGV[4])
-  if not now or not tonumber(dedup_s) or not lease then return fail('bad clock, dedup or lease') end
+  local dedup = tonumber(dedup_s)
+  if not now or not dedup or not lease or dedup < 1 or dedup > MAX_PERIOD_MS or lease < 1
+    or lease > MAX_PERIOD_MS then
+    return fail('bad clock, dedup or lease')
+  end
   local sets, first_request = rule_sets(5)
   if not sets then return fail(first_request) end
   -- Every request is checked before the first write.
@@ -179,7 +189,7 @@ op "sending" -- the owner begins its SMTP transaction: a becomes x, lease renewe
 local function sending()
   if #KEYS ~= 1 or #ARGV ~= 6 then return fail('takes 1 key and 6 arguments') end
   local now, dedup_s, lease = clock(2), ARGV[3], tonumber(ARGV[4])
-  if not now or not tonumber(dedup_s) or not lease or ARGV[5] == '' or not tonumber(ARGV[6]) then
+  if not now or not period_ok(dedup_s) or not period_ok(ARGV[4]) or ARGV[5] == '' or not tonumber(ARGV[6]) then
     return fail('bad arguments')
   end
   local rec = call('HMGET', KEYS[1], 'st', 'own', 'n')
@@ -198,7 +208,7 @@ op "release" -- the owner's send failed before the message was handed over
 ]]
 local function release()
   if #KEYS ~= 1 or #ARGV ~= 4 then return fail('takes 1 key and 4 arguments') end
-  if not tonumber(ARGV[2]) or ARGV[3] == '' or not tonumber(ARGV[4]) then return fail('bad arguments') end
+  if not period_ok(ARGV[2]) or ARGV[3] == '' or not tonumber(ARGV[4]) then return fail('bad arguments') end
   local rec = call('HMGET', KEYS[1], 'st', 'own', 'n')
   if (rec[1] ~= 'a' and rec[1] ~= 'x') or rec[2] ~= ARGV[3] or rec[3] ~= ARGV[4] then return 0 end
   call('HSET', KEYS[1], 'st', 'a', 'lease', '0')
@@ -221,7 +231,7 @@ op "settle" -- record how the owner's attempt ended
 local function settle()
   if #KEYS < 1 or #ARGV ~= 7 then return fail('takes at least 1 key and 7 arguments') end
   local dedup_s, ticket, attempt, id, how, answered = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-  if not tonumber(dedup_s) or ticket == '' or not tonumber(attempt) or id == ''
+  if not period_ok(dedup_s) or ticket == '' or not tonumber(attempt) or id == ''
     or (answered ~= '1' and answered ~= '0')
     or not string.find('suefi', how, 1, true) or #how ~= 1 then
     return fail('bad arguments')
@@ -251,7 +261,7 @@ op "answered" -- the owner's final result was confirmed by RabbitMQ
   KEYS[1] record. ARGV: dedup_ms, ticket. returns 1 if the ticket owns the record.
 ]]
 local function answered()
-  if #KEYS ~= 1 or #ARGV ~= 3 or not tonumber(ARGV[2]) or ARGV[3] == '' then
+  if #KEYS ~= 1 or #ARGV ~= 3 or not period_ok(ARGV[2]) or ARGV[3] == '' then
     return fail('takes 1 key and 3 arguments')
   end
   if call('HGET', KEYS[1], 'own') ~= ARGV[3] then return 0 end

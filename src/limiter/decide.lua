@@ -33,6 +33,11 @@ judged by set 1, the second by set 2).
 
 local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
 
+-- The longest window, keep, lease or dedup period accepted, in ms (a year
+-- and a day, as settings.rs's MAX_PERIOD): longer ones would overflow an
+-- expiry, and are refused before anything is written.
+local MAX_PERIOD_MS = 31622400000
+
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)
   return format('%.0f', x)
@@ -58,7 +63,7 @@ local function rule_sets(a)
   a = a + 1
   for i = 1, count do
     local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if not n or not keep or keep < 1 then return nil, 'rule set ' .. i end
+    if not n or not keep or keep < 1 or keep > MAX_PERIOD_MS then return nil, 'rule set ' .. i end
     -- fetch: how many of a log's newest entries one read gets: the largest
     -- N, at least 1 (the newest entry shows whether any is after now), at
     -- most 16 (a larger N costs a second read, only when the log is that long).
@@ -66,7 +71,9 @@ local function rule_sets(a)
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
       local w, m = tonumber(w_s), tonumber(m_s)
-      if not w or not m or w < 1 or m < 1 then return nil, 'rule ' .. r .. ' of set ' .. i end
+      if not w or not m or w < 1 or w > MAX_PERIOD_MS or m < 1 then
+        return nil, 'rule ' .. r .. ' of set ' .. i
+      end
       set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
       if m > set.fetch then set.fetch = m end
     end
