@@ -45,7 +45,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(&cli.config, cli.command, shutdown_signal())) {
+    let run = async {
+        let shutdown = shutdown_signal();
+        cli::run(&cli.config, cli.command, shutdown).await
+    };
+    match runtime.block_on(run) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -56,29 +60,42 @@ fn main() -> ExitCode {
     }
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when the future is first polled, so a signal during start-up
+/// (settings, connecting) is a request to stop, not the default kill. Must be
+/// called within the runtime.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let mut signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        [SignalKind::terminate(), SignalKind::interrupt()].map(|kind| signal(kind).ok())
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let [term, int] = &mut signals;
+            let recv = |s: &mut Option<tokio::signal::unix::Signal>| {
+                let s = s.take();
+                async move {
+                    match s {
+                        Some(mut s) => {
+                            s.recv().await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                }
+            };
+            tokio::select! {
+                () = recv(term) => {},
+                () = recv(int) => {},
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        tracing::info!("shutdown requested");
     }
-    tracing::info!("shutdown requested");
 }
 
 fn init_telemetry(format: LogFormat, default_filter: &str) {

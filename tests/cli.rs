@@ -405,3 +405,40 @@ async fn the_worker_stops_with_the_brokers_reason_when_its_queue_is_refused() {
     );
     assert!(started.elapsed() < Duration::from_secs(20), "no retrying");
 }
+
+/// SIGTERM or SIGINT while the worker is still starting (Redis does not
+/// answer yet): a clean exit 0, not death by the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_start_up_is_a_clean_stop() {
+    let h = Harness::new("cli-startsig").await;
+    for sig in ["-TERM", "-INT"] {
+        let child = mailgate(&h, &["worker"])
+            .env(
+                "MAILGATE__REDIS__URL",
+                format!("redis://127.0.0.1:{}/0", free_port()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let _ = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{sig}: {:?} {}",
+            out.status,
+            text(&out.stderr)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{sig}: stopped at once"
+        );
+    }
+}

@@ -164,7 +164,12 @@ pub async fn run(
     })?;
     match command {
         Command::Worker => {
-            let worker = crate::worker::build(&settings).await?;
+            // Every phase honours the shutdown signal, start-up included.
+            let mut shutdown = std::pin::pin!(shutdown);
+            let worker = tokio::select! {
+                w = crate::worker::build(&settings) => w?,
+                () = &mut shutdown => return Ok(true),
+            };
             worker.run(shutdown).await?;
             Ok(true)
         }
