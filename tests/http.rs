@@ -106,3 +106,81 @@ async fn metrics_count_the_jobs_and_health_answers() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("redis: ok"));
     w.stop().await.unwrap();
 }
+
+/// Whether the server closed `stream` (EOF or reset) within `wait`.
+async fn closed_within(stream: &mut tokio::net::TcpStream, wait: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(wait, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A client that never finishes its request neither keeps a connection
+/// past the header timeout nor holds the worker's shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_request_holds_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::with("http-half", |s| {
+        s.worker.shutdown_timeout = std::time::Duration::from_secs(3);
+    })
+    .await;
+    let w = h.start_worker().await;
+    let mut slow = tokio::net::TcpStream::connect(w.http).await.unwrap();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(
+            &mut slow,
+            mailgate::http::HEADER_TIMEOUT + std::time::Duration::from_secs(2)
+        )
+        .await,
+        "the header timeout closes it"
+    );
+    let mut held = tokio::net::TcpStream::connect(w.http).await.unwrap();
+    held.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    w.stop().await.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "shutdown took {:?} with a client half-way through a request",
+        started.elapsed()
+    );
+    assert!(closed_within(&mut held, std::time::Duration::from_secs(1)).await);
+}
+
+/// Idle connections beyond the cap are closed at once; the worker keeps
+/// working; once the idle ones time out, the endpoint answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_capped() {
+    let h = Harness::new("http-cap").await;
+    let w = h.start_worker().await;
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(tokio::net::TcpStream::connect(w.http).await.unwrap());
+    }
+    let mut closed = 0;
+    for s in &mut idle {
+        if closed_within(s, std::time::Duration::from_millis(200)).await {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 100 - mailgate::http::MAX_CONNECTIONS,
+        "{closed} of 100 closed"
+    );
+    h.publish(&json!({"id": "busy", "email": "b@example.com", "code": "1"}))
+        .await;
+    assert_eq!(h.result().await["status"], "sent");
+    tokio::time::sleep(mailgate::http::HEADER_TIMEOUT + std::time::Duration::from_secs(1)).await;
+    assert_eq!(http_get(w.http, "/healthz").await.0, 200);
+    drop(idle);
+    w.stop().await.unwrap();
+}
