@@ -184,3 +184,40 @@ async fn idle_connections_are_capped() {
     drop(idle);
     w.stop().await.unwrap();
 }
+
+/// `/readyz` checks what the worker needs of Redis, not only that it
+/// answers: a primary demoted to a replica, or a policy that evicts keys,
+/// is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_redis_the_worker_cannot_use() {
+    let redis = common::PrivateRedis::start();
+    let other = common::PrivateRedis::start();
+    let url = redis.url();
+    let h = Harness::with("http-redis", |s| s.redis.url = url).await;
+    let w = h.start_worker().await;
+    assert_eq!(http_get(w.http, "/readyz").await.0, 200);
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "allkeys-lru"])
+        .query(&mut conn)
+        .unwrap();
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("maxmemory-policy allkeys-lru"), "{body}");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "noeviction"])
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .query(&mut conn)
+        .unwrap();
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("read-only replica"), "{body}");
+    w.stop().await.unwrap();
+}

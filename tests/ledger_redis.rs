@@ -548,3 +548,57 @@ fn memory_backend_forgets_idle_keys() {
         "idle keys were swept: {keys} {jobs}"
     );
 }
+
+/// A Redis the worker cannot use is named for what it is: a user whose ACL
+/// forbids the script, or a read-only replica. Not "not answering".
+#[tokio::test]
+async fn an_unusable_redis_names_its_cause() {
+    let primary = PrivateRedis::start();
+    let mut conn = redis::Client::open(primary.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "noscript",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-@scripting",
+        ])
+        .query(&mut conn)
+        .unwrap();
+    let settings = |url: String| RedisSettings {
+        url,
+        key_prefix: "t:".into(),
+        allow_eviction: false,
+    };
+    let no_script = format!("redis://noscript:pw@127.0.0.1:{}/0", primary.port);
+    let Err(LedgerError::Unfit(why)) =
+        RedisLedger::connect(&settings(no_script), &LimitSettings::default()).await
+    else {
+        panic!("a user without the script permission is unfit");
+    };
+    assert!(
+        why.contains("may not run") && why.contains("EVALSHA"),
+        "{why}"
+    );
+
+    let replica =
+        PrivateRedis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let l = RedisLedger::connect(&settings(replica.url()), &LimitSettings::default())
+        .await
+        .expect("a replica loads scripts");
+    let Err(LedgerError::Unfit(why)) = l.health().await else {
+        panic!("a replica is unfit");
+    };
+    assert!(why.contains("read-only replica"), "{why}");
+    RedisLedger::connect(&settings(primary.url()), &LimitSettings::default())
+        .await
+        .unwrap()
+        .health()
+        .await
+        .expect("the primary is fine");
+}

@@ -270,7 +270,21 @@ local function answered()
   return 1
 end
 
+--[[
+op "probe" -- what readiness asks: may this client run the ledger's script
+  and write under the prefix? (A replica refuses the write, READONLY; a user
+  without the right ACL is refused, NOPERM.)
+  KEYS[1] <prefix>probe. Sets it and deletes it again. returns 1.
+]]
+local function probe()
+  if #KEYS ~= 1 or #ARGV ~= 1 then return fail('takes 1 key and no arguments') end
+  call('SET', KEYS[1], '1', 'PX', '1000')
+  call('DEL', KEYS[1])
+  return 1
+end
+
 if op == 'admit' then return admit()
+elseif op == 'probe' then return probe()
 elseif op == 'sending' then return sending()
 elseif op == 'release' then return release()
 elseif op == 'settle' then return settle()

@@ -310,8 +310,9 @@ pub trait Ledger: Send + Sync {
     fn answered(&self, job: &JobRef<'_>) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
     /// Whether the store answers and can keep the ledger's promises (for
-    /// readiness checks): Redis answers, and does not evict keys unless
-    /// `redis.allow_eviction` says so.
+    /// readiness checks): Redis answers, lets this client run the script and
+    /// write (not a replica, no ACL in the way), and does not evict keys
+    /// unless `redis.allow_eviction` says so.
     fn health(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }
 

@@ -89,7 +89,11 @@ impl RedisLedger {
         limits: &LimitSettings,
     ) -> Result<Self, LedgerError> {
         let mut conn = crate::limiter::connect(redis).await?;
-        SCRIPT.prepare_invoke().load_async(&mut conn).await?;
+        SCRIPT
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map_err(|e| unfit(e, &redis.key_prefix))?;
         let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
         let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(dispatch(rx, conn.clone(), keys.clone()));
@@ -101,11 +105,32 @@ impl RedisLedger {
         })
     }
 
+    /// A Redis error as the ledger reports it: a refusal that will not go
+    /// away by itself (an ACL that forbids the script or the keys, a
+    /// read-only replica) is [`LedgerError::Unfit`], naming the cause.
+    fn unfit(&self, e: redis::RedisError) -> LedgerError {
+        unfit(e, &self.keys.prefix)
+    }
+
     /// An invocation of operation `op` on `job`'s record.
     fn op(&self, op: &str, job: &JobRef<'_>) -> redis::ScriptInvocation<'static> {
         let mut inv = SCRIPT.prepare_invoke();
         inv.key(self.keys.record_key(job.request.id)).arg(op);
         inv
+    }
+}
+
+/// See [`RedisLedger::unfit`].
+fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
+    match e.code() {
+        Some("NOPERM") => LedgerError::Unfit(format!(
+            "the Redis user may not run mailgate's script or write its keys ({e}); it needs \
+             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+        )),
+        Some("READONLY") => LedgerError::Unfit(format!(
+            "Redis is a read-only replica ({e}); point redis.url at the primary"
+        )),
+        _ => e.into(),
     }
 }
 
@@ -364,6 +389,12 @@ impl Ledger for RedisLedger {
     }
 
     async fn health(&self) -> Result<(), LedgerError> {
+        let probe: Result<i64, _> = SCRIPT
+            .key(format!("{}probe", self.keys.prefix))
+            .arg("probe")
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        probe.map_err(|e| self.unfit(e))?;
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut self.conn.clone())
