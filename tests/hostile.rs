@@ -215,3 +215,37 @@ async fn spellings_of_one_mailbox_share_one_limit() {
     assert_eq!(r["attempts"], 1, "{r}");
     w.stop().await.unwrap();
 }
+
+/// Quoted local parts that pass the screen can be composed: they are never
+/// admitted and then found `invalid` (which used quota before the refund).
+/// What the SMTP server then says is its business: a mail, or a 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_passes_the_screen_can_be_composed() {
+    let h = Harness::new("hostile-quoted").await;
+    let w = h.start_worker().await;
+    let odd = ["\"jane q doe\"@example.com", "\"a@b\"@example.com"];
+    for (n, email) in odd.iter().enumerate() {
+        h.publish(&json!({"id": format!("q{n}"), "email": email, "code": "1", "ip": ""}))
+            .await;
+    }
+    // A control: a plain address in a BOM-prefixed body is read too.
+    let mut body = b"\xEF\xBB\xBF".to_vec();
+    body.extend_from_slice(
+        json!({"id": "bom", "email": "bom@example.com", "code": "1"})
+            .to_string()
+            .as_bytes(),
+    );
+    h.publish_raw(&body, BasicProperties::default()).await;
+    let results = h.results(3).await;
+    for n in 0..odd.len() {
+        let r = &results[&format!("q{n}")];
+        let status = r["status"].as_str().unwrap();
+        let error = r["error"].as_str().unwrap_or("");
+        assert!(
+            status == "sent" || (status == "failed" && error.contains("SMTP 5")),
+            "{r}"
+        );
+    }
+    assert_eq!(results["bom"]["status"], "sent");
+    w.stop().await.unwrap();
+}

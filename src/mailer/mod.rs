@@ -171,7 +171,15 @@ impl Mailer {
             .as_str()
             .parse()
             .map_err(|e| MailError::Address(format!("{e}")))?;
+        // The envelope is given, not derived from the headers: lettre derives
+        // it by parsing the written `To` back, which fails for some quoted
+        // local parts (`"jane q doe"@…`) that `check_recipient` accepts. So
+        // what passes the check can always be composed.
+        let envelope =
+            lettre::address::Envelope::new(Some(self.from.email.clone()), vec![to.clone()])
+                .map_err(|e| MailError::Address(e.to_string()))?;
         let builder = Message::builder()
+            .envelope(envelope)
             .from(self.from.clone())
             .to(Mailbox::new(None, to))
             .subject(out.subject)
