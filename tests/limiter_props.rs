@@ -2,7 +2,7 @@
 //! lineage) admissions and the lifecycle steps after them (sending, sent,
 //! refund, release), each ledger backend agrees with the plain reference
 //! model on every decision, every `retry_after_ms`, every binding rule and
-//! every state the ledger reports.
+//! every state the ledger reports, also when the clock steps back.
 
 mod common;
 
@@ -31,6 +31,9 @@ enum Op {
         reuse: Option<usize>,
         /// Which of two lineages asks.
         lineage: u32,
+        /// The clock steps back by `dt` instead of on (Redis's clock after
+        /// an NTP correction).
+        back: bool,
     },
     /// `(job, lineage)`: the lineage's send begins.
     Sending(usize, u32),
@@ -51,13 +54,15 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
         proptest::option::of(0..IPS.len()),
         proptest::option::weighted(0.2, 0usize..64),
         0u32..2,
+        proptest::bool::weighted(0.1),
     )
-        .prop_map(|(dt, email, ip, reuse, lineage)| Op::Check {
+        .prop_map(|(dt, email, ip, reuse, lineage, back)| Op::Check {
             dt,
             email,
             ip,
             reuse,
             lineage,
+            back,
         });
     let step = || (0usize..64, 0u32..2);
     let op = prop_oneof![
@@ -99,6 +104,9 @@ fn default_limits() -> LimitSettings {
     }
 }
 
+/// The first decision's time.
+const START: u64 = 1_700_000_000_000;
+
 async fn run_case<L: Ledger>(
     l: &L,
     limits: &LimitSettings,
@@ -108,7 +116,7 @@ async fn run_case<L: Ledger>(
     // Each id with the mailbox and client it was first used for.
     let mut jobs: Vec<TestJob> = Vec::new();
     let tickets = [Ticket::new(), Ticket::new()];
-    let mut t = 1_700_000_000_000u64;
+    let mut t = START;
     let norm = Normalization::default();
     let fail = |e: mailgate::ledger::LedgerError| TestCaseError::fail(e.to_string());
     for op in ops {
@@ -119,8 +127,13 @@ async fn run_case<L: Ledger>(
                 ip: i,
                 reuse,
                 lineage,
+                back,
             } => {
-                t += dt;
+                if back {
+                    t -= dt.min(t - START);
+                } else {
+                    t += dt;
+                }
                 let slot = match reuse.filter(|_| !jobs.is_empty()) {
                     Some(k) => k % jobs.len(),
                     None => jobs.len(),

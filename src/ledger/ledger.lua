@@ -164,7 +164,7 @@ local function admit()
       -- No admission (or another lineage's refunded one): nothing to do.
       put(CODE.expired)
     else
-      local d, s, rule = judge(first, shape, sets, now, now_s)
+      local d, s, rule = judge(first, shape, sets, now)
       if d > 0 then
         put(CODE.rejected, d, s, rule)
       else

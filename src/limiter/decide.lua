@@ -14,9 +14,11 @@ Redis more than the rest of a decision). A key lives its scope's longest
 window after its newest admission.
 
 Semantics: a request is admitted iff for every rule (W, N) of every scope,
-fewer than N admissions of that key lie in (now - W, now]. That holds iff the
-N-th newest admission at or before now (if any) is at or before now - W, so
-only the newest few entries of a log are ever read. A full rule frees up at
+fewer than N admissions of that key lie after now - W. Admissions "after
+now" (recorded before Redis's clock stepped back) count as inside every
+window, so a backward step never frees quota. That holds iff the N-th newest
+admission (if any) is at or before now - W, so only the newest few entries of
+a log are ever read. A full rule frees up at
 t_N + W, where t_N is that N-th newest time; retry_after is the largest such
 wait over all rules, and the first rule (scope order, then rule order) with
 that wait is the binding one.
@@ -65,8 +67,8 @@ local function rule_sets(a)
     local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     if not n or not keep or keep < 1 or keep > MAX_PERIOD_MS then return nil, 'rule set ' .. i end
     -- fetch: how many of a log's newest entries one read gets: the largest
-    -- N, at least 1 (the newest entry shows whether any is after now), at
-    -- most 16 (a larger N costs a second read, only when the log is that long).
+    -- N, at least 1, at most 16 (a larger N costs a second read, only when
+    -- the log is that long).
     local set = {n = n, w = {}, max = {}, rank = {}, keep = keep, keep_s = ARGV[a + 1], fetch = 1}
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
@@ -93,26 +95,18 @@ local function shape_ok(shape, sets)
   return true
 end
 
--- Judges one request at `now` (`now_s`: the same as Redis wants it): its
--- scope keys are KEYS[first .. first + #shape - 1]. Returns 0 if every rule
--- has room, else the wait, the 1-based scope and the 1-based rule that
--- binds. Writes nothing.
-local function judge(first, shape, sets, now, now_s)
+-- Judges one request at `now`: its scope keys are KEYS[first ..
+-- first + #shape - 1]. Returns 0 if every rule has room, else the wait, the
+-- 1-based scope and the 1-based rule that binds. Writes nothing.
+local function judge(first, shape, sets, now)
   local best_d, best_s, best_r = 0, 0, 0
   for s = 1, #shape do
     local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
     -- The newest entries, oldest of them first; a brand-new key reads as
-    -- empty. Reading by rank is cheapest; only if the log holds entries
-    -- after now (a clock that stepped back) is it read by score, and whole.
+    -- empty.
     local log = call('ZRANGE', key, set.fetch_s, '-1')
     local len = #log
     local newest = len > 0 and time_of(log[len])
-    local by_score = newest and newest > now
-    if by_score then
-      log = call('ZRANGEBYSCORE', key, '-inf', now_s)
-      len = #log
-      newest = len > 0 and time_of(log[len])
-    end
     for r = 1, set.n do
       local n = set.max[r]
       local i = len - n + 1
@@ -121,7 +115,7 @@ local function judge(first, shape, sets, now, now_s)
         t_n = newest
       elseif i > 0 then
         t_n = time_of(log[i])
-      elseif not by_score and n > set.fetch and len == set.fetch then
+      elseif n > set.fetch and len == set.fetch then
         -- A large N and a log at least as long as one read: fetch just the
         -- N-th newest.
         local m = call('ZRANGE', key, set.rank[r], set.rank[r])[1]

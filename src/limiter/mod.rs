@@ -6,9 +6,12 @@
 //! A request is a job id, a mailbox and optionally a client IP, decided at a
 //! time `t` in milliseconds. Each scope ([`Scope::Email`], [`Scope::Ip`]) has a
 //! list of rules `(W, N)`. The request is **admitted** iff, for every rule of
-//! every scope that applies, the number of admissions for that scope's key in
-//! `(t − W, t]` is below `N`. An admission is recorded in every scope at once;
-//! a rejection records nothing anywhere.
+//! every scope that applies, the number of admissions for that scope's key
+//! after `t − W` is below `N`. Admissions after `t` (recorded before the
+//! clock stepped back) count as inside every window, so a backward step of
+//! the clock never frees quota; the wait they cause is at most the window
+//! plus the step. An admission is recorded in every scope at once; a
+//! rejection records nothing anywhere.
 //!
 //! A rejection carries the exact `retry_after_ms`: the smallest `d ≥ 0` such
 //! that the same request at `t + d` would be admitted if nothing else happened.
@@ -347,7 +350,7 @@ pub(crate) fn usage_of(
     times: &[u64],
     now: u64,
 ) -> Usage {
-    let hi = times.partition_point(|&t| t <= now);
+    let hi = times.len();
     let rules: Vec<RuleUsage> = rules
         .iter()
         .map(|r| {
@@ -383,9 +386,10 @@ pub(crate) fn binding_rule(rules: &[Rule], times: &[u64], now: u64) -> Option<(u
     for (i, rule) in rules.iter().enumerate() {
         let w = rule.window_ms();
         let max = rule.max as usize;
-        // Times in (now − w, now].
+        // Times after now − w (those after now count too: a clock that
+        // stepped back frees no quota).
         let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
-        let hi = times.partition_point(|&t| t <= now);
+        let hi = times.len();
         let count = hi.saturating_sub(lo);
         if count >= max {
             let e = times[lo + count - max];

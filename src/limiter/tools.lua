@@ -4,7 +4,8 @@ staff (`mailgate limits show|reset`). The log's layout is decide.lua's.
 
 op "peek" -- read one scope key's log without changing anything
   KEYS[1] the scope key. ARGV[2] now in ms, or "" for the Redis server's TIME.
-  returns {now, then the admission times at or before now, oldest first}
+  returns {now, then the admission times, oldest first (those after now,
+  from before Redis's clock stepped back, included: they count)}
 
 op "reset" -- forget one scope key's admissions
   KEYS[1] the scope key. returns how many admissions were removed
@@ -24,7 +25,7 @@ if op == 'peek' and #ARGV == 2 then
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local out = {now}
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))) do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     out[#out + 1] = tonumber(string.sub(m, 1, 12), 16)
   end
   return out

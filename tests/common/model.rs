@@ -56,7 +56,7 @@ impl Model {
         self.admissions
             .iter()
             .filter(|a| a.keys.iter().any(|k| k == key))
-            .filter(|a| a.at + window_ms > at && a.at <= at)
+            .filter(|a| a.at + window_ms > at)
             .count()
     }
 
