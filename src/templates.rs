@@ -82,7 +82,14 @@ impl Templates {
         env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
         let mut locales: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut with_html = BTreeSet::new();
-        for (name, path) in shared_files(&settings.dir)? {
+        let root = settings
+            .dir
+            .canonicalize()
+            .map_err(|error| TemplateError::Read {
+                path: settings.dir.display().to_string(),
+                error,
+            })?;
+        for (name, path) in shared_files(&settings.dir, &root)? {
             let source = std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
                 path: path.display().to_string(),
                 error,
@@ -90,15 +97,29 @@ impl Templates {
             env.add_template_owned(name.clone(), source)
                 .map_err(|error| TemplateError::Template { name, error })?;
         }
-        for purpose in subdirs(&settings.dir)? {
+        for purpose in subdirs(&settings.dir, &root)? {
             let purpose_dir = settings.dir.join(&purpose);
-            for locale in subdirs(&purpose_dir)? {
+            for locale in subdirs(&purpose_dir, &root)? {
                 let dir = purpose_dir.join(&locale);
+                // `zh_CN` and `zh-cn` name one locale: two such directories
+                // would hide one another.
+                if let Some(other) = locales
+                    .get(&purpose)
+                    .and_then(|l| l.get(&locale_key(&locale)))
+                {
+                    return Err(TemplateError::Layout(format!(
+                        "{} and {} are the same locale (case and '_'/'-' do not matter); \
+                         keep one",
+                        purpose_dir.join(other).display(),
+                        dir.display()
+                    )));
+                }
                 for file in [SUBJECT, TEXT, HTML] {
                     let path = dir.join(file);
                     if file == HTML && !path.exists() {
                         continue;
                     }
+                    let path = inside(&root, &path)?;
                     let source =
                         std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
                             path: path.display().to_string(),
@@ -261,8 +282,31 @@ fn locale_key(locale: &str) -> String {
     locale.to_ascii_lowercase().replace('_', "-")
 }
 
+/// `path` resolved (symlinks followed), refused unless it lies inside the
+/// template directory `root` (itself resolved): a link may not make the
+/// worker read files from elsewhere.
+fn inside(root: &Path, path: &Path) -> Result<std::path::PathBuf, TemplateError> {
+    let resolved = path.canonicalize().map_err(|error| TemplateError::Read {
+        path: path.display().to_string(),
+        error,
+    })?;
+    if resolved.starts_with(root) {
+        Ok(resolved)
+    } else {
+        Err(TemplateError::Layout(format!(
+            "{} points to {}, outside the template directory {}",
+            path.display(),
+            resolved.display(),
+            root.display()
+        )))
+    }
+}
+
 /// The files directly in `dir` that templates may extend or include, by name.
-fn shared_files(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>, TemplateError> {
+fn shared_files(
+    dir: &Path,
+    root: &Path,
+) -> Result<Vec<(String, std::path::PathBuf)>, TemplateError> {
     let read = |error| TemplateError::Read {
         path: dir.display().to_string(),
         error,
@@ -271,17 +315,19 @@ fn shared_files(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>, Templat
     for entry in std::fs::read_dir(dir).map_err(read)? {
         let entry = entry.map_err(read)?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.file_type().map_err(read)?.is_file() && !name.starts_with('.') {
-            files.push((name, entry.path()));
+        let path = inside(root, &entry.path())?;
+        if path.is_file() && !name.starts_with('.') {
+            files.push((name, path));
         }
     }
     files.sort();
     Ok(files)
 }
 
-/// The names of the subdirectories of `dir` that are valid purpose or locale
-/// names; anything else there is a layout error, so a typo does not vanish.
-fn subdirs(dir: &Path) -> Result<Vec<String>, TemplateError> {
+/// The names of the subdirectories of `dir` (symlinks to directories inside
+/// `root` included) that are valid purpose or locale names; anything else
+/// there is a layout error, so a typo does not vanish.
+fn subdirs(dir: &Path, root: &Path) -> Result<Vec<String>, TemplateError> {
     let read = |error| TemplateError::Read {
         path: dir.display().to_string(),
         error,
@@ -289,7 +335,7 @@ fn subdirs(dir: &Path) -> Result<Vec<String>, TemplateError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(read)? {
         let entry = entry.map_err(read)?;
-        if !entry.file_type().map_err(read)?.is_dir() {
+        if !inside(root, &entry.path())?.is_dir() {
             continue;
         }
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -437,5 +483,45 @@ mod tests {
         .unwrap();
         let r = t.render(&job, jiff::Timestamp::now()).unwrap();
         assert_eq!(r.text, "1 10 12345678901234567890 1.5");
+    }
+
+    #[test]
+    fn ambiguous_or_escaping_layouts_are_refused() {
+        // Two spellings of one locale.
+        let mut files = OK.to_vec();
+        files.push(("verify/zh_cn/subject.txt", "x"));
+        files.push(("verify/zh_cn/body.txt", "x"));
+        let (_d, s) = set(&files);
+        let err = Templates::load(&s).err().expect("ambiguous").to_string();
+        assert!(err.contains("zh-CN") && err.contains("zh_cn"), "{err}");
+
+        // A template file linked to a file outside the directory.
+        let outside = tempdir::Dir::new();
+        let secret = outside.0.join("secret.txt");
+        std::fs::write(&secret, "secret").unwrap();
+        let (d, s) = set(OK);
+        let link = d.0.join("verify/en/body.html");
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let err = Templates::load(&s)
+            .err()
+            .expect("escaping link")
+            .to_string();
+        assert!(
+            err.contains("body.html") && err.contains("outside"),
+            "{err}"
+        );
+
+        // A purpose directory linked from inside is followed, not ignored.
+        let (d, s) = set(OK);
+        std::os::unix::fs::symlink(d.0.join("verify"), d.0.join("reset")).unwrap();
+        let t = Templates::load(&s).expect("a link inside the directory");
+        assert!(t.has_purpose(&Name::parse("purpose", "reset").unwrap()));
+
+        // A purpose directory linked to elsewhere is refused.
+        let (d, s) = set(OK);
+        std::os::unix::fs::symlink(&outside.0, d.0.join("other")).unwrap();
+        let err = Templates::load(&s).err().expect("escaping dir").to_string();
+        assert!(err.contains("other") && err.contains("outside"), "{err}");
     }
 }

@@ -442,3 +442,52 @@ async fn a_signal_during_start_up_is_a_clean_stop() {
         );
     }
 }
+
+/// `check-config` refuses a template layout that is ambiguous or reaches
+/// outside its directory, naming the paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_refuses_ambiguous_or_escaping_templates() {
+    let h = Harness::new("cli-tpl").await;
+    let base = std::env::temp_dir().join(format!("mgtest-tpl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let copy = |to: &std::path::Path| {
+        let out = Command::new("cp")
+            .args(["-r", "templates"])
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(out.success());
+    };
+    let dir = base.join("ambiguous");
+    std::fs::create_dir_all(&base).unwrap();
+    copy(&dir);
+    Command::new("cp")
+        .args(["-r"])
+        .arg(dir.join("verify/zh-CN"))
+        .arg(dir.join("verify/zh_cn"))
+        .status()
+        .unwrap();
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE__TEMPLATES__DIR", &dir);
+    let out = run(c);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("zh_cn") && err.contains("zh-CN"), "{err}");
+
+    let dir = base.join("escaping");
+    copy(&dir);
+    std::fs::write(base.join("secret.txt"), "secret").unwrap();
+    let subject = dir.join("verify/en/subject.txt");
+    std::fs::remove_file(&subject).unwrap();
+    std::os::unix::fs::symlink(base.join("secret.txt"), &subject).unwrap();
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE__TEMPLATES__DIR", &dir);
+    let out = run(c);
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("subject.txt") && err.contains("outside"),
+        "{err}"
+    );
+}
