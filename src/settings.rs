@@ -87,6 +87,20 @@ impl Settings {
             ));
         }
         self.amqp.check_queues(self.retry.max_attempts)?;
+        if let Err(e) = self.amqp.url.parse::<lapin::uri::AMQPUri>() {
+            return invalid(format!(
+                "amqp.url {}: {e} (amqp://user:pass@host:port/vhost, or amqps://)",
+                redact_url(&self.amqp.url)
+            ));
+        }
+        if !self.redis.url.starts_with("memory:")
+            && let Err(e) = redis::Client::open(self.redis.url.as_str())
+        {
+            return invalid(format!(
+                "redis.url {}: {e} (redis://host:port/db, rediss:// for TLS, or memory://)",
+                redact_url(&self.redis.url)
+            ));
+        }
         if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
             return invalid("smtp.pool_size must be 1 to 1000".into());
         }

@@ -1,0 +1,133 @@
+//! What the docs show works: every shipped config file, and every URL form
+//! the README, the contract and the config files mention, is accepted by
+//! `mailgate check-config` (which loads and checks the settings and the
+//! templates, and parses every URL).
+
+mod common;
+
+use std::process::Command;
+
+/// Every `scheme://…` the docs mention for the three URLs mailgate takes,
+/// with placeholders filled in, by the variable that sets it.
+fn documented_urls() -> Vec<(&'static str, String)> {
+    let mut text = String::new();
+    for f in [
+        "README.md",
+        "docs/contract.md",
+        "config/default.toml",
+        "config/docker.toml",
+    ] {
+        text.push_str(&std::fs::read_to_string(f).expect("a doc"));
+        text.push('\n');
+    }
+    let schemes = [
+        ("amqp", "MAILGATE__AMQP__URL"),
+        ("amqps", "MAILGATE__AMQP__URL"),
+        ("redis", "MAILGATE__REDIS__URL"),
+        ("rediss", "MAILGATE__REDIS__URL"),
+        ("redis+sentinel", "MAILGATE__REDIS__URL"),
+        ("redis+cluster", "MAILGATE__REDIS__URL"),
+        ("memory", "MAILGATE__REDIS__URL"),
+        ("smtp", "MAILGATE__SMTP__URL"),
+        ("smtps", "MAILGATE__SMTP__URL"),
+        ("file", "MAILGATE__SMTP__URL"),
+    ];
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("://") {
+        let start = text[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+'))
+            .map_or(0, |p| p + 1);
+        let scheme = &text[start..i];
+        let Some((_, var)) = schemes.iter().find(|(s, _)| *s == scheme) else {
+            continue;
+        };
+        let end = text[i..]
+            .find(|c: char| c.is_whitespace() || "`|)\"',".contains(c))
+            .map_or(text.len(), |p| i + p);
+        let url = text[start..end].trim_end_matches(['.', ';']);
+        if url.contains("***") {
+            continue; // a redacted example of an error message
+        }
+        let mut filled = url
+            .replace("host:port", "mail.example.com:1025")
+            .replace("DIR", "outbox")
+            .replace("h1:p1,h2:p2", "127.0.0.1:7000,127.0.0.1:7001");
+        // A scheme named alone: any host of that form.
+        if filled.ends_with("://") && scheme != "memory" {
+            filled.push_str("service.example.com");
+        }
+        out.push((*var, filled));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn check_config(envs: &[(&str, &str)], config: &str) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mailgate"));
+    c.args(["--config", config, "check-config"]);
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().expect("mailgate runs")
+}
+
+/// The environment docker-compose.yml gives the worker (config/docker.toml
+/// keeps secrets out of the file).
+fn compose_env() -> Vec<(&'static str, String)> {
+    let compose = std::fs::read_to_string("docker-compose.yml").expect("the compose file");
+    let mut env = Vec::new();
+    for key in ["MAILGATE__AMQP__URL", "MAILGATE__SMTP__URL"] {
+        let line = compose
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{key}:")))
+            .unwrap_or_else(|| panic!("docker-compose.yml sets {key}"));
+        // `${VAR:-default}`: the default.
+        let value = line
+            .split_once(":-")
+            .and_then(|(_, v)| v.rsplit_once('}'))
+            .map(|(v, _)| v.to_owned())
+            .unwrap_or_else(|| panic!("{line}"));
+        env.push((key, value));
+    }
+    env
+}
+
+#[test]
+fn every_shipped_config_file_is_accepted() {
+    for config in ["config/default.toml", "config/docker.toml"] {
+        let env = if config.contains("docker") {
+            compose_env()
+        } else {
+            Vec::new()
+        };
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let out = check_config(&env, config);
+        assert!(
+            out.status.success(),
+            "{config}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_documented_url_form_is_accepted() {
+    let urls = documented_urls();
+    assert!(urls.len() >= 8, "found the documented URLs: {urls:?}");
+    for (var, url) in &urls {
+        let out = check_config(&[(var, url)], "config/default.toml");
+        assert!(
+            out.status.success(),
+            "{var}={url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // And a form no doc shows is refused, naming the key.
+    let out = check_config(
+        &[("MAILGATE__REDIS__URL", "redis+sentinel://a:26379/mymaster")],
+        "config/default.toml",
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis.url"));
+}
