@@ -101,6 +101,9 @@ impl Settings {
                 redact_url(&self.redis.url)
             ));
         }
+        if self.amqp.timeout < Duration::from_millis(100) {
+            return invalid("amqp.timeout must be at least 100ms".into());
+        }
         if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
             return invalid("smtp.pool_size must be 1 to 1000".into());
         }
@@ -153,6 +156,12 @@ pub struct AmqpSettings {
     /// Unacknowledged jobs per worker, which is also how many are processed at once.
     #[serde(default = "default_prefetch")]
     pub prefetch: u16,
+    /// The deadline for one broker operation (a publish and its confirm, a
+    /// declare, a cancel). One that RabbitMQ does not complete in time (a
+    /// memory or disk alarm blocks publishers) closes the connection, so its
+    /// unacknowledged jobs go back to the queue instead of waiting forever.
+    #[serde(default = "default_amqp_timeout", deserialize_with = "human_duration")]
+    pub timeout: Duration,
 }
 
 impl AmqpSettings {
@@ -213,6 +222,7 @@ impl std::fmt::Debug for AmqpSettings {
             .field("jobs_queue", &self.jobs_queue)
             .field("results_queue", &self.results_queue)
             .field("prefetch", &self.prefetch)
+            .field("timeout", &self.timeout)
             .finish()
     }
 }
@@ -225,6 +235,9 @@ fn default_results_queue() -> String {
 }
 fn default_prefetch() -> u16 {
     64
+}
+fn default_amqp_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// How mail is sent.

@@ -35,6 +35,8 @@ pub struct Worker<L> {
     settings: Settings,
     /// Whether the worker is connected to RabbitMQ and consuming.
     amqp_up: AtomicBool,
+    /// The connection in use, for readiness (is RabbitMQ blocking it?).
+    broker: std::sync::Mutex<Option<Broker>>,
     /// The last SMTP check, reused for a few seconds so `/readyz` does not
     /// open a connection per probe.
     smtp_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
@@ -93,6 +95,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         pipeline: Pipeline::new(ledger, templates, mailer, settings.clone()),
         settings: settings.clone(),
         amqp_up: AtomicBool::new(false),
+        broker: std::sync::Mutex::new(None),
         smtp_checked: tokio::sync::Mutex::new(None),
         http: std::sync::Mutex::new(Some(http)),
         http_addr,
@@ -181,6 +184,7 @@ impl<L: Ledger + 'static> Worker<L> {
             };
             tracing::info!(queue = %broker.topology().jobs, "consuming");
             this.amqp_up.store(true, Ordering::Relaxed);
+            this.set_broker(Some(broker.clone()));
             let up_since = Instant::now();
             let stop = loop {
                 tokio::select! {
@@ -203,6 +207,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 }
             };
             this.amqp_up.store(false, Ordering::Relaxed);
+            this.set_broker(None);
             match stop {
                 // In-flight jobs of the lost connection finish on their own;
                 // their acks fail and RabbitMQ redelivers them.
@@ -217,34 +222,60 @@ impl<L: Ledger + 'static> Worker<L> {
                     }
                 }
                 Stop::Requested => {
-                    if let Err(e) = broker.stop_consuming(&tag).await {
-                        tracing::warn!(error = %e, "could not cancel the consumer");
-                    }
-                    this.drain(&mut tasks).await;
-                    broker.close().await;
+                    this.stop(&broker, &tag, &mut tasks).await;
                     return Ok(());
                 }
             }
         }
-        this.drain(&mut tasks).await;
+        let deadline = tokio::time::Instant::now() + this.settings.worker.shutdown_timeout;
+        this.drain(&mut tasks, deadline).await;
         Ok(())
     }
 
-    /// Waits for jobs in flight, up to the shutdown timeout. Jobs still
-    /// running then are abandoned unacknowledged: closing the connection
-    /// hands them back to RabbitMQ.
-    async fn drain(&self, tasks: &mut JoinSet<()>) {
+    fn set_broker(&self, broker: Option<Broker>) {
+        // Nothing panics while holding it; a poisoned lock still holds a value.
+        *self
+            .broker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = broker;
+    }
+
+    /// Stops within `worker.shutdown_timeout` whatever the broker does (a
+    /// memory alarm can hold a cancel, a publish or a close indefinitely):
+    /// cancel the consumer, let jobs in flight finish, close the connection,
+    /// each bounded by what is left of the timeout. What is unfinished then
+    /// stays unacknowledged and RabbitMQ hands it to another worker.
+    async fn stop(&self, broker: &Broker, tag: &str, tasks: &mut JoinSet<()>) {
+        let timeout = self.settings.worker.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Keep a tenth of the timeout for closing the connection.
+        let close_reserve = timeout / 10;
+        let cancel = tokio::time::timeout_at(deadline - close_reserve, broker.stop_consuming(tag));
+        match cancel.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not cancel the consumer"),
+            Err(_) => tracing::warn!("rabbitmq did not confirm the cancel in time"),
+        }
+        self.drain(tasks, deadline - close_reserve).await;
+        broker
+            .close(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+    }
+
+    /// Waits for jobs in flight until `deadline`. Jobs still running then
+    /// are abandoned unacknowledged: closing the connection hands them back
+    /// to RabbitMQ.
+    async fn drain(&self, tasks: &mut JoinSet<()>, deadline: tokio::time::Instant) {
         let n = tasks.len();
         if n == 0 {
             return;
         }
         tracing::info!(in_flight = n, "finishing jobs in flight");
-        let timeout = self.settings.worker.shutdown_timeout;
         let all = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(timeout, all).await.is_err() {
+        if tokio::time::timeout_at(deadline, all).await.is_err() {
             tracing::warn!(
                 left = tasks.len(),
-                ?timeout,
+                timeout = ?self.settings.worker.shutdown_timeout,
                 "shutdown timeout: handing the rest back to rabbitmq"
             );
             tasks.abort_all();
@@ -400,10 +431,22 @@ impl Outbox for Replies<'_> {
 
 impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
     async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
-        let amqp = if self.amqp_up.load(Ordering::Relaxed) {
-            Ok(())
-        } else {
+        let blocked = self
+            .broker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(Broker::blocked);
+        let amqp = if !self.amqp_up.load(Ordering::Relaxed) {
             Err("not connected (reconnecting)".to_owned())
+        } else if blocked {
+            Err(
+                "blocked by RabbitMQ (a memory or disk alarm): no result can be published \
+                 until it clears"
+                    .to_owned(),
+            )
+        } else {
+            Ok(())
         };
         let redis = self
             .pipeline

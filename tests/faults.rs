@@ -401,3 +401,60 @@ async fn a_job_that_always_fails_is_answered_dead_lettered_and_never_loops() {
     assert_eq!(h.sink.transactions(), 3);
     w.stop().await.unwrap();
 }
+
+/// A RabbitMQ memory alarm (on a node of the test's own): `/readyz` says
+/// the connection is blocked, SIGTERM still returns within
+/// `worker.shutdown_timeout`, and once the alarm clears the job is answered
+/// by the next worker, mailed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_alarm_is_reported_and_never_holds_shutdown() {
+    let rabbit = common::PrivateRabbit::start();
+    let url = rabbit.url();
+    let h = Harness::with("alarm", |s| {
+        s.amqp.url = url;
+        s.worker.shutdown_timeout = Duration::from_secs(3);
+    })
+    .await;
+    h.sink.set_delay(Duration::from_millis(1_500));
+    let w = h.start_worker().await;
+    h.publish(&json!({"id": "alarmed", "email": "a@example.com", "code": "1"}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rabbit.memory_alarm(true);
+    // The mail goes out; its result cannot.
+    h.sink.wait_for(1, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = common::harness::http_get(w.http, "/readyz").await;
+        if status == 503 && body.contains("blocked") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readyz never said blocked: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let started = Instant::now();
+    w.stop().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(3_500),
+        "shutdown took {took:?} with shutdown_timeout 3s during an alarm"
+    );
+    rabbit.memory_alarm(false);
+    h.sink.set_delay(Duration::ZERO);
+    let w = h.start_worker().await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["id"].as_str(), r["status"].as_str()),
+        (Some("alarmed"), Some("sent")),
+        "{r}"
+    );
+    assert_eq!(h.sink.mails().len(), 1, "mailed once");
+    eprintln!(
+        "FAULT alarm shutdown_ms={} (timeout 3000)",
+        took.as_millis()
+    );
+    w.stop().await.unwrap();
+}

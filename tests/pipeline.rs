@@ -86,6 +86,7 @@ impl Env {
                 jobs_queue: "jobs".into(),
                 results_queue: "results".into(),
                 prefetch: 4,
+                timeout: std::time::Duration::from_secs(1),
             },
             redis: RedisSettings {
                 url: "memory://".into(),

@@ -77,6 +77,11 @@ pub enum BrokerError {
     /// stays unacknowledged and RabbitMQ delivers it again.
     #[error("rabbitmq: {0}")]
     Amqp(#[from] lapin::Error),
+    /// RabbitMQ did not complete an operation within `amqp.timeout` (a
+    /// memory or disk alarm blocks publishing). The connection is being
+    /// closed, so the job goes back to the queue.
+    #[error("rabbitmq did not answer within {0:?}; reconnecting")]
+    Timeout(Duration),
     /// RabbitMQ refused the message (a negative confirm, or no queue to take
     /// it even after declaring it again). Retrying the same publish would
     /// fail the same way.
@@ -171,6 +176,7 @@ pub struct Broker {
     conn: std::sync::Arc<Connection>,
     channel: Channel,
     topology: Topology,
+    timeout: Duration,
 }
 
 /// A job message as it arrived.
@@ -415,6 +421,7 @@ impl Broker {
             conn: std::sync::Arc::new(conn),
             channel,
             topology: Topology::new(settings, max_attempts),
+            timeout: settings.timeout,
         };
         for q in broker.topology.all() {
             broker.declare(&q).await?;
@@ -425,6 +432,32 @@ impl Broker {
     /// The queue names.
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// Whether RabbitMQ has blocked this connection from publishing (a
+    /// memory or disk alarm): no result can go out until it clears.
+    pub fn blocked(&self) -> bool {
+        self.conn.status().blocked()
+    }
+
+    /// Runs one broker operation within `amqp.timeout`. One that runs out
+    /// closes the connection (in the background, itself bounded), so the
+    /// deliveries it holds go back to the queue and the consumer ends.
+    async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        match tokio::time::timeout(self.timeout, op).await {
+            Ok(r) => r,
+            Err(_) => {
+                let conn = self.conn.clone();
+                let timeout = self.timeout;
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(timeout, conn.close(320, "deadline".into())).await;
+                });
+                Err(BrokerError::Timeout(self.timeout))
+            }
+        }
     }
 
     /// Declares one of mailgate's queues. A queue that exists with other
@@ -464,16 +497,23 @@ impl Broker {
     /// Stops the consumer `tag`: no new jobs arrive; those in flight may
     /// still be acknowledged.
     pub async fn stop_consuming(&self, tag: &str) -> Result<(), BrokerError> {
-        self.channel
-            .basic_cancel(tag.into(), BasicCancelOptions::default())
-            .await?;
-        Ok(())
+        self.bounded(async {
+            self.channel
+                .basic_cancel(tag.into(), BasicCancelOptions::default())
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
-    /// Closes the connection; unacknowledged jobs go back to the queue.
-    pub async fn close(&self) {
-        let _ = self.channel.close(200, "bye".into()).await;
-        let _ = self.conn.close(200, "bye".into()).await;
+    /// Closes the connection, waiting at most `within`; unacknowledged jobs
+    /// go back to the queue (when the socket closes, if not before).
+    pub async fn close(&self, within: Duration) {
+        let close = async {
+            let _ = self.channel.close(200, "bye".into()).await;
+            let _ = self.conn.close(200, "bye".into()).await;
+        };
+        let _ = tokio::time::timeout(within, close).await;
     }
 
     /// Publishes `body` persistently to `queue` (mandatory) and waits for the
@@ -485,18 +525,23 @@ impl Broker {
         props: BasicProperties,
     ) -> Result<Routed, BrokerError> {
         let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props.with_delivery_mode(2),
-            )
-            .await?
+            .bounded(async {
+                let confirm = self
+                    .channel
+                    .basic_publish(
+                        "".into(),
+                        queue.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        body,
+                        props.with_delivery_mode(2),
+                    )
+                    .await?
+                    .await?;
+                Ok(confirm)
+            })
             .await?;
         match confirm {
             Confirmation::Ack(None) => Ok(Routed::Queued),
@@ -525,7 +570,7 @@ impl Broker {
         }
         if self.topology.owns(queue) {
             tracing::warn!(queue, "a queue of mailgate's is gone; declaring it again");
-            self.declare(queue).await?;
+            self.bounded(self.declare(queue)).await?;
             if let Routed::Queued = self.publish(queue, body, props).await? {
                 return Ok(());
             }
@@ -632,6 +677,7 @@ mod tests {
             jobs_queue: "j".into(),
             results_queue: "r".into(),
             prefetch: 1,
+            timeout: Duration::from_secs(1),
         }
     }
 

@@ -76,6 +76,7 @@ impl Harness {
                 jobs_queue: format!("{queue_prefix}jobs"),
                 results_queue: format!("{queue_prefix}results"),
                 prefetch: 16,
+                timeout: Duration::from_secs(10),
             },
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {

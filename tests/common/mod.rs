@@ -329,3 +329,84 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A RabbitMQ node of the test's own (name, ports and data dir of its own),
+/// for tests that break a broker (an alarm) without touching the shared one.
+/// Stopped, and its files removed, when dropped.
+pub struct PrivateRabbit {
+    pub node: String,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateRabbit {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dist = free_port();
+        let node = format!("mgtest{}x{port}@localhost", std::process::id());
+        let dir = std::env::temp_dir().join(format!("mgtest-rabbit-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnesia")).expect("a data dir");
+        std::fs::create_dir_all(dir.join("log")).expect("a log dir");
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("no plugins");
+        // rabbitmq-server drops to the rabbitmq user when started as root.
+        let _ = std::process::Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&dir)
+            .status();
+        let path = |p: &str| dir.join(p).display().to_string();
+        let ok = std::process::Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", dist.to_string())
+            .env("RABBITMQ_MNESIA_BASE", path("mnesia"))
+            .env("RABBITMQ_LOG_BASE", path("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", path("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", path("none"))
+            .env("RABBITMQ_PID_FILE", path("pid"))
+            .env("RABBITMQ_FEATURE_FLAGS_FILE", path("feature_flags"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "rabbitmq-server -detached");
+        let me = Self { node, port, dir };
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !me.ctl(&["await_startup", "--timeout", "5"]) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the private RabbitMQ node did not start; see {}",
+                me.dir.join("log").display()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        me
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `rabbitmqctl -n <node> args…`; whether it succeeded.
+    pub fn ctl(&self, args: &[&str]) -> bool {
+        std::process::Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.node])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Raises a memory alarm (every publisher is blocked), or clears it.
+    pub fn memory_alarm(&self, on: bool) {
+        let watermark = if on { "0.000001" } else { "0.4" };
+        assert!(self.ctl(&["set_vm_memory_high_watermark", watermark]));
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let _ = self.ctl(&["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
