@@ -136,7 +136,7 @@ impl Mailer {
         let permit = self.slots.clone().acquire_owned().await;
         // Acquiring fails only on a closed semaphore, and this one is never
         // closed (no code calls `close`).
-        Slot(permit.expect("the slot semaphore is never closed"))
+        Slot(permit.expect("cannot fail: the slot semaphore is never closed"))
     }
 
     /// A slot if one is free right now, without waiting: whether an SMTP
