@@ -160,7 +160,22 @@ async fn a_cancelled_send_closes_its_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_are_classified_by_phase_and_a_failed_connection_is_not_reused() {
+    replies_are_classified(false).await;
+}
+
+/// The same, with MAIL FROM, RCPT and DATA sent in one write (RFC 2920).
+/// The scripted server answers a pipelined DATA after a refused RCPT with
+/// 354, as a careless server might: the mail must still not go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_replies_are_classified_by_phase_and_a_failed_connection_is_not_reused() {
+    replies_are_classified(true).await;
+}
+
+async fn replies_are_classified(pipelining: bool) {
     let server = ScriptedSmtp::start().await;
+    if pipelining {
+        server.advertise(&["PIPELINING"]);
+    }
     let m = mailer(&server.url(), 1, Duration::from_secs(5));
     send(&m, "a@example.com").await.expect("a is sent");
 

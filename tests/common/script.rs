@@ -209,6 +209,10 @@ impl ScriptedSmtp {
     }
 
     async fn converse(&self, stream: TcpStream, conn: usize) -> std::io::Result<()> {
+        // Replies to pipelined commands go out at once, as from a server that
+        // flushes its replies when its input runs dry (RFC 2920): without this,
+        // Nagle would hold the second reply for the client's delayed ACK.
+        stream.set_nodelay(true)?;
         let (r, mut w) = stream.into_split();
         let mut r = BufReader::new(r);
         let greeting = self.state().greeting;

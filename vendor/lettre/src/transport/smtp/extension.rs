@@ -86,6 +86,10 @@ pub enum Extension {
     ///
     /// Defined in [RFC 2487](https://tools.ietf.org/html/rfc2487)
     StartTls,
+    /// PIPELINING keyword
+    ///
+    /// Defined in [RFC 2920](https://tools.ietf.org/html/rfc2920)
+    Pipelining,
     /// AUTH mechanism
     Authentication(Mechanism),
 }
@@ -96,6 +100,7 @@ impl Display for Extension {
             Extension::EightBitMime => f.write_str("8BITMIME"),
             Extension::SmtpUtfEight => f.write_str("SMTPUTF8"),
             Extension::StartTls => f.write_str("STARTTLS"),
+            Extension::Pipelining => f.write_str("PIPELINING"),
             Extension::Authentication(mechanism) => write!(f, "AUTH {mechanism}"),
         }
     }
@@ -150,6 +155,9 @@ impl ServerInfo {
                 }
                 "STARTTLS" => {
                     features.insert(Extension::StartTls);
+                }
+                "PIPELINING" => {
+                    features.insert(Extension::Pipelining);
                 }
                 "AUTH" => {
                     for mechanism in split {
