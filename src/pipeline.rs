@@ -226,7 +226,10 @@ impl<L: Ledger> Pipeline<L> {
             Ok(at) => at,
             Err(action) => return action,
         };
-        let delivery = self.deliver(&job, &job_ref, slot).await;
+        // Boxed: the SMTP transaction's state is most of a job's future
+        // (about 10 KB), and only admitted jobs need it, so a rejected job's
+        // task stays small (it is spawned, and moved, once per message).
+        let delivery = Box::pin(self.deliver(&job, &job_ref, slot)).await;
         self.settle(&job, &job_ref, msg, out, delivery, decided_at_ms)
             .await
     }
@@ -563,7 +566,10 @@ impl<L: Ledger> Pipeline<L> {
 
     /// Publishes `r`; on failure, what to do with the job instead.
     async fn publish(&self, out: &impl Outbox, r: &JobResult) -> Result<(), Action> {
-        match out.publish(r).await {
+        // Boxed, like delivery: the broker's publish-and-confirm state
+        // would otherwise sit in every job's future at each of its call
+        // sites.
+        match Box::pin(out.publish(r)).await {
             Ok(()) => Ok(()),
             Err(Unpublished::Lost(e)) => {
                 tracing::warn!(error = %e, "the result could not be published; the job comes back");

@@ -317,7 +317,13 @@ impl<L: Ledger + 'static> Worker<L> {
                     }
                 }
             };
-            carry_out(broker, &job, &ticket, action).await;
+            // An answered job is only acknowledged. Moving one elsewhere
+            // (retry, wait, dead letter) is boxed: its publish state would
+            // otherwise be most of every job's task.
+            match action {
+                Action::Done => finished(job.ack().await),
+                action => Box::pin(carry_out(broker, &job, &ticket, action)).await,
+            }
         }
         .instrument(span)
         .await
@@ -383,6 +389,11 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
         }
         Err(e) => Err(e),
     };
+    finished(done);
+}
+
+/// Logs a job that could not be acknowledged (or handed back).
+fn finished(done: Result<(), BrokerError>) {
     if let Err(e) = done {
         // Unacknowledged: RabbitMQ redelivers it, and the ledger answers
         // that copy from what it recorded.
