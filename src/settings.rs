@@ -233,8 +233,12 @@ fn default_jobs_queue() -> String {
 fn default_results_queue() -> String {
     "mailgate.results".into()
 }
+/// Measured (BENCHMARKS.md, issue 11): a job is in flight for a broker
+/// round trip plus its Redis call (and its SMTP transaction), so 64 capped
+/// throughput by latency; 256 raised the rejected path by about a fifth and
+/// the admitted path by about a tenth on the bench machine.
 fn default_prefetch() -> u16 {
-    64
+    256
 }
 fn default_amqp_timeout() -> Duration {
     Duration::from_secs(30)
