@@ -77,6 +77,10 @@ async fn start_sink() -> Sink {
 }
 
 async fn sink_session(stream: tokio::net::TcpStream, count: Arc<AtomicU64>) -> std::io::Result<()> {
+    // Replies to pipelined commands go out at once, as from a server that
+    // flushes its replies when its input runs dry (RFC 2920): without this,
+    // Nagle would hold the second reply for the client's delayed ACK.
+    stream.set_nodelay(true)?;
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
     w.write_all(b"220 sink ESMTP\r\n").await?;
@@ -179,19 +183,23 @@ impl Run {
     }
 
     fn spawn_worker(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_mailgate"))
+        // BENCH_WORKER_BIN runs another build (e.g. main before a change)
+        // against the same generator and ceilings.
+        let bin = std::env::var("BENCH_WORKER_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mailgate").to_owned());
+        Command::new(bin)
             .arg("worker")
             .env("MAILGATE__AMQP__URL", amqp_url())
             .env("MAILGATE__AMQP__JOBS_QUEUE", self.jobs())
             .env("MAILGATE__AMQP__RESULTS_QUEUE", self.results())
-            .env("MAILGATE__AMQP__PREFETCH", PREFETCH.to_string())
+            .envs(std::env::var("BENCH_PREFETCH").map(|p| ("MAILGATE__AMQP__PREFETCH", p)))
             .env("MAILGATE__REDIS__URL", redis_url())
             .env("MAILGATE__REDIS__KEY_PREFIX", &self.prefix)
             .env(
                 "MAILGATE__SMTP__URL",
                 format!("smtp://127.0.0.1:{}?tls=none", self.sink_port),
             )
-            .env("MAILGATE__SMTP__POOL_SIZE", POOL.to_string())
+            .envs(std::env::var("BENCH_POOL").map(|p| ("MAILGATE__SMTP__POOL_SIZE", p)))
             .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
@@ -498,40 +506,64 @@ async fn drive(
 /// (a) The bare broker loop: in place of a worker, a consumer of the jobs
 /// queue with the worker's prefetch that, for each job, publishes a
 /// result-sized answer to the results queue with a confirm and acks, doing
-/// nothing else. Driven and measured exactly like a scenario (the same
-/// publisher, the same result collector), so the ratio compares like with
-/// like.
-async fn ceiling_broker(run: &Run, n: u64) -> f64 {
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("amqp");
-    let wch = conn.create_channel().await.expect("channel");
+/// nothing else. It runs in a process of its own (this bench binary with
+/// `--bare-loop`), so its CPU per message is measured like the worker's, and
+/// it is driven and measured exactly like a scenario (the same publisher,
+/// the same result collector), so the ratio compares like with like.
+/// Returns messages/s and the loop's CPU seconds.
+async fn ceiling_broker(run: &Run, n: u64) -> (f64, f64) {
     for q in [run.jobs(), run.results()] {
-        wch.queue_declare(
-            q.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare");
+        run.ch
+            .queue_declare(
+                q.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare");
     }
-    wch.basic_qos(PREFETCH, BasicQosOptions::default())
-        .await
-        .expect("qos");
-    wch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirms");
-    let mut consumer = wch
-        .basic_consume(
-            run.jobs().as_str().into(),
-            "ceiling".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    let results = run.results();
-    let bare = tokio::spawn(async move {
+    let exe = std::env::current_exe().expect("the bench binary");
+    let child = Workers(vec![
+        Command::new(exe)
+            .args(["--bare-loop", &run.jobs(), &run.results()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the bare loop starts"),
+    ]);
+    wait_for_consumers(&run.conn, &run.jobs(), 1).await;
+    let out = drive(run, Mix::Rejected, n, None, "ceil", &[child.0[0].id()]).await;
+    drop(child);
+    (out.rate(), out.worker_cpu)
+}
+
+/// The bare loop's process: consume `jobs`, answer to `results` with a
+/// confirm, ack; until killed.
+fn bare_loop(jobs: String, results: String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("amqp");
+        let wch = conn.create_channel().await.expect("channel");
+        wch.basic_qos(PREFETCH, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        wch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        let mut consumer = wch
+            .basic_consume(
+                jobs.as_str().into(),
+                "ceiling".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
         while let Some(Ok(d)) = consumer.next().await {
             let (wch, results) = (wch.clone(), results.clone());
             tokio::spawn(async move {
@@ -557,10 +589,6 @@ async fn ceiling_broker(run: &Run, n: u64) -> f64 {
             });
         }
     });
-    let out = drive(run, Mix::Rejected, n, None, "ceil", &[]).await;
-    bare.abort();
-    let _ = conn.close(200, "bye".into()).await;
-    out.rate()
 }
 
 /// (b) admissions/s (the ledger's script with the limiter's decision) with
@@ -654,9 +682,37 @@ async fn ceiling_smtp(port: u16, n: u64) -> f64 {
 // -------------------------------------------------------------------- main
 
 struct Row {
+    /// Which scenario (the same in every round).
+    key: &'static str,
     what: String,
     out: Outcome,
     workers: usize,
+}
+
+/// The ceilings of one round.
+#[derive(Clone, Copy)]
+struct Ceilings {
+    /// (a) messages/s, and the bare loop's CPU seconds per message.
+    broker: f64,
+    broker_cpu_per_msg: f64,
+    /// (b) decisions/s.
+    redis: f64,
+    /// (c) mails/s.
+    smtp: f64,
+}
+
+impl Ceilings {
+    /// What scenario `row` is compared with: (a) for the rejected ones,
+    /// min((a), (c)) for the others; none for a paced one.
+    fn of(&self, row: &Row) -> Option<f64> {
+        if row.what.contains("offered") {
+            None
+        } else if row.key.starts_with("rej") {
+            Some(self.broker)
+        } else {
+            Some(self.broker.min(self.smtp))
+        }
+    }
 }
 
 /// Worker processes, stopped (SIGTERM, then waited for) when dropped, even
@@ -676,23 +732,31 @@ impl Drop for Workers {
 
 async fn scenario(
     run: &Run,
+    key: &'static str,
     mix: Mix,
     n: u64,
     rate: Option<f64>,
     workers: usize,
-    tag: &str,
+    round: usize,
 ) -> Row {
     let children = Workers((0..workers).map(|_| run.spawn_worker()).collect());
     wait_for_consumers(&run.conn, &run.jobs(), workers as u32).await;
     let pids: Vec<u32> = children.0.iter().map(Child::id).collect();
-    let out = drive(run, mix, n, rate, tag, &pids).await;
+    // Job ids are the run's own in every round: a reused id would be a
+    // duplicate.
+    let out = drive(run, mix, n, rate, &format!("{key}{round}"), &pids).await;
     drop(children);
     let what = match rate {
         Some(r) => format!("{}, offered {:.0}/s", mix.name(), r),
         None => format!("{}, max rate", mix.name()),
     };
     eprintln!("  {what}, {workers} worker(s): {:.0} jobs/s", out.rate());
-    Row { what, out, workers }
+    Row {
+        key,
+        what,
+        out,
+        workers,
+    }
 }
 
 /// The value after `flag` on the command line.
@@ -706,13 +770,17 @@ fn arg(flag: &str) -> Option<String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--bare-loop") {
+        let queue = |k: usize| args.get(i + k).cloned().expect("--bare-loop JOBS RESULTS");
+        return bare_loop(queue(1), queue(2));
+    }
     let benching = args.iter().any(|a| a == "--bench");
-    let jobs: u64 = args
-        .iter()
-        .position(|a| a == "--jobs")
-        .and_then(|i| args.get(i + 1))
+    let jobs: u64 = arg("--jobs")
         .and_then(|v| v.parse().ok())
         .unwrap_or(if benching { 20_000 } else { 300 });
+    let rounds: usize = arg("--rounds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if benching { 3 } else { 1 });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -734,144 +802,201 @@ fn main() {
             conn,
             ch,
         };
-        let ch = &run.ch;
 
         // `--only TAG` (rej, adm, mix, adm2, rej2) runs one scenario and no
         // ceilings, e.g. under a profiler; `--rate R` paces it.
         let only = arg("--only");
         let paced_rate: Option<f64> = arg("--rate").and_then(|r| r.parse().ok());
-        let mut rows = Vec::new();
-        let (mut broker, mut redis, mut smtp) = (f64::NAN, f64::NAN, f64::NAN);
+        let mut rounds_out: Vec<(Option<Ceilings>, Vec<Row>)> = Vec::new();
         if let Some(tag) = only.as_deref() {
-            let (mix, workers) = match tag {
-                "rej" => (Mix::Rejected, 1),
-                "adm" => (Mix::Admitted, 1),
-                "mix" => (Mix::Realistic, 1),
-                "adm2" => (Mix::Admitted, 2),
-                "rej2" => (Mix::Rejected, 2),
+            let (key, mix, workers) = match tag {
+                "rej" => ("rej", Mix::Rejected, 1),
+                "adm" => ("adm", Mix::Admitted, 1),
+                "mix" => ("mix", Mix::Realistic, 1),
+                "adm2" => ("adm2", Mix::Admitted, 2),
+                "rej2" => ("rej2", Mix::Rejected, 2),
                 other => panic!("--only {other}: one of rej, adm, mix, adm2, rej2"),
             };
-            rows.push(scenario(&run, mix, jobs, paced_rate, workers, tag).await);
+            let row = scenario(&run, key, mix, jobs, paced_rate, workers, 0).await;
+            rounds_out.push((None, vec![row]));
         } else {
-            eprintln!("ceilings ({jobs} each)");
-            broker = ceiling_broker(&run, jobs).await;
-            eprintln!("  (a) bare broker loop: {broker:.0}/s");
-            redis = ceiling_redis(&run.prefix, jobs).await;
-            eprintln!("  (b) limiter decisions: {redis:.0}/s");
-            smtp = ceiling_smtp(sink.port, jobs).await;
-            eprintln!("  (c) SMTP sink: {smtp:.0}/s");
-
-            eprintln!("scenarios ({jobs} jobs each)");
-            rows.push(scenario(&run, Mix::Rejected, jobs, None, 1, "rej").await);
-            rows.push(scenario(&run, Mix::Admitted, jobs, None, 1, "adm").await);
-            rows.push(scenario(&run, Mix::Realistic, jobs, None, 1, "mix").await);
-            let half = rows[1].out.rate() / 2.0;
-            let paced = (jobs / 4).max(100);
-            rows.push(scenario(&run, Mix::Admitted, paced, Some(half), 1, "half").await);
-            rows.push(scenario(&run, Mix::Admitted, jobs, None, 2, "adm2").await);
-            rows.push(scenario(&run, Mix::Rejected, jobs, None, 2, "rej2").await);
-        }
-
-        // Clean up: every queue and key of the run.
-        let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain((1..5).map(|n| format!("jobs.retry.{n}")));
-        for q in topo_queues {
-            let _ = ch
-                .queue_delete(
-                    format!("{}{q}", run.queues).as_str().into(),
-                    QueueDeleteOptions::default(),
-                )
-                .await;
-        }
-        if let Ok(mut r) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{}*", run.prefix))
-                .query(&mut r)
-                .unwrap_or_default();
-            for chunk in keys.chunks(1000) {
-                let _ = redis::cmd("UNLINK").arg(chunk).query::<()>(&mut r);
+            for round in 1..=rounds {
+                eprintln!("round {round} of {rounds}: ceilings ({jobs} each)");
+                let (broker, broker_cpu) = ceiling_broker(&run, jobs).await;
+                eprintln!("  (a) bare broker loop: {broker:.0}/s");
+                let redis = ceiling_redis(&format!("{}r{round}:", run.prefix), jobs).await;
+                eprintln!("  (b) limiter decisions: {redis:.0}/s");
+                let smtp = ceiling_smtp(sink.port, jobs).await;
+                eprintln!("  (c) SMTP sink: {smtp:.0}/s");
+                let ceilings = Ceilings {
+                    broker,
+                    broker_cpu_per_msg: broker_cpu / jobs as f64,
+                    redis,
+                    smtp,
+                };
+                eprintln!("round {round} of {rounds}: scenarios ({jobs} jobs each)");
+                let mut rows = Vec::new();
+                rows.push(scenario(&run, "rej", Mix::Rejected, jobs, None, 1, round).await);
+                rows.push(scenario(&run, "adm", Mix::Admitted, jobs, None, 1, round).await);
+                rows.push(scenario(&run, "mix", Mix::Realistic, jobs, None, 1, round).await);
+                let half = rows[1].out.rate() / 2.0;
+                let paced = (jobs / 4).max(100);
+                rows.push(scenario(&run, "half", Mix::Admitted, paced, Some(half), 1, round).await);
+                rows.push(scenario(&run, "adm2", Mix::Admitted, jobs, None, 2, round).await);
+                rows.push(scenario(&run, "rej2", Mix::Rejected, jobs, None, 2, round).await);
+                rounds_out.push((Some(ceilings), rows));
             }
         }
-        let _ = run.conn.close(200, "bye".into()).await;
-        report(
-            jobs,
-            broker,
-            redis,
-            smtp,
-            sink.accepted.load(Ordering::Relaxed),
-            &rows,
-        );
+        cleanup(&run).await;
+        report(jobs, sink.accepted.load(Ordering::Relaxed), &rounds_out);
     });
 }
 
-fn report(jobs: u64, broker: f64, redis: f64, smtp: f64, mails: u64, rows: &[Row]) {
+/// Deletes every queue and key of the run.
+async fn cleanup(run: &Run) {
+    let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((1..5).map(|n| format!("jobs.retry.{n}")));
+    for q in topo_queues {
+        let _ = run
+            .ch
+            .queue_delete(
+                format!("{}{q}", run.queues).as_str().into(),
+                QueueDeleteOptions::default(),
+            )
+            .await;
+    }
+    if let Ok(mut r) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", run.prefix))
+            .query(&mut r)
+            .unwrap_or_default();
+        for chunk in keys.chunks(1000) {
+            let _ = redis::cmd("UNLINK").arg(chunk).query::<()>(&mut r);
+        }
+    }
+    let _ = run.conn.close(200, "bye".into()).await;
+}
+
+/// `values`' median, min and max, formatted with `fmt`: "m (lo–hi)", or just
+/// "m" for one value.
+fn spread(mut values: Vec<f64>, fmt: impl Fn(f64) -> String) -> String {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return "–".into();
+    }
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    if values.len() == 1 {
+        return fmt(median);
+    }
+    format!(
+        "{} ({}–{})",
+        fmt(median),
+        fmt(values[0]),
+        fmt(values[values.len() - 1])
+    )
+}
+
+fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
     let mut o = std::io::stdout().lock();
-    let _ = writeln!(
-        o,
-        "\nceilings, measured in this run ({jobs} messages each):"
-    );
-    let _ = writeln!(o, "| ceiling | per second |\n|---|---:|");
-    let _ = writeln!(
-        o,
-        "| (a) bare broker loop (consume → confirmed publish → ack, prefetch {PREFETCH}) | {broker:.0} |"
-    );
-    let _ = writeln!(
-        o,
-        "| (b) limiter decisions, {PREFETCH} concurrent callers | {redis:.0} |"
-    );
-    let _ = writeln!(o, "| (c) SMTP sink through a pool of {POOL} | {smtp:.0} |");
-    let _ = writeln!(
-        o,
-        "\n| scenario | workers | jobs | jobs/s | vs ceiling | by status | p50 ms | p90 ms | p99 ms | max ms | worker CPU s | worker peak RSS MB | RabbitMQ CPU | Redis CPU | Redis calls/job | Redis bytes/job | Redis keys/job |"
-    );
-    let _ = writeln!(
-        o,
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
-    for r in rows {
-        let ceiling = if r.what.starts_with("all rejected") {
-            broker
-        } else {
-            broker.min(smtp)
-        };
-        let vs = if r.what.contains("offered") {
-            "–".to_owned()
-        } else {
-            format!("{:.2}", r.out.rate() / ceiling)
-        };
-        let mut statuses: Vec<_> = r.out.by_status.iter().collect();
-        statuses.sort();
-        let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    let n = rounds.len();
+    let ceilings: Vec<Ceilings> = rounds.iter().filter_map(|(c, _)| *c).collect();
+    let f0 = |v: f64| format!("{v:.0}");
+    let f1 = |v: f64| format!("{v:.1}");
+    let f2 = |v: f64| format!("{v:.2}");
+    if !ceilings.is_empty() {
+        let col = |f: fn(&Ceilings) -> f64| ceilings.iter().map(f).collect::<Vec<_>>();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.0} | {vs} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.0} % | {:.0} % | {:.2} ({:.2} scripts) | {:.0} | {:.2} |",
-            r.what,
-            r.workers,
-            r.out.jobs,
-            r.out.rate(),
-            statuses.join(", "),
-            r.out.pct(0.5),
-            r.out.pct(0.9),
-            r.out.pct(0.99),
-            r.out.latencies_ms.last().copied().unwrap_or(0.0),
-            r.out.worker_cpu,
-            r.out.worker_rss_kb as f64 / 1024.0,
-            r.out.rabbit_cpu * 100.0,
-            r.out.redis_cpu * 100.0,
-            (r.out.redis.scripts + r.out.redis.others) as f64 / r.out.jobs.max(1) as f64,
-            r.out.redis.scripts as f64 / r.out.jobs.max(1) as f64,
-            (r.out.redis.bytes_in + r.out.redis.bytes_out) as f64 / r.out.jobs.max(1) as f64,
-            r.out.redis_keys as f64 / r.out.jobs.max(1) as f64,
+            "\nceilings ({jobs} messages each; median (min–max) of {} rounds):",
+            ceilings.len()
+        );
+        let _ = writeln!(o, "| ceiling | per second |\n|---|---:|");
+        let _ = writeln!(
+            o,
+            "| (a) bare broker loop (consume → confirmed publish → ack, prefetch {PREFETCH}) | {} |",
+            spread(col(|c| c.broker), f0)
+        );
+        let _ = writeln!(
+            o,
+            "| (b) limiter decisions, {PREFETCH} concurrent callers | {} |",
+            spread(col(|c| c.redis), f0)
+        );
+        let _ = writeln!(
+            o,
+            "| (c) SMTP sink through a pool of {POOL} | {} |",
+            spread(col(|c| c.smtp), f0)
         );
     }
     let _ = writeln!(
         o,
-        "\n(vs ceiling: rejected scenarios against (a); others against min((a), (c)). RabbitMQ and Redis CPU: \
-         share of one core while the scenario ran, on {} cores in all. Redis calls: commands \
-         clients sent (EVALSHA, EVAL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
-         per job; bytes: in + out; keys: added under the run's prefix, per job.) Mails accepted by the sink: {mails}.",
+        "\n| scenario | workers | jobs | jobs/s | vs ceiling | p99 ms | worker CPU µs/job | bare loop CPU µs/msg | by status | p50 ms | worker peak RSS MB | RabbitMQ CPU | Redis CPU | Redis calls/job | Redis bytes/job | Redis keys/job |"
+    );
+    let _ = writeln!(
+        o,
+        "|---|---:|---:|---|---|---|---|---|---|---|---:|---|---|---|---:|---:|"
+    );
+    let Some((_, first)) = rounds.first() else {
+        return;
+    };
+    for (i, r0) in first.iter().enumerate() {
+        // The same scenario in every round, with that round's ceilings.
+        let same: Vec<(Option<Ceilings>, &Row)> = rounds
+            .iter()
+            .filter_map(|(c, rows)| rows.get(i).map(|r| (*c, r)))
+            .collect();
+        let per = |f: &dyn Fn(&Row) -> f64| same.iter().map(|(_, r)| f(r)).collect::<Vec<_>>();
+        let vs: Vec<f64> = same
+            .iter()
+            .filter_map(|(c, r)| c.and_then(|c| c.of(r)).map(|ceil| r.out.rate() / ceil))
+            .collect();
+        let loop_cpu: Vec<f64> = same
+            .iter()
+            .filter_map(|(c, _)| c.map(|c| c.broker_cpu_per_msg * 1e6))
+            .collect();
+        let mut statuses: Vec<_> = r0.out.by_status.iter().collect();
+        statuses.sort();
+        let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let jobs_of = |r: &Row| r.out.jobs.max(1) as f64;
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.0} | {:.2} |",
+            r0.what,
+            r0.workers,
+            r0.out.jobs,
+            spread(per(&|r| r.out.rate()), f0),
+            spread(vs, f2),
+            spread(per(&|r| r.out.pct(0.99)), f1),
+            spread(per(&|r| r.out.worker_cpu * 1e6 / jobs_of(r)), f0),
+            spread(loop_cpu, f0),
+            statuses.join(", "),
+            spread(per(&|r| r.out.pct(0.5)), f1),
+            same.iter()
+                .map(|(_, r)| r.out.worker_rss_kb)
+                .max()
+                .unwrap_or(0) as f64
+                / 1024.0,
+            spread(per(&|r| r.out.rabbit_cpu * 100.0), |v| format!("{v:.0} %")),
+            spread(per(&|r| r.out.redis_cpu * 100.0), |v| format!("{v:.0} %")),
+            spread(
+                per(&|r| (r.out.redis.scripts + r.out.redis.others) as f64 / jobs_of(r)),
+                f2
+            ),
+            r0.out.redis.bytes_in.saturating_add(r0.out.redis.bytes_out) as f64 / jobs_of(r0),
+            r0.out.redis_keys as f64 / jobs_of(r0),
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n({n} round(s); figures are median (min–max) over the rounds; by status, bytes and keys are the first round's. \
+         vs ceiling: each round's figure against that round's ceiling: rejected scenarios against (a), others against \
+         min((a), (c)). CPU per job: user + system seconds of the worker processes (of the bare loop's process for \
+         (a)) over the jobs. RabbitMQ and Redis CPU: share of one core while the scenario ran, on {} cores in all. \
+         Redis calls: commands clients sent (EVALSHA, EVAL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
+         per job; bytes: in + out; keys: added under the run's prefix, per job. Peak RSS: the highest of the rounds.) \
+         Mails accepted by the sink: {mails}.",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)
