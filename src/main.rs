@@ -45,18 +45,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let run = async {
+    // Spawned, not run by `block_on` itself: the worker's consume loop is
+    // woken for every message, and waking this (main) thread, outside the
+    // runtime's own threads, costs a futex call and a context switch each
+    // time (the e2e bench's profile, BENCHMARKS.md).
+    let run = runtime.spawn(async move {
         let shutdown = shutdown_signal();
         cli::run(&cli.config, cli.command, shutdown).await
-    };
+    });
     match runtime.block_on(run) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
+        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(false)) => ExitCode::FAILURE,
+        Ok(Err(e)) => {
             // One line: the error and its causes, no backtrace.
             eprintln!("error: {}", cli::one_line(&e));
             ExitCode::FAILURE
         }
+        // A panic was already printed by the panic hook.
+        Err(_) => ExitCode::FAILURE,
     }
 }
 

@@ -191,6 +191,10 @@ impl<L: Ledger + 'static> Worker<L> {
                     () = &mut shutdown => break Stop::Requested,
                     next = consumer.next() => match next {
                         Some(Ok(delivery)) => {
+                            // Finished tasks are reaped here, not as each
+                            // finishes: waiting on the set would wake this
+                            // loop once more per job.
+                            while tasks.try_join_next().is_some() {}
                             let (this, broker) = (this.clone(), broker.clone());
                             tasks.spawn(async move { this.process(&broker, Incoming::new(delivery)).await });
                         }
@@ -203,7 +207,6 @@ impl<L: Ledger + 'static> Worker<L> {
                             break Stop::Lost;
                         }
                     },
-                    Some(_) = tasks.join_next() => {}
                 }
             };
             this.amqp_up.store(false, Ordering::Relaxed);
