@@ -106,8 +106,15 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 
 fn init_telemetry(format: LogFormat, default_filter: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter =
+    let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // lapin logs every message RabbitMQ returns, body and all (a result
+    // holds an address; a job, a code). mailgate handles returns and logs
+    // them itself, without the body, so this target is off whatever RUST_LOG
+    // says.
+    if let Ok(quiet) = "lapin::returned_messages=off".parse() {
+        filter = filter.add_directive(quiet);
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

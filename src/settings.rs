@@ -87,6 +87,13 @@ impl Settings {
             ));
         }
         self.amqp.check_queues(self.retry.max_attempts)?;
+        for (key, url) in [
+            ("amqp.url", &self.amqp.url),
+            ("redis.url", &self.redis.url),
+            ("smtp.url", &self.smtp.url),
+        ] {
+            check_userinfo(key, url)?;
+        }
         if let Err(e) = self.amqp.url.parse::<lapin::uri::AMQPUri>() {
             return invalid(format!(
                 "amqp.url {}: {e} (amqp://user:pass@host:port/vhost, or amqps://)",
@@ -101,8 +108,36 @@ impl Settings {
                 redact_url(&self.redis.url)
             ));
         }
-        if self.amqp.timeout < Duration::from_millis(100) {
-            return invalid("amqp.timeout must be at least 100ms".into());
+        // Upper bounds keep every deadline computable (an `Instant` plus a
+        // timeout that overflows panics) and meaningful.
+        for (key, value, min, max) in [
+            (
+                "amqp.timeout",
+                self.amqp.timeout,
+                Duration::from_millis(100),
+                MAX_TIMEOUT,
+            ),
+            (
+                "smtp.timeout",
+                self.smtp.timeout,
+                Duration::from_secs(1),
+                MAX_TIMEOUT,
+            ),
+            (
+                "worker.shutdown_timeout",
+                self.worker.shutdown_timeout,
+                Duration::from_millis(100),
+                MAX_TIMEOUT,
+            ),
+        ] {
+            if !(min..=max).contains(&value) {
+                return invalid(format!(
+                    "{key} is {}; it must be {} to {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(min),
+                    humantime::format_duration(max),
+                ));
+            }
         }
         if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
             return invalid("smtp.pool_size must be 1 to 1000".into());
@@ -373,6 +408,29 @@ impl Default for WorkerSettings {
     }
 }
 
+/// The longest `amqp.timeout`, `smtp.timeout` or `worker.shutdown_timeout`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Refuses a URL whose user or password holds a character that ends the
+/// authority (`/`, `?`, `#`) or an `@` before the last one: URL parsers then
+/// read part of the password as the host, port or path, and print it.
+/// They must be percent-encoded.
+fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    let Some((userinfo, _)) = rest.rsplit_once('@') else {
+        return Ok(());
+    };
+    if userinfo.contains(['/', '?', '#', '@']) {
+        return Err(SettingsError::Invalid(format!(
+            "{key} {}: its user or password holds '/', '?', '#' or '@'; percent-encode them              (%2F, %3F, %23, %40)",
+            redact_url(url)
+        )));
+    }
+    Ok(())
+}
+
 /// A URL with its password hidden, for logs and messages:
 /// `scheme://user:***@host...`. Where a password cannot be told apart from
 /// the rest (the URL does not parse, or its authority has no `@` but a `:`
@@ -383,19 +441,22 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "***".to_owned();
     };
+    // Everything up to the last '@' may be userinfo, even past a '/', '?'
+    // or '#' (a password that holds one, not percent-encoded).
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (Some(userinfo), rest),
+        None => (None, rest),
+    };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let hidden = || format!("{scheme}://***{tail}");
-    if let Some((_, host)) = authority.rsplit_once('@') {
+    if let Some(userinfo) = userinfo {
         // user[:password]@host: keep the user and the host.
-        let user = authority[..authority.len() - host.len() - 1]
-            .split(':')
-            .next()
-            .unwrap_or("");
-        if !plain_host(host) {
+        let user = userinfo.split(':').next().unwrap_or("");
+        if !plain_host(authority) || user.contains(['/', '?', '#']) {
             return hidden();
         }
-        return format!("{scheme}://{user}:***@{host}{tail}");
+        return format!("{scheme}://{user}:***@{authority}{tail}");
     }
     if plain_host(authority) {
         url.to_owned()
@@ -726,6 +787,58 @@ mod tests {
             redact_url("smtp://u:p%40ss@mail.example.com?tls=required"),
             "smtp://u:***@mail.example.com?tls=required"
         );
+        // A password holding '/', '?', '#' or '@' (not percent-encoded).
+        for (url, shown) in [
+            (
+                "amqp://guest:Xk9p/Qr7sLm2@127.0.0.1:5672/%2f",
+                "amqp://guest:***@127.0.0.1:5672/%2f",
+            ),
+            (
+                "redis://:Xk9p?Qr7sLm2@127.0.0.1:6379/0",
+                "redis://:***@127.0.0.1:6379/0",
+            ),
+            (
+                "smtp://user:8462/Qr#7@s@127.0.0.1:2525",
+                "smtp://user:***@127.0.0.1:2525",
+            ),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+    }
+
+    #[test]
+    fn a_password_that_breaks_its_url_is_refused_without_showing_it() {
+        let mut s = shipped();
+        s.smtp.url = "smtp://user:8462/Qr7sLm2@127.0.0.1:2525".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("smtp.url") && e.contains("percent-encode"),
+            "{e}"
+        );
+        assert!(!e.contains("Qr7sLm2") && !e.contains("8462"), "{e}");
+        s.smtp.url = "smtp://user:8462%2FQr7sLm2@127.0.0.1:2525".into();
+        s.validate().expect("percent-encoded");
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        for (set, key) in [
+            (
+                (|s: &mut Settings, d| s.worker.shutdown_timeout = d)
+                    as fn(&mut Settings, Duration),
+                "worker.shutdown_timeout",
+            ),
+            (|s, d| s.amqp.timeout = d, "amqp.timeout"),
+            (|s, d| s.smtp.timeout = d, "smtp.timeout"),
+        ] {
+            let mut s = shipped();
+            set(&mut s, Duration::from_secs(u64::MAX / 4));
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("must be"), "{e}");
+            let mut s = shipped();
+            set(&mut s, Duration::ZERO);
+            assert!(s.validate().unwrap_err().to_string().contains(key));
+        }
     }
 
     proptest::proptest! {
@@ -734,7 +847,7 @@ mod tests {
         fn no_printed_url_shows_its_password(
             scheme in "(amqp|amqps|redis|rediss|smtp|smtps|x)",
             user in "[a-zA-Z0-9._~%!$&'()*+,;=-]{0,12}",
-            password in "[a-zA-Z0-9._~%!$&'()*+,;=:-]{5,24}[a-zA-Z._~%!$&'()*+,;=-]",
+            password in "[a-zA-Z0-9._~%!$&'()*+,;=:/?#@-]{5,24}[a-zA-Z._~%!$&'()*+,;=/?#-]",
             host in "[a-z0-9.-]{0,12}",
             port in proptest::option::of(0u32..70000),
             tail in "[a-zA-Z0-9/%?=&#@:._-]{0,20}",
@@ -748,19 +861,28 @@ mod tests {
             // six characters not all found elsewhere in the URL by chance.
             let elsewhere = format!("{scheme}://{user}:{sep}{host}{port}{tail}");
             proptest::prop_assume!(!elsewhere.contains(&password));
+            // Without an '@', a "password" holding '/', '?' or '#' is a
+            // host, port and path by the URL's own syntax (`amqp://guest:5/x`
+            // is host guest, port 5, vhost x): nothing marks it secret.
+            proptest::prop_assume!(at || !password.contains(['/', '?', '#', '@']));
             proptest::prop_assert!(!shown.contains(&password), "{url} -> {shown}");
         }
     }
 
-    #[test]
-    fn dedup_for_must_outlast_a_job_being_retried() {
-        let mut s: Settings = config::Config::builder()
+    /// `config/default.toml`, without environment overrides.
+    fn shipped() -> Settings {
+        config::Config::builder()
             .add_source(config::File::from(std::path::Path::new(
                 "config/default.toml",
             )))
             .build()
             .and_then(|c| c.try_deserialize())
-            .expect("the shipped config");
+            .expect("the shipped config")
+    }
+
+    #[test]
+    fn dedup_for_must_outlast_a_job_being_retried() {
+        let mut s = shipped();
         s.validate().expect("the shipped config is valid");
         // 5 attempts: waits of at most 2 × (1 + 2 + 4 + 8) s, plus a 30 s lease.
         assert_eq!(s.retry.horizon(), Duration::from_secs(30));
@@ -771,16 +893,6 @@ mod tests {
         assert!(err.to_string().contains("limits.dedup_for"), "{err}");
         s.limits.dedup_for = Duration::from_secs(60);
         s.validate().expect("exactly enough");
-    }
-
-    fn shipped() -> Settings {
-        config::Config::builder()
-            .add_source(config::File::from(std::path::Path::new(
-                "config/default.toml",
-            )))
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .expect("the shipped config")
     }
 
     #[test]

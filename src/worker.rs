@@ -39,7 +39,10 @@ pub struct Worker<L> {
     broker: std::sync::Mutex<Option<Broker>>,
     /// The last SMTP check, reused for a few seconds so `/readyz` does not
     /// open a connection per probe.
-    smtp_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    smtp_checked: Checked,
+    /// The last Redis check (a script call that writes, and `INFO`), reused
+    /// for a second, so a flood of `/readyz` cannot load Redis.
+    redis_checked: Checked,
     /// The HTTP listener, bound at build time so its address is known.
     http: std::sync::Mutex<Option<tokio::net::TcpListener>>,
     http_addr: std::net::SocketAddr,
@@ -51,6 +54,37 @@ const STABLE: Duration = Duration::from_secs(30);
 
 /// How long an SMTP readiness result is reused.
 const SMTP_CHECK_TTL: Duration = Duration::from_secs(10);
+/// How long a Redis readiness result is reused.
+const REDIS_CHECK_TTL: Duration = Duration::from_secs(1);
+
+/// A readiness check's last result, reused for `ttl`. Concurrent probes
+/// wait for the one check in progress instead of each running their own.
+struct Checked {
+    ttl: Duration,
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+}
+
+impl Checked {
+    fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The last result if it is fresh, else `check`'s.
+    async fn get(&self, check: impl Future<Output = Result<(), String>>) -> Result<(), String> {
+        let mut last = self.last.lock().await;
+        match &*last {
+            Some((at, r)) if at.elapsed() < self.ttl => r.clone(),
+            _ => {
+                let r = check.await;
+                *last = Some((Instant::now(), r.clone()));
+                r
+            }
+        }
+    }
+}
 
 /// Builds the stages from settings: templates (checked), mailer, and the
 /// ledger (Redis, retried with backoff until it answers; refused at once if
@@ -96,7 +130,8 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         settings: settings.clone(),
         amqp_up: AtomicBool::new(false),
         broker: std::sync::Mutex::new(None),
-        smtp_checked: tokio::sync::Mutex::new(None),
+        smtp_checked: Checked::new(SMTP_CHECK_TTL),
+        redis_checked: Checked::new(REDIS_CHECK_TTL),
         http: std::sync::Mutex::new(Some(http)),
         http_addr,
     })
@@ -462,32 +497,21 @@ impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
         } else {
             Ok(())
         };
+        let ledger = self.pipeline.ledger();
         let redis = self
-            .pipeline
-            .ledger()
-            .health()
-            .await
-            .map_err(|e| e.to_string());
+            .redis_checked
+            .get(async { ledger.health().await.map_err(|e| e.to_string()) })
+            .await;
         // The relay's health as the sends see it, at once; otherwise a probe
         // connection, at most every few seconds.
         let relay = self.pipeline.mailer().relay_health();
         let smtp = if relay.is_err() {
             relay
         } else {
-            let mut cached = self.smtp_checked.lock().await;
-            match &*cached {
-                Some((at, r)) if at.elapsed() < SMTP_CHECK_TTL => r.clone(),
-                _ => {
-                    let r = self
-                        .pipeline
-                        .mailer()
-                        .check()
-                        .await
-                        .map_err(|e| e.to_string());
-                    *cached = Some((Instant::now(), r.clone()));
-                    r
-                }
-            }
+            let mailer = self.pipeline.mailer();
+            self.smtp_checked
+                .get(async { mailer.check().await.map_err(|e| e.to_string()) })
+                .await
         };
         vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)]
     }

@@ -279,6 +279,13 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     h.publish(&serde_json::json!({"id": "sig", "email": "sig@example.com", "code": "1"}))
         .await;
     assert_eq!(h.result().await["status"], "sent");
+    // A result RabbitMQ returns (its reply_to queue does not exist) falls
+    // back to the results queue, and its body (an address, a code) is not
+    // logged on the way.
+    let leaky = br#"{"id": "sig2", "email": "leak.victim@example.com", "code": "734291"}"#;
+    let props = lapin::BasicProperties::default().with_reply_to("cli-sigterm-no-such-queue".into());
+    h.publish_raw(leaky, props).await;
+    assert_eq!(h.result().await["id"], "sig2");
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -309,6 +316,16 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     .unwrap();
     assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
     assert!(out.1.contains("shutdown requested"), "{}", out.1);
+    assert!(out.1.contains("reply_to queue does not exist"), "{}", out.1);
+    // lapin logs a returned message (here the result, with the address)
+    // in full, as bytes; mailgate says what happened in its own words.
+    assert!(
+        !out.1.contains("734291")
+            && !out.1.contains("leak.victim")
+            && !out.1.contains("returned us a message"),
+        "{}",
+        out.1
+    );
 }
 
 /// A Redis that evicts keys is refused at start, with the setting named.
@@ -490,4 +507,103 @@ async fn check_config_refuses_ambiguous_or_escaping_templates() {
         err.contains("subject.txt") && err.contains("outside"),
         "{err}"
     );
+}
+
+/// A RabbitMQ address that accepts the TCP connection and never answers
+/// (a load balancer without a backend) is an outage the worker retries,
+/// each attempt bounded by `amqp.timeout`, not a wait forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_never_finishes_the_handshake_is_retried() {
+    let h = Harness::new("cli-blackhole").await;
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = hole.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(conn);
+        }
+    });
+    let mut child = mailgate(&h, &["worker"])
+        .env(
+            "MAILGATE__AMQP__URL",
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        )
+        .env("MAILGATE__AMQP__TIMEOUT", "300ms")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while accepted.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker stopped trying after {} connection(s)",
+            accepted.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        use std::io::Read;
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert!(out.0.success(), "{}", out.1);
+    assert!(out.1.contains("did not answer within 300ms"), "{}", out.1);
+}
+
+/// Every tool stops on Ctrl-C, here `publish --wait` with no worker to
+/// answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_stops_on_ctrl_c() {
+    let h = Harness::new("cli-ctrl-c").await;
+    // The jobs queue, as a worker would have declared it.
+    h.declare("jobs").await;
+    let mut child = mailgate(
+        &h,
+        &[
+            "publish",
+            "--wait",
+            "--timeout",
+            "60s",
+            "--email",
+            "ctrl-c@example.com",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // By now it has published and waits for a result that never comes (if
+    // not, it is interrupted earlier, which stops it just the same).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                return (status, err);
+            }
+            assert!(Instant::now() < deadline, "publish ignored SIGINT");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!out.0.success(), "{}", out.1);
+    assert!(out.1.contains("interrupted"), "{}", out.1);
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use mailgate::domain::Ticket;
-use mailgate::ledger::{Ending, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict};
+use mailgate::ledger::{
+    Backend, Ending, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict,
+};
 use mailgate::limiter::Clock;
 use mailgate::settings::{LimitSettings, RedisSettings};
 
@@ -595,6 +597,36 @@ async fn an_unusable_redis_names_its_cause() {
         panic!("a replica is unfit");
     };
     assert!(why.contains("read-only replica"), "{why}");
+
+    // A hardened user (no @dangerous, so no INFO), a wrong password, a
+    // database that does not exist: each named, none "not answering".
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "hardened",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-@dangerous",
+        ])
+        .query(&mut conn)
+        .unwrap();
+    let port = primary.port;
+    for (url, says) in [
+        (format!("redis://hardened:pw@127.0.0.1:{port}/0"), "+info"),
+        (
+            format!("redis://hardened:wrong@127.0.0.1:{port}/0"),
+            "credentials",
+        ),
+        (format!("redis://127.0.0.1:{port}/99"), "database"),
+    ] {
+        let opened = Backend::open(&settings(url.clone()), &LimitSettings::default()).await;
+        let Err(LedgerError::Unfit(why)) = opened else {
+            panic!("{url} is unfit");
+        };
+        assert!(why.contains(says), "{url}: {why}");
+    }
     RedisLedger::connect(&settings(primary.url()), &LimitSettings::default())
         .await
         .unwrap()

@@ -399,8 +399,16 @@ enum Routed {
 
 impl Broker {
     /// Connects, opens a channel with publisher confirms and `prefetch`, and
-    /// declares the queues.
+    /// declares the queues, all within `amqp.timeout` (a peer that accepts
+    /// the TCP connection and never finishes the handshake, such as a load
+    /// balancer without a backend, is an outage to retry, not a wait).
     pub async fn connect(settings: &AmqpSettings, max_attempts: u32) -> Result<Self, BrokerError> {
+        tokio::time::timeout(settings.timeout, Self::open(settings, max_attempts))
+            .await
+            .unwrap_or(Err(BrokerError::Timeout(settings.timeout)))
+    }
+
+    async fn open(settings: &AmqpSettings, max_attempts: u32) -> Result<Self, BrokerError> {
         // Named after the queue it serves, so operators (and tests) can
         // find a pool's connections in `rabbitmqctl list_connections`.
         let name = format!(
@@ -483,15 +491,18 @@ impl Broker {
 
     /// Starts consuming jobs, with manual acknowledgements.
     pub async fn consume(&self, tag: &str) -> Result<Consumer, BrokerError> {
-        Ok(self
-            .channel
-            .basic_consume(
-                self.topology.jobs.as_str().into(),
-                tag.into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?)
+        self.bounded(async {
+            Ok(self
+                .channel
+                .basic_consume(
+                    self.topology.jobs.as_str().into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?)
+        })
+        .await
     }
 
     /// Stops the consumer `tag`: no new jobs arrive; those in flight may

@@ -173,6 +173,26 @@ pub async fn run(
             worker.run(shutdown).await?;
             Ok(true)
         }
+        Command::Results { follow, queue } => {
+            results(&settings, queue.as_deref(), follow, shutdown).await?;
+            Ok(true)
+        }
+        // The other tools stop at once on Ctrl-C or SIGTERM: the handlers
+        // are installed for every command, so nothing else would stop them.
+        tool => tokio::select! {
+            r = run_tool(&settings, tool) => r,
+            () = shutdown => anyhow::bail!("interrupted"),
+        },
+    }
+}
+
+/// Runs a command other than `worker` and `results`.
+async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool> {
+    match command {
+        // `run` takes these two itself and passes every other command here.
+        Command::Worker | Command::Results { .. } => {
+            unreachable!("run handles worker and results itself")
+        }
         Command::Publish(f) => {
             let args = PublishArgs {
                 email: f.email,
@@ -188,11 +208,7 @@ pub async fn run(
                 wait: f.wait,
                 timeout: f.timeout,
             };
-            publish(&settings, &args).await
-        }
-        Command::Results { follow, queue } => {
-            results(&settings, queue.as_deref(), follow, shutdown).await?;
-            Ok(true)
+            publish(settings, &args).await
         }
         Command::Limits { action } => match action {
             LimitsAction::Show {
@@ -202,7 +218,7 @@ pub async fn run(
                 json,
             } => {
                 let who = Who::parse(email.as_deref(), ip.as_deref())?;
-                let usage = limits_show(&settings, &who, purpose.as_deref()).await?;
+                let usage = limits_show(settings, &who, purpose.as_deref()).await?;
                 if json {
                     println!("{}", usage_json(&usage));
                 } else {
@@ -212,12 +228,12 @@ pub async fn run(
             }
             LimitsAction::Reset { email, ip } => {
                 let who = Who::parse(email.as_deref(), ip.as_deref())?;
-                println!("{}", limits_reset(&settings, &who).await?);
+                println!("{}", limits_reset(settings, &who).await?);
                 Ok(true)
             }
         },
-        Command::CheckConfig { connect } => check_config(&settings, connect).await,
-        Command::Probe => probe(&settings).await,
+        Command::CheckConfig { connect } => check_config(settings, connect).await,
+        Command::Probe => probe(settings).await,
     }
 }
 

@@ -26,8 +26,16 @@ use crate::templates::Templates;
 /// Connects to RabbitMQ with a hint on failure.
 async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
     let url = &settings.amqp.url;
-    let conn = Connection::connect(url, ConnectionProperties::default())
+    let timeout = settings.amqp.timeout;
+    let connect = Connection::connect(url, ConnectionProperties::default());
+    let conn = tokio::time::timeout(timeout, connect)
         .await
+        .unwrap_or_else(|_| {
+            Err(lapin::Error::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within amqp.timeout ({timeout:?})"),
+            )))
+        })
         .with_context(|| {
             format!(
                 "cannot reach RabbitMQ at {} (set [amqp] url or MAILGATE__AMQP__URL)",
@@ -525,6 +533,10 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<
     Ok((status, body))
 }
 
+/// How long `probe` waits for `/readyz` (it checks Redis and, at most every
+/// few seconds, SMTP, each bounded by its own timeout).
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Asks this host's worker (at `[http] listen`) whether it is ready, for
 /// container health checks. Prints the report; returns whether it is.
 pub async fn probe(settings: &Settings) -> anyhow::Result<bool> {
@@ -532,9 +544,15 @@ pub async fn probe(settings: &Settings) -> anyhow::Result<bool> {
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let (status, body) = http_get(addr, "/readyz").await.with_context(|| {
-        format!("no worker answers at {addr} (is `mailgate worker` running? [http] listen)")
-    })?;
+    // A health check must answer: a worker that accepts and never replies
+    // is as unhealthy as one that is gone.
+    let asked = tokio::time::timeout(PROBE_TIMEOUT, http_get(addr, "/readyz"));
+    let (status, body) = asked
+        .await
+        .unwrap_or_else(|_| anyhow::bail!("no answer within {PROBE_TIMEOUT:?}"))
+        .with_context(|| {
+            format!("no worker answers at {addr} (is `mailgate worker` running? [http] listen)")
+        })?;
     print!("{body}");
     Ok(status == 200)
 }

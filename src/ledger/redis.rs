@@ -88,7 +88,9 @@ impl RedisLedger {
         redis: &RedisSettings,
         limits: &LimitSettings,
     ) -> Result<Self, LedgerError> {
-        let mut conn = crate::limiter::connect(redis).await?;
+        let mut conn = crate::limiter::connect(redis)
+            .await
+            .map_err(|e| unfit(e, &redis.key_prefix))?;
         SCRIPT
             .prepare_invoke()
             .load_async(&mut conn)
@@ -129,6 +131,15 @@ fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
         )),
         Some("READONLY") => LedgerError::Unfit(format!(
             "Redis is a read-only replica ({e}); point redis.url at the primary"
+        )),
+        Some("WRONGPASS" | "NOAUTH") => {
+            LedgerError::Unfit(format!("Redis refused the credentials in redis.url ({e})"))
+        }
+        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+            LedgerError::Unfit(format!("Redis refused the credentials in redis.url ({e})"))
+        }
+        _ if e.to_string().contains("DB index is out of range") => LedgerError::Unfit(format!(
+            "redis.url names a database this Redis does not have ({e})"
         )),
         _ => e.into(),
     }
@@ -398,7 +409,14 @@ impl Ledger for RedisLedger {
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut self.conn.clone())
-            .await?;
+            .await
+            .map_err(|e| match e.code() {
+                Some("NOPERM") => LedgerError::Unfit(format!(
+                    "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
+                     check that Redis never evicts its keys: grant it +info"
+                )),
+                _ => self.unfit(e),
+            })?;
         let policy = info
             .lines()
             .find_map(|l| l.strip_prefix("maxmemory_policy:"))
