@@ -226,7 +226,7 @@ impl Templates {
                 let v = match v {
                     VarValue::Text(s) => Value::from(s.as_str()),
                     VarValue::Integer(n) => Value::from(*n),
-                    VarValue::Float(n) => Value::from(*n),
+                    VarValue::Number(n) => Value::from(n.as_str()),
                     VarValue::Bool(b) => Value::from(*b),
                 };
                 (k, v)
@@ -473,16 +473,20 @@ mod tests {
         files.retain(|(p, _)| *p != "verify/en/body.txt");
         files.push((
             "verify/en/body.txt",
-            "{{ code }} {{ vars.n | default('') }} {{ vars.big | default('') }} {{ vars.f | default('') }}",
+            "{{ code }}{% for k in ['n', 'big', 'f', 'z', 'e', 'huge', 'tiny'] %} {{ vars[k] | default('') }}{% endfor %}",
         ));
         let (_d, s) = set(&files);
         let t = Templates::load(&s).unwrap();
         let job = crate::wire::decode(
-            br#"{"id":"j","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"f":1.5}}"#,
+            br#"{"id":"j","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"f":1.5,
+                 "z":-0,"e":1e3,"huge":100000000000000000000000000000000000000000000000001,"tiny":1e-400}}"#,
         )
         .unwrap();
         let r = t.render(&job, jiff::Timestamp::now()).unwrap();
-        assert_eq!(r.text, "1 10 12345678901234567890 1.5");
+        assert_eq!(
+            r.text,
+            "1 10 12345678901234567890 1.5 -0 1e3 100000000000000000000000000000000000000000000000001 1e-400"
+        );
     }
 
     #[test]

@@ -43,7 +43,9 @@ struct JobWire {
     code: Option<String>,
     purpose: Option<String>,
     locale: Option<String>,
-    vars: Option<serde_json::Map<String, Value>>,
+    /// Raw, so numbers keep the text the producer wrote (a `Value` would
+    /// turn big or exotic ones into floats).
+    vars: Option<std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>>,
     expires_at: Option<String>,
 }
 
@@ -96,22 +98,23 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         w.vars
             .unwrap_or_default()
             .into_iter()
-            .filter(|(_, v)| !v.is_null())
+            .filter(|(_, v)| v.get() != "null")
             .map(|(k, v)| {
-                let v = match v {
-                    Value::String(s) => VarValue::Text(s),
-                    Value::Bool(b) => VarValue::Bool(b),
-                    Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-                        (Some(i), _) => VarValue::Integer(i.into()),
-                        (None, Some(u)) => VarValue::Integer(u.into()),
-                        _ => VarValue::Float(n.as_f64().unwrap_or(0.0)),
-                    },
-                    _ => {
-                        return Err(InvalidInput::Field {
-                            field: "vars",
-                            reason: "values must be strings, numbers or booleans",
-                        });
+                let wrong = || InvalidInput::Field {
+                    field: "vars",
+                    reason: "values must be strings, numbers or booleans",
+                };
+                // The text is valid JSON (serde checked it); its first byte
+                // says what it is.
+                let text = v.get();
+                let v = match text.as_bytes().first() {
+                    Some(b'"') => {
+                        VarValue::Text(serde_json::from_str(text).map_err(|_| wrong())?)
                     }
+                    Some(b't') => VarValue::Bool(true),
+                    Some(b'f') => VarValue::Bool(false),
+                    Some(b'-' | b'0'..=b'9') => VarValue::number(text),
+                    _ => return Err(wrong()),
                 };
                 Ok((k, v))
             })
@@ -298,7 +301,8 @@ mod tests {
     fn numbers_stay_as_written_and_a_bom_is_skipped() {
         let mut body = b"\xEF\xBB\xBF".to_vec();
         body.extend_from_slice(
-            br#"{"id":"j1","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"neg":-3,"f":1.5}}"#,
+            br#"{"id":"j1","email":"a@example.com","code":"1","vars":{"n":10,"big":12345678901234567890,"neg":-3,"f":1.5,
+                 "z":-0,"e":1e3,"huge":-12345678901234567890123456789012345678901234567890,"tiny":1e-400}}"#,
         );
         let job = decode(&body).expect("a BOM before JSON is skipped");
         let vars: std::collections::BTreeMap<&str, VarValue> =
@@ -306,7 +310,15 @@ mod tests {
         assert_eq!(vars["n"], VarValue::Integer(10));
         assert_eq!(vars["big"], VarValue::Integer(12_345_678_901_234_567_890));
         assert_eq!(vars["neg"], VarValue::Integer(-3));
-        assert_eq!(vars["f"], VarValue::Float(1.5));
+        for (name, written) in [
+            ("f", "1.5"),
+            ("z", "-0"),
+            ("e", "1e3"),
+            ("huge", "-12345678901234567890123456789012345678901234567890"),
+            ("tiny", "1e-400"),
+        ] {
+            assert_eq!(vars[name], VarValue::Number(written.into()), "{name}");
+        }
     }
 
     #[test]

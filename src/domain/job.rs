@@ -113,13 +113,25 @@ impl fmt::Display for Name {
 pub enum VarValue {
     /// Text, at most [`Vars::MAX_VALUE_CHARS`] characters, no control characters.
     Text(String),
-    /// A whole number, kept exact (so `12345678901234567890` renders as
-    /// written, not as a float).
+    /// A whole number that fits an `i128` and reads back as written, kept
+    /// exact (so `12345678901234567890` renders as written, not as a float).
     Integer(i128),
-    /// A number with a fraction or an exponent.
-    Float(f64),
+    /// Any other number (a fraction, an exponent, `-0`, or beyond `i128`),
+    /// kept as the producer wrote it and rendered as that text.
+    Number(String),
     /// A truth value.
     Bool(bool),
+}
+
+impl VarValue {
+    /// A JSON number, from its text as written: [`VarValue::Integer`] when
+    /// that loses nothing, else [`VarValue::Number`].
+    pub fn number(text: &str) -> Self {
+        match text.parse::<i128>() {
+            Ok(n) if n.to_string() == text => VarValue::Integer(n),
+            _ => VarValue::Number(text.to_owned()),
+        }
+    }
 }
 
 /// Extra template variables, by name. Bounded: at most [`Vars::MAX_VARS`]
@@ -149,6 +161,14 @@ impl Vars {
                 return Err(InvalidInput::Field {
                     field: "vars",
                     reason: "names must match [A-Za-z_][A-Za-z0-9_]* and be at most 64 long",
+                });
+            }
+            if let VarValue::Number(n) = &value
+                && n.len() > Self::MAX_VALUE_CHARS
+            {
+                return Err(InvalidInput::Field {
+                    field: "vars",
+                    reason: "numbers must be at most 1024 characters",
                 });
             }
             if let VarValue::Text(t) = &value {
