@@ -108,9 +108,7 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
                 // says what it is.
                 let text = v.get();
                 let v = match text.as_bytes().first() {
-                    Some(b'"') => {
-                        VarValue::Text(serde_json::from_str(text).map_err(|_| wrong())?)
-                    }
+                    Some(b'"') => VarValue::Text(serde_json::from_str(text).map_err(|_| wrong())?),
                     Some(b't') => VarValue::Bool(true),
                     Some(b'f') => VarValue::Bool(false),
                     Some(b'-' | b'0'..=b'9') => VarValue::number(text),
@@ -314,7 +312,10 @@ mod tests {
             ("f", "1.5"),
             ("z", "-0"),
             ("e", "1e3"),
-            ("huge", "-12345678901234567890123456789012345678901234567890"),
+            (
+                "huge",
+                "-12345678901234567890123456789012345678901234567890",
+            ),
             ("tiny", "1e-400"),
         ] {
             assert_eq!(vars[name], VarValue::Number(written.into()), "{name}");

@@ -86,6 +86,33 @@ pub struct Mailer {
     /// whole duration, so at most `pool_size` connections are in use or
     /// idle, and holding one means a send can start at once.
     slots: Arc<tokio::sync::Semaphore>,
+    /// Makes each mail's `Message-ID`.
+    ids: Arc<MessageIds>,
+}
+
+/// `Message-ID`s without a system call per mail (lettre's own asks the
+/// host name and the OS random source for each one): a random 64-bit
+/// prefix drawn once per process, a counter, and the sender's domain, so
+/// ids are unique across workers and restarts.
+struct MessageIds {
+    prefix: u64,
+    next: std::sync::atomic::AtomicU64,
+    domain: String,
+}
+
+impl MessageIds {
+    fn new(from: &Mailbox) -> Self {
+        Self {
+            prefix: uuid::Uuid::new_v4().as_u64_pair().0,
+            next: std::sync::atomic::AtomicU64::new(0),
+            domain: from.email.domain().to_owned(),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("<{:016x}.{n}@{}>", self.prefix, self.domain)
+    }
 }
 
 /// The right to send one mail now; see [`Mailer::reserve`]. Dropping it
@@ -123,9 +150,10 @@ impl Mailer {
         };
         Ok(Self {
             transport,
-            from,
             deadline: settings.timeout,
             slots: Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize)),
+            ids: Arc::new(MessageIds::new(&from)),
+            from,
         })
     }
 
@@ -183,7 +211,7 @@ impl Mailer {
             .from(self.from.clone())
             .to(Mailbox::new(None, to))
             .subject(out.subject)
-            .message_id(None)
+            .message_id(Some(self.ids.next()))
             .date_now();
         let built = match out.html {
             Some(html) => builder.multipart(MultiPart::alternative_plain_html(
@@ -281,6 +309,36 @@ mod tests {
         let mut bad_from = settings("smtp://127.0.0.1");
         bad_from.from = "not an address".into();
         assert!(Mailer::new(&bad_from).is_err());
+    }
+
+    #[tokio::test]
+    async fn each_mail_has_its_own_message_id_at_the_senders_domain() {
+        let ids = |m: &Mailer| {
+            let to = crate::domain::EmailAddress::parse("a@example.org").unwrap();
+            let out = Outgoing {
+                to: &to,
+                subject: "s",
+                text: "t",
+                html: None,
+            };
+            let mail = String::from_utf8(m.compose(&out).unwrap().formatted()).unwrap();
+            mail.lines()
+                .find_map(|l| l.strip_prefix("Message-ID: "))
+                .unwrap()
+                .to_owned()
+        };
+        let (a, b) = (
+            Mailer::new(&settings("smtp://127.0.0.1")).unwrap(),
+            Mailer::new(&settings("smtp://127.0.0.1")).unwrap(),
+        );
+        let all = [ids(&a), ids(&a), ids(&b)];
+        for id in &all {
+            assert!(id.starts_with('<') && id.ends_with("@example.com>"), "{id}");
+        }
+        assert!(
+            all[0] != all[1] && all[1] != all[2] && all[0] != all[2],
+            "{all:?}"
+        );
     }
 
     #[tokio::test]
