@@ -393,7 +393,8 @@ impl<L: Ledger> Pipeline<L> {
         );
         match sent {
             Ok(()) => Delivery::Sent,
-            Err(e) => Delivery::Failed(e),
+            // A relay's reply may quote the mail, code and all.
+            Err(e) => Delivery::Failed(e.hiding(&job.code)),
         }
     }
 

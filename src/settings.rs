@@ -94,18 +94,22 @@ impl Settings {
         ] {
             check_userinfo(key, url)?;
         }
+        // The parsers' errors may quote the URL: it is shown redacted.
+        let quoted = |e: String, url: &str| e.replace(url, &redact_url(url));
         if let Err(e) = self.amqp.url.parse::<lapin::uri::AMQPUri>() {
             return invalid(format!(
-                "amqp.url {}: {e} (amqp://user:pass@host:port/vhost, or amqps://)",
-                redact_url(&self.amqp.url)
+                "amqp.url {}: {} (amqp://user:pass@host:port/vhost, or amqps://)",
+                redact_url(&self.amqp.url),
+                quoted(e.to_string(), &self.amqp.url),
             ));
         }
         if !self.redis.url.starts_with("memory:")
             && let Err(e) = redis::Client::open(self.redis.url.as_str())
         {
             return invalid(format!(
-                "redis.url {}: {e} (redis://host:port/db, rediss:// for TLS, or memory://)",
-                redact_url(&self.redis.url)
+                "redis.url {}: {} (redis://host:port/db, rediss:// for TLS, or memory://)",
+                redact_url(&self.redis.url),
+                quoted(e.to_string(), &self.redis.url),
             ));
         }
         // Upper bounds keep every deadline computable (an `Instant` plus a
@@ -424,7 +428,8 @@ fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
     };
     if userinfo.contains(['/', '?', '#', '@']) {
         return Err(SettingsError::Invalid(format!(
-            "{key} {}: its user or password holds '/', '?', '#' or '@'; percent-encode them              (%2F, %3F, %23, %40)",
+            "{key} {}: its user or password holds '/', '?', '#' or '@'; percent-encode them \
+             (%2F, %3F, %23, %40)",
             redact_url(url)
         )));
     }
@@ -438,6 +443,43 @@ fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
 /// `amqp://guest:secret127.0.0.1:5672`), the whole authority is hidden:
 /// `scheme://***/...`.
 pub fn redact_url(url: &str) -> String {
+    hide_query_secrets(&redact_userinfo(url))
+}
+
+/// The values of query parameters that carry credentials (`pass`,
+/// `password`, `user`, `username`, as the redis crate reads them for socket
+/// URLs), hidden.
+fn hide_query_secrets(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _))
+                if ["pass", "password", "user", "username"]
+                    .iter()
+                    .any(|s| k.eq_ignore_ascii_case(s)) =>
+            {
+                format!("{k}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    let mut out = format!("{head}?{}", pairs.join("&"));
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// [`redact_url`]'s first step: the password in the userinfo.
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "***".to_owned();
     };
@@ -804,6 +846,16 @@ mod tests {
         ] {
             assert_eq!(redact_url(url), shown);
         }
+        // Credentials in the query, as the redis crate reads them for sockets.
+        assert_eq!(
+            redact_url("redis+unix:///tmp/x.sock?db=1&user=u&pass=SEKRET1"),
+            "redis+unix:///tmp/x.sock?db=1&user=***&pass=***"
+        );
+        // A URL without a scheme is hidden whole, and so is its parse error.
+        let mut s = shipped();
+        s.amqp.url = "guest:SEKRET@127.0.0.1:5672".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("amqp.url") && !e.contains("SEKRET"), "{e}");
     }
 
     #[test]

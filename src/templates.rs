@@ -226,6 +226,7 @@ impl Templates {
                 let v = match v {
                     VarValue::Text(s) => Value::from(s.as_str()),
                     VarValue::Integer(n) => Value::from(*n),
+                    VarValue::Float(n) => Value::from(*n),
                     VarValue::Number(n) => Value::from(n.as_str()),
                     VarValue::Bool(b) => Value::from(*b),
                 };
@@ -473,7 +474,7 @@ mod tests {
         files.retain(|(p, _)| *p != "verify/en/body.txt");
         files.push((
             "verify/en/body.txt",
-            "{{ code }}{% for k in ['n', 'big', 'f', 'z', 'e', 'huge', 'tiny'] %} {{ vars[k] | default('') }}{% endfor %}",
+            "{{ code }}{% for k in ['n', 'big', 'f', 'z', 'e', 'huge', 'tiny'] %} {{ vars[k] | default('') }}{% endfor %} {{ vars.f * 2 if vars.f is defined }}",
         ));
         let (_d, s) = set(&files);
         let t = Templates::load(&s).unwrap();
@@ -485,7 +486,7 @@ mod tests {
         let r = t.render(&job, jiff::Timestamp::now()).unwrap();
         assert_eq!(
             r.text,
-            "1 10 12345678901234567890 1.5 -0 1e3 100000000000000000000000000000000000000000000000001 1e-400"
+            "1 10 12345678901234567890 1.5 -0 1e3 100000000000000000000000000000000000000000000000001 1e-400 3.0"
         );
     }
 

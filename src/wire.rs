@@ -308,8 +308,8 @@ mod tests {
         assert_eq!(vars["n"], VarValue::Integer(10));
         assert_eq!(vars["big"], VarValue::Integer(12_345_678_901_234_567_890));
         assert_eq!(vars["neg"], VarValue::Integer(-3));
+        assert_eq!(vars["f"], VarValue::Float(1.5));
         for (name, written) in [
-            ("f", "1.5"),
             ("z", "-0"),
             ("e", "1e3"),
             (

@@ -612,6 +612,10 @@ async fn an_unusable_redis_names_its_cause() {
         ])
         .query(&mut conn)
         .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "nowrite", "on", ">pw", "~*", "+@all", "-@write"])
+        .query(&mut conn)
+        .unwrap();
     let port = primary.port;
     for (url, says) in [
         (format!("redis://hardened:pw@127.0.0.1:{port}/0"), "+info"),
@@ -620,6 +624,10 @@ async fn an_unusable_redis_names_its_cause() {
             "credentials",
         ),
         (format!("redis://127.0.0.1:{port}/99"), "database"),
+        (
+            format!("redis://nowrite:pw@127.0.0.1:{port}/0"),
+            "may not run",
+        ),
     ] {
         let opened = Backend::open(&settings(url.clone()), &LimitSettings::default()).await;
         let Err(LedgerError::Unfit(why)) = opened else {

@@ -61,6 +61,17 @@ impl Code {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// `text` (an error from elsewhere, such as a relay that quotes the
+    /// rejected mail) with this code hidden. A code shorter than 4
+    /// characters is left alone: it would hide unrelated text, and a code
+    /// that short guards nothing.
+    pub fn hide_in(&self, text: &str) -> String {
+        if self.0.chars().count() < 4 {
+            return text.to_owned();
+        }
+        text.replace(&self.0, "***")
+    }
 }
 
 impl fmt::Debug for Code {
@@ -116,19 +127,29 @@ pub enum VarValue {
     /// A whole number that fits an `i128` and reads back as written, kept
     /// exact (so `12345678901234567890` renders as written, not as a float).
     Integer(i128),
-    /// Any other number (a fraction, an exponent, `-0`, or beyond `i128`),
-    /// kept as the producer wrote it and rendered as that text.
+    /// A fraction written in its shortest form (`1.5`, `-0.25`): a float
+    /// that renders exactly as written, and templates can compute with it.
+    Float(f64),
+    /// Any other number (an exponent, `-0`, `1.50`, beyond `i128` or `f64`'s
+    /// precision), kept as the producer wrote it and rendered as that text
+    /// (templates cannot compute with it).
     Number(String),
     /// A truth value.
     Bool(bool),
 }
 
 impl VarValue {
-    /// A JSON number, from its text as written: [`VarValue::Integer`] when
-    /// that loses nothing, else [`VarValue::Number`].
+    /// A JSON number, from its text as written: [`VarValue::Integer`] or
+    /// [`VarValue::Float`] when that reads back as the same text, else
+    /// [`VarValue::Number`].
     pub fn number(text: &str) -> Self {
-        match text.parse::<i128>() {
-            Ok(n) if n.to_string() == text => VarValue::Integer(n),
+        if let Ok(n) = text.parse::<i128>()
+            && n.to_string() == text
+        {
+            return VarValue::Integer(n);
+        }
+        match text.parse::<f64>() {
+            Ok(f) if text.contains('.') && f.to_string() == text => VarValue::Float(f),
             _ => VarValue::Number(text.to_owned()),
         }
     }

@@ -124,7 +124,14 @@ impl RedisLedger {
 
 /// See [`RedisLedger::unfit`].
 fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
+    // A command the script runs and the ACL forbids fails the script with
+    // an ERR naming the script's user, not with NOPERM.
+    let in_script = e.to_string().contains("executing the script can't run");
     match e.code() {
+        _ if in_script => LedgerError::Unfit(format!(
+            "the Redis user may not run a command of mailgate's script ({e}); it needs \
+             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+        )),
         Some("NOPERM") => LedgerError::Unfit(format!(
             "the Redis user may not run mailgate's script or write its keys ({e}); it needs \
              EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"

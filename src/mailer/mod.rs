@@ -56,6 +56,22 @@ pub enum MailError {
     Unknown(String),
 }
 
+impl MailError {
+    /// The same error with `code` hidden in its text: a relay that rejects
+    /// a mail may quote it back, and the text reaches logs and results.
+    pub fn hiding(self, code: &crate::domain::Code) -> Self {
+        use MailError::*;
+        match self {
+            Config(t) => Config(code.hide_in(&t)),
+            Address(t) => Address(code.hide_in(&t)),
+            Relay(t) => Relay(code.hide_in(&t)),
+            Transient(t) => Transient(code.hide_in(&t)),
+            Permanent(t) => Permanent(code.hide_in(&t)),
+            Unknown(t) => Unknown(code.hide_in(&t)),
+        }
+    }
+}
+
 /// One mail's parts, ready to be composed.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
@@ -309,6 +325,27 @@ mod tests {
         let mut bad_from = settings("smtp://127.0.0.1");
         bad_from.from = "not an address".into();
         assert!(Mailer::new(&bad_from).is_err());
+    }
+
+    #[test]
+    fn a_relay_quoting_the_code_does_not_carry_it_on() {
+        let code = crate::domain::Code::parse("CODEGG7").unwrap();
+        let e = MailError::Permanent(
+            "SMTP 554 to end of data: content rejected: Subject: CODEGG7 is your code".into(),
+        )
+        .hiding(&code);
+        assert_eq!(
+            e.to_string(),
+            "SMTP 554 to end of data: content rejected: Subject: *** is your code"
+        );
+        // Too short to hide without hiding other text.
+        let short = crate::domain::Code::parse("12").unwrap();
+        assert_eq!(
+            MailError::Transient("SMTP 451 12 later".into())
+                .hiding(&short)
+                .to_string(),
+            "SMTP 451 12 later"
+        );
     }
 
     #[tokio::test]
