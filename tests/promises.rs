@@ -533,17 +533,18 @@ async fn unparseable_or_deep_properties_never_stop_the_worker() {
         s.limits.send_lease = Duration::from_secs(7);
     })
     .await;
-    let mut worker = h
-        .command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
-        .stdout(std::process::Stdio::null())
-        .stderr(
-            std::env::var("DEEP_LOG")
-                .ok()
-                .and_then(|p| std::fs::File::create(p).ok())
-                .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
-        )
-        .spawn()
-        .unwrap();
+    let mut worker = common::KillOnDrop(
+        h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::env::var("DEEP_LOG")
+                    .ok()
+                    .and_then(|p| std::fs::File::create(p).ok())
+                    .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
+            )
+            .spawn()
+            .unwrap(),
+    );
     h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
     let jobs = h.settings.amqp.jobs_queue.clone();
     let script = format!(
@@ -596,7 +597,7 @@ t.join()
     );
     assert_eq!(results["h2"]["correlation_id"], "\u{fffd}(");
     assert!(
-        worker.try_wait().unwrap().is_none(),
+        worker.0.try_wait().unwrap().is_none(),
         "the worker is still running"
     );
     // The wait and retry queues still flow: nothing was parked in them.
@@ -609,8 +610,7 @@ t.join()
     statuses.sort();
     assert_eq!(statuses, ["duplicate", "sent"]);
     assert_eq!(depth(&h, &format!("{jobs}.wait")).await, 0);
-    let _ = worker.kill();
-    let _ = worker.wait();
+    drop(worker);
 }
 
 /// Redis unavailable through a job's last attempt: the job is answered

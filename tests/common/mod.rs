@@ -410,3 +410,14 @@ impl Drop for PrivateRabbit {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A child process (a worker binary) killed when the test ends, failed
+/// assertions included, so a failing test leaves nothing running.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
