@@ -43,9 +43,73 @@ pub struct Worker<L> {
     /// The last Redis check (a script call that writes, and `INFO`), reused
     /// for a second, so a flood of `/readyz` cannot load Redis.
     redis_checked: Checked,
-    /// The HTTP listener, bound at build time so its address is known.
-    http: std::sync::Mutex<Option<tokio::net::TcpListener>>,
+    /// The HTTP endpoint, served from the start of [`build`]; taken and
+    /// stopped when the worker stops.
+    http: std::sync::Mutex<Option<Endpoint<L>>>,
     http_addr: std::net::SocketAddr,
+}
+
+/// The HTTP endpoint, served from the start of [`build`], so `/healthz`
+/// answers (and `/readyz` says "starting") while the worker still loads its
+/// templates and connects to Redis, however long that takes. Dropping it
+/// stops it.
+struct Endpoint<L> {
+    starting: Arc<Starting<L>>,
+    stop: Arc<tokio::sync::Notify>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<L: Ledger + 'static> Endpoint<L> {
+    fn serve(listener: tokio::net::TcpListener) -> Self {
+        let starting = Arc::new(Starting {
+            worker: std::sync::OnceLock::new(),
+        });
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let (ready, stopped) = (starting.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let stopped = async move { stopped.notified().await };
+            if let Err(e) = crate::http::serve(listener, ready, stopped).await {
+                tracing::warn!(error = %e, "the HTTP endpoint stopped");
+            }
+        });
+        Self {
+            starting,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops serving and waits until every connection is closed.
+    async fn stop(mut self) {
+        self.stop.notify_one();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl<L> Drop for Endpoint<L> {
+    fn drop(&mut self) {
+        // A build that failed or was cancelled: stop serving.
+        self.stop.notify_one();
+    }
+}
+
+/// Readiness before and after the worker runs.
+struct Starting<L> {
+    worker: std::sync::OnceLock<Arc<Worker<L>>>,
+}
+
+impl<L: Ledger + 'static> crate::http::Readiness for Starting<L> {
+    async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
+        match self.worker.get() {
+            Some(worker) => worker.check().await,
+            None => vec![(
+                "worker",
+                Err("starting: loading templates and connecting to Redis".to_owned()),
+            )],
+        }
+    }
 }
 
 /// A connection that lasted this long was healthy: the next loss starts the
@@ -101,6 +165,8 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
             )
         })?;
     let http_addr = http.local_addr()?;
+    tracing::info!(addr = %http_addr, "serving /metrics, /healthz, /readyz");
+    let endpoint = Endpoint::serve(http);
     let templates = Templates::load(&settings.templates).with_context(|| {
         format!(
             "loading templates from {}",
@@ -132,7 +198,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         broker: std::sync::Mutex::new(None),
         smtp_checked: Checked::new(SMTP_CHECK_TTL),
         redis_checked: Checked::new(REDIS_CHECK_TTL),
-        http: std::sync::Mutex::new(Some(http)),
+        http: std::sync::Mutex::new(Some(endpoint)),
         http_addr,
     })
 }
@@ -161,23 +227,18 @@ impl<L: Ledger + 'static> Worker<L> {
     /// Runs until `shutdown` completes; see the module docs.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let this = Arc::new(self);
-        let http_stop = Arc::new(tokio::sync::Notify::new());
-        let listener = this.http.lock().ok().and_then(|mut l| l.take());
-        let http_task = listener.map(|listener| {
-            let (ready, stop) = (this.clone(), http_stop.clone());
-            tracing::info!(addr = %this.http_addr, "serving /metrics, /healthz, /readyz");
-            tokio::spawn(async move {
-                if let Err(e) =
-                    crate::http::serve(listener, ready, async move { stop.notified().await }).await
-                {
-                    tracing::warn!(error = %e, "the HTTP endpoint stopped");
-                }
-            })
-        });
+        let endpoint = this
+            .http
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(e) = &endpoint {
+            // From now on `/readyz` asks the worker.
+            let _ = e.starting.worker.set(this.clone());
+        }
         let result = this.clone().consume(shutdown).await;
-        http_stop.notify_one();
-        if let Some(t) = http_task {
-            let _ = t.await;
+        if let Some(e) = endpoint {
+            e.stop().await;
         }
         result
     }

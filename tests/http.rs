@@ -241,3 +241,53 @@ async fn readiness_names_a_redis_the_worker_cannot_use() {
     assert!(body.contains("read-only replica"), "{body}");
     w.stop().await.unwrap();
 }
+
+/// While the worker is still starting (here: Redis does not answer yet),
+/// `/healthz` answers, so a liveness probe does not restart it, and
+/// `/readyz` says it is starting; SIGTERM still stops it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_the_worker_starts() {
+    let h = Harness::new("http-starting").await;
+    let free = |()| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (http, no_redis) = (free(()), free(()));
+    let mut worker = common::KillOnDrop(
+        h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
+            .env("MAILGATE__HTTP__LISTEN", http.to_string())
+            .env(
+                "MAILGATE__REDIS__URL",
+                format!("redis://127.0.0.1:{}/0", no_redis.port()),
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(http).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no endpoint at {http}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Redis keeps refusing: the worker is still starting, and says so.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let ready = http_get(http, "/readyz").await;
+    assert_eq!(ready.0, 503, "{}", ready.1);
+    assert!(ready.1.contains("starting"), "{}", ready.1);
+    assert_eq!(http_get(http, "/healthz").await.0, 200);
+    let started = std::time::Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &worker.0.id().to_string()])
+        .status();
+    let status = tokio::task::spawn_blocking(move || worker.0.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
