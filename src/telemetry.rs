@@ -137,14 +137,22 @@ pub fn mask_emails(text: &str) -> String {
     let mut rest = text;
     while let Some(at) = rest.find('@') {
         let is_local = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.".contains(c);
-        let start = rest[..at]
-            .char_indices()
-            .rev()
-            .take_while(|(_, c)| is_local(*c))
-            .last()
-            .map_or(at, |(i, _)| i);
+        // A quoted local part (`"jane q doe"@…`) is hidden whole.
+        let quoted = rest[..at]
+            .strip_suffix('"')
+            .and_then(|inner| inner.rfind('"'));
+        let start = quoted.unwrap_or_else(|| {
+            rest[..at]
+                .char_indices()
+                .rev()
+                .take_while(|(_, c)| is_local(*c))
+                .last()
+                .map_or(at, |(i, _)| i)
+        });
         out.push_str(&rest[..start]);
-        if start < at {
+        if quoted.is_some() {
+            out.push_str("\"***\"");
+        } else if start < at {
             let first = rest[start..].chars().next().unwrap_or('*');
             out.push(first);
             out.push_str("***");
@@ -173,6 +181,10 @@ mod tests {
             "SMTP 550: <j***@example.com> unknown, cc a***@b.c"
         );
         assert_eq!(mask_emails("no address here"), "no address here");
+        assert_eq!(
+            mask_emails(r#"SMTP 550 <"quoted.rcpt victim"@example.com> unknown"#),
+            r#"SMTP 550 <"***"@example.com> unknown"#
+        );
         assert_eq!(mask_emails("@start"), "@start");
     }
 }
