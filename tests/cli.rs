@@ -42,6 +42,27 @@ async fn run_async(c: Command) -> Output {
         .expect("the runner did not panic")
 }
 
+/// Sends `signal` (e.g. "-TERM") to `child` and waits for it to exit within
+/// `within`, returning its output (stderr piped by the caller). A child
+/// that outlives the wait is killed and the test fails.
+async fn signal_and_wait(child: std::process::Child, signal: &str, within: Duration) -> Output {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+    assert!(sent.success(), "kill {signal} {pid}");
+    let waited = tokio::time::timeout(
+        within,
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await;
+    match waited {
+        Ok(out) => out.unwrap().unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("the process did not exit within {within:?} of {signal}");
+        }
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -269,7 +290,7 @@ async fn check_config_explains_what_is_wrong() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_binary_exits_0_on_sigterm() {
     let h = Harness::new("cli-sigterm").await;
-    let mut child = mailgate(&h, &["worker"])
+    let child = mailgate(&h, &["worker"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -286,34 +307,8 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     let props = lapin::BasicProperties::default().with_reply_to("cli-sigterm-no-such-queue".into());
     h.publish_raw(leaky, props).await;
     assert_eq!(h.result().await["id"], "sig2");
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
-                return (s, err);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the worker did not exit on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    })
-    .await
-    .unwrap();
+    let out = signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
+    let out = (out.status, text(&out.stderr));
     assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
     assert!(out.1.contains("shutdown requested"), "{}", out.1);
     assert!(out.1.contains("reply_to queue does not exist"), "{}", out.1);
@@ -526,7 +521,7 @@ async fn a_broker_that_never_finishes_the_handshake_is_retried() {
             held.push(conn);
         }
     });
-    let mut child = mailgate(&h, &["worker"])
+    let child = mailgate(&h, &["worker"])
         .env(
             "MAILGATE__AMQP__URL",
             format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
@@ -545,18 +540,8 @@ async fn a_broker_that_never_finishes_the_handshake_is_retried() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let out = tokio::task::spawn_blocking(move || {
-        let status = child.wait().unwrap();
-        let mut err = String::new();
-        use std::io::Read;
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-        (status, err)
-    })
-    .await
-    .unwrap();
+    let out = signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
+    let out = (out.status, text(&out.stderr));
     assert!(out.0.success(), "{}", out.1);
     assert!(out.1.contains("did not answer within 300ms"), "{}", out.1);
 }
@@ -568,7 +553,7 @@ async fn a_tool_stops_on_ctrl_c() {
     let h = Harness::new("cli-ctrl-c").await;
     // The jobs queue, as a worker would have declared it.
     h.declare("jobs").await;
-    let mut child = mailgate(
+    let child = mailgate(
         &h,
         &[
             "publish",
@@ -586,24 +571,8 @@ async fn a_tool_stops_on_ctrl_c() {
     // By now it has published and waits for a result that never comes (if
     // not, it is interrupted earlier, which stops it just the same).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
-    let out = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-                return (status, err);
-            }
-            assert!(Instant::now() < deadline, "publish ignored SIGINT");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let out = signal_and_wait(child, "-INT", Duration::from_secs(10)).await;
+    let out = (out.status, text(&out.stderr));
     assert!(!out.0.success(), "{}", out.1);
     assert!(out.1.contains("interrupted"), "{}", out.1);
 }
