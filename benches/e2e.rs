@@ -510,8 +510,9 @@ async fn drive(
 /// `--bare-loop`), so its CPU per message is measured like the worker's, and
 /// it is driven and measured exactly like a scenario (the same publisher,
 /// the same result collector), so the ratio compares like with like.
-/// Returns messages/s and the loop's CPU seconds.
-async fn ceiling_broker(run: &Run, n: u64) -> (f64, f64) {
+/// Offered at `rate`, it shows the latency the broker and this bench add on
+/// their own (the "bare broker loop, offered" row).
+async fn ceiling_broker(run: &Run, n: u64, rate: Option<f64>) -> Outcome {
     for q in [run.jobs(), run.results()] {
         run.ch
             .queue_declare(
@@ -532,9 +533,10 @@ async fn ceiling_broker(run: &Run, n: u64) -> (f64, f64) {
             .expect("the bare loop starts"),
     ]);
     wait_for_consumers(&run.conn, &run.jobs(), 1).await;
-    let out = drive(run, Mix::Rejected, n, None, "ceil", &[child.0[0].id()]).await;
+    let tag = if rate.is_some() { "ceilp" } else { "ceil" };
+    let out = drive(run, Mix::Rejected, n, rate, tag, &[child.0[0].id()]).await;
     drop(child);
-    (out.rate(), out.worker_cpu)
+    out
 }
 
 /// The bare loop's process: consume `jobs`, answer to `results` with a
@@ -803,26 +805,37 @@ fn main() {
             ch,
         };
 
-        // `--only TAG` (rej, adm, mix, adm2, rej2) runs one scenario and no
+        // `--only TAG` (rej, adm, mix, adm2, rej2, or bare: the bare loop) runs one scenario and no
         // ceilings, e.g. under a profiler; `--rate R` paces it.
         let only = arg("--only");
         let paced_rate: Option<f64> = arg("--rate").and_then(|r| r.parse().ok());
         let mut rounds_out: Vec<(Option<Ceilings>, Vec<Row>)> = Vec::new();
-        if let Some(tag) = only.as_deref() {
+        if only.as_deref() == Some("bare") {
+            let out = ceiling_broker(&run, jobs, paced_rate).await;
+            let what = "bare broker loop (a)".to_owned();
+            let row = Row {
+                key: "bare",
+                what,
+                out,
+                workers: 1,
+            };
+            rounds_out.push((None, vec![row]));
+        } else if let Some(tag) = only.as_deref() {
             let (key, mix, workers) = match tag {
                 "rej" => ("rej", Mix::Rejected, 1),
                 "adm" => ("adm", Mix::Admitted, 1),
                 "mix" => ("mix", Mix::Realistic, 1),
                 "adm2" => ("adm2", Mix::Admitted, 2),
                 "rej2" => ("rej2", Mix::Rejected, 2),
-                other => panic!("--only {other}: one of rej, adm, mix, adm2, rej2"),
+                other => panic!("--only {other}: one of rej, adm, mix, adm2, rej2, bare"),
             };
             let row = scenario(&run, key, mix, jobs, paced_rate, workers, 0).await;
             rounds_out.push((None, vec![row]));
         } else {
             for round in 1..=rounds {
                 eprintln!("round {round} of {rounds}: ceilings ({jobs} each)");
-                let (broker, broker_cpu) = ceiling_broker(&run, jobs).await;
+                let bare = ceiling_broker(&run, jobs, None).await;
+                let (broker, broker_cpu) = (bare.rate(), bare.worker_cpu);
                 eprintln!("  (a) bare broker loop: {broker:.0}/s");
                 let redis = ceiling_redis(&format!("{}r{round}:", run.prefix), jobs).await;
                 eprintln!("  (b) limiter decisions: {redis:.0}/s");
@@ -842,6 +855,19 @@ fn main() {
                 let half = rows[1].out.rate() / 2.0;
                 let paced = (jobs / 4).max(100);
                 rows.push(scenario(&run, "half", Mix::Admitted, paced, Some(half), 1, round).await);
+                // The same offered load through the bare loop: the latency
+                // the broker, the machine and this bench add by themselves.
+                let out = ceiling_broker(&run, paced, Some(half)).await;
+                eprintln!(
+                    "  bare broker loop, offered {half:.0}/s: p99 {:.1} ms",
+                    out.pct(0.99)
+                );
+                rows.push(Row {
+                    key: "bare-half",
+                    what: format!("bare broker loop (a), offered {half:.0}/s"),
+                    out,
+                    workers: 1,
+                });
                 rows.push(scenario(&run, "adm2", Mix::Admitted, jobs, None, 2, round).await);
                 rows.push(scenario(&run, "rej2", Mix::Rejected, jobs, None, 2, round).await);
                 rounds_out.push((Some(ceilings), rows));

@@ -16,7 +16,14 @@ static TOOLS: LazyLock<redis::Script> =
 /// treats that as transient). Fails if Redis does not answer now, so a bad
 /// URL shows at start-up.
 pub(crate) async fn connect(redis: &RedisSettings) -> Result<ConnectionManager, redis::RedisError> {
-    let client = redis::Client::open(redis.url.as_str())?;
+    // redis-rs leaves Nagle's algorithm on. Requests go out back to back on
+    // the one multiplexed connection, and a batch of admissions can span
+    // several segments on a real network: the last, short segment would
+    // wait for the ACK of the ones before it, which Redis may delay (it has
+    // no whole command to answer yet) by up to its delayed-ACK timeout.
+    let info = redis::IntoConnectionInfo::into_connection_info(redis.url.as_str())?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let client = redis::Client::open(info)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(5)))
