@@ -16,7 +16,9 @@ window after its newest admission.
 Semantics: a request is admitted iff for every rule (W, N) of every scope,
 fewer than N admissions of that key lie after now - W. Admissions "after
 now" (recorded before Redis's clock stepped back) count as inside every
-window, so a backward step never frees quota. That holds iff the N-th newest
+window, and an admission is forgotten only keep_ms after it (a minute more
+than the longest window), so a backward step of up to a minute never frees
+quota. That holds iff the N-th newest
 admission (if any) is at or before now - W, so only the newest few entries of
 a log are ever read. A full rule frees up at
 t_N + W, where t_N is that N-th newest time; retry_after is the largest such
@@ -26,7 +28,8 @@ that wait is the binding one.
 Rule sets travel in ARGV (written by limiter::Keyspace::push_rule_sets):
   R, the number of rule sets; then for each: r, the number of its rules;
   keep_ms, how long its keys keep admissions (the longest window of any rule
-  set of the same scope, since keys are shared across purposes); then r
+  set of the same scope, since keys are shared across purposes, plus a
+  minute of slack for a clock that steps back); then r
   pairs (window_ms, max).
 A request's "shape" names the rule set of each of its scope keys: one
 character per key, '0' + the 1-based rule set ("12": two keys, the first

@@ -144,9 +144,15 @@ pub trait Quotas: Send + Sync {
     ) -> impl Future<Output = Result<(String, u64), LimitError>> + Send;
 }
 
+/// How much longer than any rule can see it an admission is kept: Redis's
+/// clock may step back (an NTP correction), and an admission forgotten as
+/// soon as no window held it would count again after the step. With this
+/// slack a backward step of up to a minute never frees quota.
+pub(crate) const CLOCK_SLACK_MS: u64 = 60_000;
+
 /// One list of rules for one scope, and how long that scope's keys keep an
 /// admission: the longest window of *any* rule set of the scope, because a
-/// mailbox's log is shared by every purpose.
+/// mailbox's log is shared by every purpose, plus [`CLOCK_SLACK_MS`].
 #[derive(Debug, Clone)]
 pub(crate) struct RuleSet {
     pub rules: Vec<Rule>,
@@ -183,7 +189,12 @@ impl Keyspace {
                     .max(),
                 Scope::Ip => limits.ip_rule_lists().flatten().map(Rule::window_ms).max(),
             };
-            longest.unwrap_or(1).max(1)
+            let max_ms = u64::try_from(crate::settings::MAX_PERIOD.as_millis()).unwrap_or(u64::MAX);
+            longest
+                .unwrap_or(1)
+                .max(1)
+                .saturating_add(CLOCK_SLACK_MS)
+                .min(max_ms)
         };
         let set = |scope, rules: &[Rule]| RuleSet {
             rules: rules.to_vec(),
