@@ -880,10 +880,13 @@ fn main() {
 
 /// Deletes every queue and key of the run.
 async fn cleanup(run: &Run) {
-    let topo_queues = ["jobs", "results", "jobs.dead", "jobs.wait"]
+    // The worker's defaults: 4 retry queues, lease waits in bands of
+    // 250 ms doubling (a missing queue deletes fine).
+    let topo_queues = ["jobs", "results", "jobs.dead"]
         .into_iter()
         .map(str::to_owned)
-        .chain((1..5).map(|n| format!("jobs.retry.{n}")));
+        .chain((1..5).map(|n| format!("jobs.retry.{n}")))
+        .chain((0..12).map(|k| format!("jobs.wait.{}", 250_u64 << k)));
     for q in topo_queues {
         let _ = run
             .ch

@@ -72,6 +72,26 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The delay bands of the lease-wait queues (`<jobs_queue>.wait.<ms>`),
+    /// ms, shortest first: 250 ms doubling until one covers the longest lease
+    /// wait (`limits.send_lease` + 100 ms). A wait of `d` goes to the first
+    /// band `>= d`. RabbitMQ expires messages only at a queue's head, so a
+    /// short wait queued behind a longer one waits for it: within a band
+    /// that costs at most the band (under twice the wait), where one queue
+    /// for every wait could hold a 100 ms wait for the whole lease.
+    pub fn wait_bands_ms(&self) -> Vec<u64> {
+        let longest = u64::try_from(self.limits.send_lease.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(100);
+        let mut bands = vec![WAIT_BAND_MIN_MS];
+        while let Some(&last) = bands.last()
+            && last < longest
+        {
+            bands.push(last.saturating_mul(2));
+        }
+        bands
+    }
+
     /// Checks what serde cannot see key by key, across sections.
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.limits.validate()?;
@@ -86,7 +106,8 @@ impl Settings {
                 self.retry.max_attempts
             ));
         }
-        self.amqp.check_queues(self.retry.max_attempts)?;
+        self.amqp
+            .check_queues(self.retry.max_attempts, self.wait_bands_ms())?;
         for (key, url) in [
             ("amqp.url", &self.amqp.url),
             ("redis.url", &self.redis.url),
@@ -179,6 +200,9 @@ pub const MAX_ATTEMPTS: u32 = 50;
 /// overflow what Redis accepts as an expiry once added to the clock.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// The shortest lease-wait band, ms (see [`Settings::wait_bands_ms`]).
+const WAIT_BAND_MIN_MS: u64 = 250;
+
 /// RabbitMQ connection and queue names.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -186,7 +210,8 @@ pub struct AmqpSettings {
     /// `amqp://user:pass@host:port/vhost` (`amqps://` for TLS).
     pub url: String,
     /// Durable queue the jobs arrive on. Dead letters go to `<jobs_queue>.dead`,
-    /// retries wait in `<jobs_queue>.retry.<attempt>`.
+    /// retries wait in `<jobs_queue>.retry.<attempt>`, lease waits in
+    /// `<jobs_queue>.wait.<ms>`.
     #[serde(default = "default_jobs_queue")]
     pub jobs_queue: String,
     /// Durable queue results go to, unless a job names its own `reply_to`.
@@ -208,9 +233,15 @@ impl AmqpSettings {
     /// `max_attempts`: each must be a name RabbitMQ accepts (1 to 255 bytes,
     /// not starting with the reserved `amq.`), and the results queue must
     /// be none of mailgate's other queues.
-    fn check_queues(&self, max_attempts: u32) -> Result<(), SettingsError> {
+    fn check_queues(&self, max_attempts: u32, wait_bands: Vec<u64>) -> Result<(), SettingsError> {
         let jobs = &self.jobs_queue;
-        let longest = format!("{jobs}.retry.{}", max_attempts.saturating_sub(1).max(1));
+        let longest = [
+            format!("{jobs}.retry.{}", max_attempts.saturating_sub(1).max(1)),
+            format!("{jobs}.wait.{}", wait_bands.last().copied().unwrap_or(0)),
+        ]
+        .into_iter()
+        .max_by_key(String::len)
+        .unwrap_or_default();
         for (key, name) in [
             ("amqp.jobs_queue", jobs.as_str()),
             ("amqp.results_queue", self.results_queue.as_str()),
@@ -232,17 +263,21 @@ impl AmqpSettings {
         }
         if longest.len() > 255 {
             return Err(SettingsError::Invalid(format!(
-                "amqp.jobs_queue is {} bytes: the retry queues derived from it ({longest:?}) \
-                 would exceed RabbitMQ's 255; use at most {} bytes with these retry settings",
+                "amqp.jobs_queue is {} bytes: the queues derived from it ({longest:?}) \
+                 would exceed RabbitMQ's 255; use at most {} bytes with these retry and lease \
+                 settings",
                 jobs.len(),
                 255 - (longest.len() - jobs.len()),
             )));
         }
+        // `<jobs>.wait` was the one lease-wait queue before the bands.
         let derived = [jobs.clone(), format!("{jobs}.dead"), format!("{jobs}.wait")];
-        let is_retry = self
-            .results_queue
-            .strip_prefix(&format!("{jobs}.retry."))
-            .is_some_and(|n| n.parse::<u32>().is_ok());
+        let numbered = |kind: &str| {
+            self.results_queue
+                .strip_prefix(&format!("{jobs}.{kind}."))
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        };
+        let is_retry = numbered("retry") || numbered("wait");
         if derived.contains(&self.results_queue) || is_retry {
             return Err(SettingsError::Invalid(format!(
                 "amqp.results_queue {:?} is one of the queues mailgate derives from \
@@ -976,6 +1011,19 @@ mod tests {
         refused(
             &|s| s.amqp.results_queue = format!("{}.wait", s.amqp.jobs_queue),
             "amqp.results_queue",
+        );
+        refused(
+            &|s| s.amqp.results_queue = format!("{}.wait.250", s.amqp.jobs_queue),
+            "amqp.results_queue",
+        );
+        // The lease decides the longest wait queue's name.
+        refused(
+            &|s| {
+                s.amqp.jobs_queue = "j".repeat(244);
+                s.limits.send_lease = Duration::from_secs(3600);
+                s.limits.dedup_for = Duration::from_secs(86_400);
+            },
+            "j.wait.4096000",
         );
         let mut s = shipped();
         s.amqp.jobs_queue = "j".repeat(240);

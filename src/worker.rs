@@ -253,11 +253,10 @@ impl<L: Ledger + 'static> Worker<L> {
         let mut losses = reconnect_backoff().build();
         let mut started = false;
         loop {
-            let amqp = &this.settings.amqp;
             // RabbitMQ refusing the queues (other arguments, no permission)
             // is not an outage: at start, it stops the worker with the
             // broker's reason; later it is retried, with that reason logged.
-            let connect = (|| Broker::connect(amqp, this.settings.retry.max_attempts))
+            let connect = (|| Broker::connect(&this.settings))
                 .retry(reconnect_backoff())
                 .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
                 .notify(|e, wait| match e {
@@ -458,7 +457,7 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
                 "another attempt owns the send; waiting for its lease"
             );
             telemetry::retried("lease");
-            let queue = broker.topology().wait.clone();
+            let queue = broker.topology().wait(delay);
             broker.delay(job, &queue, ticket, job.attempt, delay).await
         }
         Action::DeadLetter { error } => Err(BrokerError::Refused {

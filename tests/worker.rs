@@ -331,3 +331,50 @@ async fn a_broken_template_stops_the_worker_before_it_consumes() {
     assert!(text.contains("verify/en/subject.txt"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lease wait comes back after its own delay, not after a longer wait
+/// queued before it: RabbitMQ expires messages only at a queue's head, so
+/// waits go to queues by band (`J.wait.<ms>`). With one wait queue the short
+/// wait below would come back only after the long one's 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_wait_is_not_held_behind_a_long_one() {
+    use futures_lite::StreamExt;
+    use mailgate::broker::{Broker, Incoming};
+    use mailgate::domain::Ticket;
+
+    let h = Harness::new("waitband").await;
+    let broker = Broker::connect(&h.settings).await.expect("broker");
+    for id in ["long", "short"] {
+        h.publish(&job(id, &format!("{id}@example.com"))).await;
+    }
+    let mut consumer = broker.consume("waitband").await.expect("consume");
+    let mut next = async || {
+        let d = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+            .await
+            .expect("a delivery within 5 s")
+            .expect("the consumer is open")
+            .expect("a delivery");
+        Incoming::new(d)
+    };
+    let ticket = Ticket::new();
+    for (id, delay) in [("long", 20_000), ("short", 300)] {
+        let m = next().await;
+        let body: Value = serde_json::from_slice(m.body()).unwrap();
+        assert_eq!(body["id"], id);
+        let delay = Duration::from_millis(delay);
+        let queue = broker.topology().wait(delay);
+        broker
+            .delay(&m, &queue, &ticket, 1, delay)
+            .await
+            .expect("moved to wait");
+        m.ack().await.expect("ack");
+    }
+    assert_ne!(
+        broker.topology().wait(Duration::from_millis(300)),
+        broker.topology().wait(Duration::from_secs(20))
+    );
+    let back = next().await;
+    let body: Value = serde_json::from_slice(back.body()).unwrap();
+    assert_eq!(body["id"], "short", "the short wait came back first");
+    broker.close(Duration::from_secs(5)).await;
+}

@@ -7,8 +7,11 @@
 //!   their backoff (per-message TTL), then dead-lettered back to `J`. One
 //!   queue per attempt, so messages in a queue have similar TTLs and none
 //!   waits behind a much longer one.
-//! - `J.wait`: jobs waiting for another attempt's send lease to lapse; back
-//!   to `J` likewise.
+//! - `J.wait.<ms>`: jobs waiting for another attempt's send lease to lapse,
+//!   back to `J` likewise; one queue per band of delays up to `<ms>`
+//!   (`Settings::wait_bands_ms`), so a short wait never sits behind a wait
+//!   of the whole lease. (`J.wait`, the one wait queue of earlier versions,
+//!   is no longer declared; it empties itself.)
 //! - `J.dead`: messages that cannot be answered, or whose answer cannot be
 //!   delivered, with the reason in their headers. Never consumed by mailgate.
 //! - `results_queue`: results, unless a job names its own `reply_to`.
@@ -37,7 +40,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 
 use crate::domain::Ticket;
-use crate::settings::AmqpSettings;
+use crate::settings::{AmqpSettings, Settings};
 
 /// The header carrying a copy's attempt number (1 for the first). Read only
 /// on messages that also carry a [`TICKET_HEADER`]: mailgate's own copies.
@@ -103,23 +106,43 @@ pub struct Topology {
     pub results: String,
     /// Where unanswerable messages go.
     pub dead: String,
-    /// Where jobs wait for a lease.
-    pub wait: String,
+    /// The lease-wait bands, ms, shortest first (never empty).
+    pub wait_bands_ms: Vec<u64>,
     /// How many retry queues there are (`max_attempts - 1`).
     pub retries: u32,
 }
 
 impl Topology {
-    /// The names for `settings`, with retry queues for `max_attempts`.
-    pub fn new(settings: &AmqpSettings, max_attempts: u32) -> Self {
-        let jobs = settings.jobs_queue.clone();
+    /// The names for `settings`: retry queues for `retry.max_attempts`, and
+    /// lease-wait queues for waits up to `limits.send_lease`.
+    pub fn new(settings: &Settings) -> Self {
+        let jobs = settings.amqp.jobs_queue.clone();
         Self {
             dead: format!("{jobs}.dead"),
-            wait: format!("{jobs}.wait"),
-            results: settings.results_queue.clone(),
-            retries: max_attempts.saturating_sub(1),
+            results: settings.amqp.results_queue.clone(),
+            wait_bands_ms: settings.wait_bands_ms(),
+            retries: settings.retry.max_attempts.saturating_sub(1),
             jobs,
         }
+    }
+
+    /// The queue where a job waits `delay` for a lease: the first band that
+    /// covers it (the longest band if none does; the job then comes back
+    /// early and waits again).
+    pub fn wait(&self, delay: Duration) -> String {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let band = self
+            .wait_bands_ms
+            .iter()
+            .find(|&&b| b >= ms)
+            .or(self.wait_bands_ms.last())
+            .copied()
+            .unwrap_or_default();
+        self.wait_band(band)
+    }
+
+    fn wait_band(&self, ms: u64) -> String {
+        format!("{}.wait.{ms}", self.jobs)
     }
 
     /// The queue where jobs whose attempt `n` failed wait.
@@ -129,12 +152,8 @@ impl Topology {
 
     /// Every queue mailgate declares.
     pub fn all(&self) -> Vec<String> {
-        let mut all = vec![
-            self.jobs.clone(),
-            self.results.clone(),
-            self.dead.clone(),
-            self.wait.clone(),
-        ];
+        let mut all = vec![self.jobs.clone(), self.results.clone(), self.dead.clone()];
+        all.extend(self.wait_bands_ms.iter().map(|&ms| self.wait_band(ms)));
         all.extend((1..=self.retries).map(|n| self.retry(n)));
         all
     }
@@ -143,7 +162,10 @@ impl Topology {
     /// expired messages back to the jobs queue; the others have none.
     fn arguments(&self, queue: &str) -> FieldTable {
         let mut args = FieldTable::default();
-        let waiting = queue == self.wait
+        let waiting = self
+            .wait_bands_ms
+            .iter()
+            .any(|&ms| queue == self.wait_band(ms))
             || queue
                 .strip_prefix(&format!("{}.retry.", self.jobs))
                 .is_some_and(|n| {
@@ -166,6 +188,13 @@ impl Topology {
     /// Whether mailgate declares `queue` (and so may declare it again).
     fn owns(&self, queue: &str) -> bool {
         self.all().iter().any(|q| q == queue)
+    }
+
+    /// Whether `queue` is one of mailgate's, or the wait queue earlier
+    /// versions declared (`J.wait`, still draining after an upgrade): never a
+    /// place for a result.
+    fn reserved(&self, queue: &str) -> bool {
+        self.owns(queue) || queue == format!("{}.wait", self.jobs)
     }
 }
 
@@ -402,13 +431,14 @@ impl Broker {
     /// declares the queues, all within `amqp.timeout` (a peer that accepts
     /// the TCP connection and never finishes the handshake, such as a load
     /// balancer without a backend, is an outage to retry, not a wait).
-    pub async fn connect(settings: &AmqpSettings, max_attempts: u32) -> Result<Self, BrokerError> {
-        tokio::time::timeout(settings.timeout, Self::open(settings, max_attempts))
+    pub async fn connect(settings: &Settings) -> Result<Self, BrokerError> {
+        let timeout = settings.amqp.timeout;
+        tokio::time::timeout(timeout, Self::open(&settings.amqp, Topology::new(settings)))
             .await
-            .unwrap_or(Err(BrokerError::Timeout(settings.timeout)))
+            .unwrap_or(Err(BrokerError::Timeout(timeout)))
     }
 
-    async fn open(settings: &AmqpSettings, max_attempts: u32) -> Result<Self, BrokerError> {
+    async fn open(settings: &AmqpSettings, topology: Topology) -> Result<Self, BrokerError> {
         // Named after the queue it serves, so operators (and tests) can
         // find a pool's connections in `rabbitmqctl list_connections`.
         let name = format!(
@@ -428,7 +458,7 @@ impl Broker {
         let broker = Self {
             conn: std::sync::Arc::new(conn),
             channel,
-            topology: Topology::new(settings, max_attempts),
+            topology,
             timeout: settings.timeout,
         };
         for q in broker.topology.all() {
@@ -606,7 +636,7 @@ impl Broker {
         // mailgate's own queues are never a reply target: a result parked
         // in a waiting queue (no TTL) would hold up every retry behind it.
         let reply_to = job.reply_to.as_deref().filter(|q| {
-            let ours = self.topology.owns(q) && *q != self.topology.results;
+            let ours = self.topology.reserved(q) && *q != self.topology.results;
             if ours {
                 tracing::warn!(
                     reply_to = q,
@@ -682,26 +712,72 @@ impl Broker {
 mod tests {
     use super::*;
 
-    fn settings() -> AmqpSettings {
-        AmqpSettings {
-            url: "amqp://x".into(),
-            jobs_queue: "j".into(),
-            results_queue: "r".into(),
-            prefetch: 1,
-            timeout: Duration::from_secs(1),
-        }
+    fn settings() -> Settings {
+        let mut s: Settings = config::Config::builder()
+            .add_source(config::File::from(std::path::Path::new(
+                "config/default.toml",
+            )))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("the shipped config");
+        s.amqp.jobs_queue = "j".into();
+        s.amqp.results_queue = "r".into();
+        s.retry.max_attempts = 3;
+        s.limits.send_lease = Duration::from_secs(30);
+        s
     }
 
     #[test]
     fn only_waiting_queues_dead_letter_back() {
-        let t = Topology::new(&settings(), 3);
-        for q in ["j.wait", "j.retry.1", "j.retry.2"] {
+        let t = Topology::new(&settings());
+        for q in ["j.wait.250", "j.wait.32000", "j.retry.1", "j.retry.2"] {
             assert_eq!(t.arguments(q).inner().len(), 2, "{q}");
         }
-        for q in ["j", "r", "j.dead", "j.retry.3", "j.retry.x"] {
+        for q in [
+            "j",
+            "r",
+            "j.dead",
+            "j.wait",
+            "j.wait.64000",
+            "j.retry.3",
+            "j.retry.x",
+        ] {
             assert!(t.arguments(q).inner().is_empty(), "{q}");
         }
         assert!(t.owns("j.retry.2") && !t.owns("j.retry.3") && !t.owns("other"));
+        assert!(
+            t.reserved("j.wait") && !t.owns("j.wait"),
+            "the old wait queue"
+        );
+    }
+
+    #[test]
+    fn a_wait_goes_to_the_first_band_that_covers_it() {
+        let t = Topology::new(&settings());
+        // 250 ms doubling up to the first band past the lease + 100 ms.
+        assert_eq!(
+            t.wait_bands_ms,
+            [250, 500, 1000, 2000, 4000, 8000, 16_000, 32_000]
+        );
+        let ms = Duration::from_millis;
+        for (delay, queue) in [
+            (ms(0), "j.wait.250"),
+            (ms(100), "j.wait.250"),
+            (ms(250), "j.wait.250"),
+            (ms(251), "j.wait.500"),
+            (ms(1000), "j.wait.1000"),
+            (ms(30_100), "j.wait.32000"),
+            (ms(90_000), "j.wait.32000"),
+        ] {
+            assert_eq!(t.wait(delay), queue, "{delay:?}");
+        }
+        // Every band is declared, as a waiting queue.
+        let all = t.all();
+        assert!(
+            t.wait_bands_ms
+                .iter()
+                .all(|b| all.contains(&format!("j.wait.{b}")))
+        );
     }
 
     #[test]

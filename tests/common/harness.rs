@@ -322,8 +322,7 @@ impl Harness {
     }
 
     fn all_queues(&self) -> Vec<String> {
-        let t =
-            mailgate::broker::Topology::new(&self.settings.amqp, self.settings.retry.max_attempts);
+        let t = mailgate::broker::Topology::new(&self.settings);
         let mut all = t.all();
         all.extend(self.extra_queues.lock().unwrap().iter().cloned());
         all
