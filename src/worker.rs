@@ -457,7 +457,7 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
                 "another attempt owns the send; waiting for its lease"
             );
             telemetry::retried("lease");
-            let queue = broker.topology().wait(delay);
+            let (queue, delay) = broker.topology().wait(delay);
             broker.delay(job, &queue, ticket, job.attempt, delay).await
         }
         Action::DeadLetter { error } => Err(BrokerError::Refused {

@@ -566,7 +566,8 @@ def run():
     P = pika.BasicProperties
     for i, p in enumerate([P(headers=nested(17000)), P(reply_to=b"\xff\xfeq"),
                            P(correlation_id=b"\xc3\x28"), P(headers={{b"\xff": "v"}}),
-                           P(reply_to="{jobs}.wait"), P(reply_to="{jobs}.retry.1")]):
+                           P(reply_to="{jobs}.wait"), P(reply_to="{jobs}.retry.1"),
+                           P(reply_to="{jobs}.wait.250")]):
         p.delivery_mode = 2
         ch.basic_publish("", "{jobs}", job(i), p)
     c.close()
@@ -590,7 +591,7 @@ t.join()
         h.publish(&job(&format!("after-{n}"), &format!("a{n}@example.com")))
             .await;
     }
-    let results = h.results(9).await;
+    let results = h.results(10).await;
     assert!(
         results.values().all(|r| r["status"] == "sent"),
         "{results:?}"

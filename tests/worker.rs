@@ -250,6 +250,35 @@ async fn reply_to_and_correlation_id_are_honoured() {
     w.stop().await.unwrap();
 }
 
+/// A `reply_to` naming a waiting queue of the same jobs queue that this
+/// worker does not declare (another worker's, with a longer lease or more
+/// attempts) is refused like this worker's own: a result parked there, with
+/// no expiry, would hold up every wait behind it. The result goes to the
+/// results queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_is_never_parked_in_another_workers_waiting_queue() {
+    let h = Harness::new("replywait").await;
+    let w = h.start_worker().await;
+    for (id, suffix) in [("w1", "jobs.wait.1024000"), ("w2", "jobs.retry.77")] {
+        let queue = h.declare(suffix).await;
+        let props = BasicProperties::default().with_reply_to(queue.as_str().into());
+        let email = format!("{id}@example.com");
+        h.publish_raw(job(id, &email).to_string().as_bytes(), props)
+            .await;
+        let r = h.result().await;
+        assert_eq!(
+            (r["id"].as_str(), r["status"].as_str()),
+            (Some(id), Some("sent"))
+        );
+        assert!(
+            h.next_on(&queue, Duration::from_millis(200))
+                .await
+                .is_none()
+        );
+    }
+    w.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_the_queue_and_never_exceed_a_limit() {
     let h = Harness::new("pool").await;
@@ -362,7 +391,7 @@ async fn a_short_lease_wait_is_not_held_behind_a_long_one() {
         let body: Value = serde_json::from_slice(m.body()).unwrap();
         assert_eq!(body["id"], id);
         let delay = Duration::from_millis(delay);
-        let queue = broker.topology().wait(delay);
+        let (queue, delay) = broker.topology().wait(delay);
         broker
             .delay(&m, &queue, &ticket, 1, delay)
             .await
@@ -370,8 +399,8 @@ async fn a_short_lease_wait_is_not_held_behind_a_long_one() {
         m.ack().await.expect("ack");
     }
     assert_ne!(
-        broker.topology().wait(Duration::from_millis(300)),
-        broker.topology().wait(Duration::from_secs(20))
+        broker.topology().wait(Duration::from_millis(300)).0,
+        broker.topology().wait(Duration::from_secs(20)).0
     );
     let back = next().await;
     let body: Value = serde_json::from_slice(back.body()).unwrap();

@@ -126,19 +126,21 @@ impl Topology {
         }
     }
 
-    /// The queue where a job waits `delay` for a lease: the first band that
-    /// covers it (the longest band if none does; the job then comes back
-    /// early and waits again).
-    pub fn wait(&self, delay: Duration) -> String {
+    /// Where a job waits `delay` for a lease, and for how long: the first
+    /// band that covers `delay`, for `delay`. A delay past the longest band
+    /// (another worker's longer lease, a clock that stepped back) waits the
+    /// longest band only, and the job comes back and waits again: a message
+    /// that outlasted its band would hold up every shorter wait behind it.
+    pub fn wait(&self, delay: Duration) -> (String, Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let longest = self.wait_bands_ms.last().copied().unwrap_or_default();
         let band = self
             .wait_bands_ms
             .iter()
-            .find(|&&b| b >= ms)
-            .or(self.wait_bands_ms.last())
             .copied()
-            .unwrap_or_default();
-        self.wait_band(band)
+            .find(|&b| b >= ms)
+            .unwrap_or(longest);
+        (self.wait_band(band), delay.min(Duration::from_millis(band)))
     }
 
     fn wait_band(&self, ms: u64) -> String {
@@ -190,11 +192,22 @@ impl Topology {
         self.all().iter().any(|q| q == queue)
     }
 
-    /// Whether `queue` is one of mailgate's, or the wait queue earlier
-    /// versions declared (`J.wait`, still draining after an upgrade): never a
-    /// place for a result.
+    /// Whether `queue` is, or could be, one of mailgate's for these jobs:
+    /// never a place for a result. Beyond the queues this worker declares,
+    /// that is every `J.wait.<n>` and `J.retry.<n>` (workers with another
+    /// lease or attempt count declare other ones, and a result parked in a
+    /// waiting queue, with no expiry, would hold up every wait behind it)
+    /// and `J.wait`, the one wait queue of earlier versions.
     fn reserved(&self, queue: &str) -> bool {
-        self.owns(queue) || queue == format!("{}.wait", self.jobs)
+        let numbered = |kind: &str| {
+            queue
+                .strip_prefix(&format!("{}.{kind}.", self.jobs))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        self.owns(queue)
+            || queue == format!("{}.wait", self.jobs)
+            || numbered("wait")
+            || numbered("retry")
     }
 }
 
@@ -664,7 +677,7 @@ impl Broker {
         self.publish_declared(&results, body, props).await
     }
 
-    /// Sends `job` to wait `delay` in `queue` (a retry or the wait queue),
+    /// Sends `job` to wait `delay` in `queue` (a retry or a wait queue),
     /// then come back to the jobs queue as attempt `attempt` of lineage
     /// `ticket`.
     pub async fn delay(
@@ -760,16 +773,17 @@ mod tests {
             [250, 500, 1000, 2000, 4000, 8000, 16_000, 32_000]
         );
         let ms = Duration::from_millis;
-        for (delay, queue) in [
-            (ms(0), "j.wait.250"),
-            (ms(100), "j.wait.250"),
-            (ms(250), "j.wait.250"),
-            (ms(251), "j.wait.500"),
-            (ms(1000), "j.wait.1000"),
-            (ms(30_100), "j.wait.32000"),
-            (ms(90_000), "j.wait.32000"),
+        for (delay, queue, wait) in [
+            (ms(0), "j.wait.250", ms(0)),
+            (ms(100), "j.wait.250", ms(100)),
+            (ms(250), "j.wait.250", ms(250)),
+            (ms(251), "j.wait.500", ms(251)),
+            (ms(1000), "j.wait.1000", ms(1000)),
+            (ms(30_100), "j.wait.32000", ms(30_100)),
+            // Past the longest band: it waits that band, then again.
+            (ms(90_000), "j.wait.32000", ms(32_000)),
         ] {
-            assert_eq!(t.wait(delay), queue, "{delay:?}");
+            assert_eq!(t.wait(delay), (queue.to_owned(), wait), "{delay:?}");
         }
         // Every band is declared, as a waiting queue.
         let all = t.all();
