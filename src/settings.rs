@@ -648,7 +648,8 @@ pub struct ScopeRules {
 }
 
 impl ScopeRules {
-    /// The longest window, which is how long this scope must remember an admission.
+    /// The longest window: a scope remembers an admission this long, and a
+    /// minute more for a clock that steps back (`limiter::CLOCK_SLACK_MS`).
     pub fn longest_window(&self) -> Option<Duration> {
         self.rules.iter().map(|r| r.window).max()
     }

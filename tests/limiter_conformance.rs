@@ -362,6 +362,32 @@ mod cases {
         assert_exact(l, "j3", "a@example.com", None, 5 * SEC).await;
     }
 
+    pub async fn a_clock_a_moment_behind_its_newest_time_frees_no_quota<M: Make>(m: M) {
+        // An admission that has just left the longest window is kept a
+        // minute more: a clock that steps back a moment later still counts
+        // it. Also for a window of MAX_PERIOD, the longest allowed.
+        let max_ms = mailgate::settings::MAX_PERIOD.as_millis() as u64;
+        for (name, w) in [("slack-min", MIN), ("slack-max", max_ms)] {
+            let b = m.make(name, limits(&[(w, 2)], &[])).await;
+            let l = &b.ledger;
+            assert_eq!(
+                check(l, "j1", "a@example.com", None, 0).await,
+                Verdict::Admitted
+            );
+            // j1 has just left the window: room for one more.
+            assert_eq!(
+                check(l, "j2", "a@example.com", None, w).await,
+                Verdict::Admitted
+            );
+            // 1 ms back, j1 is inside the window again and j2 counts too.
+            assert_eq!(
+                check(l, "j3", "a@example.com", None, w - 1).await,
+                rejected(1, Scope::Email, w, 2),
+                "window {w}"
+            );
+        }
+    }
+
     pub async fn a_purpose_has_its_own_rules_over_the_shared_log<M: Make>(m: M) {
         let mut lim = limits(&[(MIN, 3)], &[]);
         lim.purpose.insert(
@@ -515,6 +541,7 @@ macro_rules! conformance {
                 longest_wait_binds,
                 disabled_scope_is_not_limited,
                 a_clock_that_steps_back_frees_no_quota,
+                a_clock_a_moment_behind_its_newest_time_frees_no_quota,
                 a_purpose_has_its_own_rules_over_the_shared_log,
                 usage_shows_each_rule_and_uses_nothing,
                 reset_forgets_a_mailbox,

@@ -250,16 +250,21 @@ async fn reply_to_and_correlation_id_are_honoured() {
     w.stop().await.unwrap();
 }
 
-/// A `reply_to` naming a waiting queue of the same jobs queue that this
-/// worker does not declare (another worker's, with a longer lease or more
-/// attempts) is refused like this worker's own: a result parked there, with
+/// A `reply_to` naming a waiting queue this worker does not declare
+/// (another worker's, with a longer lease or more attempts, or another
+/// deployment's) is refused like this worker's own: a result parked there, with
 /// no expiry, would hold up every wait behind it. The result goes to the
 /// results queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_is_never_parked_in_another_workers_waiting_queue() {
     let h = Harness::new("replywait").await;
     let w = h.start_worker().await;
-    for (id, suffix) in [("w1", "jobs.wait.1024000"), ("w2", "jobs.retry.77")] {
+    for (id, suffix) in [
+        ("w1", "jobs.wait.1024000"),
+        ("w2", "jobs.retry.77"),
+        // Another deployment's, on the same broker.
+        ("w3", "other.wait.250"),
+    ] {
         let queue = h.declare(suffix).await;
         let props = BasicProperties::default().with_reply_to(queue.as_str().into());
         let email = format!("{id}@example.com");

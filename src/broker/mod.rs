@@ -192,22 +192,21 @@ impl Topology {
         self.all().iter().any(|q| q == queue)
     }
 
-    /// Whether `queue` is, or could be, one of mailgate's for these jobs:
-    /// never a place for a result. Beyond the queues this worker declares,
-    /// that is every `J.wait.<n>` and `J.retry.<n>` (workers with another
-    /// lease or attempt count declare other ones, and a result parked in a
-    /// waiting queue, with no expiry, would hold up every wait behind it)
-    /// and `J.wait`, the one wait queue of earlier versions.
+    /// Whether `queue` is, or could be, one of mailgate's: never a place for
+    /// a result. Beyond the queues this worker declares, that is any name of
+    /// a waiting queue, of these jobs or of another deployment's
+    /// (`<name>.wait.<n>`, `<name>.retry.<n>`, and `<name>.wait`, the one
+    /// wait queue of earlier versions): a result parked there, with no
+    /// expiry, would hold up every wait behind it.
     fn reserved(&self, queue: &str) -> bool {
-        let numbered = |kind: &str| {
-            queue
-                .strip_prefix(&format!("{}.{kind}.", self.jobs))
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        let waiting = match queue.rsplit_once('.') {
+            Some((head, "wait")) => !head.is_empty(),
+            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                head.ends_with(".wait") || head.ends_with(".retry")
+            }
+            _ => false,
         };
-        self.owns(queue)
-            || queue == format!("{}.wait", self.jobs)
-            || numbered("wait")
-            || numbered("retry")
+        self.owns(queue) || waiting
     }
 }
 
@@ -762,6 +761,30 @@ mod tests {
             t.reserved("j.wait") && !t.owns("j.wait"),
             "the old wait queue"
         );
+        // Any waiting queue's name, this deployment's or another's.
+        for q in [
+            "j.wait.64000",
+            "j.wait.7",
+            "j.retry.9",
+            "j.dead",
+            "j",
+            "k.wait.250",
+            "k.retry.1",
+            "k.wait",
+        ] {
+            assert!(t.reserved(q), "{q}");
+        }
+        for q in [
+            "j.wait.",
+            "j.wait.x",
+            "j.waiting",
+            "j.retry.",
+            "r2",
+            "wait",
+            "k.waits.1",
+        ] {
+            assert!(!t.reserved(q), "{q}");
+        }
     }
 
     #[test]

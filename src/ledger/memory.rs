@@ -18,7 +18,8 @@ const SWEEP_EVERY: u64 = 1024;
 /// quotas, and nothing survives a restart.
 ///
 /// Memory stays bounded: every [`SWEEP_EVERY`] admissions, records past
-/// their dedup period and logs idle for their longest window are dropped.
+/// their dedup period and logs idle for their keep (longest window and a
+/// minute) are dropped.
 #[derive(Clone)]
 pub struct MemoryLedger {
     inner: Arc<Mutex<State>>,

@@ -10,15 +10,15 @@ Data: one sorted set per scope key (<prefix>email:<mailbox>,
 "<admission ms, 12 hex digits>:<job id>". Members are unique per job, never
 bare timestamps, so two jobs in the same millisecond both count; the time is
 repeated in the member so reads need no WITHSCORES (formatting scores costs
-Redis more than the rest of a decision). A key lives its scope's longest
-window after its newest admission.
+Redis more than the rest of a decision). A key lives keep_ms (its scope's
+longest window and a minute) after its newest admission.
 
 Semantics: a request is admitted iff for every rule (W, N) of every scope,
 fewer than N admissions of that key lie after now - W. Admissions "after
 now" (recorded before Redis's clock stepped back) count as inside every
 window, and an admission is forgotten only keep_ms after it (a minute more
-than the longest window), so a backward step of up to a minute never frees
-quota. That holds iff the N-th newest
+than the longest window), so quota is never freed while the clock is at most
+a minute behind the newest time it showed. That holds iff the N-th newest
 admission (if any) is at or before now - W, so only the newest few entries of
 a log are ever read. A full rule frees up at
 t_N + W, where t_N is that N-th newest time; retry_after is the largest such
@@ -38,10 +38,12 @@ judged by set 1, the second by set 2).
 
 local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
 
--- The longest window, keep, lease or dedup period accepted, in ms (a year
--- and a day, as settings.rs's MAX_PERIOD): longer ones would overflow an
--- expiry, and are refused before anything is written.
+-- The longest window, lease or dedup period accepted, in ms (a year and a
+-- day, as settings.rs's MAX_PERIOD): longer ones would overflow an expiry,
+-- and are refused before anything is written. A keep may be a minute longer
+-- (limiter::CLOCK_SLACK_MS), so even the longest window keeps its slack.
 local MAX_PERIOD_MS = 31622400000
+local MAX_KEEP_MS = MAX_PERIOD_MS + 60000
 
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)
@@ -68,7 +70,7 @@ local function rule_sets(a)
   a = a + 1
   for i = 1, count do
     local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if not n or not keep or keep < 1 or keep > MAX_PERIOD_MS then return nil, 'rule set ' .. i end
+    if not n or not keep or keep < 1 or keep > MAX_KEEP_MS then return nil, 'rule set ' .. i end
     -- fetch: how many of a log's newest entries one read gets: the largest
     -- N, at least 1, at most 16 (a larger N costs a second read, only when
     -- the log is that long).

@@ -9,8 +9,9 @@ use crate::domain::Name;
 /// ledger. Not shared between processes, and not locked: its owner locks it.
 ///
 /// Memory stays bounded: a key's log never holds entries older than its
-/// longest window once the key is touched, and [`MemoryLogs::sweep`] drops
-/// keys idle for their longest window.
+/// keep (its longest window and a minute, see [`super::CLOCK_SLACK_MS`])
+/// once the key is touched, and [`MemoryLogs::sweep`] drops keys idle for
+/// their keep.
 pub(crate) struct MemoryLogs {
     keys: Keyspace,
     /// Scope key → admissions `(time, job id)`, ascending by time.
@@ -19,7 +20,7 @@ pub(crate) struct MemoryLogs {
 
 struct Log {
     entries: VecDeque<(u64, Arc<str>)>,
-    /// The key's longest window: after that long without an admission it is empty.
+    /// The key's keep: after that long without an admission it is empty.
     longest_ms: u64,
 }
 
@@ -128,7 +129,7 @@ impl MemoryLogs {
         (key, removed)
     }
 
-    /// Drops every key idle at `now` for its longest window.
+    /// Drops every key idle at `now` for its keep.
     pub fn sweep(&mut self, now: u64) {
         self.logs.retain(|_, log| {
             log.prune(now);

@@ -147,7 +147,9 @@ pub trait Quotas: Send + Sync {
 /// How much longer than any rule can see it an admission is kept: Redis's
 /// clock may step back (an NTP correction), and an admission forgotten as
 /// soon as no window held it would count again after the step. With this
-/// slack a backward step of up to a minute never frees quota.
+/// slack no quota is freed while the clock is at most a minute behind the
+/// newest time it showed. `decide.lua` accepts a keep of `MAX_PERIOD` plus
+/// this (its `MAX_KEEP_MS`), so the longest window keeps its slack too.
 pub(crate) const CLOCK_SLACK_MS: u64 = 60_000;
 
 /// One list of rules for one scope, and how long that scope's keys keep an
@@ -189,12 +191,7 @@ impl Keyspace {
                     .max(),
                 Scope::Ip => limits.ip_rule_lists().flatten().map(Rule::window_ms).max(),
             };
-            let max_ms = u64::try_from(crate::settings::MAX_PERIOD.as_millis()).unwrap_or(u64::MAX);
-            longest
-                .unwrap_or(1)
-                .max(1)
-                .saturating_add(CLOCK_SLACK_MS)
-                .min(max_ms)
+            longest.unwrap_or(1).max(1).saturating_add(CLOCK_SLACK_MS)
         };
         let set = |scope, rules: &[Rule]| RuleSet {
             rules: rules.to_vec(),
