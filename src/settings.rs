@@ -277,8 +277,8 @@ impl AmqpSettings {
                 .strip_prefix(&format!("{jobs}.{kind}."))
                 .is_some_and(|n| n.parse::<u64>().is_ok())
         };
-        let is_retry = numbered("retry") || numbered("wait");
-        if derived.contains(&self.results_queue) || is_retry {
+        let is_waiting = numbered("retry") || numbered("wait");
+        if derived.contains(&self.results_queue) || is_waiting {
             return Err(SettingsError::Invalid(format!(
                 "amqp.results_queue {:?} is one of the queues mailgate derives from \
                  amqp.jobs_queue; results would be taken for jobs",

@@ -21,7 +21,7 @@ pub(crate) struct MemoryLogs {
 struct Log {
     entries: VecDeque<(u64, Arc<str>)>,
     /// The key's keep: after that long without an admission it is empty.
-    longest_ms: u64,
+    keep_ms: u64,
 }
 
 impl Log {
@@ -29,7 +29,7 @@ impl Log {
         while self
             .entries
             .front()
-            .is_some_and(|(t, _)| t.saturating_add(self.longest_ms) <= now)
+            .is_some_and(|(t, _)| t.saturating_add(self.keep_ms) <= now)
         {
             self.entries.pop_front();
         }
@@ -59,7 +59,7 @@ impl MemoryLogs {
             let set = &self.keys.sets[*set];
             times.clear();
             if let Some(log) = self.logs.get_mut(key) {
-                log.longest_ms = set.keep_ms;
+                log.keep_ms = set.keep_ms;
                 log.prune(now);
                 times.extend(log.entries.iter().map(|(t, _)| *t));
             }
@@ -82,10 +82,10 @@ impl MemoryLogs {
     pub fn record(&mut self, scopes: &[(Scope, String, usize)], now: u64, id: &str) {
         let id: Arc<str> = Arc::from(id);
         for (_, key, set) in scopes {
-            let longest_ms = self.keys.sets[*set].keep_ms;
+            let keep_ms = self.keys.sets[*set].keep_ms;
             let log = self.logs.entry(key.clone()).or_insert_with(|| Log {
                 entries: VecDeque::new(),
-                longest_ms,
+                keep_ms,
             });
             // Keep the log sorted even if an explicit clock steps backwards.
             let at = log.entries.partition_point(|(t, _)| *t <= now);

@@ -409,3 +409,32 @@ pub(crate) fn binding_rule(rules: &[Rule], times: &[u64], now: u64) -> Option<(u
     }
     best
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `local NAME = <integer>` in decide.lua; `MAX_KEEP_MS`
+    /// is written as `MAX_PERIOD_MS + <slack>`, so it reads the slack.
+    fn lua_constant(name: &str) -> u64 {
+        let line = DECIDE_LUA
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("local {name} = ")))
+            .expect("decide.lua defines the constant");
+        let n = line.rsplit(' ').next().expect("a value");
+        n.parse().expect("an integer")
+    }
+
+    /// The script refuses what settings refuse, and no keep that the
+    /// clock slack makes valid: its constants are Rust's.
+    #[test]
+    fn the_scripts_limits_are_the_settings() {
+        let max_period = crate::settings::MAX_PERIOD.as_millis() as u64;
+        assert_eq!(lua_constant("MAX_PERIOD_MS"), max_period);
+        assert_eq!(lua_constant("MAX_KEEP_MS"), CLOCK_SLACK_MS);
+        assert!(
+            DECIDE_LUA.contains("local MAX_KEEP_MS = MAX_PERIOD_MS + "),
+            "MAX_KEEP_MS is MAX_PERIOD_MS plus the slack"
+        );
+    }
+}
