@@ -357,46 +357,42 @@ async fn malformed_calls_write_nothing() {
         include_str!("../src/ledger/ledger.lua")
     );
     let sets = ["2", "1", "60000", "60000", "1", "0", "1"];
+    let head = ["batch", "", "86400000", "30000"];
+    let batch = |items: &[&'static str]| [&head[..], &sets[..], items].concat();
     let calls: Vec<(Vec<&str>, Vec<&str>)> = vec![
         // A good request, then one with a bad flag: the first is not written.
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
-            [
-                &["admit", "", "86400000", "30000"][..],
-                &sets[..],
-                &[
-                    "a", "fp", "tk", "1", "0", "", "1", "b", "fp", "tk", "1", "?", "", "1",
-                ],
-            ]
-            .concat(),
+            batch(&[
+                "admit", "a", "fp", "tk", "1", "0", "", "1", "admit", "b", "fp", "tk", "1", "?",
+                "", "1",
+            ]),
+        ),
+        // A good request, then a settle with a bad end.
+        (
+            vec!["t:job:a", "t:email:a", "t:job:b"],
+            batch(&[
+                "admit", "a", "fp", "tk", "1", "0", "", "1", "settle", "tk", "1", "b", "z", "1",
+                "0",
+            ]),
         ),
         // A shape naming a rule set that does not exist.
         (
             vec!["t:job:a", "t:email:a"],
-            [
-                &["admit", "", "86400000", "30000"][..],
-                &sets[..],
-                &["a", "fp", "tk", "1", "0", "", "9"],
-            ]
-            .concat(),
+            batch(&["admit", "a", "fp", "tk", "1", "0", "", "9"]),
         ),
         // Keys that do not match the requests.
         (
             vec!["t:job:a"],
-            [
-                &["admit", "", "86400000", "30000"][..],
-                &sets[..],
-                &["a", "fp", "tk", "1", "0", "", "1"],
-            ]
-            .concat(),
+            batch(&["admit", "a", "fp", "tk", "1", "0", "", "1"]),
         ),
         // A good request whose record would outlive what Redis accepts.
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["admit", "", "99999999999999999", "30000"][..],
+                &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["a", "fp", "tk", "1", "0", "", "1"],
+                &["admit", "a", "fp", "tk", "1", "0", "", "1"],
             ]
             .concat(),
         ),
@@ -404,7 +400,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             vec![
-                "admit",
+                "batch",
                 "",
                 "86400000",
                 "30000",
@@ -413,6 +409,7 @@ async fn malformed_calls_write_nothing() {
                 "31536000000000000000",
                 "31536000000000000000",
                 "1",
+                "admit",
                 "a",
                 "fp",
                 "tk",
@@ -425,35 +422,40 @@ async fn malformed_calls_write_nothing() {
         // Attempt 0.
         (
             vec!["t:job:a", "t:email:a"],
-            [
-                &["admit", "", "86400000", "30000"][..],
-                &sets[..],
-                &["a", "fp", "tk", "0", "0", "", "1"],
-            ]
-            .concat(),
+            batch(&["admit", "a", "fp", "tk", "0", "0", "", "1"]),
         ),
         // A rule with a zero window.
         (
             vec!["t:job:a", "t:email:a"],
             vec![
-                "admit", "", "86400000", "30000", "1", "1", "1", "0", "1", "a", "fp", "tk", "1",
-                "0", "", "1",
+                "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
+                "tk", "1", "0", "", "1",
             ],
         ),
         (
             vec!["t:job:a"],
-            vec!["settle", "86400000", "tk", "1", "a", "z", "1"],
+            batch(&["settle", "tk", "1", "a", "z", "1", "0"]),
         ),
+        // A settle naming more scope keys than there are.
         (
             vec!["t:job:a"],
-            vec!["sending", "", "x", "30000", "tk", "1"],
+            batch(&["settle", "tk", "1", "a", "e", "1", "2"]),
         ),
+        (vec!["t:job:a"], batch(&["sending", "tk", "0"])),
         (
             vec!["t:job:a"],
-            vec!["sending", "", "99999999999999999", "30000", "tk", "1"],
+            [
+                &["batch", "", "99999999999999999", "30000"][..],
+                &sets[..],
+                &["sending", "tk", "1"],
+            ]
+            .concat(),
         ),
-        (vec!["t:job:a"], vec!["release", "86400000", "tk"]),
-        (vec!["t:job:a"], vec!["answered", "99999999999999999", "tk"]),
+        (vec!["t:job:a"], batch(&["sending", "", "1"])),
+        // An item cut short.
+        (vec!["t:job:a"], batch(&["release", "tk"])),
+        (vec!["t:job:a"], batch(&["answered", ""])),
+        (vec!["t:job:a"], batch(&["nope", "tk"])),
         (vec!["t:job:a"], vec!["nope"]),
     ];
     for (keys, args) in calls {
@@ -469,12 +471,7 @@ async fn malformed_calls_write_nothing() {
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
     // The same shape, well formed, is accepted and written.
-    let good = [
-        &["admit", "", "86400000", "30000"][..],
-        &sets[..],
-        &["a", "fp", "tk", "1", "0", "", "1"],
-    ]
-    .concat();
+    let good = batch(&["admit", "a", "fp", "tk", "1", "0", "", "1"]);
     let _: redis::Value = redis::cmd("EVAL")
         .arg(&script)
         .arg(2)

@@ -16,13 +16,13 @@ use crate::settings::{LimitSettings, RedisSettings};
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{}", include_str!("ledger.lua"))));
 
-/// Most admissions decided in one script call.
+/// Most items run in one script call.
 const MAX_BATCH: usize = 64;
-/// Admission calls in flight at once; while they run, new requests gather
-/// into the next batch.
+/// Script calls in flight at once; while they run, new items gather into
+/// the next batch.
 const MAX_IN_FLIGHT: usize = 2;
 
-/// The result codes of `ledger.lua`'s "admit", named as in its `CODE` table
+/// The result codes of `ledger.lua`'s "admit" item, named as in its `CODE` table
 /// (a unit test checks the two agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Code {
@@ -52,13 +52,15 @@ const CODES: [(Code, &str); 9] = [
 
 /// The production ledger: records in Redis, shared by every worker.
 ///
-/// Admissions asked while earlier ones are in flight are decided together in
-/// one `EVALSHA` (in arrival order, all at one Redis instant, atomically), so
-/// under load the fixed cost of a script call is shared; an idle ledger sends
-/// each at once. The script is loaded again on `NOSCRIPT` (e.g. after a Redis
-/// restart). The connection is multiplexed and re-established after Redis
-/// comes back; a call made while Redis is away fails with
-/// [`LedgerError::Redis`], which callers treat as transient.
+/// Every write is an item of `ledger.lua`'s "batch": items asked while
+/// earlier calls are in flight run together in one `EVALSHA` (in arrival
+/// order, all at one Redis instant, atomically), so under load the fixed
+/// cost of a script call, and its round trip, is shared by the jobs in
+/// flight; an idle ledger sends each at once. The script is loaded again
+/// on `NOSCRIPT` (e.g. after a Redis restart). The connection is
+/// multiplexed and re-established after Redis comes back; a call made
+/// while Redis is away fails with [`LedgerError::Redis`], which callers
+/// treat as transient.
 #[derive(Clone)]
 pub struct RedisLedger {
     conn: ConnectionManager,
@@ -67,16 +69,25 @@ pub struct RedisLedger {
     allow_eviction: bool,
 }
 
-/// An admission waiting for its batch.
+/// An item waiting for its batch.
 struct Pending {
-    clock: Clock,
-    /// id, fingerprint, ticket, attempt, send_now, expires_at, shape.
-    args: [String; 7],
-    /// The record key, then the scope keys.
+    /// The clock the item is judged by, if it reads one (admit, sending);
+    /// items that do not join any batch.
+    clock: Option<Clock>,
+    /// Its kind, then its values, as `ledger.lua`'s ITEMS take them.
+    args: Vec<String>,
+    /// Its record key, then its scope keys.
     keys: Vec<String>,
-    /// The scope of each scope key, and its rule set.
-    scopes: Vec<(Scope, usize)>,
-    reply: oneshot::Sender<Result<Admission, LedgerError>>,
+    reply: oneshot::Sender<Result<Reply, LedgerError>>,
+}
+
+/// What the script answered for one item.
+struct Reply {
+    /// The batch's instant, ms (the Redis clock, or the explicit one).
+    now_ms: u64,
+    /// The item's four values: an admission's code and up to three values;
+    /// for the other kinds 1 (done) or 0, then zeros.
+    values: [i64; 4],
 }
 
 impl RedisLedger {
@@ -114,11 +125,39 @@ impl RedisLedger {
         unfit(e, &self.keys.prefix)
     }
 
-    /// An invocation of operation `op` on `job`'s record.
-    fn op(&self, op: &str, job: &JobRef<'_>) -> redis::ScriptInvocation<'static> {
-        let mut inv = SCRIPT.prepare_invoke();
-        inv.key(self.keys.record_key(job.request.id)).arg(op);
-        inv
+    /// Runs one item (`args`: its kind and values) in the next batch.
+    async fn submit(
+        &self,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        keys: Vec<String>,
+    ) -> Result<Reply, LedgerError> {
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            clock,
+            args,
+            keys,
+            reply,
+        };
+        let gone = || LedgerError::Protocol("the ledger's batching task stopped".into());
+        self.queue.send(pending).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Runs a "sending", "release", "settle" or "answered" item on `job`'s
+    /// record (with `scope_keys` after it): whether it was done.
+    async fn mark(
+        &self,
+        job: &JobRef<'_>,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        scope_keys: Vec<String>,
+    ) -> Result<bool, LedgerError> {
+        let mut keys = Vec::with_capacity(1 + scope_keys.len());
+        keys.push(self.keys.record_key(job.request.id));
+        keys.extend(scope_keys);
+        let reply = self.submit(clock, args, keys).await?;
+        Ok(reply.values[0] == 1)
     }
 }
 
@@ -152,13 +191,13 @@ fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
     }
 }
 
-/// Gathers queued admissions into batches and runs up to [`MAX_IN_FLIGHT`]
+/// Gathers queued items into batches and runs up to [`MAX_IN_FLIGHT`]
 /// script calls at once.
 async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys: Arc<Keyspace>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut carried: Option<Pending> = None;
     loop {
-        // Wait for a free slot first: requests arriving meanwhile join the batch.
+        // Wait for a free slot first: items arriving meanwhile join the batch.
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
@@ -173,12 +212,16 @@ async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys
         // run before the batch closes (no timer, so an idle ledger adds no
         // latency).
         tokio::task::yield_now().await;
-        let clock = first.clock;
+        let mut clock = first.clock;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                // One batch is one instant: an explicit clock ends the batch.
-                Ok(p) if p.clock == clock => batch.push(p),
+                // One batch is one instant: an item that reads another
+                // explicit clock ends the batch.
+                Ok(p) if clock.is_none() || p.clock.is_none() || p.clock == clock => {
+                    clock = clock.or(p.clock);
+                    batch.push(p);
+                }
                 Ok(p) => {
                     carried = Some(p);
                     break;
@@ -188,10 +231,11 @@ async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys
         }
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
+            let clock = clock.unwrap_or(Clock::Server);
             match run_batch(&mut conn, &keys, clock, &batch).await {
-                Ok(admissions) => {
-                    for (p, a) in batch.into_iter().zip(admissions) {
-                        let _ = p.reply.send(Ok(a));
+                Ok(replies) => {
+                    for (p, r) in batch.into_iter().zip(replies) {
+                        let _ = p.reply.send(Ok(r));
                     }
                 }
                 Err(e) => {
@@ -203,6 +247,11 @@ async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys
             drop(permit);
         });
     }
+}
+
+/// A job's attempt as the script takes it (at least 1).
+fn attempt(job: &JobRef<'_>) -> String {
+    job.attempt.max(1).to_string()
 }
 
 fn clock_arg(clock: Clock) -> String {
@@ -217,9 +266,9 @@ async fn run_batch(
     keys: &Keyspace,
     clock: Clock,
     batch: &[Pending],
-) -> Result<Vec<Admission>, LedgerError> {
+) -> Result<Vec<Reply>, LedgerError> {
     let mut inv = SCRIPT.prepare_invoke();
-    inv.arg("admit")
+    inv.arg("batch")
         .arg(clock_arg(clock))
         .arg(keys.dedup_ms())
         .arg(keys.lease_ms())
@@ -229,40 +278,29 @@ async fn run_batch(
         inv.key(&p.keys[..]);
     }
     let reply: Vec<i64> = inv.invoke_async(conn).await?;
-    let bad = || {
-        LedgerError::Protocol(format!(
-            "{} values for {} admissions",
-            reply.len(),
-            batch.len()
-        ))
-    };
+    let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
     if reply.len() != 1 + 4 * batch.len() {
         return Err(bad());
     }
-    let num = |v: i64| u64::try_from(v).map_err(|_| bad());
-    let decided_at_ms = num(reply[0])?;
-    batch
-        .iter()
-        .zip(reply[1..].chunks_exact(4))
-        .map(|(p, r)| {
-            let verdict = verdict(keys, p, r).ok_or_else(bad)?;
-            Ok(Admission {
-                decided_at_ms,
-                verdict,
-            })
+    let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
+    Ok(reply[1..]
+        .chunks_exact(4)
+        .map(|r| Reply {
+            now_ms,
+            values: [r[0], r[1], r[2], r[3]],
         })
-        .collect()
+        .collect())
 }
 
-/// One admission's four reply values as a [`Verdict`]; `None` if they make
-/// no sense.
-fn verdict(keys: &Keyspace, p: &Pending, r: &[i64]) -> Option<Verdict> {
+/// An admission's four reply values as a [`Verdict`] (`scopes`: the scope
+/// and rule set of each of its scope keys); `None` if they make no sense.
+fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; 4]) -> Option<Verdict> {
     let num = |i: usize| u64::try_from(r[i]).ok();
     let flag = |i: usize| r[i] == 1;
     let (code, _) = CODES.iter().find(|(c, _)| *c as i64 == r[0])?;
     Some(match code {
         Code::Rejected => {
-            let (scope, set) = *p.scopes.get(usize::try_from(r[2] - 1).ok()?)?;
+            let (scope, set) = *scopes.get(usize::try_from(r[2] - 1).ok()?)?;
             let rule = keys
                 .sets
                 .get(set)?
@@ -319,52 +357,45 @@ impl Ledger for RedisLedger {
             keys.push(key);
             scopes.push((scope, set));
         }
-        let (reply, rx) = oneshot::channel();
-        let pending = Pending {
-            clock,
-            args: [
-                job.request.id.as_str().to_owned(),
-                Fingerprint::of(&job.request).as_str().to_owned(),
-                job.ticket.as_str().to_owned(),
-                job.attempt.max(1).to_string(),
-                if entry.send_now { "1" } else { "0" }.to_owned(),
-                entry
-                    .expires_at_ms
-                    .map(|ms| ms.to_string())
-                    .unwrap_or_default(),
-                shape,
-            ],
-            keys,
-            scopes,
-            reply,
-        };
-        let gone = || LedgerError::Protocol("the ledger's batching task stopped".into());
-        self.queue.send(pending).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        let args = vec![
+            "admit".to_owned(),
+            job.request.id.as_str().to_owned(),
+            Fingerprint::of(&job.request).as_str().to_owned(),
+            job.ticket.as_str().to_owned(),
+            job.attempt.max(1).to_string(),
+            if entry.send_now { "1" } else { "0" }.to_owned(),
+            entry
+                .expires_at_ms
+                .map(|ms| ms.to_string())
+                .unwrap_or_default(),
+            shape,
+        ];
+        let reply = self.submit(Some(clock), args, keys).await?;
+        let verdict = verdict(&self.keys, &scopes, &reply.values).ok_or_else(|| {
+            LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
+        })?;
+        Ok(Admission {
+            decided_at_ms: reply.now_ms,
+            verdict,
+        })
     }
 
     async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
-        let reply: i64 = self
-            .op("sending", job)
-            .arg(clock_arg(clock))
-            .arg(self.keys.dedup_ms())
-            .arg(self.keys.lease_ms())
-            .arg(job.ticket.as_str())
-            .arg(job.attempt.max(1))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(reply == 1)
+        let args = vec![
+            "sending".to_owned(),
+            job.ticket.as_str().to_owned(),
+            attempt(job),
+        ];
+        self.mark(job, Some(clock), args, Vec::new()).await
     }
 
     async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
-        let reply: i64 = self
-            .op("release", job)
-            .arg(self.keys.dedup_ms())
-            .arg(job.ticket.as_str())
-            .arg(job.attempt.max(1))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(reply == 1)
+        let args = vec![
+            "release".to_owned(),
+            job.ticket.as_str().to_owned(),
+            attempt(job),
+        ];
+        self.mark(job, None, args, Vec::new()).await
     }
 
     async fn settle(
@@ -378,32 +409,31 @@ impl Ledger for RedisLedger {
             Ending::Unknown => b'u',
             Ending::Refund(r) => r.code(),
         };
-        let mut inv = self.op("settle", job);
-        if matches!(ending, Ending::Refund(..)) {
-            for (_, key, _) in self.keys.applicable(&job.request) {
-                inv.key(key);
-            }
-        }
-        let reply: i64 = inv
-            .arg(self.keys.dedup_ms())
-            .arg(job.ticket.as_str())
-            .arg(job.attempt.max(1))
-            .arg(job.request.id.as_str())
-            .arg(char::from(how).to_string())
-            .arg(if answered { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(reply == 1)
+        // A refund takes the admission out of every scope log.
+        let scope_keys: Vec<String> = match ending {
+            Ending::Refund(..) => self
+                .keys
+                .applicable(&job.request)
+                .into_iter()
+                .map(|(_, key, _)| key)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let args = vec![
+            "settle".to_owned(),
+            job.ticket.as_str().to_owned(),
+            attempt(job),
+            job.request.id.as_str().to_owned(),
+            char::from(how).to_string(),
+            if answered { "1" } else { "0" }.to_owned(),
+            scope_keys.len().to_string(),
+        ];
+        self.mark(job, None, args, scope_keys).await
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
-        let reply: i64 = self
-            .op("answered", job)
-            .arg(self.keys.dedup_ms())
-            .arg(job.ticket.as_str())
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(reply == 1)
+        let args = vec!["answered".to_owned(), job.ticket.as_str().to_owned()];
+        self.mark(job, None, args, Vec::new()).await
     }
 
     async fn health(&self) -> Result<(), LedgerError> {
