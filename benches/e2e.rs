@@ -29,10 +29,11 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use mailgate::broker::Topology;
 use mailgate::domain::{EmailAddress, JobId, Ticket};
 use mailgate::ledger::{Entry, JobRef, Ledger, RedisLedger};
 use mailgate::limiter::{Clock, Request};
-use mailgate::settings::{LimitSettings, RedisSettings};
+use mailgate::settings::{LimitSettings, QueueType, RedisSettings};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -48,6 +49,17 @@ fn amqp_url() -> String {
 }
 fn redis_url() -> String {
     std::env::var("BENCH_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// The type of the run's queues, the bare loop's and the worker's alike:
+/// `BENCH_QUEUE_TYPE` (`classic` or `quorum`), else mailgate's default.
+fn queue_type() -> QueueType {
+    match std::env::var("BENCH_QUEUE_TYPE").as_deref() {
+        Ok("classic") => QueueType::Classic,
+        Ok("quorum") => QueueType::Quorum,
+        Ok(other) => panic!("BENCH_QUEUE_TYPE={other}: classic or quorum"),
+        Err(_) => QueueType::default(),
+    }
 }
 
 // ---------------------------------------------------------------- SMTP sink
@@ -192,6 +204,7 @@ impl Run {
             .env("MAILGATE__AMQP__URL", amqp_url())
             .env("MAILGATE__AMQP__JOBS_QUEUE", self.jobs())
             .env("MAILGATE__AMQP__RESULTS_QUEUE", self.results())
+            .env("MAILGATE__AMQP__QUEUE_TYPE", queue_type().as_str())
             .envs(std::env::var("BENCH_PREFETCH").map(|p| ("MAILGATE__AMQP__PREFETCH", p)))
             .env("MAILGATE__REDIS__URL", redis_url())
             .env("MAILGATE__REDIS__KEY_PREFIX", &self.prefix)
@@ -513,12 +526,22 @@ async fn drive(
 /// Offered at `rate`, it shows the latency the broker and this bench add on
 /// their own (the "bare broker loop, offered" row).
 async fn ceiling_broker(run: &Run, n: u64, rate: Option<f64>) -> Outcome {
+    // Declared as the worker declares them: the loop and the worker run on
+    // the same queues.
+    let topology = Topology {
+        jobs: run.jobs(),
+        results: run.results(),
+        dead: format!("{}.dead", run.jobs()),
+        wait_bands_ms: vec![250],
+        retries: 0,
+        queue_type: queue_type(),
+    };
     for q in [run.jobs(), run.results()] {
         run.ch
             .queue_declare(
                 q.as_str().into(),
                 QueueDeclareOptions::durable(),
-                FieldTable::default(),
+                topology.arguments(&q),
             )
             .await
             .expect("declare");

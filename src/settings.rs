@@ -226,6 +226,37 @@ pub struct AmqpSettings {
     /// unacknowledged jobs go back to the queue instead of waiting forever.
     #[serde(default = "default_amqp_timeout", deserialize_with = "human_duration")]
     pub timeout: Duration,
+    /// The type every one of mailgate's queues is declared with. RabbitMQ
+    /// refuses to declare an existing queue as another type, so changing
+    /// it means moving to new queues (see the README).
+    #[serde(default)]
+    pub queue_type: QueueType,
+}
+
+/// How mailgate's queues are replicated. New deployments get quorum queues;
+/// one whose queues are classic says so (RabbitMQ cannot change a queue's
+/// type, see the README).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// Classic durable queues: each lives on one node, unreplicated.
+    Classic,
+    /// Quorum queues: replicated over the cluster's nodes (Raft), so a
+    /// queue survives the loss of a minority of them; dead-lettering is at
+    /// least once, and a message handed back too often is dead-lettered
+    /// (RabbitMQ 3.10 or later).
+    #[default]
+    Quorum,
+}
+
+impl QueueType {
+    /// The name RabbitMQ gives the type (`x-queue-type`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        }
+    }
 }
 
 impl AmqpSettings {

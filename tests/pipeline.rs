@@ -87,6 +87,7 @@ impl Env {
                 results_queue: "results".into(),
                 prefetch: 4,
                 timeout: std::time::Duration::from_secs(1),
+                queue_type: Default::default(),
             },
             redis: RedisSettings {
                 url: "memory://".into(),

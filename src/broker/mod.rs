@@ -40,7 +40,14 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 
 use crate::domain::Ticket;
-use crate::settings::{AmqpSettings, Settings};
+use crate::settings::{AmqpSettings, QueueType, Settings};
+
+/// How many times a quorum jobs queue delivers a message before RabbitMQ
+/// dead-letters it: RabbitMQ 4's default. mailgate's own attempts never
+/// count towards it (each retry and each lease wait is a new message), so
+/// only a message handed back again and again, by workers that crash or
+/// shut down holding it, reaches it.
+pub const DELIVERY_LIMIT: i64 = 20;
 
 /// The header carrying a copy's attempt number (1 for the first). Read only
 /// on messages that also carry a [`TICKET_HEADER`]: mailgate's own copies.
@@ -110,6 +117,8 @@ pub struct Topology {
     pub wait_bands_ms: Vec<u64>,
     /// How many retry queues there are (`max_attempts - 1`).
     pub retries: u32,
+    /// The type every queue is declared with.
+    pub queue_type: QueueType,
 }
 
 impl Topology {
@@ -122,6 +131,7 @@ impl Topology {
             results: settings.amqp.results_queue.clone(),
             wait_bands_ms: settings.wait_bands_ms(),
             retries: settings.retry.max_attempts.saturating_sub(1),
+            queue_type: settings.amqp.queue_type,
             jobs,
         }
     }
@@ -160,12 +170,47 @@ impl Topology {
         all
     }
 
-    /// The arguments `queue` is declared with: waiting queues dead-letter
-    /// expired messages back to the jobs queue; the others have none.
-    fn arguments(&self, queue: &str) -> FieldTable {
+    /// The arguments `queue` is declared with:
+    /// - its type, always named, so a vhost whose default type is another
+    ///   never picks it (RabbitMQ takes `classic` as equal to no type, so
+    ///   queues declared before the setting existed are still accepted);
+    /// - waiting queues dead-letter expired messages back to the jobs queue;
+    /// - a quorum jobs queue dead-letters a message delivered
+    ///   [`DELIVERY_LIMIT`] times (one that crashes every worker it reaches)
+    ///   to the dead-letter queue, where RabbitMQ 4 would otherwise drop it;
+    /// - quorum queues dead-letter at least once (their default is at most
+    ///   once, which could lose a job; at least once needs `reject-publish`
+    ///   overflow, which without a length limit rejects nothing).
+    pub fn arguments(&self, queue: &str) -> FieldTable {
+        let quorum = self.queue_type == QueueType::Quorum;
+        let text = |s: &str| AMQPValue::LongString(s.into());
         let mut args = FieldTable::default();
-        let waiting = self
-            .wait_bands_ms
+        args.insert("x-queue-type".into(), text(self.queue_type.as_str()));
+        let dead_letters_to = if self.is_waiting(queue) {
+            Some(&self.jobs)
+        } else if quorum && queue == self.jobs {
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(DELIVERY_LIMIT),
+            );
+            Some(&self.dead)
+        } else {
+            None
+        };
+        if let Some(to) = dead_letters_to {
+            args.insert("x-dead-letter-exchange".into(), text(""));
+            args.insert("x-dead-letter-routing-key".into(), text(to));
+            if quorum {
+                args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+                args.insert("x-overflow".into(), text("reject-publish"));
+            }
+        }
+        args
+    }
+
+    /// Whether `queue` is one where jobs wait: a lease-wait band or a retry.
+    fn is_waiting(&self, queue: &str) -> bool {
+        self.wait_bands_ms
             .iter()
             .any(|&ms| queue == self.wait_band(ms))
             || queue
@@ -173,18 +218,24 @@ impl Topology {
                 .is_some_and(|n| {
                     n.parse::<u32>()
                         .is_ok_and(|n| (1..=self.retries).contains(&n))
-                });
-        if waiting {
-            args.insert(
-                "x-dead-letter-exchange".into(),
-                AMQPValue::LongString("".into()),
-            );
-            args.insert(
-                "x-dead-letter-routing-key".into(),
-                AMQPValue::LongString(self.jobs.as_str().into()),
-            );
+                })
+    }
+
+    /// RabbitMQ's reason for refusing to declare a queue, and, when the
+    /// queue exists with other arguments (another type, above all), what
+    /// to do about it.
+    fn refusal(&self, why: &str) -> String {
+        if !why.contains("inequivalent arg") {
+            return why.to_owned();
         }
-        args
+        format!(
+            "{why}. The queue exists with other arguments than mailgate declares for \
+             amqp.queue_type = \"{}\", and RabbitMQ cannot change a queue's type or \
+             arguments: set amqp.queue_type to the type the queues have, or move to new \
+             queues (new amqp.jobs_queue and amqp.results_queue names; see the README, \
+             \"Changing the queue type\")",
+            self.queue_type.as_str()
+        )
     }
 
     /// Whether mailgate declares `queue` (and so may declare it again).
@@ -512,7 +563,7 @@ impl Broker {
 
     /// Declares one of mailgate's queues. A queue that exists with other
     /// arguments, or a user without permission, is [`BrokerError::Refused`]
-    /// with RabbitMQ's own reason.
+    /// with RabbitMQ's own reason; one of another type also says what to do.
     async fn declare(&self, queue: &str) -> Result<(), BrokerError> {
         self.channel
             .queue_declare(
@@ -524,7 +575,7 @@ impl Broker {
             .map_err(|e| match e.kind() {
                 lapin::ErrorKind::ProtocolError(amqp) => BrokerError::Refused {
                     queue: queue.to_owned(),
-                    why: amqp.get_message().to_string(),
+                    why: self.topology.refusal(amqp.get_message().as_str()),
                 },
                 _ => BrokerError::Amqp(e),
             })?;
@@ -741,21 +792,39 @@ mod tests {
 
     #[test]
     fn only_waiting_queues_dead_letter_back() {
+        let dead_letters_to = |t: &Topology, q: &str| {
+            let args = t.arguments(q);
+            assert_eq!(
+                args.inner().get("x-queue-type"),
+                Some(&AMQPValue::LongString(t.queue_type.as_str().into())),
+                "{q}"
+            );
+            args.inner()
+                .get("x-dead-letter-routing-key")
+                .and_then(|to| to.as_long_string())
+                .map(|to| to.to_string())
+        };
+        for kind in [QueueType::Classic, QueueType::Quorum] {
+            let mut t = Topology::new(&settings());
+            t.queue_type = kind;
+            for q in ["j.wait.250", "j.wait.32000", "j.retry.1", "j.retry.2"] {
+                assert_eq!(dead_letters_to(&t, q), Some("j".into()), "{q}");
+            }
+            // A quorum jobs queue dead-letters what reaches its delivery limit.
+            let jobs = (kind == QueueType::Quorum).then(|| "j.dead".into());
+            assert_eq!(dead_letters_to(&t, "j"), jobs);
+            for q in [
+                "r",
+                "j.dead",
+                "j.wait",
+                "j.wait.64000",
+                "j.retry.3",
+                "j.retry.x",
+            ] {
+                assert_eq!(dead_letters_to(&t, q), None, "{q}");
+            }
+        }
         let t = Topology::new(&settings());
-        for q in ["j.wait.250", "j.wait.32000", "j.retry.1", "j.retry.2"] {
-            assert_eq!(t.arguments(q).inner().len(), 2, "{q}");
-        }
-        for q in [
-            "j",
-            "r",
-            "j.dead",
-            "j.wait",
-            "j.wait.64000",
-            "j.retry.3",
-            "j.retry.x",
-        ] {
-            assert!(t.arguments(q).inner().is_empty(), "{q}");
-        }
         assert!(t.owns("j.retry.2") && !t.owns("j.retry.3") && !t.owns("other"));
         assert!(
             t.reserved("j.wait") && !t.owns("j.wait"),

@@ -10,7 +10,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use mailgate::settings::{
-    AmqpSettings, HttpSettings, LimitSettings, RetrySettings, Settings, SmtpSettings,
+    AmqpSettings, HttpSettings, LimitSettings, QueueType, RetrySettings, Settings, SmtpSettings,
     TemplateSettings, WorkerSettings,
 };
 use serde_json::Value;
@@ -22,6 +22,17 @@ use super::{RedisCleanup, redis_settings, unique_prefix};
 pub fn amqp_url() -> String {
     std::env::var("MAILGATE_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The queue type tests declare: the product's default (quorum), or what
+/// `MAILGATE_TEST_QUEUE_TYPE` (`classic` or `quorum`) says.
+pub fn queue_type() -> QueueType {
+    match std::env::var("MAILGATE_TEST_QUEUE_TYPE").as_deref() {
+        Ok("classic") => QueueType::Classic,
+        Ok("quorum") => QueueType::Quorum,
+        Ok(other) => panic!("MAILGATE_TEST_QUEUE_TYPE={other}: classic or quorum"),
+        Err(_) => QueueType::default(),
+    }
 }
 
 pub struct Harness {
@@ -77,6 +88,7 @@ impl Harness {
                 results_queue: format!("{queue_prefix}results"),
                 prefetch: 16,
                 timeout: Duration::from_secs(10),
+                queue_type: queue_type(),
             },
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {
@@ -174,6 +186,7 @@ impl Harness {
             .env("MAILGATE__SMTP__URL", &s.smtp.url)
             .env("MAILGATE__SMTP__POOL_SIZE", s.smtp.pool_size.to_string())
             .env("MAILGATE__AMQP__PREFETCH", s.amqp.prefetch.to_string())
+            .env("MAILGATE__AMQP__QUEUE_TYPE", s.amqp.queue_type.as_str())
             .env(
                 "MAILGATE__SMTP__TIMEOUT",
                 humantime::format_duration(s.smtp.timeout).to_string(),
