@@ -131,3 +131,33 @@ fn every_documented_url_form_is_accepted() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("redis.url"));
 }
+
+/// The compose file's Redis is patched against the Lua use-after-free
+/// (CVE-2025-49844: 7.2.11, 7.4.6, 8.2.2 or later in their lines), and its
+/// RabbitMQ is 4.x, where quorum queues are the norm.
+#[test]
+fn compose_pins_patched_images() {
+    let compose = std::fs::read_to_string("docker-compose.yml").expect("the compose file");
+    let version = |image: &str| -> Vec<u32> {
+        let line = compose
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("image: {image}:")))
+            .unwrap_or_else(|| panic!("docker-compose.yml pins {image}"));
+        let tag = line.split(['-', ' ']).next().unwrap_or_default();
+        let v: Vec<u32> = tag.split('.').map(|p| p.parse().expect(tag)).collect();
+        assert_eq!(v.len(), 3, "{image}:{tag} pins a patch version");
+        v
+    };
+    let redis = version("redis");
+    let patched = match (redis[0], redis[1]) {
+        (7, 2) => redis[2] >= 11,
+        (7, 4) => redis[2] >= 6,
+        (8, 2) => redis[2] >= 2,
+        (major, minor) => major > 8 || (major == 8 && minor > 2),
+    };
+    assert!(
+        patched,
+        "redis {redis:?} is not patched against CVE-2025-49844"
+    );
+    assert!(version("rabbitmq")[0] >= 4);
+}
