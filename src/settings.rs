@@ -108,21 +108,26 @@ impl Settings {
         }
         self.amqp
             .check_queues(self.retry.max_attempts, self.wait_bands_ms())?;
-        for (key, url) in [
-            ("amqp.url", &self.amqp.url),
-            ("redis.url", &self.redis.url),
-            ("smtp.url", &self.smtp.url),
-        ] {
+        let amqp_urls = self.amqp.urls();
+        for (key, url) in amqp_urls
+            .iter()
+            .map(|u| ("amqp.url", *u))
+            .chain([("redis.url", self.redis.url.as_str())])
+            .chain([("smtp.url", self.smtp.url.as_str())])
+        {
             check_userinfo(key, url)?;
         }
         // The parsers' errors may quote the URL: it is shown redacted.
         let quoted = |e: String, url: &str| e.replace(url, &redact_url(url));
-        if let Err(e) = self.amqp.url.parse::<lapin::uri::AMQPUri>() {
-            return invalid(format!(
-                "amqp.url {}: {} (amqp://user:pass@host:port/vhost, or amqps://)",
-                redact_url(&self.amqp.url),
-                quoted(e.to_string(), &self.amqp.url),
-            ));
+        for url in amqp_urls {
+            if let Err(e) = url.parse::<lapin::uri::AMQPUri>() {
+                return invalid(format!(
+                    "amqp.url {}: {} (amqp://user:pass@host:port/vhost, or amqps://; a \
+                     cluster's nodes as such URLs separated by commas)",
+                    redact_url(url),
+                    quoted(e.to_string(), url),
+                ));
+            }
         }
         if !self.redis.url.starts_with("memory:")
             && let Err(e) = redis::Client::open(self.redis.url.as_str())
@@ -207,7 +212,9 @@ const WAIT_BAND_MIN_MS: u64 = 250;
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSettings {
-    /// `amqp://user:pass@host:port/vhost` (`amqps://` for TLS).
+    /// `amqp://user:pass@host:port/vhost` (`amqps://` for TLS), or the
+    /// nodes of a cluster as several such URLs separated by commas: the
+    /// worker connects to the first that answers (see [`Self::urls`]).
     pub url: String,
     /// Durable queue the jobs arrive on. Dead letters go to `<jobs_queue>.dead`,
     /// retries wait in `<jobs_queue>.retry.<attempt>`, lease waits in
@@ -260,6 +267,11 @@ impl QueueType {
 }
 
 impl AmqpSettings {
+    /// The URLs `url` lists, in order (one, or a cluster's nodes).
+    pub fn urls(&self) -> Vec<&str> {
+        url_list(&self.url)
+    }
+
     /// Checks the queue names, and those derived from `jobs_queue` for
     /// `max_attempts`: each must be a name RabbitMQ accepts (1 to 255 bytes,
     /// not starting with the reserved `amq.`), and the results queue must
@@ -508,8 +520,38 @@ fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
 /// followed by something that is not a port, as in a mistyped
 /// `amqp://guest:secret127.0.0.1:5672`), the whole authority is hidden:
 /// `scheme://***/...`.
+/// A list of URLs (several nodes, separated by commas) is redacted URL by
+/// URL.
 pub fn redact_url(url: &str) -> String {
-    hide_query_secrets(&redact_userinfo(url))
+    url_list(url)
+        .into_iter()
+        .map(|url| hide_query_secrets(&redact_userinfo(url)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The URLs of a comma-separated list, trimmed: it is split only at a comma
+/// followed by another `scheme://`, so a comma inside a URL (in a password,
+/// or between a cluster URL's hosts) stays where it is.
+fn url_list(urls: &str) -> Vec<&str> {
+    let starts_url = |s: &str| {
+        s.trim_start().split_once("://").is_some_and(|(scheme, _)| {
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        })
+    };
+    let mut list = Vec::new();
+    let mut start = 0;
+    for (i, _) in urls.match_indices(',') {
+        if starts_url(&urls[i + 1..]) {
+            list.push(urls[start..i].trim());
+            start = i + 1;
+        }
+    }
+    list.push(urls[start..].trim());
+    list
 }
 
 /// The values of query parameters that carry credentials (`pass`,
@@ -873,6 +915,36 @@ mod tests {
         };
         assert_eq!(r(&l.email), [(60_000, 1), (3_600_000, 5), (86_400_000, 10)]);
         assert_eq!(r(&l.ip), [(60_000, 5), (600_000, 30), (3_600_000, 50)]);
+    }
+
+    #[test]
+    fn a_list_of_urls_is_split_at_each_next_url_and_redacted_url_by_url() {
+        let amqp = |url: &str| AmqpSettings {
+            url: url.into(),
+            ..shipped().amqp
+        };
+        let list = "amqp://u:p1@n1:5672/%2f, amqp://u:p,2@n2:5673/%2f,amqps://n3/v";
+        assert_eq!(
+            amqp(list).urls(),
+            [
+                "amqp://u:p1@n1:5672/%2f",
+                "amqp://u:p,2@n2:5673/%2f",
+                "amqps://n3/v"
+            ]
+        );
+        assert_eq!(
+            redact_url(list),
+            "amqp://u:***@n1:5672/%2f,amqp://u:***@n2:5673/%2f,amqps://n3/v"
+        );
+        assert_eq!(amqp("amqp://n1/%2f").urls(), ["amqp://n1/%2f"]);
+        // A comma not followed by a URL stays: one URL, which does not parse.
+        assert_eq!(amqp("amqp://n1,n2/%2f").urls(), ["amqp://n1,n2/%2f"]);
+        let mut s = shipped();
+        s.amqp.url = "amqp://u:SEKRET@n1/%2f,amqp://u:SEKRET@n2:x/%2f".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("amqp.url") && !e.contains("SEKRET"), "{e}");
+        s.amqp.url = list.into();
+        s.validate().expect("a list of nodes");
     }
 
     #[test]

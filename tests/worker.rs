@@ -412,3 +412,17 @@ async fn a_short_lease_wait_is_not_held_behind_a_long_one() {
     assert_eq!(body["id"], "short", "the short wait came back first");
     broker.close(Duration::from_secs(5)).await;
 }
+
+/// `amqp.url` listing several nodes, some of them down: the worker connects
+/// to one that answers, and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_given_several_nodes_uses_one_that_answers() {
+    let down = |port: u16| format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let (a, b) = (common::free_port(), common::free_port());
+    let url = format!("{}, {},{}", down(a), common::harness::amqp_url(), down(b));
+    let h = Harness::with("nodes", |s| s.amqp.url = url).await;
+    let w = h.start_worker().await;
+    h.publish(&job("n1", "n1@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    w.stop().await.unwrap();
+}

@@ -29,6 +29,7 @@
 //! retry, its dead letter) was confirmed by the broker, so a crash at any
 //! point loses nothing: the job comes back and is de-duplicated by id.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::message::Delivery;
@@ -40,7 +41,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 
 use crate::domain::Ticket;
-use crate::settings::{AmqpSettings, QueueType, Settings};
+use crate::settings::{AmqpSettings, QueueType, Settings, redact_url};
 
 /// How many times a quorum jobs queue delivers a message before RabbitMQ
 /// dead-letters it: RabbitMQ 4's default. mailgate's own attempts never
@@ -102,6 +103,39 @@ pub enum BrokerError {
         /// What RabbitMQ said.
         why: String,
     },
+}
+
+/// Connects to one of `amqp.url`'s nodes: the first that answers, each
+/// within `amqp.timeout`, in the order listed, starting from the node this
+/// process last connected to, or the one after the last that failed: a
+/// node that is down costs one attempt, not one per reconnect. With every
+/// node down, the error is the last node's.
+pub async fn connect_node(
+    settings: &AmqpSettings,
+    props: ConnectionProperties,
+) -> Result<Connection, BrokerError> {
+    /// The node to try first.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let urls = settings.urls();
+    let n = urls.len();
+    let first = NEXT.load(Ordering::Relaxed);
+    let mut last = None;
+    for i in (first..first + n).map(|i| i % n) {
+        let connect = Connection::connect(urls[i], props.clone());
+        match tokio::time::timeout(settings.timeout, connect).await {
+            Ok(Ok(conn)) => {
+                NEXT.store(i, Ordering::Relaxed);
+                if n > 1 {
+                    tracing::info!(node = redact_url(urls[i]), "connected to rabbitmq");
+                }
+                return Ok(conn);
+            }
+            Ok(Err(e)) => last = Some(BrokerError::Amqp(e)),
+            Err(_) => last = Some(BrokerError::Timeout(settings.timeout)),
+        }
+        NEXT.store((i + 1) % n, Ordering::Relaxed);
+    }
+    Err(last.unwrap_or(BrokerError::Timeout(settings.timeout)))
 }
 
 /// Queue names derived from the settings.
@@ -495,22 +529,27 @@ impl Broker {
     /// the TCP connection and never finishes the handshake, such as a load
     /// balancer without a backend, is an outage to retry, not a wait).
     pub async fn connect(settings: &Settings) -> Result<Self, BrokerError> {
-        let timeout = settings.amqp.timeout;
-        tokio::time::timeout(timeout, Self::open(&settings.amqp, Topology::new(settings)))
-            .await
-            .unwrap_or(Err(BrokerError::Timeout(timeout)))
-    }
-
-    async fn open(settings: &AmqpSettings, topology: Topology) -> Result<Self, BrokerError> {
+        let amqp = &settings.amqp;
         // Named after the queue it serves, so operators (and tests) can
         // find a pool's connections in `rabbitmqctl list_connections`.
         let name = format!(
             "mailgate worker {} pid {}",
-            settings.jobs_queue,
+            amqp.jobs_queue,
             std::process::id()
         );
         let props = ConnectionProperties::default().with_connection_name(name.as_str().into());
-        let conn = Connection::connect(&settings.url, props).await?;
+        let conn = connect_node(amqp, props).await?;
+        let timeout = amqp.timeout;
+        tokio::time::timeout(timeout, Self::open(conn, amqp, Topology::new(settings)))
+            .await
+            .unwrap_or(Err(BrokerError::Timeout(timeout)))
+    }
+
+    async fn open(
+        conn: Connection,
+        settings: &AmqpSettings,
+        topology: Topology,
+    ) -> Result<Self, BrokerError> {
         let channel = conn.create_channel().await?;
         channel
             .basic_qos(settings.prefetch, BasicQosOptions::default())

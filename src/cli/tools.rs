@@ -15,7 +15,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde_json::{Map, Value, json};
 
-use crate::broker::TIMESTAMP_MS_HEADER;
+use crate::broker::{self, TIMESTAMP_MS_HEADER};
 use crate::domain::{EmailAddress, IpKey, Name, now_ms};
 use crate::ledger::{Backend, Ledger};
 use crate::limiter::{Clock, Quotas, Subject, Usage};
@@ -25,21 +25,12 @@ use crate::templates::Templates;
 
 /// Connects to RabbitMQ with a hint on failure.
 async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
-    let url = &settings.amqp.url;
-    let timeout = settings.amqp.timeout;
-    let connect = Connection::connect(url, ConnectionProperties::default());
-    let conn = tokio::time::timeout(timeout, connect)
+    let conn = broker::connect_node(&settings.amqp, ConnectionProperties::default())
         .await
-        .unwrap_or_else(|_| {
-            Err(lapin::Error::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within amqp.timeout ({timeout:?})"),
-            )))
-        })
         .with_context(|| {
             format!(
                 "cannot reach RabbitMQ at {} (set [amqp] url or MAILGATE__AMQP__URL)",
-                redact_url(url)
+                redact_url(&settings.amqp.url)
             )
         })?;
     let channel = conn

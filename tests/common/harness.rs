@@ -113,7 +113,7 @@ impl Harness {
         };
         tweak(&mut settings);
         settings.validate().expect("test settings are valid");
-        let conn = Connection::connect(&settings.amqp.url, ConnectionProperties::default())
+        let conn = mailgate::broker::connect_node(&settings.amqp, ConnectionProperties::default())
             .await
             .expect("the shared RabbitMQ answers (see README: the test command starts it)");
         let channel = conn.create_channel().await.expect("channel");
