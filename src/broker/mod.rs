@@ -106,10 +106,11 @@ pub enum BrokerError {
 }
 
 /// Connects to one of `amqp.url`'s nodes: the first that answers, each
-/// within `amqp.timeout`, in the order listed, starting from the node this
-/// process last connected to, or the one after the last that failed: a
-/// node that is down costs one attempt, not one per reconnect. With every
-/// node down, the error is the last node's.
+/// within `amqp.timeout`, in the order listed. The first connection starts
+/// at the first node; each later one at the node after the one used last,
+/// so a node that went away (taking the connection with it) costs no
+/// attempt, even one that never answers. With every node down, the error
+/// is the last node's.
 pub async fn connect_node(
     settings: &AmqpSettings,
     props: ConnectionProperties,
@@ -124,7 +125,7 @@ pub async fn connect_node(
         let connect = Connection::connect(urls[i], props.clone());
         match tokio::time::timeout(settings.timeout, connect).await {
             Ok(Ok(conn)) => {
-                NEXT.store(i, Ordering::Relaxed);
+                NEXT.store((i + 1) % n, Ordering::Relaxed);
                 if n > 1 {
                     tracing::info!(node = redact_url(urls[i]), "connected to rabbitmq");
                 }
@@ -133,7 +134,6 @@ pub async fn connect_node(
             Ok(Err(e)) => last = Some(BrokerError::Amqp(e)),
             Err(_) => last = Some(BrokerError::Timeout(settings.timeout)),
         }
-        NEXT.store((i + 1) % n, Ordering::Relaxed);
     }
     Err(last.unwrap_or(BrokerError::Timeout(settings.timeout)))
 }
