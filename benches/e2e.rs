@@ -620,9 +620,8 @@ fn bare_loop(jobs: String, results: String) {
 /// `PREFETCH` concurrent callers, all admitted.
 async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
     let settings = RedisSettings {
-        url: redis_url(),
-        key_prefix: format!("{prefix}ceil:"),
         allow_eviction: true,
+        ..RedisSettings::new(redis_url(), format!("{prefix}ceil:"))
     };
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await

@@ -295,9 +295,8 @@ fn main() {
             // Each round starts from empty key spaces, so every round sees the same mix.
             let round_prefix = format!("{prefix}{run}:");
             let settings = RedisSettings {
-                url: url.clone(),
-                key_prefix: round_prefix.clone(),
                 allow_eviction: true,
+                ..RedisSettings::new(url.clone(), round_prefix.clone())
             };
             let ledger = RedisLedger::connect(&settings, &LimitSettings::default())
                 .await

@@ -129,13 +129,13 @@ impl Settings {
                 ));
             }
         }
-        if !self.redis.url.starts_with("memory:")
-            && let Err(e) = redis::Client::open(self.redis.url.as_str())
-        {
+        if let Err(e) = self.redis.target() {
             return invalid(format!(
-                "redis.url {}: {} (redis://host:port/db, rediss:// for TLS, or memory://)",
+                "redis.url {}: {} (redis://host:port/db, rediss:// for TLS, \
+                 redis+sentinel://host:port,host:port/service[/db] to follow a primary through \
+                 Sentinel, or memory://)",
                 redact_url(&self.redis.url),
-                quoted(e.to_string(), &self.redis.url),
+                quoted(e, &self.redis.url),
             ));
         }
         // Upper bounds keep every deadline computable (an `Instant` plus a
@@ -152,6 +152,12 @@ impl Settings {
                 self.smtp.timeout,
                 Duration::from_secs(1),
                 MAX_TIMEOUT,
+            ),
+            (
+                "redis.replica_ack_timeout",
+                self.redis.replica_ack_timeout,
+                Duration::from_millis(10),
+                Duration::from_secs(60),
             ),
             (
                 "worker.shutdown_timeout",
@@ -192,6 +198,27 @@ impl Settings {
                 humantime::format_duration(self.limits.send_lease),
                 humantime::format_duration(self.smtp.timeout),
             ));
+        }
+        // The lease starts with the send mark, before its replicas' WAIT.
+        if self.redis.min_replicas_acked > 0
+            && self.limits.send_lease
+                < self.smtp.timeout + self.redis.replica_ack_timeout + Duration::from_secs(5)
+        {
+            return invalid(format!(
+                "limits.send_lease ({}) must exceed smtp.timeout ({}) plus \
+                 redis.replica_ack_timeout ({}) by at least 5s when redis.min_replicas_acked \
+                 is set, or a slow send and another copy of its job could both deliver",
+                humantime::format_duration(self.limits.send_lease),
+                humantime::format_duration(self.smtp.timeout),
+                humantime::format_duration(self.redis.replica_ack_timeout),
+            ));
+        }
+        if self.redis.min_replicas_acked > 0
+            && matches!(self.redis.target(), Ok(RedisTarget::Memory))
+        {
+            return invalid(
+                "redis.min_replicas_acked needs a Redis with replicas; memory:// has none".into(),
+            );
         }
         Ok(())
     }
@@ -616,8 +643,14 @@ fn redact_userinfo(url: &str) -> String {
 }
 
 /// Whether an authority without userinfo is just `host` or `host:port`
-/// (an IPv6 host in brackets), so it cannot hold a password.
+/// (an IPv6 host in brackets), or a comma-separated list of them (a
+/// sentinel URL's), so it cannot hold a password.
 fn plain_host(authority: &str) -> bool {
+    authority.split(',').all(plain_host_one)
+}
+
+/// [`plain_host`] for one `host[:port]`.
+fn plain_host_one(authority: &str) -> bool {
     let after_v6 = match authority.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
             Some((_, after)) => after,
@@ -641,9 +674,12 @@ fn plain_host(authority: &str) -> bool {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
-    /// `redis://host:port/db` (or `rediss://` for TLS); `memory://` keeps
-    /// the limiter and the ledger in the worker's own memory (one worker,
-    /// for trials: limits are not shared and nothing survives a restart).
+    /// `redis://host:port/db` (or `rediss://` for TLS); the primary that
+    /// Redis Sentinel names, followed across failovers, as
+    /// `redis+sentinel://[user:pass@]host:port,host:port,…/service[/db]`
+    /// (or `rediss+sentinel://`); `memory://` keeps the limiter and the
+    /// ledger in the worker's own memory (one worker, for trials: limits
+    /// are not shared and nothing survives a restart). See [`RedisTarget`].
     pub url: String,
     /// Prepended to every key mailgate writes, so several deployments (or
     /// tests) can share one Redis without seeing each other.
@@ -654,6 +690,19 @@ pub struct RedisSettings {
     /// second mails, so the worker refuses such a Redis.
     #[serde(default)]
     pub allow_eviction: bool,
+    /// How many replicas must acknowledge (Redis `WAIT`) a job's send mark,
+    /// and with it its admission, before its SMTP transaction begins. 0 (the
+    /// default) does not wait: a failover that loses the mark can mail the
+    /// job a second time. With 1 or more, a mark that is not acknowledged
+    /// within `replica_ack_timeout` is given back and the job retried later.
+    #[serde(default)]
+    pub min_replicas_acked: u32,
+    /// The longest `WAIT` for `min_replicas_acked` replicas.
+    #[serde(
+        default = "default_replica_ack_timeout",
+        deserialize_with = "human_duration"
+    )]
+    pub replica_ack_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -662,8 +711,179 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &redact_url(&self.url))
             .field("key_prefix", &self.key_prefix)
             .field("allow_eviction", &self.allow_eviction)
+            .field("min_replicas_acked", &self.min_replicas_acked)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
             .finish()
     }
+}
+
+impl RedisSettings {
+    /// Settings for the Redis at `url`, keys under `key_prefix`, the rest
+    /// as a config file that names only these two gets them.
+    pub fn new(url: impl Into<String>, key_prefix: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: key_prefix.into(),
+            allow_eviction: false,
+            min_replicas_acked: 0,
+            replica_ack_timeout: default_replica_ack_timeout(),
+        }
+    }
+
+    /// `url`, parsed: which kind of Redis it names. Errors name what is
+    /// wrong (never the password).
+    pub fn target(&self) -> Result<RedisTarget, String> {
+        RedisTarget::parse(&self.url)
+    }
+}
+
+/// Where `redis.url` points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// The worker's own memory (`memory://`).
+    Memory,
+    /// One server, reached at a fixed address: the URL as the redis crate
+    /// reads it (`redis://`, `rediss://`, `redis+unix://`, `unix://`).
+    Server(String),
+    /// The primary that a group of Redis Sentinels names.
+    Sentinel(SentinelTarget),
+}
+
+/// A `redis+sentinel://` URL's parts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// The Sentinels, in the order they are asked (at least one; the port
+    /// defaults to 26379).
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the Sentinels monitor the primary under.
+    pub service: String,
+    /// The database on the primary.
+    pub db: i64,
+    /// The primary's user (ACL), percent-decoded.
+    pub username: Option<String>,
+    /// The primary's password, percent-decoded. The Sentinels themselves
+    /// are asked without credentials.
+    pub password: Option<String>,
+    /// TLS to the Sentinels and the primary (`rediss+sentinel://`).
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("sentinels", &self.sentinels)
+            .field("service", &self.service)
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// The port a Sentinel listens on unless the URL names another.
+const SENTINEL_PORT: u16 = 26379;
+
+impl RedisTarget {
+    fn parse(url: &str) -> Result<Self, String> {
+        if url.starts_with("memory:") {
+            return Ok(RedisTarget::Memory);
+        }
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+        let tls = match scheme {
+            "redis+sentinel" => false,
+            "rediss+sentinel" => true,
+            _ => {
+                return redis::Client::open(url)
+                    .map(|_| RedisTarget::Server(url.to_owned()))
+                    .map_err(|e| e.to_string().replace(url, &redact_url(url)));
+            }
+        };
+        let decode = |s: &str, what: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|s| s.into_owned())
+                .map_err(|_| format!("its {what} is not UTF-8 once percent-decoded"))
+        };
+        // Everything up to the last '@' is userinfo, as in redact_url.
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((u, r)) => (Some(u), r),
+            None => (None, rest),
+        };
+        let (username, password) = match userinfo.map(|u| u.split_once(':').unwrap_or((u, ""))) {
+            None => (None, None),
+            Some((user, pass)) => (
+                Some(decode(user, "user")?).filter(|u| !u.is_empty()),
+                Some(decode(pass, "password")?).filter(|p| !p.is_empty()),
+            ),
+        };
+        if rest.contains(['?', '#']) {
+            return Err("a sentinel URL takes no query or fragment".into());
+        }
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let sentinels = hosts
+            .split(',')
+            .map(sentinel_address)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut path = path.split('/');
+        let service = path.next().unwrap_or("");
+        if service.is_empty() {
+            return Err("it names no service: redis+sentinel://host:port,…/service[/db]".into());
+        }
+        let service = decode(service, "service name")?;
+        let db = match path.next() {
+            None | Some("") => 0,
+            Some(db) => db
+                .parse()
+                .map_err(|_| format!("its database {db:?} is not a number"))?,
+        };
+        if path.next().is_some() {
+            return Err("its path is /service or /service/db, nothing after".into());
+        }
+        Ok(RedisTarget::Sentinel(SentinelTarget {
+            sentinels,
+            service,
+            db,
+            username,
+            password,
+            tls,
+        }))
+    }
+}
+
+/// One `host[:port]` (`[v6]:port` for IPv6) of a sentinel URL.
+fn sentinel_address(item: &str) -> Result<(String, u16), String> {
+    let item = item.trim();
+    let (host, port) = match item.strip_prefix('[') {
+        Some(v6) => {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("sentinel {item:?} has no closing ']'"))?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match item.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (item, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(format!(
+            "a sentinel's host is empty ({item:?}); list them as host:port,host:port"
+        ));
+    }
+    let port = match port {
+        None => SENTINEL_PORT,
+        Some(p) => p
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("sentinel {item:?} has no valid port"))?,
+    };
+    Ok((host.to_owned(), port))
+}
+
+fn default_replica_ack_timeout() -> Duration {
+    Duration::from_secs(1)
 }
 
 fn default_key_prefix() -> String {
@@ -1012,6 +1232,79 @@ mod tests {
     }
 
     #[test]
+    fn a_sentinel_url_names_its_sentinels_service_db_and_credentials() {
+        let target = |url: &str| RedisTarget::parse(url);
+        assert_eq!(
+            target("redis+sentinel://u:p%40ss@s1:26380,[::1],s3/mymaster/2"),
+            Ok(RedisTarget::Sentinel(SentinelTarget {
+                sentinels: vec![
+                    ("s1".into(), 26380),
+                    ("::1".into(), 26379),
+                    ("s3".into(), 26379)
+                ],
+                service: "mymaster".into(),
+                db: 2,
+                username: Some("u".into()),
+                password: Some("p@ss".into()),
+                tls: false,
+            }))
+        );
+        let Ok(RedisTarget::Sentinel(t)) = target("rediss+sentinel://:pw@s1/main") else {
+            panic!("a TLS sentinel URL");
+        };
+        assert!(t.tls && t.db == 0 && t.username.is_none());
+        assert_eq!(t.password.as_deref(), Some("pw"));
+        assert!(!format!("{t:?}").contains("pw"));
+        assert_eq!(
+            target("redis://127.0.0.1:6379/0"),
+            Ok(RedisTarget::Server("redis://127.0.0.1:6379/0".into()))
+        );
+        assert_eq!(target("memory://"), Ok(RedisTarget::Memory));
+        for (url, says) in [
+            ("redis+sentinel://s1:26379", "no service"),
+            ("redis+sentinel://s1:26379/", "no service"),
+            ("redis+sentinel://s1:x/m", "no valid port"),
+            ("redis+sentinel://s1,,s2/m", "host is empty"),
+            ("redis+sentinel://s1/m/zero", "not a number"),
+            ("redis+sentinel://s1/m/0/x", "nothing after"),
+            ("redis+sentinel://s1/m?db=1", "no query"),
+        ] {
+            let e = target(url).expect_err(url);
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        // Redacted with its hosts shown.
+        assert_eq!(
+            redact_url("redis+sentinel://u:Xk9p7sLm2@s1:26379,s2:26379/mymaster"),
+            "redis+sentinel://u:***@s1:26379,s2:26379/mymaster"
+        );
+        let mut s = shipped();
+        s.redis.url = "redis+sentinel://:Xk9p7sLm2@s1:x/m".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("redis.url") && e.contains("no valid port"),
+            "{e}"
+        );
+        assert!(!e.contains("Xk9p7sLm2"), "{e}");
+    }
+
+    #[test]
+    fn waiting_for_replicas_needs_replicas_and_room_in_the_lease() {
+        let mut s = shipped();
+        s.redis.min_replicas_acked = 1;
+        s.validate().expect("30s lease, 10s SMTP, 1s WAIT");
+        s.redis.replica_ack_timeout = Duration::from_secs(16);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("redis.replica_ack_timeout") && e.contains("send_lease"),
+            "{e}"
+        );
+        s.redis.replica_ack_timeout = Duration::from_secs(1);
+        s.redis.url = "memory://".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("min_replicas_acked"), "{e}");
+    }
+
+    #[test]
     fn timeouts_are_bounded() {
         for (set, key) in [
             (
@@ -1021,6 +1314,10 @@ mod tests {
             ),
             (|s, d| s.amqp.timeout = d, "amqp.timeout"),
             (|s, d| s.smtp.timeout = d, "smtp.timeout"),
+            (
+                |s, d| s.redis.replica_ack_timeout = d,
+                "redis.replica_ack_timeout",
+            ),
         ] {
             let mut s = shipped();
             set(&mut s, Duration::from_secs(u64::MAX / 4));
@@ -1036,7 +1333,7 @@ mod tests {
         /// However a URL is shaped, its printed form never shows the password.
         #[test]
         fn no_printed_url_shows_its_password(
-            scheme in "(amqp|amqps|redis|rediss|smtp|smtps|x)",
+            scheme in "(amqp|amqps|redis|rediss|redis\\+sentinel|smtp|smtps|x)",
             user in "[a-zA-Z0-9._~%!$&'()*+,;=-]{0,12}",
             password in "[a-zA-Z0-9._~%!$&'()*+,;=:/?#@-]{5,24}[a-zA-Z._~%!$&'()*+,;=/?#-]",
             host in "[a-z0-9.-]{0,12}",

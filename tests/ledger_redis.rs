@@ -319,11 +319,7 @@ async fn only_admissions_use_memory() {
 async fn a_redis_that_evicts_is_refused() {
     let server =
         PrivateRedis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
-    let mut settings = RedisSettings {
-        url: server.url(),
-        key_prefix: "t:".into(),
-        allow_eviction: false,
-    };
+    let mut settings = RedisSettings::new(server.url(), "t:");
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
@@ -486,11 +482,7 @@ async fn malformed_calls_write_nothing() {
 #[tokio::test]
 async fn script_is_reloaded_after_a_flush() {
     let server = PrivateRedis::start();
-    let settings = RedisSettings {
-        url: server.url(),
-        key_prefix: "t:".into(),
-        allow_eviction: false,
-    };
+    let settings = RedisSettings::new(server.url(), "t:");
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
@@ -570,11 +562,7 @@ async fn an_unusable_redis_names_its_cause() {
         ])
         .query(&mut conn)
         .unwrap();
-    let settings = |url: String| RedisSettings {
-        url,
-        key_prefix: "t:".into(),
-        allow_eviction: false,
-    };
+    let settings = |url: String| RedisSettings::new(url, "t:");
     let no_script = format!("redis://noscript:pw@127.0.0.1:{}/0", primary.port);
     let Err(LedgerError::Unfit(why)) =
         RedisLedger::connect(&settings(no_script), &LimitSettings::default()).await

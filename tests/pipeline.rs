@@ -89,11 +89,7 @@ impl Env {
                 timeout: std::time::Duration::from_secs(1),
                 queue_type: Default::default(),
             },
-            redis: RedisSettings {
-                url: "memory://".into(),
-                key_prefix: String::new(),
-                allow_eviction: false,
-            },
+            redis: RedisSettings::new("memory://", ""),
             smtp: SmtpSettings {
                 url: format!("file://{}", mails.display()),
                 from: "Acme <no-reply@acme.example>".into(),

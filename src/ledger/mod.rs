@@ -260,6 +260,11 @@ pub enum LedgerError {
     /// The store cannot keep the ledger's promises (e.g. it evicts keys).
     #[error("{0}")]
     Unfit(String),
+    /// Fewer Redis replicas than `redis.min_replicas_acked` acknowledged a
+    /// send mark in time (or are connected now): the mark was given back and
+    /// the job is not sent now. Transient.
+    #[error("{0}")]
+    Unreplicated(String),
 }
 
 impl From<::redis::RedisError> for LedgerError {

@@ -1,13 +1,12 @@
 use std::sync::{Arc, LazyLock};
 
-use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::{
-    Clock, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage, redis_reset,
-    redis_usage,
+    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage,
+    redis_reset, redis_usage,
 };
 use crate::settings::{LimitSettings, RedisSettings};
 
@@ -63,10 +62,21 @@ const CODES: [(Code, &str); 9] = [
 /// treat as transient.
 #[derive(Clone)]
 pub struct RedisLedger {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: Arc<Keyspace>,
     queue: mpsc::Sender<Pending>,
     allow_eviction: bool,
+    replication: Replication,
+}
+
+/// `redis.min_replicas_acked` and its timeout: how a batch that sets a send
+/// mark waits for replicas (`WAIT`) before its items are answered.
+#[derive(Debug, Clone, Copy)]
+struct Replication {
+    /// Replicas that must acknowledge; 0 waits for none.
+    replicas: u32,
+    /// The longest wait, ms (at least 1: `WAIT n 0` would block forever).
+    timeout_ms: u64,
 }
 
 /// An item waiting for its batch.
@@ -78,6 +88,9 @@ struct Pending {
     args: Vec<String>,
     /// Its record key, then its scope keys.
     keys: Vec<String>,
+    /// Whether its batch must be acknowledged by the replicas before it is
+    /// answered (it may set a send mark).
+    wait: bool,
     reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
@@ -88,6 +101,9 @@ struct Reply {
     /// The item's four values: an admission's code and up to three values;
     /// for the other kinds 1 (done) or 0, then zeros.
     values: [i64; 4],
+    /// Replicas that acknowledged the batch, if the item asked to wait and
+    /// fewer than `redis.min_replicas_acked` did.
+    unreplicated: Option<i64>,
 }
 
 impl RedisLedger {
@@ -108,13 +124,20 @@ impl RedisLedger {
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
         let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
+        let replication = Replication {
+            replicas: redis.min_replicas_acked,
+            timeout_ms: u64::try_from(redis.replica_ack_timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        };
         let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(dispatch(rx, conn.clone(), keys.clone()));
+        tokio::spawn(dispatch(rx, conn.clone(), keys.clone(), replication));
         Ok(Self {
             conn,
             keys,
             queue,
             allow_eviction: redis.allow_eviction,
+            replication,
         })
     }
 
@@ -131,12 +154,14 @@ impl RedisLedger {
         clock: Option<Clock>,
         args: Vec<String>,
         keys: Vec<String>,
+        wait: bool,
     ) -> Result<Reply, LedgerError> {
         let (reply, rx) = oneshot::channel();
         let pending = Pending {
             clock,
             args,
             keys,
+            wait,
             reply,
         };
         let gone = || LedgerError::Protocol("the ledger's batching task stopped".into());
@@ -144,20 +169,34 @@ impl RedisLedger {
         rx.await.map_err(|_| gone())?
     }
 
-    /// Runs a "sending", "release", "settle" or "answered" item on `job`'s
-    /// record (with `scope_keys` after it): whether it was done.
+    /// Runs a "release", "settle" or "answered" item on `job`'s record (with
+    /// `scope_keys` after it): the script's reply.
     async fn mark(
         &self,
         job: &JobRef<'_>,
         clock: Option<Clock>,
         args: Vec<String>,
         scope_keys: Vec<String>,
-    ) -> Result<bool, LedgerError> {
+        wait: bool,
+    ) -> Result<Reply, LedgerError> {
         let mut keys = Vec::with_capacity(1 + scope_keys.len());
         keys.push(self.keys.record_key(job.request.id));
         keys.extend(scope_keys);
-        let reply = self.submit(clock, args, keys).await?;
-        Ok(reply.values[0] == 1)
+        self.submit(clock, args, keys, wait).await
+    }
+
+    /// After `job`'s send mark was set by a batch too few replicas
+    /// acknowledged (`acked`): gives the mark back, so that a retry resumes
+    /// the job rather than finding its delivery unknown, and fails.
+    async fn unreplicated(&self, job: &JobRef<'_>, acked: i64) -> LedgerError {
+        if let Err(e) = self.release(job).await {
+            tracing::warn!(error = %e, "could not give back a send mark the replicas did not acknowledge");
+        }
+        LedgerError::Unreplicated(format!(
+            "{acked} of the {} Redis replicas redis.min_replicas_acked asks for acknowledged \
+             the send mark within {} ms; it was given back, and the job is not sent now",
+            self.replication.replicas, self.replication.timeout_ms
+        ))
     }
 }
 
@@ -193,7 +232,12 @@ fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
 
 /// Gathers queued items into batches and runs up to [`MAX_IN_FLIGHT`]
 /// script calls at once.
-async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys: Arc<Keyspace>) {
+async fn dispatch(
+    mut rx: mpsc::Receiver<Pending>,
+    conn: Conn,
+    keys: Arc<Keyspace>,
+    replication: Replication,
+) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut carried: Option<Pending> = None;
     loop {
@@ -232,7 +276,7 @@ async fn dispatch(mut rx: mpsc::Receiver<Pending>, conn: ConnectionManager, keys
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
             let clock = clock.unwrap_or(Clock::Server);
-            match run_batch(&mut conn, &keys, clock, &batch).await {
+            match run_batch(&mut conn, &keys, replication, clock, &batch).await {
                 Ok(replies) => {
                     for (p, r) in batch.into_iter().zip(replies) {
                         let _ = p.reply.send(Ok(r));
@@ -261,23 +305,57 @@ fn clock_arg(clock: Clock) -> String {
     }
 }
 
+/// Runs `batch` in one script call; if an item asks to wait and
+/// `replication` names replicas, `WAIT`s for them in the same pipeline (on
+/// the same connection, so the wait covers the script's writes).
 async fn run_batch(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keyspace,
+    replication: Replication,
     clock: Clock,
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
-    let mut inv = SCRIPT.prepare_invoke();
-    inv.arg("batch")
+    let (mut item_keys, mut args) = (Vec::new(), Vec::new());
+    for p in batch {
+        item_keys.extend(p.keys.iter().map(String::as_str));
+        args.extend(p.args.iter().map(String::as_str));
+    }
+    let mut eval = redis::cmd("EVALSHA");
+    eval.arg(SCRIPT.get_hash())
+        .arg(item_keys.len())
+        .arg(&item_keys)
+        .arg("batch")
         .arg(clock_arg(clock))
         .arg(keys.dedup_ms())
         .arg(keys.lease_ms())
-        .arg(keys.rule_set_args());
-    for p in batch {
-        inv.arg(&p.args[..]);
-        inv.key(&p.keys[..]);
+        .arg(keys.rule_set_args())
+        .arg(&args);
+    let wait = replication.replicas > 0 && batch.iter().any(|p| p.wait);
+    let mut pipe = redis::pipe();
+    pipe.add_command(eval);
+    if wait {
+        pipe.cmd("WAIT")
+            .arg(replication.replicas)
+            .arg(replication.timeout_ms);
     }
-    let reply: Vec<i64> = inv.invoke_async(conn).await?;
+    let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            SCRIPT.prepare_invoke().load_async(conn).await?;
+            pipe.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let mut values = values.into_iter();
+    let (Some(reply), acked) = (values.next(), values.next()) else {
+        return Err(LedgerError::Protocol("an empty reply to a batch".into()));
+    };
+    let reply: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
+    let acked: Option<i64> = acked
+        .map(redis::from_redis_value)
+        .transpose()
+        .map_err(|e| LedgerError::Protocol(format!("WAIT's reply: {e}")))?;
+    let unreplicated = acked.filter(|n| *n < i64::from(replication.replicas));
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
     if reply.len() != 1 + 4 * batch.len() {
         return Err(bad());
@@ -285,9 +363,11 @@ async fn run_batch(
     let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
     Ok(reply[1..]
         .chunks_exact(4)
-        .map(|r| Reply {
+        .zip(batch)
+        .map(|(r, p)| Reply {
             now_ms,
             values: [r[0], r[1], r[2], r[3]],
+            unreplicated: unreplicated.filter(|_| p.wait),
         })
         .collect())
 }
@@ -370,10 +450,17 @@ impl Ledger for RedisLedger {
                 .unwrap_or_default(),
             shape,
         ];
-        let reply = self.submit(Some(clock), args, keys).await?;
+        let reply = self.submit(Some(clock), args, keys, entry.send_now).await?;
         let verdict = verdict(&self.keys, &scopes, &reply.values).ok_or_else(|| {
             LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
         })?;
+        // Admitted as sending: the mark must reach the replicas first.
+        if let (Verdict::Admitted | Verdict::Resumed { .. }, Some(acked)) =
+            (verdict, reply.unreplicated)
+            && entry.send_now
+        {
+            return Err(self.unreplicated(job, acked).await);
+        }
         Ok(Admission {
             decided_at_ms: reply.now_ms,
             verdict,
@@ -386,7 +473,12 @@ impl Ledger for RedisLedger {
             job.ticket.as_str().to_owned(),
             attempt(job),
         ];
-        self.mark(job, Some(clock), args, Vec::new()).await
+        let reply = self.mark(job, Some(clock), args, Vec::new(), true).await?;
+        let done = reply.values[0] == 1;
+        match reply.unreplicated {
+            Some(acked) if done => Err(self.unreplicated(job, acked).await),
+            _ => Ok(done),
+        }
     }
 
     async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
@@ -395,7 +487,8 @@ impl Ledger for RedisLedger {
             job.ticket.as_str().to_owned(),
             attempt(job),
         ];
-        self.mark(job, None, args, Vec::new()).await
+        let reply = self.mark(job, None, args, Vec::new(), false).await?;
+        Ok(reply.values[0] == 1)
     }
 
     async fn settle(
@@ -428,12 +521,14 @@ impl Ledger for RedisLedger {
             if answered { "1" } else { "0" }.to_owned(),
             scope_keys.len().to_string(),
         ];
-        self.mark(job, None, args, scope_keys).await
+        let reply = self.mark(job, None, args, scope_keys, false).await?;
+        Ok(reply.values[0] == 1)
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
         let args = vec!["answered".to_owned(), job.ticket.as_str().to_owned()];
-        self.mark(job, None, args, Vec::new()).await
+        let reply = self.mark(job, None, args, Vec::new(), false).await?;
+        Ok(reply.values[0] == 1)
     }
 
     async fn health(&self) -> Result<(), LedgerError> {
@@ -465,6 +560,34 @@ impl Ledger for RedisLedger {
                  drop limiter logs and job records, admitting over the limits and mailing jobs \
                  twice; set maxmemory-policy noeviction, or redis.allow_eviction = true to \
                  accept that"
+            )));
+        }
+        self.replicas_connected().await
+    }
+}
+
+impl RedisLedger {
+    /// With `redis.min_replicas_acked` set: whether the primary has that
+    /// many replicas connected now (if not, no job can be sent).
+    async fn replicas_connected(&self) -> Result<(), LedgerError> {
+        let wanted = self.replication.replicas;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.unfit(e))?;
+        let connected: u32 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        if connected < wanted {
+            return Err(LedgerError::Unreplicated(format!(
+                "the Redis primary has {connected} replicas connected and \
+                 redis.min_replicas_acked is {wanted}: no job can be sent until enough are back"
             )));
         }
         Ok(())

@@ -27,14 +27,16 @@
 //! In process, `MemoryLogs` holds the same logs for the in-memory ledger.
 //! Both ledgers answer the support tools' questions through [`Quotas`].
 
+mod conn;
 mod memory;
 mod redis;
 
 use std::fmt;
 use std::future::Future;
 
+pub(crate) use self::conn::{Conn, connect};
 pub(crate) use self::memory::MemoryLogs;
-pub(crate) use self::redis::{connect, reset as redis_reset, usage as redis_usage};
+pub(crate) use self::redis::{reset as redis_reset, usage as redis_usage};
 
 use crate::domain::{EmailAddress, IpKey, JobId, Name};
 use crate::settings::{LimitSettings, Rule};

@@ -1,39 +1,17 @@
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use super::conn::Conn;
 
 use super::{Clock, Keyspace, LimitError, Subject, Usage, usage_of};
 use crate::domain::Name;
-use crate::settings::RedisSettings;
 
 /// The tools' script; its header documents KEYS and ARGV.
 static TOOLS: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("tools.lua")));
 
-/// Opens a multiplexed connection to Redis that reconnects by itself after
-/// Redis comes back (a call made while it is away fails, and the caller
-/// treats that as transient). Fails if Redis does not answer now, so a bad
-/// URL shows at start-up.
-pub(crate) async fn connect(redis: &RedisSettings) -> Result<ConnectionManager, redis::RedisError> {
-    // redis-rs leaves Nagle's algorithm on. Requests go out back to back on
-    // the one multiplexed connection, and a batch of admissions can span
-    // several segments on a real network: the last, short segment would
-    // wait for the ACK of the ones before it, which Redis may delay (it has
-    // no whole command to answer yet) by up to its delayed-ACK timeout.
-    let info = redis::IntoConnectionInfo::into_connection_info(redis.url.as_str())?
-        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    let client = redis::Client::open(info)?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_number_of_retries(2);
-    ConnectionManager::new_with_config(client, config).await
-}
-
 /// See [`super::Quotas::usage`]: one scope key's log, read by the tools' script.
 pub(crate) async fn usage(
-    conn: &ConnectionManager,
+    conn: &Conn,
     keys: &Keyspace,
     subject: Subject<'_>,
     purpose: Option<&Name>,
@@ -59,7 +37,7 @@ pub(crate) async fn usage(
 
 /// See [`super::Quotas::reset`].
 pub(crate) async fn reset(
-    conn: &ConnectionManager,
+    conn: &Conn,
     keys: &Keyspace,
     subject: Subject<'_>,
 ) -> Result<(String, u64), LimitError> {

@@ -36,11 +36,7 @@ pub fn unique_prefix(test: &str) -> String {
 
 /// Redis settings with a fresh key prefix.
 pub fn redis_settings(prefix: &str) -> RedisSettings {
-    RedisSettings {
-        url: redis_url(),
-        key_prefix: prefix.to_owned(),
-        allow_eviction: false,
-    }
+    RedisSettings::new(redis_url(), prefix.to_owned())
 }
 
 /// A ledger plus whatever must be cleaned up after it.

@@ -1,0 +1,230 @@
+//! The one connection the limiter and the ledger share: to a fixed Redis
+//! server, or to the primary that Redis Sentinel names.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value,
+};
+
+use crate::settings::{RedisSettings, RedisTarget, SentinelTarget};
+
+/// How long connecting, or one request, may take.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A multiplexed connection to the Redis primary that holds the logs and
+/// records. A request made while Redis is away (or while a failover is under
+/// way) fails, and callers treat that as transient; the next request
+/// connects again: to the same address for a fixed server, or, through
+/// Sentinel, to whichever server is primary by then.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// `redis://`, `rediss://`, a Unix socket.
+    Server(ConnectionManager),
+    /// `redis+sentinel://`.
+    Sentinel(Arc<Followed>),
+}
+
+/// Opens a [`Conn`]; fails if Redis (or no Sentinel, or the primary it
+/// names) answers now, so a bad URL shows at start-up.
+pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
+    let invalid = |e: String| {
+        redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "redis.url", e))
+    };
+    match redis.target().map_err(invalid)? {
+        RedisTarget::Memory => Err(invalid("memory:// has no connection".into())),
+        RedisTarget::Server(url) => {
+            // redis-rs leaves Nagle's algorithm on. Requests go out back to
+            // back on the one multiplexed connection, and a batch of
+            // admissions can span several segments on a real network: the
+            // last, short segment would wait for the ACK of the ones before
+            // it, which Redis may delay (it has no whole command to answer
+            // yet) by up to its delayed-ACK timeout.
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
+                .set_tcp_settings(nodelay());
+            let client = redis::Client::open(info)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(TIMEOUT))
+                .set_response_timeout(Some(TIMEOUT))
+                .set_number_of_retries(2);
+            Ok(Conn::Server(
+                ConnectionManager::new_with_config(client, config).await?,
+            ))
+        }
+        RedisTarget::Sentinel(target) => {
+            let followed = Followed {
+                sentinel: tokio::sync::Mutex::new(sentinel_client(&target)?),
+                current: Mutex::default(),
+            };
+            followed.connection().await?;
+            Ok(Conn::Sentinel(Arc::new(followed)))
+        }
+    }
+}
+
+fn nodelay() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+fn sentinel_client(target: &SentinelTarget) -> RedisResult<SentinelClient> {
+    let sentinels = target.sentinels.iter().map(|(host, port)| {
+        if target.tls {
+            ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host.clone(), *port)
+        }
+    });
+    let mut builder =
+        SentinelClientBuilder::new(sentinels, &target.service, SentinelServerType::Master)?
+            .set_client_to_redis_db(target.db)
+            .set_client_to_redis_tcp_settings(nodelay())
+            .set_client_to_sentinel_tcp_settings(nodelay());
+    if target.tls {
+        builder = builder
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+    }
+    if let Some(user) = &target.username {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(pass) = &target.password {
+        builder = builder.set_client_to_redis_password(pass);
+    }
+    builder.build()
+}
+
+/// The primary a group of Sentinels names, followed: the connection to it
+/// is dropped when a request fails in a way that says it is gone or no
+/// longer primary, and the next request asks the Sentinels again.
+pub(crate) struct Followed {
+    /// Asks the Sentinels; held while (re)connecting, so one task connects
+    /// and the others wait for its connection.
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The connection in use, if any.
+    current: Mutex<Current>,
+}
+
+/// [`Followed`]'s connection, numbered so that a failed request forgets
+/// only the connection it ran on, never a newer one.
+#[derive(Default)]
+struct Current {
+    /// How many connections were made before this one.
+    generation: u64,
+    conn: Option<MultiplexedConnection>,
+}
+
+impl Followed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+        // Nothing panics while holding the lock; a poisoned one still holds
+        // a consistent value.
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+        let current = self.lock();
+        current.conn.clone().map(|c| (current.generation, c))
+    }
+
+    /// The connection in use, or a new one to the primary the Sentinels
+    /// name now.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let mut sentinel = self.sentinel.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let timed_out = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no primary",
+                "the Sentinels did not name a primary that answered in time".to_owned(),
+            ))
+        };
+        let client = tokio::time::timeout(TIMEOUT, sentinel.async_get_client())
+            .await
+            .map_err(|_| timed_out())??;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(TIMEOUT))
+            .set_response_timeout(Some(TIMEOUT));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let generation = {
+            let mut current = self.lock();
+            current.generation += 1;
+            current.conn = Some(conn.clone());
+            current.generation
+        };
+        tracing::info!(primary = %client.get_connection_info().addr(), "connected to the primary Sentinel names");
+        Ok((generation, conn))
+    }
+
+    /// After a request on connection `generation` failed with `e`: forgets
+    /// that connection if `e` says the server is gone or is no longer the
+    /// primary.
+    fn check<T>(&self, generation: u64, result: &RedisResult<T>) {
+        let Err(e) = result else { return };
+        let lost = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+            || e.is_timeout()
+            || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
+        if !lost {
+            return;
+        }
+        let mut current = self.lock();
+        if current.generation == generation && current.conn.take().is_some() {
+            tracing::warn!(error = %e, "lost the Redis primary; asking Sentinel again");
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(f) => Box::pin(async move {
+                let (generation, mut conn) = f.connection().await?;
+                let result = conn.req_packed_command(cmd).await;
+                f.check(generation, &result);
+                result
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Sentinel(f) => Box::pin(async move {
+                let (generation, mut conn) = f.connection().await?;
+                let result = conn.req_packed_commands(cmd, offset, count).await;
+                f.check(generation, &result);
+                result
+            }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Sentinel(f) => f.current().map_or(0, |(_, c)| c.get_db()),
+        }
+    }
+}
