@@ -11,6 +11,12 @@
 //! alternate between the two scripts and the median is reported, so a noisy
 //! neighbour hurts both alike. Keys live under a unique prefix and are
 //! deleted at the end.
+//!
+//! Then the cost of `redis.min_replicas_acked = 1`: admissions that set the
+//! send mark (as when an SMTP connection is free), one caller at a time
+//! (latency) and 64 at once (throughput), with and without the `WAIT`, on a
+//! primary and a replica the bench starts on free ports (`redis-server`
+//! must be installed), rounds alternating.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -348,4 +354,152 @@ fn main() {
         med(&ours, |r| r.admitted) * 100.0,
     );
     println!("(ratio: median over rounds of mailgate / article decisions/s in the same round)");
+    rt.block_on(replica_rounds(secs, rounds));
+}
+
+/// A `redis-server` of the bench's own, killed when dropped.
+struct Server(std::process::Child, u16);
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(std::env::temp_dir())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        Self(child, port)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.1)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One send-mark round: per-call latencies of one caller (µs, sorted), and
+/// the rate of 64 callers.
+struct MarkRound {
+    latencies: Vec<f64>,
+    rate: f64,
+}
+
+async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> MarkRound {
+    let admit = |l: RedisLedger, pool: Arc<Pool>, id: String, i: u64| async move {
+        let id = JobId::parse(&id).expect("id");
+        let ticket = Ticket::new();
+        let entry = Entry {
+            job: JobRef {
+                request: Request {
+                    id: &id,
+                    email: &pool.emails[(i % MAILBOXES) as usize],
+                    ip: Some(&pool.ips[(i % NETWORKS) as usize]),
+                    purpose: None,
+                },
+                ticket: &ticket,
+                attempt: 1,
+            },
+            send_now: true,
+            expires_at_ms: None,
+        };
+        l.admit(&entry, Clock::Server).await.expect("admission");
+    };
+    let mut latencies = Vec::new();
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    while Instant::now() < until {
+        let n = latencies.len() as u64;
+        let t = Instant::now();
+        admit(l.clone(), pool.clone(), format!("{tag}-s{n}"), n).await;
+        latencies.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..CALLERS as u64)
+        .map(|c| {
+            let (l, pool, done, stop) = (l.clone(), pool.clone(), done.clone(), stop.clone());
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    admit(l.clone(), pool.clone(), format!("{tag}-c{c}-{n}"), c * 7919 + n).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    MarkRound {
+        latencies,
+        rate: done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+    }
+}
+
+async fn replica_rounds(secs: f64, rounds: usize) {
+    let primary = Server::start(&[]);
+    let _replica = Server::start(&["--replicaof", "127.0.0.1", &primary.1.to_string()]);
+    let pool = Arc::new(Pool::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut results: [Vec<MarkRound>; 2] = [Vec::new(), Vec::new()];
+    for run in 0..rounds {
+        for wait in [0u32, 1] {
+            let settings = RedisSettings {
+                allow_eviction: true,
+                min_replicas_acked: wait,
+                ..RedisSettings::new(primary.url(), format!("mgbench:{run}:{wait}:"))
+            };
+            // The primary, then its replica's first sync, may take a moment.
+            let ledger = loop {
+                match RedisLedger::connect(&settings, &LimitSettings::default()).await {
+                    Ok(l) if l.health().await.is_ok() => break l,
+                    _ if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("the bench's primary: {e}"),
+                    Ok(l) => panic!("the bench's replica: {:?}", l.health().await),
+                }
+            };
+            let round = send_marks(&ledger, &pool, &format!("r{run}w{wait}"), secs).await;
+            eprintln!(
+                "round {}: min_replicas_acked = {wait}: one caller p50 {:.0} us, 64 callers {:.0}/s",
+                run + 1,
+                round.latencies[round.latencies.len() / 2],
+                round.rate
+            );
+            results[wait as usize].push(round);
+        }
+    }
+    let pct = |r: &MarkRound, p: f64| r.latencies[((r.latencies.len() - 1) as f64 * p) as usize];
+    println!();
+    println!(
+        "admissions that set the send mark, a primary and one replica on this machine, {rounds} rounds of {secs}s each, medians"
+    );
+    println!("| redis.min_replicas_acked | one caller p50 | one caller p99 | 64 callers |");
+    println!("|---|---:|---:|---:|");
+    for (wait, rs) in results.iter().enumerate() {
+        println!(
+            "| {wait} | {:.0} µs | {:.0} µs | {:.0}/s |",
+            median(rs.iter().map(|r| pct(r, 0.5)).collect()),
+            median(rs.iter().map(|r| pct(r, 0.99)).collect()),
+            median(rs.iter().map(|r| r.rate).collect()),
+        );
+    }
 }

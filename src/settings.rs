@@ -626,16 +626,17 @@ fn redact_userinfo(url: &str) -> String {
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
+    let list = scheme.ends_with("+sentinel");
     let hidden = || format!("{scheme}://***{tail}");
     if let Some(userinfo) = userinfo {
         // user[:password]@host: keep the user and the host.
         let user = userinfo.split(':').next().unwrap_or("");
-        if !plain_host(authority) || user.contains(['/', '?', '#']) {
+        if !plain_host(authority, list) || user.contains(['/', '?', '#']) {
             return hidden();
         }
         return format!("{scheme}://{user}:***@{authority}{tail}");
     }
-    if plain_host(authority) {
+    if plain_host(authority, list) {
         url.to_owned()
     } else {
         hidden()
@@ -643,10 +644,14 @@ fn redact_userinfo(url: &str) -> String {
 }
 
 /// Whether an authority without userinfo is just `host` or `host:port`
-/// (an IPv6 host in brackets), or a comma-separated list of them (a
-/// sentinel URL's), so it cannot hold a password.
-fn plain_host(authority: &str) -> bool {
-    authority.split(',').all(plain_host_one)
+/// (an IPv6 host in brackets), or, with `list`, a comma-separated list of
+/// them (a sentinel URL's), so it cannot hold a password.
+fn plain_host(authority: &str, list: bool) -> bool {
+    if list {
+        authority.split(',').all(plain_host_one)
+    } else {
+        plain_host_one(authority)
+    }
 }
 
 /// [`plain_host`] for one `host[:port]`.
@@ -869,6 +874,15 @@ fn sentinel_address(item: &str) -> Result<(String, u16), String> {
     if host.is_empty() {
         return Err(format!(
             "a sentinel's host is empty ({item:?}); list them as host:port,host:port"
+        ));
+    }
+    let v6 = item.starts_with('[');
+    if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c) || (v6 && ":%".contains(c)))
+    {
+        return Err(format!(
+            "sentinel {item:?} is not a host name or address; list them as host:port,host:port"
         ));
     }
     let port = match port {
@@ -1353,6 +1367,8 @@ mod tests {
             // host, port and path by the URL's own syntax (`amqp://guest:5/x`
             // is host guest, port 5, vhost x): nothing marks it secret.
             proptest::prop_assume!(at || !password.contains(['/', '?', '#', '@']));
+            // Nor is one holding ',' in a Sentinel URL: the next host.
+            proptest::prop_assume!(at || !scheme.ends_with("+sentinel") || !password.contains(','));
             proptest::prop_assert!(!shown.contains(&password), "{url} -> {shown}");
         }
     }

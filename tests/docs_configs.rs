@@ -26,6 +26,7 @@ fn documented_urls() -> Vec<(&'static str, String)> {
         ("redis", "MAILGATE__REDIS__URL"),
         ("rediss", "MAILGATE__REDIS__URL"),
         ("redis+sentinel", "MAILGATE__REDIS__URL"),
+        ("rediss+sentinel", "MAILGATE__REDIS__URL"),
         ("redis+cluster", "MAILGATE__REDIS__URL"),
         ("memory", "MAILGATE__REDIS__URL"),
         ("smtp", "MAILGATE__SMTP__URL"),
@@ -41,8 +42,14 @@ fn documented_urls() -> Vec<(&'static str, String)> {
         let Some((_, var)) = schemes.iter().find(|(s, _)| *s == scheme) else {
             continue;
         };
+        // A Sentinel URL lists its hosts with commas.
+        let stops = if scheme.ends_with("+sentinel") {
+            "`|)\"'"
+        } else {
+            "`|)\"',"
+        };
         let end = text[i..]
-            .find(|c: char| c.is_whitespace() || "`|)\"',".contains(c))
+            .find(|c: char| c.is_whitespace() || stops.contains(c))
             .map_or(text.len(), |p| i + p);
         let url = text[start..end].trim_end_matches(['.', ';']);
         if url.contains("***") {
@@ -53,7 +60,9 @@ fn documented_urls() -> Vec<(&'static str, String)> {
             .replace("DIR", "outbox")
             .replace("h1:p1,h2:p2", "127.0.0.1:7000,127.0.0.1:7001");
         // A scheme named alone: any host of that form.
-        if filled.ends_with("://") && scheme != "memory" {
+        if filled.ends_with("://") && scheme.ends_with("+sentinel") {
+            filled.push_str("sentinel.example.com:26379/mymaster");
+        } else if filled.ends_with("://") && scheme != "memory" {
             filled.push_str("service.example.com");
         }
         out.push((*var, filled));
@@ -123,9 +132,10 @@ fn every_documented_url_form_is_accepted() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // And a form no doc shows is refused, naming the key.
+    // And a malformed one (a Sentinel URL naming no service) is refused,
+    // naming the key.
     let out = check_config(
-        &[("MAILGATE__REDIS__URL", "redis+sentinel://a:26379/mymaster")],
+        &[("MAILGATE__REDIS__URL", "redis+sentinel://a:26379")],
         "config/default.toml",
     );
     assert!(!out.status.success());
