@@ -435,7 +435,13 @@ async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> 
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
-                    admit(l.clone(), pool.clone(), format!("{tag}-c{c}-{n}"), c * 7919 + n).await;
+                    admit(
+                        l.clone(),
+                        pool.clone(),
+                        format!("{tag}-c{c}-{n}"),
+                        c * 7919 + n,
+                    )
+                    .await;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             })

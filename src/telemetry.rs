@@ -100,6 +100,12 @@ pub fn retried(reason: &'static str) {
     metrics::counter!("mailgate_retries_total", "reason" => reason).increment(1);
 }
 
+/// A job came back to a worker after half the broker's delivery limit or
+/// more of unsettled deliveries: one that takes workers down with it.
+pub fn redelivered_often() {
+    metrics::counter!("mailgate_jobs_redelivered_often_total").increment(1);
+}
+
 /// A message went to the dead-letter queue.
 pub fn dead_lettered() {
     metrics::counter!("mailgate_dead_letters_total").increment(1);

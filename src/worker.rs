@@ -19,7 +19,7 @@ use futures_lite::{FutureExt as _, StreamExt};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::broker::{Broker, BrokerError, Incoming};
+use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
 use crate::domain::{Ticket, now_ms};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
@@ -385,6 +385,17 @@ impl<L: Ledger + 'static> Worker<L> {
         // The pipeline records the id once it has parsed the job.
         let span = tracing::info_span!("job", id = tracing::field::Empty, attempt = job.attempt);
         async {
+            // One redelivery is a worker that died or lost its connection;
+            // many are a job that takes every worker down with it.
+            if i64::from(job.deliveries_before) >= DELIVERY_LIMIT / 2 {
+                tracing::warn!(
+                    deliveries = job.deliveries_before,
+                    limit = DELIVERY_LIMIT,
+                    "this message was handed out again and again without being settled; \
+                     RabbitMQ dead-letters it at the limit"
+                );
+                telemetry::redelivered_often();
+            }
             let ticket = job.ticket.clone().unwrap_or_default();
             let msg = Message {
                 body: job.body(),

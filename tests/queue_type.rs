@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::harness::Harness;
+use common::harness::{Harness, http_get};
 use lapin::options::{BasicGetOptions, BasicRejectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use mailgate::broker::{DELIVERY_LIMIT, Topology};
@@ -147,8 +147,10 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     };
     assert_eq!(reason, Some(AMQPValue::LongString("delivery_limit".into())));
 
+    // Handed back half the limit times: sent once, and counted as a job
+    // that keeps coming back (x-delivery-count).
     h.publish(&job("bounced", "b@example.com")).await;
-    assert_eq!(hand_back(5).await, 5);
+    assert_eq!(hand_back(limit / 2).await, limit / 2);
     let w = h.start_worker().await;
     let r = h.result().await;
     assert_eq!(
@@ -157,6 +159,11 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     );
     h.no_more_results(Duration::from_secs(1)).await;
     assert_eq!(h.sink.wait_for(1, Duration::from_secs(5)).len(), 1);
+    let (_, metrics) = http_get(w.http, "/metrics").await;
+    assert!(
+        metrics.contains("mailgate_jobs_redelivered_often_total 1"),
+        "{metrics}"
+    );
     w.stop().await.unwrap();
 }
 

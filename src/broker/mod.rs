@@ -50,6 +50,10 @@ use crate::settings::{AmqpSettings, QueueType, Settings, redact_url};
 /// shut down holding it, reaches it.
 pub const DELIVERY_LIMIT: i64 = 20;
 
+/// The header a quorum queue sets on a message it hands out again: how many
+/// deliveries of it ended without an ack.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
 /// The header carrying a copy's attempt number (1 for the first). Read only
 /// on messages that also carry a [`TICKET_HEADER`]: mailgate's own copies.
 pub const ATTEMPT_HEADER: &str = "x-mailgate-attempt";
@@ -321,6 +325,11 @@ pub struct Incoming {
     /// Whether RabbitMQ delivered this message before (to a consumer that
     /// did not acknowledge it).
     pub redelivered: bool,
+    /// How many times a quorum queue handed this message out before without
+    /// its being settled (`x-delivery-count`; 0 on a first delivery and on
+    /// classic queues, which do not count). At [`DELIVERY_LIMIT`] the
+    /// broker dead-letters it.
+    pub deliveries_before: u32,
     /// When the producer published it, ms since the epoch.
     pub published_at_ms: Option<u64>,
     delivery: Delivery,
@@ -358,6 +367,7 @@ impl Incoming {
             ticket,
             attempt,
             redelivered: delivery.redelivered,
+            deliveries_before: header(DELIVERY_COUNT_HEADER).and_then(as_u32).unwrap_or(0),
             published_at_ms: header(PUBLISHED_HEADER)
                 .or_else(|| header(TIMESTAMP_MS_HEADER))
                 .and_then(as_u64)
