@@ -213,12 +213,28 @@ impl Settings {
                 humantime::format_duration(self.redis.replica_ack_timeout),
             ));
         }
-        if self.redis.min_replicas_acked > 0
-            && matches!(self.redis.target(), Ok(RedisTarget::Memory))
-        {
-            return invalid(
-                "redis.min_replicas_acked needs a Redis with replicas; memory:// has none".into(),
-            );
+        match self.redis.target() {
+            Ok(RedisTarget::Memory) if self.redis.min_replicas_acked > 0 => {
+                return invalid(
+                    "redis.min_replicas_acked needs a Redis with replicas; memory:// has none"
+                        .into(),
+                );
+            }
+            Ok(RedisTarget::Cluster(_)) if self.redis.min_replicas_acked > 0 => {
+                return invalid(
+                    "redis.min_replicas_acked is not supported with redis+cluster:// yet".into(),
+                );
+            }
+            Ok(RedisTarget::Cluster(_)) if hash_tag(&self.redis.key_prefix).is_none() => {
+                return invalid(format!(
+                    "redis.key_prefix {:?} holds no hash tag: on a Redis Cluster every key \
+                     mailgate writes must carry one, such as \"{{mailgate}}:\", because its \
+                     scripts touch several keys at once and a cluster runs a script only if \
+                     its keys share a slot (so one shard holds all of them)",
+                    self.redis.key_prefix
+                ));
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -626,7 +642,7 @@ fn redact_userinfo(url: &str) -> String {
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
-    let list = scheme.ends_with("+sentinel");
+    let list = scheme.ends_with("+sentinel") || scheme.ends_with("+cluster");
     let hidden = || format!("{scheme}://***{tail}");
     if let Some(userinfo) = userinfo {
         // user[:password]@host: keep the user and the host.
@@ -752,6 +768,33 @@ pub enum RedisTarget {
     Server(String),
     /// The primary that a group of Redis Sentinels names.
     Sentinel(SentinelTarget),
+    /// A Redis Cluster, found from any of its nodes.
+    Cluster(ClusterTarget),
+}
+
+/// A `redis+cluster://` URL's parts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterTarget {
+    /// Nodes to learn the cluster's layout from (at least one; the port
+    /// defaults to 6379).
+    pub nodes: Vec<(String, u16)>,
+    /// The nodes' user (ACL), percent-decoded.
+    pub username: Option<String>,
+    /// The nodes' password, percent-decoded.
+    pub password: Option<String>,
+    /// TLS to every node (`rediss+cluster://`).
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for ClusterTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterTarget")
+            .field("nodes", &self.nodes)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 /// A `redis+sentinel://` URL's parts.
@@ -795,9 +838,11 @@ impl RedisTarget {
             return Ok(RedisTarget::Memory);
         }
         let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-        let tls = match scheme {
-            "redis+sentinel" => false,
-            "rediss+sentinel" => true,
+        let (sentinel, tls) = match scheme {
+            "redis+sentinel" => (true, false),
+            "rediss+sentinel" => (true, true),
+            "redis+cluster" => (false, false),
+            "rediss+cluster" => (false, true),
             _ => {
                 return redis::Client::open(url)
                     .map(|_| RedisTarget::Server(url.to_owned()))
@@ -823,13 +868,31 @@ impl RedisTarget {
             ),
         };
         if rest.contains(['?', '#']) {
-            return Err("a sentinel URL takes no query or fragment".into());
+            return Err(format!("a {scheme} URL takes no query or fragment"));
         }
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let sentinels = hosts
+        let (what, port) = if sentinel {
+            ("sentinel", SENTINEL_PORT)
+        } else {
+            ("cluster node", 6379)
+        };
+        let hosts = hosts
             .split(',')
-            .map(sentinel_address)
+            .map(|h| list_address(h, port, what))
             .collect::<Result<Vec<_>, _>>()?;
+        if !sentinel {
+            if !path.is_empty() {
+                return Err(
+                    "a cluster has only database 0: redis+cluster://host:port,host:port".into(),
+                );
+            }
+            return Ok(RedisTarget::Cluster(ClusterTarget {
+                nodes: hosts,
+                username,
+                password,
+                tls,
+            }));
+        }
         let mut path = path.split('/');
         let service = path.next().unwrap_or("");
         if service.is_empty() {
@@ -846,7 +909,7 @@ impl RedisTarget {
             return Err("its path is /service or /service/db, nothing after".into());
         }
         Ok(RedisTarget::Sentinel(SentinelTarget {
-            sentinels,
+            sentinels: hosts,
             service,
             db,
             username,
@@ -856,14 +919,15 @@ impl RedisTarget {
     }
 }
 
-/// One `host[:port]` (`[v6]:port` for IPv6) of a sentinel URL.
-fn sentinel_address(item: &str) -> Result<(String, u16), String> {
+/// One `host[:port]` (`[v6]:port` for IPv6) of a sentinel or cluster URL
+/// (`what` names which, `default_port` is used when it names none).
+fn list_address(item: &str, default_port: u16, what: &str) -> Result<(String, u16), String> {
     let item = item.trim();
     let (host, port) = match item.strip_prefix('[') {
         Some(v6) => {
             let (host, after) = v6
                 .split_once(']')
-                .ok_or_else(|| format!("sentinel {item:?} has no closing ']'"))?;
+                .ok_or_else(|| format!("{what} {item:?} has no closing ']'"))?;
             (host, after.strip_prefix(':'))
         }
         None => match item.rsplit_once(':') {
@@ -873,7 +937,7 @@ fn sentinel_address(item: &str) -> Result<(String, u16), String> {
     };
     if host.is_empty() {
         return Err(format!(
-            "a sentinel's host is empty ({item:?}); list them as host:port,host:port"
+            "a {what}'s host is empty ({item:?}); list them as host:port,host:port"
         ));
     }
     let v6 = item.starts_with('[');
@@ -882,18 +946,27 @@ fn sentinel_address(item: &str) -> Result<(String, u16), String> {
         .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c) || (v6 && ":%".contains(c)))
     {
         return Err(format!(
-            "sentinel {item:?} is not a host name or address; list them as host:port,host:port"
+            "{what} {item:?} is not a host name or address; list them as host:port,host:port"
         ));
     }
     let port = match port {
-        None => SENTINEL_PORT,
+        None => default_port,
         Some(p) => p
             .parse()
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| format!("sentinel {item:?} has no valid port"))?,
+            .ok_or_else(|| format!("{what} {item:?} has no valid port"))?,
     };
     Ok((host.to_owned(), port))
+}
+
+/// The hash tag of a Redis key (or key prefix): what lies between its first
+/// `{` and the next `}`, if not empty. Redis Cluster places a key by its tag,
+/// so keys with one tag share a slot.
+fn hash_tag(key: &str) -> Option<&str> {
+    let (_, after) = key.split_once('{')?;
+    let (tag, _) = after.split_once('}')?;
+    (!tag.is_empty()).then_some(tag)
 }
 
 fn default_replica_ack_timeout() -> Duration {
@@ -1302,6 +1375,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_url_names_its_nodes_and_needs_a_tagged_prefix() {
+        assert_eq!(
+            RedisTarget::parse("redis+cluster://:p%2Cw@n1:7000,n2,[::1]:7002"),
+            Ok(RedisTarget::Cluster(ClusterTarget {
+                nodes: vec![
+                    ("n1".into(), 7000),
+                    ("n2".into(), 6379),
+                    ("::1".into(), 7002)
+                ],
+                username: None,
+                password: Some("p,w".into()),
+                tls: false,
+            }))
+        );
+        let e = RedisTarget::parse("redis+cluster://n1:7000/1").unwrap_err();
+        assert!(e.contains("only database 0"), "{e}");
+        assert_eq!(
+            redact_url("rediss+cluster://u:Xk9p7sLm2@n1:7000,n2:7001"),
+            "rediss+cluster://u:***@n1:7000,n2:7001"
+        );
+        let mut s = shipped();
+        s.redis.url = "redis+cluster://n1:7000,n2:7001".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("hash tag") && e.contains("key_prefix"), "{e}");
+        for tagged in ["{mailgate}:", "mg:{a}:"] {
+            s.redis.key_prefix = tagged.into();
+            s.validate().expect(tagged);
+        }
+        for untagged in ["mg:{}:", "mg:{:", "mg:}{"] {
+            s.redis.key_prefix = untagged.into();
+            assert!(s.validate().is_err(), "{untagged}");
+        }
+        s.redis.key_prefix = "{mailgate}:".into();
+        s.redis.min_replicas_acked = 1;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("min_replicas_acked"), "{e}");
+    }
+
+    #[test]
     fn waiting_for_replicas_needs_replicas_and_room_in_the_lease() {
         let mut s = shipped();
         s.redis.min_replicas_acked = 1;
@@ -1347,7 +1459,7 @@ mod tests {
         /// However a URL is shaped, its printed form never shows the password.
         #[test]
         fn no_printed_url_shows_its_password(
-            scheme in "(amqp|amqps|redis|rediss|redis\\+sentinel|smtp|smtps|x)",
+            scheme in "(amqp|amqps|redis|rediss|redis\\+sentinel|redis\\+cluster|smtp|smtps|x)",
             user in "[a-zA-Z0-9._~%!$&'()*+,;=-]{0,12}",
             password in "[a-zA-Z0-9._~%!$&'()*+,;=:/?#@-]{5,24}[a-zA-Z._~%!$&'()*+,;=/?#-]",
             host in "[a-z0-9.-]{0,12}",
@@ -1367,8 +1479,9 @@ mod tests {
             // host, port and path by the URL's own syntax (`amqp://guest:5/x`
             // is host guest, port 5, vhost x): nothing marks it secret.
             proptest::prop_assume!(at || !password.contains(['/', '?', '#', '@']));
-            // Nor is one holding ',' in a Sentinel URL: the next host.
-            proptest::prop_assume!(at || !scheme.ends_with("+sentinel") || !password.contains(','));
+            // Nor is one holding ',' in a Sentinel or cluster URL: the next
+            // host.
+            proptest::prop_assume!(at || !scheme.contains('+') || !password.contains(','));
             proptest::prop_assert!(!shown.contains(&password), "{url} -> {shown}");
         }
     }

@@ -28,6 +28,7 @@ fn documented_urls() -> Vec<(&'static str, String)> {
         ("redis+sentinel", "MAILGATE__REDIS__URL"),
         ("rediss+sentinel", "MAILGATE__REDIS__URL"),
         ("redis+cluster", "MAILGATE__REDIS__URL"),
+        ("rediss+cluster", "MAILGATE__REDIS__URL"),
         ("memory", "MAILGATE__REDIS__URL"),
         ("smtp", "MAILGATE__SMTP__URL"),
         ("smtps", "MAILGATE__SMTP__URL"),
@@ -43,7 +44,7 @@ fn documented_urls() -> Vec<(&'static str, String)> {
             continue;
         };
         // A Sentinel URL lists its hosts with commas.
-        let stops = if scheme.ends_with("+sentinel") {
+        let stops = if scheme.ends_with("+sentinel") || scheme.ends_with("+cluster") {
             "`|)\"'"
         } else {
             "`|)\"',"
@@ -60,7 +61,9 @@ fn documented_urls() -> Vec<(&'static str, String)> {
             .replace("DIR", "outbox")
             .replace("h1:p1,h2:p2", "127.0.0.1:7000,127.0.0.1:7001");
         // A scheme named alone: any host of that form.
-        if filled.ends_with("://") && scheme.ends_with("+sentinel") {
+        if filled.ends_with("://") && scheme.ends_with("+cluster") {
+            filled.push_str("node.example.com:6379");
+        } else if filled.ends_with("://") && scheme.ends_with("+sentinel") {
             filled.push_str("sentinel.example.com:26379/mymaster");
         } else if filled.ends_with("://") && scheme != "memory" {
             filled.push_str("service.example.com");
@@ -125,7 +128,12 @@ fn every_documented_url_form_is_accepted() {
     let urls = documented_urls();
     assert!(urls.len() >= 8, "found the documented URLs: {urls:?}");
     for (var, url) in &urls {
-        let out = check_config(&[(var, url)], "config/default.toml");
+        // A cluster needs a hash tag in the key prefix.
+        let mut env = vec![(*var, url.as_str())];
+        if url.contains("+cluster://") {
+            env.push(("MAILGATE__REDIS__KEY_PREFIX", "{mailgate}:"));
+        }
+        let out = check_config(&env, "config/default.toml");
         assert!(
             out.status.success(),
             "{var}={url}: {}",

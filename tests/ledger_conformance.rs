@@ -795,47 +795,61 @@ mod cases {
 }
 
 macro_rules! conformance {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
+    ($($case:ident,)*) => {
+        mod redis {
             use super::*;
-            conformance!(@cases $make;
-                a_second_message_is_busy_for_the_rest_of_the_lease,
-                a_lapsed_lease_passes_the_send_to_another_lineage,
-                release_by_the_owner_lets_the_next_message_resume_at_once,
-                release_by_another_lineage_or_of_an_unknown_id_is_refused,
-                a_send_whose_lease_lapses_is_unknown_and_never_resent,
-                send_now_admits_straight_into_sending,
-                sent_is_reported_to_every_later_message,
-                a_late_sent_overrides_unknown,
-                an_owners_refund_gives_the_quota_back_in_every_scope,
-                a_refund_by_another_lineage_or_after_a_send_is_refused,
-                answered_is_recorded_for_the_owner_only,
-                another_job_under_the_same_id_is_a_conflict_that_touches_nothing,
-                the_fingerprint_is_the_parsed_address_client_and_purpose,
-                an_expired_job_without_a_record_writes_nothing,
-                an_expired_unsent_admission_is_refunded,
-                expiry_never_refunds_a_send_begun_or_done,
-                a_refund_removes_only_its_own_admission,
-                sending_and_release_renew_the_records_life,
-                an_expires_at_of_zero_is_in_the_past,
-                a_rejected_request_leaves_no_record,
-                attempts_fence_late_writes_but_never_take_a_send_over,
-                health_is_ok,
-            );
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case(RedisBackend).await;
+                }
+            )*
         }
-    };
-    (@cases $make:expr; $($case:ident,)*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                cases::$case($make).await;
-            }
-        )*
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case(MemoryBackend).await;
+                }
+            )*
+        }
+        /// Every case again, on a Redis Cluster of the test's own (one
+        /// cluster for all of them: starting one takes seconds).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_case_on_a_cluster() {
+            let _cluster = PrivateCluster::start();
+            $(
+                cases::$case(ClusterBackend).await;
+            )*
+        }
     };
 }
 
-conformance!(redis, RedisBackend);
-conformance!(memory, MemoryBackend);
+conformance!(
+    a_second_message_is_busy_for_the_rest_of_the_lease,
+    a_lapsed_lease_passes_the_send_to_another_lineage,
+    release_by_the_owner_lets_the_next_message_resume_at_once,
+    release_by_another_lineage_or_of_an_unknown_id_is_refused,
+    a_send_whose_lease_lapses_is_unknown_and_never_resent,
+    send_now_admits_straight_into_sending,
+    sent_is_reported_to_every_later_message,
+    a_late_sent_overrides_unknown,
+    an_owners_refund_gives_the_quota_back_in_every_scope,
+    a_refund_by_another_lineage_or_after_a_send_is_refused,
+    answered_is_recorded_for_the_owner_only,
+    another_job_under_the_same_id_is_a_conflict_that_touches_nothing,
+    the_fingerprint_is_the_parsed_address_client_and_purpose,
+    an_expired_job_without_a_record_writes_nothing,
+    an_expired_unsent_admission_is_refunded,
+    expiry_never_refunds_a_send_begun_or_done,
+    a_refund_removes_only_its_own_admission,
+    sending_and_release_renew_the_records_life,
+    an_expires_at_of_zero_is_in_the_past,
+    a_rejected_request_leaves_no_record,
+    attempts_fence_late_writes_but_never_take_a_send_over,
+    health_is_ok,
+);
 
 /// Tickets come from headers: only a ticket's shape is accepted.
 #[test]

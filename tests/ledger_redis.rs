@@ -95,6 +95,13 @@ async fn concurrent_callers_never_exceed_a_rule() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_on_a_cluster_never_exceed_a_rule() {
+    let _cluster = PrivateCluster::start();
+    let l = ClusterBackend.make("concurrency", tight_limits()).await;
+    never_over_limit(l.ledger, tight_limits(), "c").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_backend_concurrent_callers_never_exceed_a_rule() {
     never_over_limit(MemoryLedger::new(&tight_limits()), tight_limits(), "m").await;
 }

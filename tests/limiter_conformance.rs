@@ -525,38 +525,52 @@ mod cases {
 }
 
 macro_rules! conformance {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
+    ($($case:ident,)*) => {
+        mod redis {
             use super::*;
-            conformance!(@cases $make;
-                first_request_then_30s_later,
-                sixth_in_an_hour,
-                eleventh_in_a_day,
-                ip_rejection_uses_no_mailbox_quota,
-                mailbox_rejection_uses_no_ip_quota,
-                same_millisecond_both_count,
-                ipv6_groups_by_64,
-                spellings_of_a_mailbox_share_quota,
-                no_ip_means_mailbox_only,
-                longest_wait_binds,
-                disabled_scope_is_not_limited,
-                a_clock_that_steps_back_frees_no_quota,
-                a_clock_a_moment_behind_its_newest_time_frees_no_quota,
-                a_purpose_has_its_own_rules_over_the_shared_log,
-                usage_shows_each_rule_and_uses_nothing,
-                reset_forgets_a_mailbox,
-            );
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case(RedisBackend).await;
+                }
+            )*
         }
-    };
-    (@cases $make:expr; $($case:ident,)*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                cases::$case($make).await;
-            }
-        )*
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case(MemoryBackend).await;
+                }
+            )*
+        }
+        /// Every case again, on a Redis Cluster of the test's own (one
+        /// cluster for all of them: starting one takes seconds).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_case_on_a_cluster() {
+            let _cluster = PrivateCluster::start();
+            $(
+                cases::$case(ClusterBackend).await;
+            )*
+        }
     };
 }
 
-conformance!(redis, RedisBackend);
-conformance!(memory, MemoryBackend);
+conformance!(
+    first_request_then_30s_later,
+    sixth_in_an_hour,
+    eleventh_in_a_day,
+    ip_rejection_uses_no_mailbox_quota,
+    mailbox_rejection_uses_no_ip_quota,
+    same_millisecond_both_count,
+    ipv6_groups_by_64,
+    spellings_of_a_mailbox_share_quota,
+    no_ip_means_mailbox_only,
+    longest_wait_binds,
+    disabled_scope_is_not_limited,
+    a_clock_that_steps_back_frees_no_quota,
+    a_clock_a_moment_behind_its_newest_time_frees_no_quota,
+    a_purpose_has_its_own_rules_over_the_shared_log,
+    usage_shows_each_rule_and_uses_nothing,
+    reset_forgets_a_mailbox,
+);

@@ -14,7 +14,7 @@ use common::*;
 use mailgate::domain::{Normalization, Ticket};
 use mailgate::ledger::{Ending, Ledger, MemoryLedger, RedisLedger, Refund};
 use mailgate::limiter::{Clock, Scope};
-use mailgate::settings::LimitSettings;
+use mailgate::settings::{LimitSettings, RedisSettings};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -229,23 +229,45 @@ fn runner() -> TestRunner {
 }
 
 fn redis_agrees(limits: LimitSettings, max_step: u64, name: &str) {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
     let cleanup = RedisCleanup {
         prefix: unique_prefix(name),
     };
+    agrees(&redis_settings(&cleanup.prefix), limits, max_step);
+}
+
+/// Each case on a fresh prefix under `base`'s.
+fn agrees(base: &RedisSettings, limits: LimitSettings, max_step: u64) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
     let n = std::sync::atomic::AtomicU64::new(0);
     runner()
         .run(&ops(max_step), |ops| {
             let case = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let prefix = format!("{}{case}:", cleanup.prefix);
+            let settings =
+                RedisSettings::new(base.url.clone(), format!("{}{case}:", base.key_prefix));
             rt.block_on(async {
-                let l = RedisLedger::connect(&redis_settings(&prefix), &limits)
+                let l = RedisLedger::connect(&settings, &limits)
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 run_case(&l, &limits, &ops).await
             })
         })
         .expect("the Redis backend agrees with the model");
+}
+
+/// The three policies on one Redis Cluster of the test's own (starting one
+/// takes seconds).
+#[test]
+fn a_cluster_agrees_with_model() {
+    let cluster = PrivateCluster::start();
+    let tag = format!("{{{}}}", unique_prefix("prop-cluster"));
+    for (policy, limits, max_step) in [
+        ("small", small_limits(), 3_000),
+        ("default", default_limits(), 2 * HOUR),
+        ("large-n", large_n_limits(), 1_000),
+    ] {
+        let base = RedisSettings::new(cluster.url(), format!("{tag}{policy}:"));
+        agrees(&base, limits, max_step);
+    }
 }
 
 fn memory_agrees(limits: LimitSettings, max_step: u64) {

@@ -538,17 +538,17 @@ impl Ledger for RedisLedger {
             .invoke_async(&mut self.conn.clone())
             .await;
         probe.map_err(|e| self.unfit(e))?;
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| match e.code() {
-                Some("NOPERM") => LedgerError::Unfit(format!(
-                    "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
+        let info: String =
+            self.conn
+                .info("memory", &self.keys.prefix)
+                .await
+                .map_err(|e| match e.code() {
+                    Some("NOPERM") => LedgerError::Unfit(format!(
+                        "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
                      check that Redis never evicts its keys: grant it +info"
-                )),
-                _ => self.unfit(e),
-            })?;
+                    )),
+                    _ => self.unfit(e),
+                })?;
         let policy = info
             .lines()
             .find_map(|l| l.strip_prefix("maxmemory_policy:"))
@@ -574,9 +574,9 @@ impl RedisLedger {
         if wanted == 0 {
             return Ok(());
         }
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut self.conn.clone())
+        let info = self
+            .conn
+            .info("replication", &self.keys.prefix)
             .await
             .map_err(|e| self.unfit(e))?;
         let connected: u32 = info

@@ -1,5 +1,5 @@
 //! The one connection the limiter and the ledger share: to a fixed Redis
-//! server, or to the primary that Redis Sentinel names.
+//! server, to the primary that Redis Sentinel names, or to a Redis Cluster.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -7,12 +7,15 @@ use std::time::Duration;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value,
 };
 
-use crate::settings::{RedisSettings, RedisTarget, SentinelTarget};
+use crate::settings::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
 
 /// How long connecting, or one request, may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,6 +31,11 @@ pub(crate) enum Conn {
     Server(ConnectionManager),
     /// `redis+sentinel://`.
     Sentinel(Arc<Followed>),
+    /// `redis+cluster://`: every key mailgate writes carries the key
+    /// prefix's hash tag (checked by the settings), so each call's keys
+    /// share one slot, and the connection routes it to that slot's primary
+    /// (following the cluster when slots move or a replica is promoted).
+    Cluster(ClusterConnection),
 }
 
 /// Opens a [`Conn`]; fails if Redis (or no Sentinel, or the primary it
@@ -64,7 +72,56 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
             followed.connection().await?;
             Ok(Conn::Sentinel(Arc::new(followed)))
         }
+        RedisTarget::Cluster(target) => Ok(Conn::Cluster(
+            cluster_client(&target)?.get_async_connection().await?,
+        )),
     }
+}
+
+impl Conn {
+    /// `INFO section` of the server that holds `key` (on a cluster, that
+    /// key's primary; elsewhere, the one server).
+    pub(crate) async fn info(&self, section: &str, key: &str) -> RedisResult<String> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg(section);
+        match self {
+            Conn::Cluster(c) => {
+                let node = Route::with_key(key, SlotAddr::Master);
+                let v = c
+                    .clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(v)?)
+            }
+            _ => cmd.query_async(&mut self.clone()).await,
+        }
+    }
+}
+
+fn cluster_client(target: &ClusterTarget) -> RedisResult<redis::cluster::ClusterClient> {
+    let scheme = if target.tls { "rediss" } else { "redis" };
+    let nodes: Vec<String> = target
+        .nodes
+        .iter()
+        .map(|(host, port)| match host.contains(':') {
+            true => format!("{scheme}://[{host}]:{port}"),
+            false => format!("{scheme}://{host}:{port}"),
+        })
+        .collect();
+    let mut builder = ClusterClientBuilder::new(nodes)
+        .connection_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .tcp_settings(nodelay());
+    if let Some(user) = &target.username {
+        builder = builder.username(user);
+    }
+    if let Some(pass) = &target.password {
+        builder = builder.password(pass);
+    }
+    builder.build()
 }
 
 fn nodelay() -> redis::io::tcp::TcpSettings {
@@ -195,6 +252,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Sentinel(f) => Box::pin(async move {
                 let (generation, mut conn) = f.connection().await?;
                 let result = conn.req_packed_command(cmd).await;
@@ -212,6 +270,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Sentinel(f) => Box::pin(async move {
                 let (generation, mut conn) = f.connection().await?;
                 let result = conn.req_packed_commands(cmd, offset, count).await;
@@ -224,6 +283,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
             Conn::Sentinel(f) => f.current().map_or(0, |(_, c)| c.get_db()),
         }
     }

@@ -70,6 +70,120 @@ impl Make for RedisBackend {
     }
 }
 
+/// The Redis ledger on a [`PrivateCluster`] (the one [`PrivateCluster::url`]
+/// the running test started), under a fresh prefix whose hash tag puts all
+/// of a ledger's keys in one slot.
+pub struct ClusterBackend;
+impl Make for ClusterBackend {
+    type L = RedisLedger;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
+        let url = CLUSTER_URL
+            .get()
+            .expect("a cluster test starts its PrivateCluster first");
+        // The cluster is the test's own and goes with it: nothing to clean.
+        let prefix = format!("{{{}}}", unique_prefix(test));
+        let ledger = RedisLedger::connect(&RedisSettings::new(url.clone(), prefix), &limits)
+            .await
+            .expect("connect to the test's cluster");
+        Built {
+            ledger,
+            _cleanup: None,
+        }
+    }
+}
+
+/// The URL of the cluster this test process started, for [`ClusterBackend`].
+static CLUSTER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// A Redis Cluster of the test's own: three primaries on free ports, their
+/// slots assigned by `redis-cli --cluster create`. Killed, and its files
+/// removed, when dropped.
+pub struct PrivateCluster {
+    nodes: Vec<KillOnDrop>,
+    pub ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateCluster {
+    pub fn start() -> Self {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let dir = std::env::temp_dir().join(format!("mgtest-cluster-{}", ports[0]));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let nodes = ports
+            .iter()
+            .map(|port| {
+                let child = std::process::Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes"])
+                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("redis-server is installed");
+                KillOnDrop(child)
+            })
+            .collect();
+        let me = Self { nodes, ports, dir };
+        for port in &me.ports {
+            me.until(|| {
+                redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                    .and_then(|c| c.get_connection())
+                    .is_ok()
+            });
+        }
+        let addrs: Vec<String> = me.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = std::process::Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli runs");
+        assert!(created.success(), "redis-cli --cluster create");
+        for port in &me.ports {
+            me.until(|| {
+                std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+            });
+        }
+        let _ = CLUSTER_URL.set(me.url());
+        me
+    }
+
+    fn until(&self, ready: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !ready() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the private cluster did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis+cluster://` naming every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The in-memory ledger.
 pub struct MemoryBackend;
 impl Make for MemoryBackend {
