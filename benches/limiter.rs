@@ -17,6 +17,9 @@
 //! (latency) and 64 at once (throughput), with and without the `WAIT`, on a
 //! primary and a replica the bench starts on free ports (`redis-server`
 //! must be installed), rounds alternating.
+//!
+//! And mailgate's decisions on a three-primary Redis Cluster the bench
+//! starts, against a standalone server it starts, rounds alternating.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,7 +121,7 @@ async fn round_mailgate(
     pool: &Arc<Pool>,
     run: u64,
     secs: f64,
-    conn: &ConnectionManager,
+    conns: &[ConnectionManager],
 ) -> Round {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -158,7 +161,7 @@ async fn round_mailgate(
             }
         }));
     }
-    finish(tasks, stop, &tally, secs, conn).await
+    finish(tasks, stop, &tally, secs, conns).await
 }
 
 async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> Round {
@@ -195,7 +198,7 @@ async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> Rou
             }
         }));
     }
-    finish(tasks, stop, &tally, secs, conn).await
+    finish(tasks, stop, &tally, secs, std::slice::from_ref(conn)).await
 }
 
 /// One contender's round: decisions/s, the admitted share, and Redis CPU
@@ -206,18 +209,23 @@ struct Round {
     redis_us: f64,
 }
 
-/// Redis's own CPU seconds so far.
-async fn redis_cpu(conn: &ConnectionManager) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut conn.clone())
-        .await
-        .expect("INFO cpu");
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-        .sum()
+/// The CPU seconds the Redis servers behind `conns` used so far.
+async fn redis_cpu(conns: &[ConnectionManager]) -> f64 {
+    let mut sum = 0.0;
+    for conn in conns {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn.clone())
+            .await
+            .expect("INFO cpu");
+        sum += info
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    sum
 }
 
 async fn finish(
@@ -225,9 +233,9 @@ async fn finish(
     stop: Arc<AtomicBool>,
     tally: &Tally,
     secs: f64,
-    conn: &ConnectionManager,
+    conns: &[ConnectionManager],
 ) -> Round {
-    let cpu0 = redis_cpu(conn).await;
+    let cpu0 = redis_cpu(conns).await;
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
@@ -235,7 +243,7 @@ async fn finish(
         t.await.expect("caller");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = redis_cpu(conn).await - cpu0;
+    let cpu = redis_cpu(conns).await - cpu0;
     let d = tally.decisions.load(Ordering::Relaxed) as f64;
     let a = tally.admitted.load(Ordering::Relaxed) as f64;
     Round {
@@ -310,7 +318,14 @@ fn main() {
             let conn = ConnectionManager::new(redis::Client::open(url.as_str()).expect("url"))
                 .await
                 .expect("Redis must answer at BENCH_REDIS_URL");
-            let ours_round = round_mailgate(&ledger, &pool, run as u64, secs, &conn).await;
+            let ours_round = round_mailgate(
+                &ledger,
+                &pool,
+                run as u64,
+                secs,
+                std::slice::from_ref(&conn),
+            )
+            .await;
             let theirs_round = round_article(&conn, &round_prefix, secs).await;
             eprintln!(
                 "round {}: mailgate {:.0}/s ({:.1} us Redis CPU each), article {:.0}/s ({:.1} us)",
@@ -355,9 +370,113 @@ fn main() {
     );
     println!("(ratio: median over rounds of mailgate / article decisions/s in the same round)");
     rt.block_on(replica_rounds(secs, rounds));
+    rt.block_on(cluster_rounds(secs, rounds));
 }
 
-/// A `redis-server` of the bench's own, killed when dropped.
+/// mailgate's decisions on a three-primary Redis Cluster the bench starts
+/// (every key in the one slot of the prefix's hash tag, as `redis+cluster://`
+/// requires) against a standalone server it starts too, rounds alternating.
+async fn cluster_rounds(secs: f64, rounds: usize) {
+    let standalone = Server::start(&[]);
+    let nodes: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::start(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "mgbench-nodes-{port}.conf",
+            ])
+        })
+        .collect();
+    let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.1)).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let manager = |url: String| async move {
+        loop {
+            match redis::Client::open(url.as_str()) {
+                Ok(c) => match ConnectionManager::new(c).await {
+                    Ok(m) => return m,
+                    Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("the bench's server at {url}: {e}"),
+                },
+                Err(e) => panic!("{url}: {e}"),
+            }
+        }
+    };
+    let mut node_conns = Vec::new();
+    for n in &nodes {
+        node_conns.push(manager(n.url()).await);
+    }
+    let single = [manager(standalone.url()).await];
+    let created = std::process::Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("redis-cli runs");
+    assert!(created.success(), "redis-cli --cluster create");
+    let cluster_url = format!("redis+cluster://{}", addrs.join(","));
+    let pool = Arc::new(Pool::new());
+    let (mut on_one, mut on_cluster) = (Vec::new(), Vec::new());
+    for run in 0..rounds {
+        for (url, conns, out) in [
+            (standalone.url(), &single[..], &mut on_one),
+            (cluster_url.clone(), &node_conns[..], &mut on_cluster),
+        ] {
+            let settings = RedisSettings {
+                allow_eviction: true,
+                ..RedisSettings::new(url, format!("{{mgbench}}:{run}:"))
+            };
+            // The cluster may take a moment to agree on its slots.
+            let ledger = loop {
+                match RedisLedger::connect(&settings, &LimitSettings::default()).await {
+                    Ok(l) if l.health().await.is_ok() => break l,
+                    _ if Instant::now() < deadline + Duration::from_secs(20) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("{e}"),
+                    Ok(l) => panic!("{:?}", l.health().await),
+                }
+            };
+            out.push(round_mailgate(&ledger, &pool, 1000 + run as u64, secs, conns).await);
+        }
+        eprintln!(
+            "round {}: standalone {:.0}/s, cluster {:.0}/s",
+            run + 1,
+            on_one[run].rate,
+            on_cluster[run].rate
+        );
+    }
+    let ratio = median(
+        on_cluster
+            .iter()
+            .zip(&on_one)
+            .map(|(c, o)| c.rate / o.rate)
+            .collect(),
+    );
+    let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
+    println!();
+    println!(
+        "mailgate admissions, {CALLERS} concurrent callers, on servers the bench starts, {rounds} rounds of {secs}s, medians"
+    );
+    println!("| Redis | decisions/s | Redis CPU per decision | ratio |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| standalone | {:.0} | {:.1} µs | 1.00 |",
+        med(&on_one, |r| r.rate),
+        med(&on_one, |r| r.redis_us)
+    );
+    println!(
+        "| cluster of 3 primaries, one slot | {:.0} | {:.1} µs (all nodes) | {ratio:.2} |",
+        med(&on_cluster, |r| r.rate),
+        med(&on_cluster, |r| r.redis_us)
+    );
+}
+
+/// A `redis-server` of the bench's own (`{port}` in an argument becomes its
+/// port), killed, and its cluster file removed, when dropped.
 struct Server(std::process::Child, u16);
 
 impl Server {
@@ -370,7 +489,7 @@ impl Server {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(std::env::temp_dir())
-            .args(args)
+            .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is installed");
@@ -386,6 +505,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(
+            std::env::temp_dir().join(format!("mgbench-nodes-{}.conf", self.1)),
+        );
     }
 }
 
