@@ -476,7 +476,7 @@ async fn cluster_rounds(secs: f64, rounds: usize) {
 }
 
 /// A `redis-server` of the bench's own (`{port}` in an argument becomes its
-/// port), killed, and its cluster file removed, when dropped.
+/// port), killed, and its files removed, when dropped.
 struct Server(std::process::Child, u16);
 
 impl Server {
@@ -489,6 +489,9 @@ impl Server {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(std::env::temp_dir())
+            // A replica's synced data goes to a file of its own, which no
+            // later server loads.
+            .args(["--dbfilename", &format!("mgbench-{port}.rdb")])
             .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -505,9 +508,12 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        let _ = std::fs::remove_file(
-            std::env::temp_dir().join(format!("mgbench-nodes-{}.conf", self.1)),
-        );
+        for file in [
+            format!("mgbench-nodes-{}.conf", self.1),
+            format!("mgbench-{}.rdb", self.1),
+        ] {
+            let _ = std::fs::remove_file(std::env::temp_dir().join(file));
+        }
     }
 }
 
