@@ -106,25 +106,16 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn start() -> Self {
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        Self::start_with(0)
+    }
+
+    /// Three primaries with `replicas` replicas each; a primary that stops
+    /// answering is failed over after a second (`cluster-node-timeout`).
+    pub fn start_with(replicas: usize) -> Self {
+        let ports: Vec<u16> = (0..3 * (1 + replicas)).map(|_| free_port()).collect();
         let dir = std::env::temp_dir().join(format!("mgtest-cluster-{}", ports[0]));
         std::fs::create_dir_all(&dir).expect("a temp dir");
-        let nodes = ports
-            .iter()
-            .map(|port| {
-                let child = std::process::Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes"])
-                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(&dir)
-                    .stdout(std::process::Stdio::null())
-                    .spawn()
-                    .expect("redis-server is installed");
-                KillOnDrop(child)
-            })
-            .collect();
+        let nodes = ports.iter().map(|port| Self::node(*port, &dir)).collect();
         let me = Self { nodes, ports, dir };
         for port in &me.ports {
             me.until(|| {
@@ -138,7 +129,7 @@ impl PrivateCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(std::process::Stdio::null())
             .status()
             .expect("redis-cli runs");
@@ -164,6 +155,81 @@ impl PrivateCluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The port of the primary that holds `key`'s slot now, if one does (not
+    /// while a failover is under way).
+    pub fn primary_of(&self, key: &str) -> Option<u16> {
+        // Asked of the first node that answers (one may have been killed).
+        let cli = |args: &[&str]| {
+            self.ports
+                .iter()
+                .map(|port| {
+                    let out = std::process::Command::new("redis-cli")
+                        .args(["-p", &port.to_string()])
+                        .args(args)
+                        .output()
+                        .expect("redis-cli runs");
+                    String::from_utf8_lossy(&out.stdout).into_owned()
+                })
+                .find(|out| !out.trim().is_empty())
+                .unwrap_or_default()
+        };
+        let slot: u16 = cli(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("a slot");
+        // CLUSTER NODES: id addr@bus flags master ping pong epoch state slots…
+        cli(&["cluster", "nodes"])
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .find(|l| {
+                l.split_whitespace().skip(8).any(|range| {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+                })
+            })
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|addr| addr.split('@').next()?.rsplit(':').next()?.parse().ok())
+    }
+
+    /// A node on `port`, keeping its cluster file (and nothing else) in
+    /// `dir`.
+    fn node(port: u16, dir: &std::path::Path) -> KillOnDrop {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dbfilename", &format!("dump-{port}.rdb")])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        KillOnDrop(child)
+    }
+
+    /// Starts the node on `port` again, empty: it rejoins the cluster (its
+    /// cluster file remembers it), as a replica if another took its place.
+    pub fn restart(&mut self, port: u16) {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .expect("a node's port");
+        self.nodes[i] = Self::node(port, &self.dir);
+    }
+
+    /// Kills (SIGKILL) the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .expect("a node's port");
+        let _ = self.nodes[i].0.kill();
+        let _ = self.nodes[i].0.wait();
     }
 
     /// `redis+cluster://` naming every node.
