@@ -668,6 +668,12 @@ fn refund_outcome(how: Refund) -> Outcome {
     }
 }
 
+/// Why a job could not go on for now, from the ledger's error on its
+/// admission or send mark; a mark the replicas did not acknowledge is
+/// counted, so that a lost or lagging replica shows on a dashboard.
 fn ledger_error(e: &LedgerError) -> String {
+    if matches!(e, LedgerError::Unreplicated(_)) {
+        telemetry::send_mark_unreplicated();
+    }
     format!("rate limiter unavailable: {e}")
 }

@@ -106,6 +106,12 @@ pub fn redelivered_often() {
     metrics::counter!("mailgate_jobs_redelivered_often_total").increment(1);
 }
 
+/// A job's send mark was given back because fewer Redis replicas than
+/// `redis.min_replicas_acked` acknowledged it in time: the job waits.
+pub fn send_mark_unreplicated() {
+    metrics::counter!("mailgate_send_marks_unreplicated_total").increment(1);
+}
+
 /// A message went to the dead-letter queue.
 pub fn dead_lettered() {
     metrics::counter!("mailgate_dead_letters_total").increment(1);

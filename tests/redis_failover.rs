@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use common::harness::Harness;
+use common::harness::{Harness, http_get};
 use common::{KillOnDrop, PrivateRedis, free_port};
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use serde_json::{Value, json};
@@ -226,6 +226,9 @@ struct Figures {
     mailed: usize,
     /// From the kill until every message was answered.
     answered_after_kill: Duration,
+    /// Sends held back because the replica did not acknowledge their marks
+    /// (`mailgate_send_marks_unreplicated_total`).
+    held_back: u64,
     statuses: BTreeMap<String, usize>,
 }
 
@@ -234,8 +237,8 @@ impl Figures {
     fn report(&self, min_replicas_acked: u32) -> String {
         format!(
             "min_replicas_acked = {min_replicas_acked}: {} messages, {} results, {} lost; \
-             {} mails ({} before the kill), {} jobs mailed twice, {} over-admitted; \
-             all answered {:.1?} after the kill; statuses {:?}",
+             {} mails ({} before the kill), {} jobs mailed twice, {} over-admitted, \
+             {} sends held back; all answered {:.1?} after the kill; statuses {:?}",
             self.messages,
             self.results,
             self.lost,
@@ -243,6 +246,7 @@ impl Figures {
             self.mailed_before_kill,
             self.mailed_twice,
             self.over_admitted,
+            self.held_back,
             self.answered_after_kill,
             self.statuses,
         )
@@ -351,6 +355,11 @@ async fn run(test: &str, min_replicas_acked: u32) -> Figures {
     let answered_after_kill = killed.elapsed();
     // Anything late would show as a mail or a result here.
     collect(&mut results, Instant::now() + Duration::from_secs(2)).await;
+    let (_, metrics) = http_get(worker.http, "/metrics").await;
+    let held_back = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mailgate_send_marks_unreplicated_total "))
+        .map_or(0, |n| n.trim().parse().unwrap_or(0));
     worker.stop().await.expect("the worker stops cleanly");
 
     let mails = h.sink.mails();
@@ -385,6 +394,7 @@ async fn run(test: &str, min_replicas_acked: u32) -> Figures {
         mailed_before_kill,
         mailed: mails.len(),
         answered_after_kill,
+        held_back,
         statuses,
     }
 }
@@ -397,6 +407,10 @@ async fn with_a_replica_acknowledging_every_send_mark_a_failover_mails_nothing_t
     assert_eq!(f.mailed_twice, 0, "no job mailed twice");
     assert_eq!(f.over_admitted, 0, "nobody past a limit");
     assert_eq!(f.mailed, FREE + LIMITED, "every job mailed once");
+    assert!(
+        f.held_back > 0,
+        "the sends the replica did not acknowledge are counted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,5 +422,6 @@ async fn without_waiting_for_replicas_a_failover_is_measured() {
     // The control: this failover does lose writes, so the other test's
     // zeros are the setting's doing.
     assert!(f.mailed_twice > 0, "the failover lost no send mark");
+    assert_eq!(f.held_back, 0, "nothing waits for replicas");
     assert!(f.mailed >= FREE + LIMITED, "every job mailed");
 }
