@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{
-    Backend, Ending, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict,
+    Backend, Ending, Entry, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict,
 };
 use mailgate::limiter::Clock;
 use mailgate::settings::{LimitSettings, RedisSettings};
@@ -634,4 +634,80 @@ async fn an_unusable_redis_names_its_cause() {
         .health()
         .await
         .expect("the primary is fine");
+}
+
+/// With `redis.min_replicas_acked = 1`: a primary without an online replica
+/// is reported, a send mark the replica acknowledges stands, and one it does
+/// not (the replica stopped) is given back, so the job's next attempt
+/// resumes it instead of finding its delivery unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
+    let primary = PrivateRedis::start();
+    let settings = RedisSettings {
+        min_replicas_acked: 1,
+        replica_ack_timeout: Duration::from_millis(200),
+        ..RedisSettings::new(primary.url(), "t:")
+    };
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    let Err(LedgerError::Unreplicated(why)) = l.health().await else {
+        panic!("a primary without a replica is unfit to send");
+    };
+    assert!(why.contains("0 replicas online"), "{why}");
+
+    let dir = std::env::temp_dir().join(format!("mgtest-replica-{}", primary.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let replica = PrivateRedis::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while l.health().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the replica syncs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (a, b) = (
+        TestJob::new("ra", "ra@example.com", None),
+        TestJob::new("rb", "rb@example.com", None),
+    );
+    let ticket = Ticket::new();
+    let ok = send_now(&l, &a, &ticket, 1).await.expect("acknowledged");
+    assert_eq!(ok.verdict, Verdict::Admitted);
+
+    replica.pause();
+    let Err(LedgerError::Unreplicated(why)) = send_now(&l, &b, &ticket, 1).await else {
+        panic!("a mark the replica did not acknowledge must not stand");
+    };
+    assert!(why.contains("0 of the 1"), "{why}");
+    replica.resume();
+    // Given back: the next attempt resumes the job (its admission kept).
+    let again = send_now(&l, &b, &ticket, 2)
+        .await
+        .expect("acknowledged now");
+    assert!(
+        matches!(again.verdict, Verdict::Resumed { .. }),
+        "{again:?}"
+    );
+    drop(replica);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Attempt `attempt` of lineage `ticket` of `job`, admitted straight into
+/// sending (an SMTP connection free).
+async fn send_now(
+    l: &RedisLedger,
+    job: &TestJob,
+    ticket: &Ticket,
+    attempt: u32,
+) -> Result<mailgate::ledger::Admission, LedgerError> {
+    let entry = Entry {
+        job: job.attempt(ticket, attempt),
+        send_now: true,
+        expires_at_ms: None,
+    };
+    l.admit(&entry, Clock::Server).await
 }

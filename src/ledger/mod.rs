@@ -261,7 +261,7 @@ pub enum LedgerError {
     #[error("{0}")]
     Unfit(String),
     /// Fewer Redis replicas than `redis.min_replicas_acked` acknowledged a
-    /// send mark in time (or are connected now): the mark was given back and
+    /// send mark in time (or are online now): the mark was given back and
     /// the job is not sent now. Transient.
     #[error("{0}")]
     Unreplicated(String),

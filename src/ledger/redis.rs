@@ -568,7 +568,8 @@ impl Ledger for RedisLedger {
 
 impl RedisLedger {
     /// With `redis.min_replicas_acked` set: whether the primary has that
-    /// many replicas connected now (if not, no job can be sent).
+    /// many replicas online now (connected and synced; if not, no job can
+    /// be sent).
     async fn replicas_connected(&self) -> Result<(), LedgerError> {
         let wanted = self.replication.replicas;
         if wanted == 0 {
@@ -579,14 +580,15 @@ impl RedisLedger {
             .info("replication", &self.keys.prefix)
             .await
             .map_err(|e| self.unfit(e))?;
-        let connected: u32 = info
+        // `slave0:ip=…,port=…,state=online,offset=…,lag=…`: a replica still
+        // in its first sync is connected but acknowledges nothing yet.
+        let online = info
             .lines()
-            .find_map(|l| l.strip_prefix("connected_slaves:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0);
-        if connected < wanted {
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count();
+        if online < wanted as usize {
             return Err(LedgerError::Unreplicated(format!(
-                "the Redis primary has {connected} replicas connected and \
+                "the Redis primary has {online} replicas online and \
                  redis.min_replicas_acked is {wanted}: no job can be sent until enough are back"
             )));
         }
