@@ -607,9 +607,16 @@ fn hide_query_secrets(url: &str) -> String {
         .split('&')
         .map(|pair| match pair.split_once('=') {
             Some((k, _))
-                if ["pass", "password", "user", "username"]
-                    .iter()
-                    .any(|s| k.eq_ignore_ascii_case(s)) =>
+                if [
+                    "pass",
+                    "password",
+                    "user",
+                    "username",
+                    "sentinel_password",
+                    "sentinel_username",
+                ]
+                .iter()
+                .any(|s| k.eq_ignore_ascii_case(s)) =>
             {
                 format!("{k}=***")
             }
@@ -804,9 +811,13 @@ pub struct SentinelTarget {
     pub db: i64,
     /// The primary's user (ACL), percent-decoded.
     pub username: Option<String>,
-    /// The primary's password, percent-decoded. The Sentinels themselves
-    /// are asked without credentials.
+    /// The primary's password, percent-decoded.
     pub password: Option<String>,
+    /// The Sentinels' own user (`?sentinel_username=`), if they have ACLs.
+    pub sentinel_username: Option<String>,
+    /// The Sentinels' own password (`?sentinel_password=`), if they ask for
+    /// one (`requirepass` in sentinel.conf); none by default.
+    pub sentinel_password: Option<String>,
     /// TLS to the Sentinels and the primary (`rediss+sentinel://`).
     pub tls: bool,
 }
@@ -819,6 +830,11 @@ impl std::fmt::Debug for SentinelTarget {
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .field("tls", &self.tls)
             .finish()
     }
@@ -862,8 +878,32 @@ impl RedisTarget {
                 Some(decode(pass, "password")?).filter(|p| !p.is_empty()),
             ),
         };
-        if rest.contains(['?', '#']) {
-            return Err(format!("a {scheme} URL takes no query or fragment"));
+        if rest.contains('#') {
+            return Err(format!("a {scheme} URL takes no fragment"));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        // A Sentinel URL's query may give the Sentinels' own credentials.
+        let (mut sentinel_username, mut sentinel_password) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("sentinel_username", v)) if sentinel => {
+                    sentinel_username = Some(decode(v, "sentinel_username")?);
+                }
+                Some(("sentinel_password", v)) if sentinel => {
+                    sentinel_password = Some(decode(v, "sentinel_password")?);
+                }
+                _ => {
+                    let name = pair.split('=').next().unwrap_or(pair);
+                    return Err(format!(
+                        "a {scheme} URL takes no query parameter {name:?}{}",
+                        if sentinel {
+                            " (only sentinel_username and sentinel_password)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+            }
         }
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (what, port) = if sentinel {
@@ -909,6 +949,8 @@ impl RedisTarget {
             db,
             username,
             password,
+            sentinel_username,
+            sentinel_password,
             tls,
         }))
     }
@@ -1328,8 +1370,27 @@ mod tests {
                 db: 2,
                 username: Some("u".into()),
                 password: Some("p@ss".into()),
+                sentinel_username: None,
+                sentinel_password: None,
                 tls: false,
             }))
+        );
+        let Ok(RedisTarget::Sentinel(t)) =
+            target("redis+sentinel://s1/m?sentinel_username=sv&sentinel_password=Zq%26x81Lm")
+        else {
+            panic!("Sentinel credentials");
+        };
+        assert_eq!(
+            (
+                t.sentinel_username.as_deref(),
+                t.sentinel_password.as_deref()
+            ),
+            (Some("sv"), Some("Zq&x81Lm"))
+        );
+        assert!(!format!("{t:?}").contains("Zq&x81Lm"));
+        assert_eq!(
+            redact_url("redis+sentinel://s1/m?sentinel_password=Zq%26x81Lm"),
+            "redis+sentinel://s1/m?sentinel_password=***"
         );
         let Ok(RedisTarget::Sentinel(t)) = target("rediss+sentinel://:pw@s1/main") else {
             panic!("a TLS sentinel URL");
@@ -1349,7 +1410,12 @@ mod tests {
             ("redis+sentinel://s1,,s2/m", "host is empty"),
             ("redis+sentinel://s1/m/zero", "not a number"),
             ("redis+sentinel://s1/m/0/x", "nothing after"),
-            ("redis+sentinel://s1/m?db=1", "no query"),
+            ("redis+sentinel://s1/m?db=1", "no query parameter \"db\""),
+            (
+                "redis+cluster://n1?sentinel_password=x",
+                "no query parameter",
+            ),
+            ("redis+sentinel://s1/m#x", "no fragment"),
         ] {
             let e = target(url).expect_err(url);
             assert!(e.contains(says), "{url}: {e}");

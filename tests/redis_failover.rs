@@ -36,6 +36,9 @@ const LIMITED: usize = 12;
 const AFTER: usize = 3;
 /// The name the Sentinels monitor the primary under.
 const SERVICE: &str = "mg";
+/// The Sentinels ask for a password of their own (`requirepass`), given in
+/// the URL's query.
+const SENTINEL_PASSWORD: &str = "s3ntinel&pw";
 
 /// The replication link, through a proxy that forwards, then holds what the
 /// primary sends (it never arrives), then cuts the link for good.
@@ -127,7 +130,8 @@ impl Group {
                          sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
                          sentinel down-after-milliseconds {SERVICE} 1000\n\
                          sentinel failover-timeout {SERVICE} 60000\n\
-                         sentinel parallel-syncs {SERVICE} 1\n",
+                         sentinel parallel-syncs {SERVICE} 1\n\
+                         requirepass {SENTINEL_PASSWORD}\n",
                         dir = dir.display(),
                         primary = primary.port,
                     ),
@@ -165,7 +169,10 @@ impl Group {
             .iter()
             .map(|(p, _)| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis+sentinel://{}/{SERVICE}", hosts.join(","))
+        format!(
+            "redis+sentinel://{}/{SERVICE}?sentinel_password=s3ntinel%26pw",
+            hosts.join(",")
+        )
     }
 
     /// The primary's port, as the first Sentinel names it.
@@ -203,7 +210,8 @@ fn replica_of(port: u16, dir: &std::path::Path) -> PrivateRedis {
 
 fn sentinel_says(port: u16, args: &[&str]) -> String {
     let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
+        .args(["-p", &port.to_string(), "--no-auth-warning"])
+        .args(["-a", SENTINEL_PASSWORD])
         .args(args)
         .output()
         .expect("redis-cli runs");

@@ -157,6 +157,12 @@ fn sentinel_client(target: &SentinelTarget) -> RedisResult<SentinelClient> {
     if let Some(pass) = &target.password {
         builder = builder.set_client_to_redis_password(pass);
     }
+    if let Some(user) = &target.sentinel_username {
+        builder = builder.set_client_to_sentinel_username(user);
+    }
+    if let Some(pass) = &target.sentinel_password {
+        builder = builder.set_client_to_sentinel_password(pass);
+    }
     builder.build()
 }
 
