@@ -287,7 +287,18 @@ impl<L: Ledger> Pipeline<L> {
             verdict,
         } = match self.ledger.admit(&entry, Clock::Server).await {
             Ok(a) => a,
-            Err(e) => return Err(self.unavailable(job, msg, out, ledger_error(&e)).await),
+            Err(e) => {
+                // The admission may have run and its reply been lost (a
+                // dropped connection, a failover): if it marked the job
+                // sending, give the mark back, so the retry resumes the job
+                // instead of finding its delivery unknown. Safe: no SMTP
+                // transaction began, and the release is fenced to this
+                // attempt of this lineage. One try: the retry is what counts.
+                if send_now && let Err(e) = self.ledger.release(job_ref).await {
+                    tracing::debug!(error = %e, "could not give back a possible send mark");
+                }
+                return Err(self.unavailable(job, msg, out, ledger_error(&e)).await);
+            }
         };
         telemetry::admission(&verdict);
         let answered_before = match verdict {

@@ -458,3 +458,78 @@ async fn a_broker_alarm_is_reported_and_never_holds_shutdown() {
     );
     w.stop().await.unwrap();
 }
+
+/// A TCP proxy in front of Redis that can drop the next reply: it cuts the
+/// connection when Redis answers, after Redis has run the command.
+struct ReplyCutter {
+    port: u16,
+    cut_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReplyCutter {
+    fn start(upstream: u16) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = cut_next.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c, &mut s);
+                });
+                let cut = cut.clone();
+                std::thread::spawn(move || {
+                    let (mut from, mut to) = (server, client);
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || cut.swap(false, Ordering::SeqCst) {
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Self { port, cut_next }
+    }
+}
+
+/// The reply to an admission that marked its job sending (an SMTP
+/// connection was free) is lost: Redis ran it, the connection dropped
+/// before the answer came. The worker gives the mark back, so the job's
+/// retry resumes it and it is sent once, not answered "delivery unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_to_an_admission_is_resumed_and_sent_once() {
+    let redis = common::PrivateRedis::start();
+    let cutter = ReplyCutter::start(redis.port);
+    let h = Harness::with("lostreply", |s| {
+        s.redis.url = format!("redis://127.0.0.1:{}/0", cutter.port);
+        s.retry.initial = Duration::from_millis(100);
+        s.retry.max = Duration::from_millis(200);
+        s.smtp.timeout = Duration::from_secs(2);
+        s.limits.send_lease = Duration::from_secs(30);
+    })
+    .await;
+    let w = h.start_worker().await;
+    cutter
+        .cut_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    h.publish(&json!({"id": "lost", "email": "lost@example.com", "code": "1"}))
+        .await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "{r}");
+    assert_eq!(h.sink.mails_to("lost@example.com").len(), 1);
+    h.no_more_results(Duration::from_millis(500)).await;
+    w.stop().await.unwrap();
+}
