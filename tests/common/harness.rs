@@ -345,7 +345,8 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         let queues = self.all_queues();
-        let url = self.settings.amqp.url.clone();
+        // `amqp.url` may list several nodes: connect as the worker does.
+        let amqp = self.settings.amqp.clone();
         // Drop cannot await: delete the queues from a thread of its own.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -353,7 +354,7 @@ impl Drop for Harness {
                 .build()
                 .ok()?;
             rt.block_on(async move {
-                let conn = Connection::connect(&url, ConnectionProperties::default())
+                let conn = mailgate::broker::connect_node(&amqp, ConnectionProperties::default())
                     .await
                     .ok()?;
                 let ch = conn.create_channel().await.ok()?;
