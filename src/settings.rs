@@ -213,23 +213,12 @@ impl Settings {
                 humantime::format_duration(self.redis.replica_ack_timeout),
             ));
         }
-        match self.redis.target() {
-            Ok(RedisTarget::Memory) if self.redis.min_replicas_acked > 0 => {
-                return invalid(
-                    "redis.min_replicas_acked needs a Redis with replicas; memory:// has none"
-                        .into(),
-                );
-            }
-            Ok(RedisTarget::Cluster(_)) if hash_tag(&self.redis.key_prefix).is_none() => {
-                return invalid(format!(
-                    "redis.key_prefix {:?} holds no hash tag: on a Redis Cluster every key \
-                     mailgate writes must carry one, such as \"{{mailgate}}:\", because its \
-                     scripts touch several keys at once and a cluster runs a script only if \
-                     its keys share a slot (so one shard holds all of them)",
-                    self.redis.key_prefix
-                ));
-            }
-            _ => {}
+        if let Ok(RedisTarget::Memory) = self.redis.target()
+            && self.redis.min_replicas_acked > 0
+        {
+            return invalid(
+                "redis.min_replicas_acked needs a Redis with replicas; memory:// has none".into(),
+            );
         }
         Ok(())
     }
@@ -757,6 +746,17 @@ impl RedisSettings {
     /// wrong (never the password).
     pub fn target(&self) -> Result<RedisTarget, String> {
         RedisTarget::parse(&self.url)
+    }
+
+    /// Whether mailgate's keys spread over a Redis Cluster's shards: a
+    /// cluster URL, and a key prefix without a hash tag. Each scope's log
+    /// and each job's record then live in the slot their own names place
+    /// them in, so every shard takes a share of the work, and an admission
+    /// reserves in each scope and gives every reservation back if one
+    /// rejects (see `ledger.lua`'s "look"). With a hash tag (`{mailgate}:`)
+    /// every key lives in the tag's one slot, and one script decides.
+    pub fn spreads_keys(&self) -> bool {
+        matches!(self.target(), Ok(RedisTarget::Cluster(_))) && hash_tag(&self.key_prefix).is_none()
     }
 }
 
@@ -1436,7 +1436,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_url_names_its_nodes_and_needs_a_tagged_prefix() {
+    fn a_cluster_url_names_its_nodes_and_its_prefix_chooses_one_slot_or_every_shard() {
         assert_eq!(
             RedisTarget::parse("redis+cluster://:p%2Cw@n1:7000,n2,[::1]:7002"),
             Ok(RedisTarget::Cluster(ClusterTarget {
@@ -1458,17 +1458,25 @@ mod tests {
         );
         let mut s = shipped();
         s.redis.url = "redis+cluster://n1:7000,n2:7001".into();
-        let e = s.validate().unwrap_err().to_string();
-        assert!(e.contains("hash tag") && e.contains("key_prefix"), "{e}");
         for tagged in ["{mailgate}:", "mg:{a}:"] {
             s.redis.key_prefix = tagged.into();
             s.validate().expect(tagged);
+            assert!(
+                !s.redis.spreads_keys(),
+                "{tagged} keeps every key in one slot"
+            );
         }
-        for untagged in ["mg:{}:", "mg:{:", "mg:}{"] {
+        for untagged in ["mailgate:", "mg:{}:", "mg:{:", "mg:}{"] {
             s.redis.key_prefix = untagged.into();
-            assert!(s.validate().is_err(), "{untagged}");
+            s.validate().expect(untagged);
+            assert!(s.redis.spreads_keys(), "{untagged} spreads the keys");
         }
-        s.redis.key_prefix = "{mailgate}:".into();
+        s.redis.url = "redis://n1:7000".into();
+        assert!(
+            !s.redis.spreads_keys(),
+            "one server has nothing to spread over"
+        );
+        s.redis.url = "redis+cluster://n1:7000,n2:7001".into();
         s.redis.min_replicas_acked = 1;
         s.validate()
             .expect("a cluster's primaries have replicas too");

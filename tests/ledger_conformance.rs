@@ -815,12 +815,16 @@ macro_rules! conformance {
             )*
         }
         /// Every case again, on a Redis Cluster of the test's own (one
-        /// cluster for all of them: starting one takes seconds).
+        /// cluster for all of them: starting one takes seconds): with every
+        /// key in one slot, then spread over the shards.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn every_case_on_a_cluster() {
+        async fn every_case_on_a_cluster_in_one_slot_and_spread() {
             let _cluster = PrivateCluster::start();
             $(
                 cases::$case(ClusterBackend).await;
+            )*
+            $(
+                cases::$case(SpreadBackend).await;
             )*
         }
     };

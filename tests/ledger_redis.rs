@@ -11,9 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{
-    Backend, Ending, Entry, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund, Verdict,
+    Admission, Backend, Ending, Entry, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund,
+    Verdict,
 };
-use mailgate::limiter::Clock;
+use mailgate::limiter::{Clock, Quotas, Scope, Subject};
 use mailgate::settings::{LimitSettings, RedisSettings};
 
 const EMAILS: [&str; 4] = [
@@ -24,22 +25,23 @@ const EMAILS: [&str; 4] = [
 ];
 const IPS: [&str; 2] = ["198.51.100.1", "2001:db8::1"];
 
-/// 64 tasks hammer a few keys with real Redis time; afterwards no window of
-/// any rule holds more admissions than the rule allows.
-async fn never_over_limit<L: Ledger + Clone + 'static>(l: L, limits: LimitSettings, tag: &str) {
-    let admitted = Arc::new(std::sync::Mutex::new(Vec::new()));
+/// One decision of [`hammer`]'s: the admission, and the indexes of its
+/// mailbox and address.
+type Decided = (Admission, usize, usize);
+
+/// 64 tasks hammer a few keys with real Redis time: every decision.
+async fn hammer<L: Ledger + Clone + 'static>(l: &L, tag: &str) -> Vec<Decided> {
+    let decided = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for task in 0..64 {
-        let (l, admitted, tag) = (l.clone(), admitted.clone(), tag.to_owned());
+        let (l, decided, tag) = (l.clone(), decided.clone(), tag.to_owned());
         tasks.push(tokio::spawn(async move {
             for i in 0..60 {
                 let n = task * 1000 + i;
                 let (e, a) = (n % EMAILS.len(), (n / 7) % IPS.len());
                 let job = TestJob::new(&format!("{tag}-{n}"), EMAILS[e], Some(IPS[a]));
                 let d = job.admission(&l, &Ticket::new(), Clock::Server).await;
-                if d.verdict == Verdict::Admitted {
-                    admitted.lock().unwrap().push((d.decided_at_ms, e, a));
-                }
+                decided.lock().unwrap().push((d, e, a));
                 if i % 5 == 0 {
                     tokio::time::sleep(Duration::from_millis(3)).await;
                 }
@@ -49,33 +51,49 @@ async fn never_over_limit<L: Ledger + Clone + 'static>(l: L, limits: LimitSettin
     for t in tasks {
         t.await.expect("task");
     }
-    let admitted = admitted.lock().unwrap().clone();
+    std::mem::take(&mut *decided.lock().unwrap())
+}
+
+/// No window of `rules` holds more than its max of the admission `times`
+/// (ascending or not) of one key.
+fn within(rules: &[mailgate::settings::Rule], times: &[u64]) {
+    for &t in times {
+        for r in rules {
+            let w = r.window_ms();
+            let n = times.iter().filter(|&&x| x + w > t && x <= t).count();
+            assert!(
+                n <= r.max as usize,
+                "{n} admissions in a {w}ms window (max {})",
+                r.max
+            );
+        }
+    }
+}
+
+/// After [`hammer`], no window of any rule holds more admissions than the
+/// rule allows (by the times the ledger answered).
+async fn never_over_limit<L: Ledger + Clone + 'static>(l: L, limits: LimitSettings, tag: &str) {
+    let admitted: Vec<Decided> = hammer(&l, tag)
+        .await
+        .into_iter()
+        .filter(|(d, ..)| d.verdict == Verdict::Admitted)
+        .collect();
     assert!(
         admitted.len() >= 2,
         "some requests were admitted: {}",
         admitted.len()
     );
-    let windows_ok = |rules: &[mailgate::settings::Rule],
-                      key_of: &dyn Fn(&(u64, usize, usize)) -> usize| {
-        for &(t, ..) in &admitted {
-            for r in rules {
-                let w = r.window_ms();
-                for key in 0..EMAILS.len() {
-                    let n = admitted
-                        .iter()
-                        .filter(|x| key_of(x) == key && x.0 + w > t && x.0 <= t)
-                        .count();
-                    assert!(
-                        n <= r.max as usize,
-                        "{n} admissions in a {w}ms window (max {})",
-                        r.max
-                    );
-                }
-            }
-        }
-    };
-    windows_ok(&limits.email.rules, &|x| x.1);
-    windows_ok(&limits.ip.rules, &|x| x.2);
+    for key in 0..EMAILS.len() {
+        let times = |of: &dyn Fn(&Decided) -> usize| -> Vec<u64> {
+            admitted
+                .iter()
+                .filter(|x| of(x) == key)
+                .map(|x| x.0.decided_at_ms)
+                .collect()
+        };
+        within(&limits.email.rules, &times(&|x| x.1));
+        within(&limits.ip.rules, &times(&|x| x.2));
+    }
 }
 
 fn tight_limits() -> LimitSettings {
@@ -99,6 +117,85 @@ async fn concurrent_callers_on_a_cluster_never_exceed_a_rule() {
     let _cluster = PrivateCluster::start();
     let l = ClusterBackend.make("concurrency", tight_limits()).await;
     never_over_limit(l.ledger, tight_limits(), "c").await;
+}
+
+/// The 64 tasks on a cluster with the keys spread over its shards: each
+/// admission reserves in both scopes, and a scope that rejects makes the
+/// other give its reservation back. Read from the scope logs themselves: no
+/// window holds more than its rule allows, every admission is in its logs
+/// once and nothing else is (no reservation left behind). Prints how many
+/// rejections were spurious: the logs as they ended had room for them (a
+/// reservation later given back was counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_on_a_spread_cluster_never_exceed_a_rule() {
+    let cluster = PrivateCluster::start();
+    let lim = tight_limits();
+    let l = SpreadBackend.make("concurrency-spread", lim.clone()).await;
+    let decided = hammer(&l.ledger, "s").await;
+    let node = format!("redis://127.0.0.1:{}/", cluster.ports[0]);
+    let mut conn = redis::cluster::ClusterClient::new(vec![node])
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the cluster");
+    // Each scope key's log: its admission times, read from its members.
+    let mut log = |subject: Subject<'_>| -> Vec<u64> {
+        let key = futures_lite::future::block_on(l.ledger.usage(subject, None, Clock::Server))
+            .expect("the key's name")
+            .key;
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut conn)
+            .expect("the log");
+        let time = |m: &String| u64::from_str_radix(&m[..12], 16).expect("a time");
+        members.iter().map(time).collect()
+    };
+    let emails: Vec<Vec<u64>> = EMAILS
+        .iter()
+        .map(|e| log(Subject::Email(&email(e))))
+        .collect();
+    let ips: Vec<Vec<u64>> = IPS.iter().map(|a| log(Subject::Ip(&ip(a)))).collect();
+    let admitted = |of: &dyn Fn(&Decided) -> bool| {
+        decided
+            .iter()
+            .filter(|x| x.0.verdict == Verdict::Admitted && of(x))
+            .count()
+    };
+    for (e, times) in emails.iter().enumerate() {
+        assert_eq!(times.len(), admitted(&|x| x.1 == e), "{}'s log", EMAILS[e]);
+        within(&lim.email.rules, times);
+    }
+    for (a, times) in ips.iter().enumerate() {
+        assert_eq!(times.len(), admitted(&|x| x.2 == a), "{}'s log", IPS[a]);
+        within(&lim.ip.rules, times);
+    }
+    let (mut rejected, mut spurious) = (0, 0);
+    for (d, e, a) in &decided {
+        let Verdict::Rejected { rule, .. } = d.verdict else {
+            continue;
+        };
+        rejected += 1;
+        let times = match rule.scope {
+            Scope::Email => &emails[*e],
+            Scope::Ip => &ips[*a],
+        };
+        let t = d.decided_at_ms;
+        let kept = times
+            .iter()
+            .filter(|&&x| x + rule.window_ms > t && x <= t)
+            .count();
+        if kept < rule.max as usize {
+            spurious += 1;
+        }
+    }
+    println!(
+        "spread over shards: {} decisions, {} admitted, {rejected} rejected, of which \
+         {spurious} spurious ({:.1} %)",
+        decided.len(),
+        admitted(&|_| true),
+        100.0 * f64::from(spurious) / f64::from(rejected.max(1))
+    );
+    assert!(admitted(&|_| true) >= 2, "some requests were admitted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,18 +255,25 @@ fn agrees(base: &RedisSettings, limits: LimitSettings, max_step: u64) {
 }
 
 /// The three policies on one Redis Cluster of the test's own (starting one
-/// takes seconds).
+/// takes seconds), with every key in one slot, and spread over the shards.
 #[test]
 fn a_cluster_agrees_with_model() {
     let cluster = PrivateCluster::start();
-    let tag = format!("{{{}}}", unique_prefix("prop-cluster"));
-    for (policy, limits, max_step) in [
-        ("small", small_limits(), 3_000),
-        ("default", default_limits(), 2 * HOUR),
-        ("large-n", large_n_limits(), 1_000),
-    ] {
-        let base = RedisSettings::new(cluster.url(), format!("{tag}{policy}:"));
-        agrees(&base, limits, max_step);
+    let prefix = unique_prefix("prop-cluster");
+    for spread in [false, true] {
+        for (policy, limits, max_step) in [
+            ("small", small_limits(), 3_000),
+            ("default", default_limits(), 2 * HOUR),
+            ("large-n", large_n_limits(), 1_000),
+        ] {
+            let base = match spread {
+                false => format!("{{{prefix}}}{policy}:"),
+                true => format!("{prefix}spread:{policy}:"),
+            };
+            let base = RedisSettings::new(cluster.url(), base);
+            assert_eq!(base.spreads_keys(), spread);
+            agrees(&base, limits, max_step);
+        }
     }
 }
 

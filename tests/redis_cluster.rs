@@ -15,51 +15,85 @@ use serde_json::{Value, json};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_runs_on_a_cluster() {
     let cluster = PrivateCluster::start();
-    let h = Harness::with("rcl", |s| {
+    // The hash tag puts every key of the deployment in one slot.
+    let nodes = runs_on(&cluster, "rcl", |prefix| format!("{{{prefix}}}")).await;
+    assert_eq!(nodes, 1, "every key in one slot, on one primary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_runs_on_a_cluster_with_its_keys_spread_over_the_shards() {
+    let cluster = PrivateCluster::start();
+    // Without a hash tag, each key lives where its own name puts it.
+    let nodes = runs_on(&cluster, "rcs", str::to_owned).await;
+    assert!(nodes >= 2, "the keys are spread over {nodes} primaries");
+}
+
+/// Jobs through a worker on `cluster` with the key prefix `prefix` makes of
+/// the harness's: admitted, limited by mailbox and by address,
+/// de-duplicated, answered; `/readyz` is ready. Returns on how many nodes
+/// the deployment's keys are.
+async fn runs_on(cluster: &PrivateCluster, name: &str, prefix: fn(&str) -> String) -> usize {
+    let h = Harness::with(name, |s| {
         s.redis.url = cluster.url();
-        // The hash tag puts every key of the deployment in one slot.
-        s.redis.key_prefix = format!("{{{}}}", s.redis.key_prefix);
+        s.redis.key_prefix = prefix(&s.redis.key_prefix);
     })
     .await;
     let w = h.start_worker().await;
-    let job = |id: &str, mailbox: &str| json!({"id": id, "email": mailbox, "code": "424242"});
+    let job = |id: &str, mailbox: &str, ip: &str| json!({"id": id, "email": mailbox, "code": "424242", "ip": ip});
     // One at a time, so the order of admissions is the test's.
-    for (id, mailbox, status) in [
-        ("k1", "k@example.com", "sent"),
-        ("k2", "k@example.com", "rejected"), // a minute's quota is one
-        ("o1", "o@example.com", "sent"),
-        ("k1", "k@example.com", "duplicate"), // the same job again
+    for (id, mailbox, ip, status) in [
+        ("k1", "k@example.com", "192.0.2.1", "sent"),
+        ("k2", "k@example.com", "192.0.2.2", "rejected"), // a minute's quota is one
+        ("o1", "o@example.com", "192.0.2.1", "sent"),
+        ("k1", "k@example.com", "192.0.2.1", "duplicate"), // the same job again
     ] {
-        h.publish(&job(id, mailbox)).await;
+        h.publish(&job(id, mailbox, ip)).await;
         let r = h.result().await;
         assert_eq!(
             (r["id"].as_str(), r["status"].as_str()),
             (Some(id), Some(status))
         );
     }
-    assert_eq!(h.sink.wait_for(2, Duration::from_secs(5)).len(), 2);
+    // The address's quota (5 a minute) binds across mailboxes.
+    for n in 0..6 {
+        h.publish(&job(
+            &format!("ip{n}"),
+            &format!("m{n}@example.com"),
+            "198.51.100.7",
+        ))
+        .await;
+        let r = h.result().await;
+        match n {
+            0..5 => assert_eq!(r["status"], "sent", "{r}"),
+            _ => {
+                assert_eq!(r["status"], "rejected", "{r}");
+                assert_eq!(r["rule"]["scope"], "ip", "{r}");
+            }
+        }
+    }
+    assert_eq!(h.sink.wait_for(7, Duration::from_secs(5)).len(), 7);
     h.no_more_results(Duration::from_millis(500)).await;
     let (status, body) = http_get(w.http, "/readyz").await;
     assert_eq!(status, 200, "{body}");
-    // Every key is on the one slot of the prefix's tag, on the cluster.
-    let tag = h.settings.redis.key_prefix.clone();
-    let keys: usize = cluster
+    let prefix = h.settings.redis.key_prefix.clone();
+    let pattern = format!("{}*", prefix.replace('{', "\\{").replace('}', "\\}"));
+    let keys: Vec<usize> = cluster
         .ports
         .iter()
         .map(|port| {
             let out = std::process::Command::new("redis-cli")
-                .args(["-p", &port.to_string(), "--scan", "--pattern"])
-                .arg(format!("{}*", tag.replace('{', "\\{").replace('}', "\\}")))
+                .args(["-p", &port.to_string(), "--scan", "--pattern", &pattern])
                 .output()
                 .expect("redis-cli runs");
             String::from_utf8_lossy(&out.stdout).lines().count()
         })
-        .sum();
+        .collect();
     assert!(
-        keys >= 3,
-        "the job records and logs are in the cluster: {keys}"
+        keys.iter().sum::<usize>() >= 3,
+        "the job records and logs are in the cluster: {keys:?}"
     );
     w.stop().await.unwrap();
+    keys.iter().filter(|n| **n > 0).count()
 }
 
 /// 200 jobs to mailboxes of their own and 3 to each of 10 mailboxes at

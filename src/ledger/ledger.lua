@@ -28,6 +28,9 @@ write (ARGV), so an id is never mailed twice within that period:
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
+  rv     spread over a cluster's shards only (see "look" below): the job's
+         reservations, "<nonce> <t_email> <t_ip>" (-1: that scope had none);
+         its member in scope log s is member_of(t_s, id .. ':' .. nonce)
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
 ]]
@@ -42,6 +45,7 @@ local CODE = {
   unknown = 6, -- at, by_owner, answered: delivery unknown; never resent
   finished = 7, -- fin, answered: the caller's own lineage ended without a mail
   conflict = 8, -- the id was admitted for another job; nothing touched
+  absent = 9, -- "look" only: no live admission; reserve, then "create"
 }
 
 local op = ARGV[1]
@@ -71,10 +75,11 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   ARGV[3]  dedup_ms: how long a record lives after its last write
   ARGV[4]  lease_ms: how long an admission (or a resumption) owns the send
   ARGV[5]  the rule sets (decide.lua), then the items, each its kind and
-           its values (ITEMS below: admit, sending, release, settle,
-           answered)
+           its values (ITEMS below: admit, look, create, peek, reserve,
+           unreserve, sending, release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
-           per shape character; settle: as many as it names)
+           per shape character; settle: as many as it names); "peek",
+           "reserve" and "unreserve": their scope key only
   returns  {now, then 4 integers per item: admit's code and up to 3 values
            (CODE); the other kinds, 1 or 0 and three zeros}
   Every item is checked before the first write, so a bad batch writes
@@ -95,18 +100,54 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules).
   KEYS: the record, then one scope key per shape character.
+
+items "look" and "create" -- the same decision when the scope keys live on
+  other shards of a Redis Cluster (a key prefix without a hash tag), so that
+  no one call can judge them and write the record. Their values are
+  admit's, but for the last; KEYS: the record.
+  "look": '' instead of the shape. Where "admit" would judge the scopes, it
+    answers `absent` and writes nothing. The caller judges each scope
+    ("peek", one call per scope key, at the same time as the look): if one
+    rejects, that is the answer, and nothing was written anywhere. Else it
+    reserves in each ("reserve") and, if one rejects after all (a request
+    that came in between took the room), gives the others back
+    ("unreserve").
+  "create": the reservations, "<nonce> <t_email> <t_ip>", instead of the
+    shape. Where "admit" would judge, it records the admission with them.
+    Any other answer (the record appeared meanwhile: another copy won)
+    leaves them unused, and the caller gives them back.
+  An "expired" answer that refunded the caller's unsent admission carries
+  its reservations, as "settle" does.
 ]]
-local function admit_ok(a, sets)
-  local flag, expires, shape = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
-  return shape ~= nil and (expires == '' or tonumber(expires) ~= nil)
-    and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= '' and attempt_ok(a + 3)
-    and (flag == '1' or flag == '0') and shape_ok(shape, sets)
+-- A record's reservations (its rv field) as "settle" and "expired" answer
+-- them: t_email, t_ip (-1: none in that scope), nonce; all -1 if it has none.
+local RESERVED = '^(%d+) (%-?%d+) (%-?%d+)$'
+local function reserved(rv)
+  if not rv then return -1, -1, -1 end
+  local n, e, i = string.match(rv, RESERVED)
+  return tonumber(e) or -1, tonumber(i) or -1, tonumber(n) or -1
 end
 
-local function admit(k, a, b)
+local function admit_ok(a, sets, kind)
+  local flag, expires, last = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local last_ok
+  if kind == 'admit' then
+    last_ok = last ~= nil and shape_ok(last, sets)
+  elseif kind == 'look' then
+    last_ok = last == ''
+  else
+    last_ok = last ~= nil and string.match(last, RESERVED) ~= nil
+  end
+  return last_ok and (expires == '' or tonumber(expires) ~= nil)
+    and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= '' and attempt_ok(a + 3)
+    and (flag == '1' or flag == '0')
+end
+
+local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local attempt, state = tonumber(attempt_s), ARGV[a + 4] == '1' and 'x' or 'a'
-  local expires, shape = tonumber(ARGV[a + 5]), ARGV[a + 6]
+  local expires = tonumber(ARGV[a + 5])
+  local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
   local last = first + #shape - 1
   local now, dedup_s, sets = b.now, b.dedup_s, b.sets
@@ -114,7 +155,7 @@ local function admit(k, a, b)
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
   local rec = NONE
   if call('EXISTS', key) == 1 then
-    rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin')
+    rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv')
   end
   local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
   local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
@@ -139,7 +180,7 @@ local function admit(k, a, b)
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
     call('PEXPIRE', key, dedup_s)
-    return CODE.expired
+    return CODE.expired, reserved(rec[8])
   elseif fp and st == 'a' and expired then
     -- Another message of the job, and too late for it; the owner's own
     -- copy judges its admission by its own expires_at when it comes back.
@@ -152,12 +193,16 @@ local function admit(k, a, b)
     -- No admission (or another lineage's refunded one): nothing to do.
     return CODE.expired
   end
-  local d, s, rule = judge(first, shape, sets, now)
-  if d > 0 then return CODE.rejected, d, s, rule end
-  record(first, shape, sets, now, b.now_s, member_of(now, id))
+  if kind == 'look' then return CODE.absent end
+  if kind == 'admit' then
+    local d, s, rule = judge(first, shape, sets, now)
+    if d > 0 then return CODE.rejected, d, s, rule end
+    record(first, shape, sets, now, b.now_s, member_of(now, id))
+  end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,
     'lease', b.lease_s, 'ans', '0')
+  if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
   call('PEXPIRE', key, dedup_s)
   return CODE.admitted, now
 end
@@ -203,7 +248,8 @@ item "settle" -- record how the owner's attempt ended.
         'u' unknown: the end of the message got no answer; never resent
         'e' / 'f' / 'i' refund as expired / failed / invalid: only from a or
           x owned by the ticket; the admission leaves every scope log
-  1 if recorded, 0 if the record is gone or not the ticket's.
+  1 if recorded, 0 if the record is gone or not the ticket's; a refund of
+  reservations ("create") then names them: t_email, t_ip, nonce.
 ]]
 local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
@@ -215,8 +261,9 @@ end
 local function settle(k, a, b)
   local ticket, attempt, id, how, answered = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[k]
-  local rec = call('HMGET', key, 'st', 'own', 'at', 'n')
+  local rec = call('HMGET', key, 'st', 'own', 'at', 'n', 'rv')
   local st, own, at = rec[1], rec[2], tonumber(rec[3])
+  local e, i, nonce = -1, -1, -1
   local owning = own == ticket and rec[4] == attempt
   if not st then return 0 end
   if how == 's' then
@@ -229,9 +276,10 @@ local function settle(k, a, b)
     if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
     forget(k + 1, k + tonumber(ARGV[a + 5]), member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
+    e, i, nonce = reserved(rec[5])
   end
   call('PEXPIRE', key, b.dedup_s)
-  return 1
+  return 1, e, i, nonce
 end
 
 --[[
@@ -245,11 +293,61 @@ local function answered(k, a, b)
   return 1
 end
 
+--[[
+item "peek" -- spread over shards: judges one scope, writing nothing.
+  Values: the scope's rule set (one shape character). KEYS: the scope key.
+  Returns 1 (room now), or 0, the wait, 1, the binding rule.
+]]
+local function peek(k, a, b)
+  local d, _, rule = judge(k, ARGV[a], b.sets, b.now)
+  if d > 0 then return 0, d, 1, rule end
+  return 1
+end
+
+--[[
+item "reserve" -- spread over shards: judges one scope and, if it has room,
+  records the caller's reservation in it. Values: the member's suffix
+  (id .. ':' .. nonce), the scope's rule set (one shape character).
+  KEYS: the scope key. Returns 1, now (reserved as member_of(now, suffix)),
+  or 0, the wait, 1, the binding rule (a limit applies; nothing written).
+]]
+local function reserve(k, a, b)
+  local shape = ARGV[a + 1]
+  local d, _, rule = judge(k, shape, b.sets, b.now)
+  if d > 0 then return 0, d, 1, rule end
+  record(k, shape, b.sets, b.now, b.now_s, member_of(b.now, ARGV[a]))
+  return 1, b.now
+end
+
+--[[
+item "unreserve" -- gives a reservation (or a refunded admission's) back.
+  Values: its time, its member's suffix. KEYS: the scope key. 1 if it was
+  there, else 0.
+]]
+local function unreserve(k, a)
+  return call('ZREM', KEYS[k], member_of(tonumber(ARGV[a]), ARGV[a + 1]))
+end
+
 -- Each kind of item: how many values it takes, whether they are well formed
 -- (given the rule sets), how many keys it names, and what it does.
 local one = function() return 1 end
 local ITEMS = {
-  admit = {values = 7, ok = admit_ok, keys = function(a) return 1 + #ARGV[a + 6] end, run = admit},
+  admit = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'admit') end,
+    keys = function(a) return 1 + #ARGV[a + 6] end,
+    run = function(k, a, b) return admit(k, a, b, 'admit') end},
+  look = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'look') end, keys = one,
+    run = function(k, a, b) return admit(k, a, b, 'look') end},
+  create = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
+    run = function(k, a, b) return admit(k, a, b, 'create') end},
+  peek = {values = 1, ok = function(a, sets) return #ARGV[a] == 1 and shape_ok(ARGV[a], sets) end,
+    keys = one, run = peek},
+  reserve = {values = 2, ok = function(a, sets)
+      return ARGV[a] ~= '' and #ARGV[a + 1] == 1 and shape_ok(ARGV[a + 1], sets)
+    end, keys = one, run = reserve},
+  unreserve = {values = 2, ok = function(a)
+      local t = tonumber(ARGV[a])
+      return t ~= nil and t >= 0 and ARGV[a + 1] ~= ''
+    end, keys = one, run = unreserve},
   sending = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = sending},
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,

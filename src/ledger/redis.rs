@@ -5,7 +5,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::{
-    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage,
+    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, Request, RuleRef, Scope, Subject, Usage,
     redis_reset, redis_usage,
 };
 use crate::settings::{LimitSettings, RedisSettings};
@@ -15,11 +15,27 @@ use crate::settings::{LimitSettings, RedisSettings};
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{}", include_str!("ledger.lua"))));
 
-/// Most items run in one script call.
-const MAX_BATCH: usize = 64;
-/// Script calls in flight at once; while they run, new items gather into
-/// the next batch.
-const MAX_IN_FLIGHT: usize = 2;
+/// How items share script calls: most items in one call, and calls in
+/// flight at once (while they run, new items gather into the next batch).
+#[derive(Debug, Clone, Copy)]
+struct Batching {
+    max_batch: usize,
+    max_in_flight: usize,
+}
+
+/// One server, or every key in one slot of a cluster: items share calls.
+const BATCHED: Batching = Batching {
+    max_batch: 64,
+    max_in_flight: 2,
+};
+
+/// Keys spread over a cluster's shards: each item names keys of its own
+/// slot, which no other item's call may touch, so each item is a call of its
+/// own, and many are in flight (on the shards' connections).
+const ONE_BY_ONE: Batching = Batching {
+    max_batch: 1,
+    max_in_flight: 64,
+};
 
 /// The result codes of `ledger.lua`'s "admit" item, named as in its `CODE` table
 /// (a unit test checks the two agree).
@@ -34,10 +50,11 @@ enum Code {
     Unknown = 6,
     Finished = 7,
     Conflict = 8,
+    Absent = 9,
 }
 
 /// Every code with its name in `ledger.lua`.
-const CODES: [(Code, &str); 9] = [
+const CODES: [(Code, &str); 10] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -47,6 +64,7 @@ const CODES: [(Code, &str); 9] = [
     (Code::Unknown, "unknown"),
     (Code::Finished, "finished"),
     (Code::Conflict, "conflict"),
+    (Code::Absent, "absent"),
 ];
 
 /// The production ledger: records in Redis, shared by every worker.
@@ -60,6 +78,15 @@ const CODES: [(Code, &str); 9] = [
 /// multiplexed and re-established after Redis comes back; a call made
 /// while Redis is away fails with [`LedgerError::Redis`], which callers
 /// treat as transient.
+///
+/// With keys spread over a cluster's shards
+/// ([`RedisSettings::spreads_keys`]), an admission is a "look" at the
+/// job's record, a "reserve" in each scope (concurrently), and a "create"
+/// of the record with the reservations; if a scope rejects, every
+/// reservation is given back and the largest wait answered. Each call then
+/// names one key. A reservation given back may meanwhile have made another
+/// request see a rejection it would not have seen (the one weaker point,
+/// documented in `docs/contract.md`); nothing is ever admitted past a rule.
 #[derive(Clone)]
 pub struct RedisLedger {
     conn: Conn,
@@ -67,6 +94,7 @@ pub struct RedisLedger {
     queue: mpsc::Sender<Pending>,
     allow_eviction: bool,
     replication: Replication,
+    spread: bool,
 }
 
 /// `redis.min_replicas_acked` and its timeout: how a batch that sets a send
@@ -130,14 +158,23 @@ impl RedisLedger {
                 .unwrap_or(u64::MAX)
                 .max(1),
         };
-        let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(dispatch(rx, conn.clone(), keys.clone(), replication));
+        let spread = redis.spreads_keys();
+        let batching = if spread { ONE_BY_ONE } else { BATCHED };
+        let (queue, rx) = mpsc::channel(4 * batching.max_batch.max(batching.max_in_flight));
+        tokio::spawn(dispatch(
+            rx,
+            conn.clone(),
+            keys.clone(),
+            replication,
+            batching,
+        ));
         Ok(Self {
             conn,
             keys,
             queue,
             allow_eviction: redis.allow_eviction,
             replication,
+            spread,
         })
     }
 
@@ -156,6 +193,18 @@ impl RedisLedger {
         keys: Vec<String>,
         wait: bool,
     ) -> Result<Reply, LedgerError> {
+        answered(self.enqueue(clock, args, keys, wait).await?).await
+    }
+
+    /// Queues one item for the next batch; its answer arrives on the
+    /// receiver (so that several items can be queued before any is awaited).
+    async fn enqueue(
+        &self,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        keys: Vec<String>,
+        wait: bool,
+    ) -> Result<Answer, LedgerError> {
         let (reply, rx) = oneshot::channel();
         let pending = Pending {
             clock,
@@ -164,9 +213,8 @@ impl RedisLedger {
             wait,
             reply,
         };
-        let gone = || LedgerError::Protocol("the ledger's batching task stopped".into());
-        self.queue.send(pending).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.queue.send(pending).await.map_err(|_| stopped())?;
+        Ok(rx)
     }
 
     /// Runs a "release", "settle" or "answered" item on `job`'s record (with
@@ -200,6 +248,15 @@ impl RedisLedger {
     }
 }
 
+/// What a queued item's batch answered for it.
+async fn answered(answer: Answer) -> Result<Reply, LedgerError> {
+    answer.await.map_err(|_| stopped())?
+}
+
+fn stopped() -> LedgerError {
+    LedgerError::Protocol("the ledger's batching task stopped".into())
+}
+
 /// See [`RedisLedger::unfit`].
 fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
     // A command the script runs and the ACL forbids fails the script with
@@ -230,15 +287,16 @@ fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
     }
 }
 
-/// Gathers queued items into batches and runs up to [`MAX_IN_FLIGHT`]
-/// script calls at once.
+/// Gathers queued items into batches and runs up to
+/// `batching.max_in_flight` script calls at once.
 async fn dispatch(
     mut rx: mpsc::Receiver<Pending>,
     conn: Conn,
     keys: Arc<Keyspace>,
     replication: Replication,
+    batching: Batching,
 ) {
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let in_flight = Arc::new(Semaphore::new(batching.max_in_flight));
     let mut carried: Option<Pending> = None;
     loop {
         // Wait for a free slot first: items arriving meanwhile join the batch.
@@ -258,7 +316,7 @@ async fn dispatch(
         tokio::task::yield_now().await;
         let mut clock = first.clock;
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < batching.max_batch {
             match rx.try_recv() {
                 // One batch is one instant: an item that reads another
                 // explicit clock ends the batch.
@@ -417,11 +475,15 @@ fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; 4]) -> Option<V
             answered: flag(2),
         },
         Code::Conflict => Verdict::Conflict,
+        Code::Absent => return None,
     })
 }
 
 impl Ledger for RedisLedger {
     async fn admit(&self, entry: &Entry<'_>, clock: Clock) -> Result<Admission, LedgerError> {
+        if self.spread {
+            return self.admit_spread(entry, clock).await;
+        }
         let job = &entry.job;
         let applicable = self.keys.applicable(&job.request);
         let mut keys = Vec::with_capacity(1 + applicable.len());
@@ -429,42 +491,13 @@ impl Ledger for RedisLedger {
         let mut shape = String::with_capacity(applicable.len());
         let mut scopes = Vec::with_capacity(applicable.len());
         for (scope, key, set) in applicable {
-            // Settings allow at most 100 purposes, so at most 202 sets: the
-            // character stays within a byte.
-            shape.push(char::from(
-                b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1'),
-            ));
+            shape.push(shape_char(set));
             keys.push(key);
             scopes.push((scope, set));
         }
-        let args = vec![
-            "admit".to_owned(),
-            job.request.id.as_str().to_owned(),
-            Fingerprint::of(&job.request).as_str().to_owned(),
-            job.ticket.as_str().to_owned(),
-            job.attempt.max(1).to_string(),
-            if entry.send_now { "1" } else { "0" }.to_owned(),
-            entry
-                .expires_at_ms
-                .map(|ms| ms.to_string())
-                .unwrap_or_default(),
-            shape,
-        ];
+        let args = admission_args("admit", entry, shape);
         let reply = self.submit(Some(clock), args, keys, entry.send_now).await?;
-        let verdict = verdict(&self.keys, &scopes, &reply.values).ok_or_else(|| {
-            LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
-        })?;
-        // Admitted as sending: the mark must reach the replicas first.
-        if let (Verdict::Admitted | Verdict::Resumed { .. }, Some(acked)) =
-            (verdict, reply.unreplicated)
-            && entry.send_now
-        {
-            return Err(self.unreplicated(job, acked).await);
-        }
-        Ok(Admission {
-            decided_at_ms: reply.now_ms,
-            verdict,
-        })
+        self.decided(entry, &scopes, reply).await
     }
 
     async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
@@ -502,9 +535,10 @@ impl Ledger for RedisLedger {
             Ending::Unknown => b'u',
             Ending::Refund(r) => r.code(),
         };
-        // A refund takes the admission out of every scope log.
+        // A refund takes the admission out of every scope log (spread over
+        // shards: the reservations the record names, given back after).
         let scope_keys: Vec<String> = match ending {
-            Ending::Refund(..) => self
+            Ending::Refund(..) if !self.spread => self
                 .keys
                 .applicable(&job.request)
                 .into_iter()
@@ -522,7 +556,11 @@ impl Ledger for RedisLedger {
             scope_keys.len().to_string(),
         ];
         let reply = self.mark(job, None, args, scope_keys, false).await?;
-        Ok(reply.values[0] == 1)
+        let done = reply.values[0] == 1;
+        if done && matches!(ending, Ending::Refund(..)) {
+            self.give_back_refunded(&job.request, &reply.values).await;
+        }
+        Ok(done)
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
@@ -538,23 +576,30 @@ impl Ledger for RedisLedger {
             .invoke_async(&mut self.conn.clone())
             .await;
         probe.map_err(|e| self.unfit(e))?;
-        let info: String =
-            self.conn
-                .info("memory", &self.keys.prefix)
-                .await
-                .map_err(|e| match e.code() {
-                    Some("NOPERM") => LedgerError::Unfit(format!(
-                        "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
+        // Spread over shards, every primary holds mailgate's keys.
+        let on = (!self.spread).then_some(self.keys.prefix.as_str());
+        let infos = self
+            .conn
+            .info("memory", on)
+            .await
+            .map_err(|e| match e.code() {
+                Some("NOPERM") => LedgerError::Unfit(format!(
+                    "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
                      check that Redis never evicts its keys: grant it +info"
-                    )),
-                    _ => self.unfit(e),
-                })?;
-        let policy = info
-            .lines()
-            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-            .map(str::trim)
-            .unwrap_or("noeviction");
-        if policy != "noeviction" && !self.allow_eviction {
+                )),
+                _ => self.unfit(e),
+            })?;
+        let evicting = infos.iter().find_map(|info| {
+            let policy = info
+                .lines()
+                .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                .map(str::trim)
+                .unwrap_or("noeviction");
+            (policy != "noeviction").then_some(policy)
+        });
+        if let Some(policy) = evicting
+            && !self.allow_eviction
+        {
             return Err(LedgerError::Unfit(format!(
                 "Redis evicts keys (maxmemory-policy {policy}): under memory pressure it would \
                  drop limiter logs and job records, admitting over the limits and mailing jobs \
@@ -575,17 +620,24 @@ impl RedisLedger {
         if wanted == 0 {
             return Ok(());
         }
-        let info = self
+        let on = (!self.spread).then_some(self.keys.prefix.as_str());
+        let infos = self
             .conn
-            .info("replication", &self.keys.prefix)
+            .info("replication", on)
             .await
             .map_err(|e| self.unfit(e))?;
         // `slave0:ip=…,port=…,state=online,offset=…,lag=…`: a replica still
-        // in its first sync is connected but acknowledges nothing yet.
-        let online = info
-            .lines()
-            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
-            .count();
+        // in its first sync is connected but acknowledges nothing yet. Spread
+        // over shards, the primary with the fewest counts.
+        let online = infos
+            .iter()
+            .map(|info| {
+                info.lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count()
+            })
+            .min()
+            .unwrap_or(0);
         if online < wanted as usize {
             return Err(LedgerError::Unreplicated(format!(
                 "the Redis primary has {online} replicas online and \
@@ -594,6 +646,289 @@ impl RedisLedger {
         }
         Ok(())
     }
+}
+
+/// The answer to a queued item.
+type Answer = oneshot::Receiver<Result<Reply, LedgerError>>;
+
+/// What judging (or reserving in) every scope of a request came to (keys
+/// spread over shards).
+enum Reservations {
+    /// Every scope has room (and holds the reservation): its scope, key
+    /// and reservation time.
+    Held(Vec<(Scope, String, u64)>),
+    /// A scope rejected, and every reservation was given back: the largest
+    /// wait, the first rule with it, and when its scope decided.
+    Rejected(Admission),
+}
+
+impl RedisLedger {
+    /// [`Ledger::admit`] with keys spread over a cluster's shards: look at
+    /// the record and judge every scope at once; then reserve in every
+    /// scope; then create the record with the reservations (`ledger.lua`'s
+    /// "look", "peek", "reserve" and "create").
+    async fn admit_spread(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> Result<Admission, LedgerError> {
+        let record = self.keys.record_key(entry.job.request.id);
+        let scopes = self.keys.applicable(&entry.job.request);
+        let args = admission_args("look", entry, String::new());
+        let look = self
+            .enqueue(Some(clock), args, vec![record.clone()], entry.send_now)
+            .await?;
+        let peeks = self.each_scope(clock, &scopes, None, false).await?;
+        let look = answered(look).await?;
+        if look.values[0] != Code::Absent as i64 {
+            return self.decided(entry, &[], look).await;
+        }
+        if let Reservations::Rejected(rejection) = self.gather(&scopes, peeks, None).await? {
+            return Ok(rejection);
+        }
+        // Unique per reservation: two copies of one job reserving in the same
+        // millisecond hold two members, and the loser's give-back leaves the
+        // winner's.
+        let nonce = uuid::Uuid::new_v4().as_u128() as u32;
+        let suffix = format!("{}:{nonce}", entry.job.request.id.as_str());
+        // One scope after another: a request that loses the race for one
+        // scope's room holds none in the scopes after it.
+        let mut held = Vec::with_capacity(scopes.len());
+        for scope in &scopes {
+            let one = std::slice::from_ref(scope);
+            let answer = self
+                .each_scope(clock, one, Some(&suffix), entry.send_now)
+                .await?;
+            let rejection = match self.gather(one, answer, Some(&suffix)).await {
+                Ok(Reservations::Held(h)) => {
+                    held.extend(h);
+                    continue;
+                }
+                Ok(Reservations::Rejected(rejection)) => Ok(rejection),
+                Err(e) => Err(e),
+            };
+            self.give_back(&suffix, &held).await;
+            return rejection;
+        }
+        let time_in = |scope| {
+            held.iter()
+                .find(|(s, ..)| *s == scope)
+                .map_or(-1, |(_, _, t)| i128::from(*t))
+        };
+        let reservations = format!("{nonce} {} {}", time_in(Scope::Email), time_in(Scope::Ip));
+        let args = admission_args("create", entry, reservations);
+        // A failed call may have created the record: its reservations stay.
+        let created = self
+            .submit(Some(clock), args, vec![record], entry.send_now)
+            .await?;
+        if created.values[0] != Code::Admitted as i64 {
+            // Another copy of the job won the record meanwhile.
+            self.give_back(&suffix, &held).await;
+        }
+        self.decided(entry, &[], created).await
+    }
+
+    /// Queues a "peek" (no `suffix`) or a "reserve" of `suffix` in each of
+    /// `scopes`, all at once.
+    async fn each_scope(
+        &self,
+        clock: Clock,
+        scopes: &[(Scope, String, usize)],
+        suffix: Option<&str>,
+        wait: bool,
+    ) -> Result<Vec<Answer>, LedgerError> {
+        let mut answers = Vec::with_capacity(scopes.len());
+        for (_, key, set) in scopes {
+            let set = shape_char(*set).to_string();
+            let args = match suffix {
+                None => vec!["peek".into(), set],
+                Some(suffix) => vec!["reserve".into(), suffix.into(), set],
+            };
+            answers.push(
+                self.enqueue(Some(clock), args, vec![key.clone()], wait)
+                    .await?,
+            );
+        }
+        Ok(answers)
+    }
+
+    /// The answers of [`Self::each_scope`]: if a scope rejects, the first
+    /// with the largest wait binds; if a scope rejects or a call fails, the
+    /// reservations of `suffix` made are given back.
+    async fn gather(
+        &self,
+        scopes: &[(Scope, String, usize)],
+        answers: Vec<Answer>,
+        suffix: Option<&str>,
+    ) -> Result<Reservations, LedgerError> {
+        let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
+        for ((scope, key, set), answer) in scopes.iter().zip(answers) {
+            let reply = match answered(answer).await {
+                Ok(reply) => reply,
+                // It may have reserved: that one stays counted.
+                Err(e) => {
+                    failed = Some(e);
+                    continue;
+                }
+            };
+            if reply.values[0] == 1 {
+                held.push((
+                    *scope,
+                    key.clone(),
+                    u64::try_from(reply.values[1]).unwrap_or(0),
+                ));
+                if let Some(acked) = reply.unreplicated {
+                    failed = Some(self.unreplicated_reservation(acked));
+                }
+                continue;
+            }
+            let wait = |a: &Admission| match a.verdict {
+                Verdict::Rejected { retry_after_ms, .. } => retry_after_ms,
+                _ => 0,
+            };
+            match verdict(&self.keys, &[(*scope, *set)], &reply.values) {
+                Some(verdict @ Verdict::Rejected { retry_after_ms, .. })
+                    if rejected.as_ref().is_none_or(|r| retry_after_ms > wait(r)) =>
+                {
+                    rejected = Some(Admission {
+                        decided_at_ms: reply.now_ms,
+                        verdict,
+                    });
+                }
+                Some(Verdict::Rejected { .. }) => {}
+                _ => {
+                    failed = Some(LedgerError::Protocol(format!(
+                        "a scope answered {:?}",
+                        reply.values
+                    )));
+                }
+            }
+        }
+        if rejected.is_none() && failed.is_none() {
+            return Ok(Reservations::Held(held));
+        }
+        if let Some(suffix) = suffix {
+            self.give_back(suffix, &held).await;
+        }
+        match (rejected, failed) {
+            (Some(rejection), _) => Ok(Reservations::Rejected(rejection)),
+            (None, failed) => Err(failed.unwrap_or_else(stopped)),
+        }
+    }
+
+    /// An "admit", "look" or "create" reply as the caller's [`Admission`]
+    /// (`scopes`: the scope and rule set of each scope key of an "admit").
+    /// A send mark too few replicas acknowledged is given back, and fails;
+    /// an unsent admission refunded as expired gives its reservations back.
+    async fn decided(
+        &self,
+        entry: &Entry<'_>,
+        scopes: &[(Scope, usize)],
+        reply: Reply,
+    ) -> Result<Admission, LedgerError> {
+        let verdict = verdict(&self.keys, scopes, &reply.values).ok_or_else(|| {
+            LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
+        })?;
+        // Admitted as sending: the mark must reach the replicas first.
+        if let (Verdict::Admitted | Verdict::Resumed { .. }, Some(acked)) =
+            (verdict, reply.unreplicated)
+            && entry.send_now
+        {
+            return Err(self.unreplicated(&entry.job, acked).await);
+        }
+        if verdict == Verdict::Expired {
+            self.give_back_refunded(&entry.job.request, &reply.values)
+                .await;
+        }
+        Ok(Admission {
+            decided_at_ms: reply.now_ms,
+            verdict,
+        })
+    }
+
+    /// Gives back the reservations a refunded record named (`values`: the
+    /// reply's code or flag, then t_email, t_ip and the nonce, -1 for none).
+    /// Only spread over shards: elsewhere the script forgot the admission
+    /// in the same call.
+    async fn give_back_refunded(&self, request: &Request<'_>, values: &[i64; 4]) {
+        let [_, email, ip, nonce] = *values;
+        if !self.spread || nonce < 0 {
+            return;
+        }
+        let subjects = [
+            (Some(Subject::Email(request.email)), email),
+            (request.ip.map(Subject::Ip), ip),
+        ];
+        let held: Vec<(Scope, String, u64)> = subjects
+            .into_iter()
+            .filter_map(|(subject, t)| {
+                let subject = subject?;
+                Some((
+                    subject.scope(),
+                    self.keys.key_of(subject),
+                    u64::try_from(t).ok()?,
+                ))
+            })
+            .collect();
+        let suffix = format!("{}:{nonce}", request.id.as_str());
+        self.give_back(&suffix, &held).await;
+    }
+
+    /// Gives back the reservations `held` (scope, key, time) of `suffix`.
+    /// One that cannot be given back now (Redis away) stays counted until
+    /// its window passes: a rejection too many, never an admission too many.
+    async fn give_back(&self, suffix: &str, held: &[(Scope, String, u64)]) {
+        let mut answers = Vec::with_capacity(held.len());
+        for (_, key, t) in held {
+            let args = vec!["unreserve".into(), t.to_string(), suffix.to_owned()];
+            answers.push(self.enqueue(None, args, vec![key.clone()], false).await);
+        }
+        for answer in answers {
+            let done = match answer {
+                Ok(answer) => answered(answer).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = done {
+                tracing::warn!(error = %e, "could not give a reservation back; it counts until its window passes");
+            }
+        }
+    }
+
+    /// A reservation too few replicas acknowledged: a failover could lose it
+    /// and admit past a rule, so it is given back, and the job retried.
+    fn unreplicated_reservation(&self, acked: i64) -> LedgerError {
+        LedgerError::Unreplicated(format!(
+            "{acked} of the {} Redis replicas redis.min_replicas_acked asks for acknowledged \
+             a reservation within {} ms; it was given back, and the job is not sent now",
+            self.replication.replicas, self.replication.timeout_ms
+        ))
+    }
+}
+
+/// An admission item's kind and values (`last`: the shape of an "admit",
+/// nothing for a "look", the reservations of a "create").
+fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
+    let job = &entry.job;
+    vec![
+        kind.to_owned(),
+        job.request.id.as_str().to_owned(),
+        Fingerprint::of(&job.request).as_str().to_owned(),
+        job.ticket.as_str().to_owned(),
+        job.attempt.max(1).to_string(),
+        if entry.send_now { "1" } else { "0" }.to_owned(),
+        entry
+            .expires_at_ms
+            .map(|ms| ms.to_string())
+            .unwrap_or_default(),
+        last,
+    ]
+}
+
+/// A rule set's character in a shape (see `decide.lua`).
+fn shape_char(set: usize) -> char {
+    // Settings allow at most 100 purposes, so at most 202 sets: the
+    // character stays within a byte.
+    char::from(b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1'))
 }
 
 impl Quotas for RedisLedger {

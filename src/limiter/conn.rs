@@ -9,7 +9,9 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value,
@@ -31,10 +33,10 @@ pub(crate) enum Conn {
     Server(ConnectionManager),
     /// `redis+sentinel://`.
     Sentinel(Arc<Followed>),
-    /// `redis+cluster://`: every key mailgate writes carries the key
-    /// prefix's hash tag (checked by the settings), so each call's keys
-    /// share one slot, and the connection routes it to that slot's primary
-    /// (following the cluster when slots move or a replica is promoted).
+    /// `redis+cluster://`: the keys of each call share one slot (every key
+    /// carries the key prefix's hash tag, or the call names one key), and
+    /// the connection routes it to that slot's primary (following the
+    /// cluster when slots move or a replica is promoted).
     Cluster(ClusterConnection),
 }
 
@@ -80,24 +82,30 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
 
 impl Conn {
     /// `INFO section` of the server that holds `key` (on a cluster, that
-    /// key's primary; elsewhere, the one server).
-    pub(crate) async fn info(&self, section: &str, key: &str) -> RedisResult<String> {
+    /// key's primary; elsewhere, the one server), or with no key of every
+    /// primary (of a cluster's shards; elsewhere, the one server).
+    pub(crate) async fn info(&self, section: &str, key: Option<&str>) -> RedisResult<Vec<String>> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
-        match self {
-            Conn::Cluster(c) => {
-                let node = Route::with_key(key, SlotAddr::Master);
-                let v = c
-                    .clone()
-                    .route_command(
-                        cmd,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
-                    )
-                    .await?;
-                Ok(redis::from_redis_value(v)?)
-            }
-            _ => cmd.query_async(&mut self.clone()).await,
-        }
+        let Conn::Cluster(c) = self else {
+            return Ok(vec![cmd.query_async(&mut self.clone()).await?]);
+        };
+        let Some(key) = key else {
+            let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            // Without a response policy, the reply maps each node to its own.
+            let replies = c.clone().route_command(cmd, every).await?;
+            let replies: Vec<(String, String)> = redis::from_redis_value(replies)?;
+            return Ok(replies.into_iter().map(|(_, info)| info).collect());
+        };
+        let node = Route::with_key(key, SlotAddr::Master);
+        let v = c
+            .clone()
+            .route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
+            )
+            .await?;
+        Ok(vec![redis::from_redis_value(v)?])
     }
 }
 

@@ -92,7 +92,30 @@ impl Make for ClusterBackend {
     }
 }
 
-/// The URL of the cluster this test process started, for [`ClusterBackend`].
+/// The Redis ledger on a [`PrivateCluster`] (as [`ClusterBackend`]), under a
+/// fresh prefix without a hash tag: its keys spread over the shards, and
+/// every admission reserves in each scope (`redis.spreads_keys`).
+pub struct SpreadBackend;
+impl Make for SpreadBackend {
+    type L = RedisLedger;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
+        let url = CLUSTER_URL
+            .get()
+            .expect("a cluster test starts its PrivateCluster first");
+        let settings = RedisSettings::new(url.clone(), unique_prefix(test));
+        assert!(settings.spreads_keys());
+        let ledger = RedisLedger::connect(&settings, &limits)
+            .await
+            .expect("connect to the test's cluster");
+        Built {
+            ledger,
+            _cleanup: None,
+        }
+    }
+}
+
+/// The URL of the cluster this test process started, for [`ClusterBackend`]
+/// and [`SpreadBackend`].
 static CLUSTER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// A Redis Cluster of the test's own: three primaries on free ports, their
