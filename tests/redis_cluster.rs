@@ -104,10 +104,31 @@ async fn runs_on(cluster: &PrivateCluster, name: &str, prefix: fn(&str) -> Strin
 /// lost, nothing is mailed twice, and no mailbox gets past its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_primary_of_the_slot_dies_mid_load_and_nothing_is_lost_or_mailed_twice() {
+    dies_mid_load(
+        "rclf",
+        |prefix| format!("{{{prefix}}}"),
+        |tag| tag.to_owned(),
+    )
+    .await;
+}
+
+/// The same with the keys spread over the shards: the primary killed holds
+/// a limited mailbox's log (and a third of the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_dies_mid_load_with_the_keys_spread_and_nothing_is_lost_or_mailed_twice() {
+    dies_mid_load("rcsf", str::to_owned, |prefix| {
+        format!("{prefix}email:l0@example.com")
+    })
+    .await;
+}
+
+/// The load of the tests above; the primary killed is the one holding the
+/// key `victim` names (given the key prefix).
+async fn dies_mid_load(name: &str, prefix: fn(&str) -> String, victim: fn(&str) -> String) {
     let mut cluster = PrivateCluster::start_with(1);
-    let h = Harness::with("rclf", |s| {
+    let h = Harness::with(name, |s| {
         s.redis.url = cluster.url();
-        s.redis.key_prefix = format!("{{{}}}", s.redis.key_prefix);
+        s.redis.key_prefix = prefix(&s.redis.key_prefix);
         s.redis.min_replicas_acked = 1;
         s.limits.send_lease = Duration::from_secs(11);
         s.limits.dedup_for = Duration::from_secs(600);
@@ -116,7 +137,7 @@ async fn the_primary_of_the_slot_dies_mid_load_and_nothing_is_lost_or_mailed_twi
         s.retry.max = Duration::from_secs(3);
     })
     .await;
-    let tag = h.settings.redis.key_prefix.clone();
+    let tag = victim(&h.settings.redis.key_prefix);
     let w = h.start_worker().await;
     let mut jobs: Vec<Value> = (0..200)
         .map(|i| {
