@@ -19,7 +19,8 @@
 //! must be installed), rounds alternating.
 //!
 //! And mailgate's decisions on a three-primary Redis Cluster the bench
-//! starts, against a standalone server it starts, rounds alternating.
+//! starts, with every key in one slot and with the keys spread over the
+//! shards, against a standalone server it starts, rounds alternating.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -201,31 +202,37 @@ async fn round_article(conn: &ConnectionManager, prefix: &str, secs: f64) -> Rou
     finish(tasks, stop, &tally, secs, std::slice::from_ref(conn)).await
 }
 
-/// One contender's round: decisions/s, the admitted share, and Redis CPU
-/// microseconds per decision (from `INFO cpu`, user + system).
+/// One contender's round: decisions/s, the admitted share, Redis CPU
+/// microseconds per decision (from `INFO cpu`, user + system), and Redis
+/// commands per decision (`INFO stats`; a script call is one).
 struct Round {
     rate: f64,
     admitted: f64,
     redis_us: f64,
+    calls: f64,
 }
 
-/// The CPU seconds the Redis servers behind `conns` used so far.
-async fn redis_cpu(conns: &[ConnectionManager]) -> f64 {
-    let mut sum = 0.0;
+/// The CPU seconds the Redis servers behind `conns` used so far, and the
+/// commands they processed.
+async fn redis_cpu(conns: &[ConnectionManager]) -> (f64, f64) {
+    let (mut cpu, mut commands) = (0.0, 0.0);
     for conn in conns {
         let info: String = redis::cmd("INFO")
-            .arg("cpu")
+            .arg("all")
             .query_async(&mut conn.clone())
             .await
-            .expect("INFO cpu");
-        sum += info
-            .lines()
-            .filter_map(|l| l.split_once(':'))
-            .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-            .sum::<f64>();
+            .expect("INFO");
+        let field = |names: &[&str]| -> f64 {
+            info.lines()
+                .filter_map(|l| l.split_once(':'))
+                .filter(|(k, _)| names.contains(k))
+                .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+                .sum()
+        };
+        cpu += field(&["used_cpu_user", "used_cpu_sys"]);
+        commands += field(&["total_commands_processed"]);
     }
-    sum
+    (cpu, commands)
 }
 
 async fn finish(
@@ -235,7 +242,7 @@ async fn finish(
     secs: f64,
     conns: &[ConnectionManager],
 ) -> Round {
-    let cpu0 = redis_cpu(conns).await;
+    let (cpu0, commands0) = redis_cpu(conns).await;
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
@@ -243,13 +250,14 @@ async fn finish(
         t.await.expect("caller");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = redis_cpu(conns).await - cpu0;
+    let (cpu1, commands1) = redis_cpu(conns).await;
     let d = tally.decisions.load(Ordering::Relaxed) as f64;
     let a = tally.admitted.load(Ordering::Relaxed) as f64;
     Round {
         rate: d / elapsed,
         admitted: a / d.max(1.0),
-        redis_us: cpu * 1e6 / d.max(1.0),
+        redis_us: (cpu1 - cpu0) * 1e6 / d.max(1.0),
+        calls: (commands1 - commands0) / d.max(1.0),
     }
 }
 
@@ -374,8 +382,8 @@ fn main() {
 }
 
 /// mailgate's decisions on a three-primary Redis Cluster the bench starts
-/// (every key in the one slot of the prefix's hash tag, as `redis+cluster://`
-/// requires) against a standalone server it starts too, rounds alternating.
+/// (every key in the one slot of the prefix's hash tag, then spread over the
+/// shards) against a standalone server it starts too, rounds alternating.
 async fn cluster_rounds(secs: f64, rounds: usize) {
     let standalone = Server::start(&[]);
     let nodes: Vec<Server> = (0..3)
@@ -419,15 +427,22 @@ async fn cluster_rounds(secs: f64, rounds: usize) {
     assert!(created.success(), "redis-cli --cluster create");
     let cluster_url = format!("redis+cluster://{}", addrs.join(","));
     let pool = Arc::new(Pool::new());
-    let (mut on_one, mut on_cluster) = (Vec::new(), Vec::new());
+    let (mut on_one, mut on_cluster, mut spread) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..rounds {
-        for (url, conns, out) in [
-            (standalone.url(), &single[..], &mut on_one),
-            (cluster_url.clone(), &node_conns[..], &mut on_cluster),
+        for (url, conns, prefix, out) in [
+            (standalone.url(), &single[..], "{mgbench}", &mut on_one),
+            (
+                cluster_url.clone(),
+                &node_conns[..],
+                "{mgbench}",
+                &mut on_cluster,
+            ),
+            // No hash tag: the keys spread over the shards.
+            (cluster_url.clone(), &node_conns[..], "mgbench", &mut spread),
         ] {
             let settings = RedisSettings {
                 allow_eviction: true,
-                ..RedisSettings::new(url, format!("{{mgbench}}:{run}:"))
+                ..RedisSettings::new(url, format!("{prefix}:{run}:"))
             };
             // The cluster may take a moment to agree on its slots.
             let ledger = loop {
@@ -443,36 +458,51 @@ async fn cluster_rounds(secs: f64, rounds: usize) {
             out.push(round_mailgate(&ledger, &pool, 1000 + run as u64, secs, conns).await);
         }
         eprintln!(
-            "round {}: standalone {:.0}/s, cluster {:.0}/s",
+            "round {}: standalone {:.0}/s, cluster {:.0}/s, spread {:.0}/s",
             run + 1,
             on_one[run].rate,
-            on_cluster[run].rate
+            on_cluster[run].rate,
+            spread[run].rate
         );
     }
-    let ratio = median(
-        on_cluster
-            .iter()
-            .zip(&on_one)
-            .map(|(c, o)| c.rate / o.rate)
-            .collect(),
-    );
+    let ratio = |of: &[Round]| {
+        median(
+            of.iter()
+                .zip(&on_one)
+                .map(|(c, o)| c.rate / o.rate)
+                .collect(),
+        )
+    };
     let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
     println!();
     println!(
         "mailgate admissions, {CALLERS} concurrent callers, on servers the bench starts, {rounds} rounds of {secs}s, medians"
     );
-    println!("| Redis | decisions/s | Redis CPU per decision | ratio |");
-    println!("|---|---:|---:|---:|");
     println!(
-        "| standalone | {:.0} | {:.1} µs | 1.00 |",
-        med(&on_one, |r| r.rate),
-        med(&on_one, |r| r.redis_us)
+        "| Redis | decisions/s | admitted | Redis commands per decision | Redis CPU per decision | ratio |"
     );
-    println!(
-        "| cluster of 3 primaries, one slot | {:.0} | {:.1} µs (all nodes) | {ratio:.2} |",
-        med(&on_cluster, |r| r.rate),
-        med(&on_cluster, |r| r.redis_us)
-    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, rs, ratio) in [
+        ("standalone", &on_one, 1.0),
+        (
+            "cluster of 3 primaries, one slot",
+            &on_cluster,
+            ratio(&on_cluster),
+        ),
+        (
+            "cluster of 3 primaries, keys spread",
+            &spread,
+            ratio(&spread),
+        ),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.1} % | {:.2} | {:.1} µs | {ratio:.2} |",
+            med(rs, |r| r.rate),
+            med(rs, |r| r.admitted) * 100.0,
+            med(rs, |r| r.calls),
+            med(rs, |r| r.redis_us)
+        );
+    }
 }
 
 /// A `redis-server` of the bench's own (`{port}` in an argument becomes its
