@@ -51,13 +51,6 @@ local CODE = {
 local op = ARGV[1]
 local NONE = {false, false, false, false, false, false, false}
 
--- The time: ARGV[i] if given, else the Redis server's clock.
-local function clock(i)
-  if ARGV[i] ~= '' then return tonumber(ARGV[i]) end
-  local t = call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 -- Whether ARGV value `v` is a period Redis can add to its clock.
 local function period_ok(v)
   local n = tonumber(v)
@@ -75,11 +68,10 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   ARGV[3]  dedup_ms: how long a record lives after its last write
   ARGV[4]  lease_ms: how long an admission (or a resumption) owns the send
   ARGV[5]  the rule sets (decide.lua), then the items, each its kind and
-           its values (ITEMS below: admit, look, create, peek, reserve,
-           unreserve, sending, release, settle, answered)
+           its values (ITEMS below: admit, look, create, sending,
+           release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
-           per shape character; settle: as many as it names); "peek",
-           "reserve" and "unreserve": their scope key only
+           per shape character; settle: as many as it names)
   returns  {now, then 4 integers per item: admit's code and up to 3 values
            (CODE); the other kinds, 1 or 0 and three zeros}
   Every item is checked before the first write, so a bad batch writes
@@ -107,7 +99,7 @@ items "look" and "create" -- the same decision when the scope keys live on
   admit's, but for the last; KEYS: the record.
   "look": '' instead of the shape. Where "admit" would judge the scopes, it
     answers `absent` and writes nothing. The caller judges each scope
-    ("peek", one call per scope key, at the same time as the look): if one
+    (src/limiter/scope.lua's "peek", at the same time as the look): if one
     rejects, that is the answer, and nothing was written anywhere. Else it
     reserves in each ("reserve") and, if one rejects after all (a request
     that came in between took the room), gives the others back
@@ -249,7 +241,8 @@ item "settle" -- record how the owner's attempt ended.
         'e' / 'f' / 'i' refund as expired / failed / invalid: only from a or
           x owned by the ticket; the admission leaves every scope log
   1 if recorded, 0 if the record is gone or not the ticket's; a refund of
-  reservations ("create") then names them: t_email, t_ip, nonce.
+  reservations ("create") then names them: t_email, t_ip, nonce, and so
+  does a refund asked again of the attempt that made it (with 0).
 ]]
 local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
@@ -273,6 +266,9 @@ local function settle(k, a, b)
     if not owning or (st ~= 'x' and st ~= 'u') then return 0 end
     call('HSET', key, 'st', 'u', 'lease', '0', 'ans', answered)
   else
+    -- Asked again (its first reply was lost): 0, and the reservations
+    -- again, which the caller gives back again (ZREM is idempotent).
+    if owning and st == 'r' then return 0, reserved(rec[5]) end
     if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
     forget(k + 1, k + tonumber(ARGV[a + 5]), member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
@@ -293,41 +289,6 @@ local function answered(k, a, b)
   return 1
 end
 
---[[
-item "peek" -- spread over shards: judges one scope, writing nothing.
-  Values: the scope's rule set (one shape character). KEYS: the scope key.
-  Returns 1 (room now), or 0, the wait, 1, the binding rule.
-]]
-local function peek(k, a, b)
-  local d, _, rule = judge(k, ARGV[a], b.sets, b.now)
-  if d > 0 then return 0, d, 1, rule end
-  return 1
-end
-
---[[
-item "reserve" -- spread over shards: judges one scope and, if it has room,
-  records the caller's reservation in it. Values: the member's suffix
-  (id .. ':' .. nonce), the scope's rule set (one shape character).
-  KEYS: the scope key. Returns 1, now (reserved as member_of(now, suffix)),
-  or 0, the wait, 1, the binding rule (a limit applies; nothing written).
-]]
-local function reserve(k, a, b)
-  local shape = ARGV[a + 1]
-  local d, _, rule = judge(k, shape, b.sets, b.now)
-  if d > 0 then return 0, d, 1, rule end
-  record(k, shape, b.sets, b.now, b.now_s, member_of(b.now, ARGV[a]))
-  return 1, b.now
-end
-
---[[
-item "unreserve" -- gives a reservation (or a refunded admission's) back.
-  Values: its time, its member's suffix. KEYS: the scope key. 1 if it was
-  there, else 0.
-]]
-local function unreserve(k, a)
-  return call('ZREM', KEYS[k], member_of(tonumber(ARGV[a]), ARGV[a + 1]))
-end
-
 -- Each kind of item: how many values it takes, whether they are well formed
 -- (given the rule sets), how many keys it names, and what it does.
 local one = function() return 1 end
@@ -339,15 +300,6 @@ local ITEMS = {
     run = function(k, a, b) return admit(k, a, b, 'look') end},
   create = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
-  peek = {values = 1, ok = function(a, sets) return #ARGV[a] == 1 and shape_ok(ARGV[a], sets) end,
-    keys = one, run = peek},
-  reserve = {values = 2, ok = function(a, sets)
-      return ARGV[a] ~= '' and #ARGV[a + 1] == 1 and shape_ok(ARGV[a + 1], sets)
-    end, keys = one, run = reserve},
-  unreserve = {values = 2, ok = function(a)
-      local t = tonumber(ARGV[a])
-      return t ~= nil and t >= 0 and ARGV[a + 1] ~= ''
-    end, keys = one, run = unreserve},
   sending = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = sending},
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,

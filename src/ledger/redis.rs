@@ -390,32 +390,10 @@ async fn run_batch(
         .arg(keys.lease_ms())
         .arg(keys.rule_set_args())
         .arg(&args);
-    let wait = replication.replicas > 0 && batch.iter().any(|p| p.wait);
-    let mut pipe = redis::pipe();
-    pipe.add_command(eval);
-    if wait {
-        pipe.cmd("WAIT")
-            .arg(replication.replicas)
-            .arg(replication.timeout_ms);
-    }
-    let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            SCRIPT.prepare_invoke().load_async(conn).await?;
-            pipe.query_async(conn).await?
-        }
-        other => other?,
-    };
-    let mut values = values.into_iter();
-    let (Some(reply), acked) = (values.next(), values.next()) else {
-        return Err(LedgerError::Protocol("an empty reply to a batch".into()));
-    };
+    let wait = batch.iter().any(|p| p.wait);
+    let (reply, unreplicated) = eval_waiting(conn, &SCRIPT, eval, replication, wait).await?;
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
-    let acked: Option<i64> = acked
-        .map(redis::from_redis_value)
-        .transpose()
-        .map_err(|e| LedgerError::Protocol(format!("WAIT's reply: {e}")))?;
-    let unreplicated = acked.filter(|n| *n < i64::from(replication.replicas));
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
     if reply.len() != 1 + 4 * batch.len() {
         return Err(bad());
@@ -430,6 +408,49 @@ async fn run_batch(
             unreplicated: unreplicated.filter(|_| p.wait),
         })
         .collect())
+}
+
+/// Runs `eval`, an `EVALSHA` of `script` (loaded again on `NOSCRIPT`, e.g.
+/// after a Redis restart), and, if `wait` and `replication` names
+/// replicas, `WAIT`s for them in the same pipeline (on the same connection,
+/// so the wait covers the script's writes). Returns the script's reply
+/// and, if fewer replicas than asked acknowledged, how many did.
+async fn eval_waiting(
+    conn: &mut Conn,
+    script: &redis::Script,
+    eval: redis::Cmd,
+    replication: Replication,
+    wait: bool,
+) -> Result<(redis::Value, Option<i64>), LedgerError> {
+    let mut pipe = redis::pipe();
+    pipe.add_command(eval);
+    let wait = wait && replication.replicas > 0;
+    if wait {
+        pipe.cmd("WAIT")
+            .arg(replication.replicas)
+            .arg(replication.timeout_ms);
+    }
+    let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            pipe.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let mut values = values.into_iter();
+    let (Some(reply), acked) = (values.next(), values.next()) else {
+        return Err(LedgerError::Protocol(
+            "an empty reply to a script call".into(),
+        ));
+    };
+    let acked: Option<i64> = acked
+        .map(redis::from_redis_value)
+        .transpose()
+        .map_err(|e| LedgerError::Protocol(format!("WAIT's reply: {e}")))?;
+    Ok((
+        reply,
+        acked.filter(|n| *n < i64::from(replication.replicas)),
+    ))
 }
 
 /// An admission's four reply values as a [`Verdict`] (`scopes`: the scope
@@ -558,11 +579,11 @@ impl Ledger for RedisLedger {
             scope_keys.len().to_string(),
         ];
         let reply = self.mark(job, None, args, scope_keys, false).await?;
-        let done = reply.values[0] == 1;
-        if done && matches!(ending, Ending::Refund(..)) {
+        if let Ending::Refund(..) = ending {
+            // Also when asked again after a lost reply (0, and the names).
             self.give_back_refunded(&job.request, &reply.values).await;
         }
-        Ok(done)
+        Ok(reply.values[0] == 1)
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {

@@ -56,6 +56,13 @@ local function time_of(member)
   return tonumber(sub(member, 1, 12), 16)
 end
 
+-- The time: ARGV[i] if given, else the Redis server's clock.
+local function clock(i)
+  if ARGV[i] ~= '' then return tonumber(ARGV[i]) end
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- A job's member in the scope logs.
 local function member_of(at, id)
   return format('%012x', at) .. ':' .. id

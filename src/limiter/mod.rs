@@ -45,6 +45,10 @@ use crate::settings::{LimitSettings, Rule};
 /// the module docs).
 pub(crate) const DECIDE_LUA: &str = include_str!("decide.lua");
 
+/// One scope's log on its own (peek, reserve, unreserve), for keys spread
+/// over a cluster's shards; sent after [`DECIDE_LUA`].
+pub(crate) const SCOPE_LUA: &str = include_str!("scope.lua");
+
 /// What a rate-limit key identifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
@@ -237,12 +241,17 @@ impl Keyspace {
     pub fn rule_set_args(&self) -> Vec<u64> {
         let mut args = vec![self.sets.len() as u64];
         for set in &self.sets {
-            args.push(set.rules.len() as u64);
-            args.push(set.keep_ms);
-            for rule in &set.rules {
-                args.push(rule.window_ms());
-                args.push(rule.max.into());
-            }
+            push_rule_set(set, &mut args);
+        }
+        args
+    }
+
+    /// Rule set `set` alone, as `decide.lua` reads rule sets (a count of 1,
+    /// then the set).
+    pub fn one_rule_set_args(&self, set: usize) -> Vec<u64> {
+        let mut args = vec![1];
+        if let Some(set) = self.sets.get(set) {
+            push_rule_set(set, &mut args);
         }
         args
     }
@@ -305,6 +314,17 @@ impl Keyspace {
         u64::try_from(self.limits.dedup_for.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
+    }
+}
+
+/// A rule set as `decide.lua` reads it: its number of rules, how long its
+/// keys keep admissions, and each rule's `(window_ms, max)`.
+fn push_rule_set(set: &RuleSet, args: &mut Vec<u64>) {
+    args.push(set.rules.len() as u64);
+    args.push(set.keep_ms);
+    for rule in &set.rules {
+        args.push(rule.window_ms());
+        args.push(rule.max.into());
     }
 }
 

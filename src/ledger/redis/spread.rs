@@ -2,14 +2,26 @@
 //! Cluster's shards ([`RedisSettings::spreads_keys`]): each call names one
 //! key, so an admission is a look at the job's record (with a judgement of
 //! each scope), a reservation in each scope, and the record's creation; a
-//! refund gives the reservations back. `ledger.lua`'s "look", "peek",
-//! "reserve", "unreserve" and "create" document each step.
+//! refund gives the reservations back. `ledger.lua`'s "look" and "create"
+//! and `scope.lua` (peek, reserve, unreserve: a script of its own, much
+//! smaller than the ledger's, since each call here is one item) document
+//! each step.
 //!
 //! [`RedisSettings::spreads_keys`]: crate::settings::RedisSettings::spreads_keys
 
-use super::{Answer, Code, RedisLedger, admission_args, answered, shape_char, stopped, verdict};
+use std::sync::LazyLock;
+
+use super::{
+    Code, Conn, RedisLedger, Replication, Reply, admission_args, answered, clock_arg, eval_waiting,
+    stopped, verdict,
+};
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{Clock, Request, Scope, Subject};
+use crate::limiter::{Clock, DECIDE_LUA, Request, SCOPE_LUA, Scope, Subject};
+
+/// The scope script: the limiter's decision chunk, then `scope.lua` (whose
+/// header documents its KEYS and ARGV).
+static SCOPE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{SCOPE_LUA}")));
 
 /// What judging (or reserving in) every scope of a request came to (keys
 /// spread over shards).
@@ -20,7 +32,16 @@ enum Reservations {
     /// A scope rejected, and every reservation was given back: the largest
     /// wait, the first rule with it, and when its scope decided.
     Rejected(Admission),
+    /// A scope is full, and one of the entries that fill it is another
+    /// copy's of the same job, made within a lease: that copy is being
+    /// admitted, and the job's record will answer. Every reservation was
+    /// given back.
+    Copy,
 }
+
+/// How long a copy of a job that found another copy's reservation waits
+/// before it asks the job's record again (at most).
+const COPY_WAIT_MS: u64 = 1_000;
 
 impl RedisLedger {
     /// [`Ledger::admit`] with keys spread over a cluster's shards: look at
@@ -38,35 +59,40 @@ impl RedisLedger {
         let look = self
             .enqueue(Some(clock), args, vec![record.clone()], entry.send_now)
             .await?;
-        let peeks = self.each_scope(clock, &scopes, None).await?;
+        let id = entry.job.request.id.as_str();
+        let peeks = self.each_scope(clock, &scopes, id, None).await;
         let look = answered(look).await?;
         if look.values[0] != Code::Absent as i64 {
             return self.decided(entry, &[], look).await;
         }
-        if let Reservations::Rejected(rejection) = self.gather(&scopes, peeks, None).await? {
-            return Ok(rejection);
+        match self.gather(&scopes, peeks, None).await? {
+            Reservations::Held(_) => {}
+            Reservations::Rejected(rejection) => return Ok(rejection),
+            Reservations::Copy => return self.look_again(entry, clock, &record).await,
         }
         // Unique per reservation: two copies of one job reserving in the same
         // millisecond hold two members, and the loser's give-back leaves the
-        // winner's.
-        let nonce = uuid::Uuid::new_v4().as_u128() as u32;
-        let suffix = format!("{}:{nonce}", entry.job.request.id.as_str());
+        // winner's. Never 0 (see `give_back_refunded`).
+        let nonce = (uuid::Uuid::new_v4().as_u128() as u32).max(1);
+        let suffix = format!("{id}:{nonce}");
         // One scope after another: a request that loses the race for one
         // scope's room holds none in the scopes after it.
         let mut held = Vec::with_capacity(scopes.len());
         for scope in &scopes {
             let one = std::slice::from_ref(scope);
-            let answer = self.each_scope(clock, one, Some(&suffix)).await?;
-            let rejection = match self.gather(one, answer, Some(&suffix)).await {
+            let reply = self.each_scope(clock, one, id, Some(nonce)).await;
+            let answer = match self.gather(one, reply, Some(&suffix)).await {
                 Ok(Reservations::Held(h)) => {
                     held.extend(h);
                     continue;
                 }
-                Ok(Reservations::Rejected(rejection)) => Ok(rejection),
-                Err(e) => Err(e),
+                other => other,
             };
             self.give_back(&suffix, &held).await;
-            return rejection;
+            return match answer? {
+                Reservations::Rejected(rejection) => Ok(rejection),
+                _ => self.look_again(entry, clock, &record).await,
+            };
         }
         let time_in = |scope| {
             held.iter()
@@ -75,10 +101,20 @@ impl RedisLedger {
         };
         let reservations = format!("{nonce} {} {}", time_in(Scope::Email), time_in(Scope::Ip));
         let args = admission_args("create", entry, reservations);
-        // A failed call may have created the record: its reservations stay.
-        let created = self
-            .submit(Some(clock), args, vec![record], entry.send_now)
-            .await?;
+        let created = match self
+            .submit(Some(clock), args, vec![record.clone()], entry.send_now)
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => {
+                // It may have created the record, or not: if Redis can tell
+                // now that it did not, the reservations go back.
+                if self.not_created(&record, nonce).await {
+                    self.give_back(&suffix, &held).await;
+                }
+                return Err(e);
+            }
+        };
         if created.values[0] != Code::Admitted as i64 {
             // Another copy of the job won the record meanwhile.
             self.give_back(&suffix, &held).await;
@@ -86,30 +122,94 @@ impl RedisLedger {
         self.decided(entry, &[], created).await
     }
 
-    /// Queues a "peek" (no `suffix`) or a "reserve" of `suffix` in each of
-    /// `scopes`, all at once. A reservation is always acknowledged by the
-    /// replicas (with `redis.min_replicas_acked`): the job's send mark, on
-    /// another shard, cannot wait for it.
+    /// A "peek" (no nonce) or a "reserve" of job `id` with `nonce` in each
+    /// of `scopes`, all at once: their replies, in order. A reservation is
+    /// always acknowledged by the replicas (with `redis.min_replicas_acked`):
+    /// the job's send mark, on another shard, cannot wait for it.
     async fn each_scope(
         &self,
         clock: Clock,
         scopes: &[(Scope, String, usize)],
-        suffix: Option<&str>,
-    ) -> Result<Vec<Answer>, LedgerError> {
-        let wait = suffix.is_some();
-        let mut answers = Vec::with_capacity(scopes.len());
-        for (_, key, set) in scopes {
-            let set = shape_char(*set).to_string();
-            let args = match suffix {
-                None => vec!["peek".into(), set],
-                Some(suffix) => vec!["reserve".into(), suffix.into(), set],
-            };
-            answers.push(
-                self.enqueue(Some(clock), args, vec![key.clone()], wait)
-                    .await?,
-            );
+        id: &str,
+        nonce: Option<u32>,
+    ) -> Vec<Result<Reply, LedgerError>> {
+        let calls = scopes.iter().map(|(_, key, set)| {
+            let mut args: Vec<String> = (self.keys.one_rule_set_args(*set).iter())
+                .map(u64::to_string)
+                .collect();
+            args.push(id.to_owned());
+            args.extend(nonce.map(|n| n.to_string()));
+            let op = if nonce.is_some() { "reserve" } else { "peek" };
+            (key.clone(), op, args)
+        });
+        self.on_scopes(clock, calls.collect(), nonce.is_some())
+            .await
+    }
+
+    /// Another copy of the job holds room in a scope: the job's record
+    /// answers if that copy created it; if not yet, the caller waits a
+    /// moment, as for another attempt's lease, and asks again.
+    async fn look_again(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+        record: &str,
+    ) -> Result<Admission, LedgerError> {
+        let args = admission_args("look", entry, String::new());
+        let look = self
+            .submit(Some(clock), args, vec![record.to_owned()], entry.send_now)
+            .await?;
+        if look.values[0] != Code::Absent as i64 {
+            return self.decided(entry, &[], look).await;
         }
-        Ok(answers)
+        Ok(Admission {
+            decided_at_ms: look.now_ms,
+            verdict: Verdict::Busy {
+                lease_left_ms: COPY_WAIT_MS,
+            },
+        })
+    }
+
+    /// Whether Redis says now that the job's record does not hold the
+    /// reservations of `nonce` (a "create" whose call failed did not
+    /// happen). `false` if Redis cannot say.
+    async fn not_created(&self, record: &str, nonce: u32) -> bool {
+        let rv: Result<Option<String>, _> = redis::cmd("HGET")
+            .arg(record)
+            .arg("rv")
+            .query_async(&mut self.conn.clone())
+            .await;
+        let ours = format!("{nonce} ");
+        rv.is_ok_and(|rv| !rv.is_some_and(|rv| rv.starts_with(&ours)))
+    }
+
+    /// Runs one scope script call per `(key, op, values)`, all at once:
+    /// their replies, in order.
+    async fn on_scopes(
+        &self,
+        clock: Clock,
+        calls: Vec<(String, &'static str, Vec<String>)>,
+        wait: bool,
+    ) -> Vec<Result<Reply, LedgerError>> {
+        let n = calls.len();
+        let mut running = tokio::task::JoinSet::new();
+        for (i, (key, op, values)) in calls.into_iter().enumerate() {
+            let (mut conn, replication) = (self.conn.clone(), self.replication);
+            running.spawn(async move {
+                let reply = on_scope(&mut conn, replication, clock, &key, op, &values, wait);
+                (i, reply.await)
+            });
+        }
+        let mut replies: Vec<Option<Result<Reply, LedgerError>>> = (0..n).map(|_| None).collect();
+        while let Some(done) = running.join_next().await {
+            if let Ok((i, reply)) = done {
+                replies[i] = Some(reply);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(stopped())))
+            .collect()
     }
 
     /// The answers of [`Self::each_scope`]: if a scope rejects, the first
@@ -118,12 +218,13 @@ impl RedisLedger {
     async fn gather(
         &self,
         scopes: &[(Scope, String, usize)],
-        answers: Vec<Answer>,
+        replies: Vec<Result<Reply, LedgerError>>,
         suffix: Option<&str>,
     ) -> Result<Reservations, LedgerError> {
         let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
-        for ((scope, key, set), answer) in scopes.iter().zip(answers) {
-            let reply = match answered(answer).await {
+        let mut copy = false;
+        for ((scope, key, set), reply) in scopes.iter().zip(replies) {
+            let reply = match reply {
                 Ok(reply) => reply,
                 // It may have reserved: that one stays counted.
                 Err(e) => {
@@ -132,21 +233,30 @@ impl RedisLedger {
                 }
             };
             if reply.values[0] == 1 {
-                held.push((
-                    *scope,
-                    key.clone(),
-                    u64::try_from(reply.values[1]).unwrap_or(0),
-                ));
+                held.push((*scope, key.clone(), reply.now_ms));
                 if let Some(acked) = reply.unreplicated {
                     failed = Some(self.unreplicated_reservation(acked));
                 }
                 continue;
             }
+            let [code, made_at, d, rule] = reply.values;
+            if code == 2 {
+                // Another copy's, within a lease: it is being admitted. An
+                // older one (its worker died before creating the record)
+                // just fills the scope.
+                let lease = i64::try_from(self.keys.lease_ms()).unwrap_or(i64::MAX);
+                let now = i64::try_from(reply.now_ms).unwrap_or(i64::MAX);
+                if now.saturating_sub(made_at) < lease {
+                    copy = true;
+                    continue;
+                }
+            }
+            let values = [Code::Rejected as i64, d, 1, rule];
             let wait = |a: &Admission| match a.verdict {
                 Verdict::Rejected { retry_after_ms, .. } => retry_after_ms,
                 _ => 0,
             };
-            match verdict(&self.keys, &[(*scope, *set)], &reply.values) {
+            match verdict(&self.keys, &[(*scope, *set)], &values) {
                 Some(verdict @ Verdict::Rejected { retry_after_ms, .. })
                     if rejected.as_ref().is_none_or(|r| retry_after_ms > wait(r)) =>
                 {
@@ -164,13 +274,14 @@ impl RedisLedger {
                 }
             }
         }
-        if rejected.is_none() && failed.is_none() {
+        if rejected.is_none() && failed.is_none() && !copy {
             return Ok(Reservations::Held(held));
         }
         if let Some(suffix) = suffix {
             self.give_back(suffix, &held).await;
         }
         match (rejected, failed) {
+            _ if copy => Ok(Reservations::Copy),
             (Some(rejection), _) => Ok(Reservations::Rejected(rejection)),
             (None, failed) => Err(failed.unwrap_or_else(stopped)),
         }
@@ -181,8 +292,9 @@ impl RedisLedger {
     /// Only spread over shards: elsewhere the script forgot the admission
     /// in the same call.
     pub(super) async fn give_back_refunded(&self, request: &Request<'_>, values: &[i64; 4]) {
+        // A reply without them pads with zeros; a nonce is never 0.
         let [_, email, ip, nonce] = *values;
-        if !self.spread || nonce < 0 {
+        if !self.spread || nonce <= 0 {
             return;
         }
         let subjects = [
@@ -208,16 +320,17 @@ impl RedisLedger {
     /// One that cannot be given back now (Redis away) stays counted until
     /// its window passes: a rejection too many, never an admission too many.
     async fn give_back(&self, suffix: &str, held: &[(Scope, String, u64)]) {
-        let mut answers = Vec::with_capacity(held.len());
-        for (_, key, t) in held {
-            let args = vec!["unreserve".into(), t.to_string(), suffix.to_owned()];
-            answers.push(self.enqueue(None, args, vec![key.clone()], false).await);
-        }
-        for answer in answers {
-            let done = match answer {
-                Ok(answer) => answered(answer).await,
-                Err(e) => Err(e),
-            };
+        let calls = held
+            .iter()
+            .map(|(_, key, t)| {
+                (
+                    key.clone(),
+                    "unreserve",
+                    vec![t.to_string(), suffix.to_owned()],
+                )
+            })
+            .collect();
+        for done in self.on_scopes(Clock::Server, calls, false).await {
             if let Err(e) = done {
                 tracing::warn!(error = %e, "could not give a reservation back; it counts until its window passes");
             }
@@ -233,4 +346,48 @@ impl RedisLedger {
             self.replication.replicas, self.replication.timeout_ms
         ))
     }
+}
+
+/// One call of the scope script on `key` (see `scope.lua`), as a [`Reply`]:
+/// for "peek" and "reserve", 1 (room; reserved at the reply's time), or
+/// `[0, 0, wait, rule]` (full), or `[2, t, wait, rule]` (full, and one of
+/// its entries is the same job's, made at t); for "unreserve" 1 if the
+/// reservation was there.
+async fn on_scope(
+    conn: &mut Conn,
+    replication: Replication,
+    clock: Clock,
+    key: &str,
+    op: &str,
+    values: &[String],
+    wait: bool,
+) -> Result<Reply, LedgerError> {
+    let mut eval = redis::cmd("EVALSHA");
+    eval.arg(SCOPE.get_hash())
+        .arg(1)
+        .arg(key)
+        .arg(op)
+        .arg(clock_arg(clock))
+        .arg(values);
+    let (reply, unreplicated) = eval_waiting(conn, &SCOPE, eval, replication, wait).await?;
+    let r: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| LedgerError::Protocol(format!("a scope's reply: {e}")))?;
+    let bad = || LedgerError::Protocol(format!("a scope answered {r:?}"));
+    // Each as `gather` reads it: room (1) or not (0); a rejection's 0,
+    // 0, wait and rule; another copy's entry (2), its time, wait and rule.
+    let values = match r.get(1..) {
+        Some([done]) => [*done, 0, 0, 0],
+        Some([0, wait, rule]) => [0, 0, *wait, *rule],
+        Some([2, made_at, wait, rule]) => [2, *made_at, *wait, *rule],
+        _ => return Err(bad()),
+    };
+    let now_ms = r
+        .first()
+        .and_then(|t| u64::try_from(*t).ok())
+        .ok_or_else(bad)?;
+    Ok(Reply {
+        now_ms,
+        values,
+        unreplicated,
+    })
 }

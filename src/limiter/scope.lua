@@ -1,0 +1,71 @@
+--[[
+mailgate scope script: one scope's log on its own, for keys spread over a
+Redis Cluster's shards (a key prefix without a hash tag). An admission then
+judges each scope, reserves in each, and gives the reservations back if one
+rejects (src/ledger/redis/spread.rs); the job's record is ledger.lua's
+("look", "create"). Sent after decide.lua, whose functions it uses. One
+operation per call; each checks its argument count and values before it
+writes.
+
+KEYS[1]  the scope key (one sorted set, as decide.lua describes)
+ARGV[1]  the operation: "peek", "reserve" or "unreserve"
+ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
+
+"peek" -- judges the scope, writing nothing.
+  ARGV[3..]  one rule set, as decide.lua's rule sets: 1, then the set;
+             then the job's id
+  returns    {now, 1} if it has room, else {now, 0, wait, binding rule},
+             or {now, 2, t, wait, binding rule} if among the entries that
+             fill it is one of the same job, made at t (another copy of it
+             may be being admitted: the caller asks the job's record again
+             instead of answering a rejection)
+"reserve" -- the same, and if it has room records the reservation.
+  ARGV[3..]  the rule set, then the job's id, then a nonce
+  returns    {now, 1} (recorded as member_of(now, id .. ':' .. nonce)),
+             else as "peek"
+"unreserve" -- gives a reservation back.
+  ARGV[3]    its time, ARGV[4] its suffix
+  returns    {now, 1} if it was there, else {now, 0}
+]]
+
+local op = ARGV[1]
+
+local function fail(why)
+  return redis.error_reply('mailgate scope ' .. tostring(op) .. ': ' .. why)
+end
+
+if #KEYS ~= 1 then return fail('takes 1 key') end
+local now = clock(2)
+if not now then return fail('bad clock') end
+
+if op == 'unreserve' then
+  local t = tonumber(ARGV[3])
+  if #ARGV ~= 4 or not t or t < 0 or ARGV[4] == '' then return fail('takes a time and a suffix') end
+  return {now, call('ZREM', KEYS[1], member_of(t, ARGV[4]))}
+elseif op ~= 'peek' and op ~= 'reserve' then
+  return fail('unknown op')
+end
+
+local sets, a = rule_sets(3)
+if not sets then return fail(a) end
+local id, nonce = ARGV[a], ARGV[a + 1]
+local values = op == 'reserve' and 2 or 1
+if #sets ~= 1 or #ARGV ~= a - 1 + values or id == '' or (values == 2 and nonce == '') then
+  return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
+end
+local d, _, rule = judge(1, '1', sets, now)
+if d > 0 then
+  -- The entries that fill it are the newest; is one this job's?
+  -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
+  local mine, after = ':' .. id .. ':', 13 + #id + 2
+  for _, m in ipairs(call('ZRANGE', KEYS[1], sets[1].fetch_s, '-1')) do
+    if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
+      return {now, 2, time_of(m), d, rule}
+    end
+  end
+  return {now, 0, d, rule}
+end
+if op == 'reserve' then
+  record(1, '1', sets, now, int(now), member_of(now, id .. ':' .. nonce))
+end
+return {now, 1}

@@ -1,0 +1,393 @@
+//! The ledger with its keys spread over a Redis Cluster's shards (a key
+//! prefix without a hash tag), where its calls can fail between steps: a
+//! failed "create", a lost refund reply, a failover that loses an
+//! unacknowledged reservation, copies of one job admitted at once. Each
+//! case was found by review (each of these tests failed before its fix).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mailgate::domain::Ticket;
+use mailgate::ledger::{Ending, Entry, Ledger, LedgerError, RedisLedger, Verdict};
+use mailgate::limiter::{Clock, Quotas, Subject};
+use mailgate::settings::RedisSettings;
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn signal(pid: &str, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The replica of the primary on `port`.
+fn replica_of(port: u16) -> u16 {
+    let id = cli(port, &["cluster", "myid"]);
+    cli(port, &["cluster", "nodes"])
+        .lines()
+        .find(|l| l.contains("slave") && l.contains(&id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
+        .expect("a replica")
+}
+
+fn pid_of(port: u16) -> String {
+    cli(port, &["info", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .expect("process_id")
+        .trim()
+        .to_owned()
+}
+
+/// A job id whose record lives on a primary other than `not`.
+fn id_not_on(cluster: &PrivateCluster, prefix: &str, tag: &str, not: u16) -> (String, u16) {
+    (0..)
+        .map(|n| format!("{tag}-{n}"))
+        .find_map(|j| {
+            let p = cluster.primary_of(&format!("{prefix}job:{j}"))?;
+            (p != not).then_some((j, p))
+        })
+        .expect("an id")
+}
+
+/// Attempt 1's "create" fails (the record's primary refuses writes:
+/// NOREPLICAS) after its reservations were made; they are never given back,
+/// and the job's own retry is rejected by them: never mailed, quota burned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted() {
+    let cluster = PrivateCluster::start();
+    let lim = limits(&[(HOUR, 1)], &[(HOUR, 5)]);
+    let prefix = "rsp:a:";
+    let settings = RedisSettings::new(cluster.url(), prefix);
+    assert!(settings.spreads_keys());
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let mailbox = "victim@example.com";
+    let ekey = l
+        .usage(Subject::Email(&email(mailbox)), None, Clock::Server)
+        .await
+        .unwrap()
+        .key;
+    let eport = cluster.primary_of(&ekey).unwrap();
+    let (jid, rport) = id_not_on(&cluster, prefix, "job", eport);
+    println!("email key {ekey} on {eport}; record of {jid} on {rport}");
+
+    // The record's primary refuses writes for a moment (a primary whose
+    // replica is away, with min-replicas-to-write; a failover would do too).
+    assert_eq!(
+        cli(rport, &["config", "set", "min-replicas-to-write", "1"]),
+        "OK"
+    );
+    let job = TestJob::new(&jid, mailbox, None);
+    let t = Ticket::new();
+    let entry = Entry {
+        job: job.attempt(&t, 1),
+        send_now: false,
+        expires_at_ms: None,
+    };
+    let first = l.admit(&entry, Clock::Server).await;
+    println!("attempt 1: {first:?}");
+    assert!(first.is_err(), "the create failed");
+    assert_eq!(
+        cli(rport, &["config", "set", "min-replicas-to-write", "0"]),
+        "OK"
+    );
+    println!(
+        "record exists: {}",
+        cli(rport, &["exists", &format!("{prefix}job:{jid}")])
+    );
+    println!(
+        "email log after attempt 1: {:?}",
+        cli(eport, &["zrange", &ekey, "0", "-1"])
+    );
+
+    // The job is retried (a transient failure), the same lineage, attempt 2.
+    let entry2 = Entry {
+        job: job.attempt(&t, 2),
+        ..entry
+    };
+    let second = l.admit(&entry2, Clock::Server).await.unwrap();
+    println!("attempt 2: {second:?}");
+    println!(
+        "email log after attempt 2: {:?}",
+        cli(eport, &["zrange", &ekey, "0", "-1"])
+    );
+    assert_eq!(
+        second.verdict,
+        Verdict::Admitted,
+        "the job, never admitted nor mailed, is rejected by its own leftover reservation"
+    );
+}
+
+/// min_replicas_acked = 1: a job admitted while no SMTP connection was free
+/// (send_now false), while its mailbox shard's replica gets nothing. Its
+/// send mark's WAIT goes to the record's shard only, so the reservation
+/// waits for its own replica: it is given back and the job not sent (it
+/// comes back later). The mailbox shard's primary dies, its replica is
+/// promoted, and a second job for the mailbox gets the hour's one mail:
+/// one mail in all, never two. (Before the fix, the reservation went
+/// unacknowledged, was lost, and both were mailed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule() {
+    let mut cluster = PrivateCluster::start_with(1);
+    let lim = limits(&[(HOUR, 1)], &[]);
+    let prefix = "rsp:b:";
+    let mut settings = RedisSettings::new(cluster.url(), prefix);
+    settings.min_replicas_acked = 1;
+    assert!(settings.spreads_keys());
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = l.health().await {
+        assert!(
+            Instant::now() < deadline,
+            "ready: every primary has its replica: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mailbox = "victim@example.com";
+    let ekey = l
+        .usage(Subject::Email(&email(mailbox)), None, Clock::Server)
+        .await
+        .unwrap()
+        .key;
+    let eport = cluster.primary_of(&ekey).unwrap();
+    let erep = replica_of(eport);
+    let (jid, rport) = id_not_on(&cluster, prefix, "first", eport);
+    println!("email key on {eport} (replica {erep}); record of {jid} on {rport}");
+
+    // The mailbox shard's replica falls behind (stopped: it gets nothing).
+    let rpid = pid_of(erep);
+    signal(&rpid, "-STOP");
+    // (Its link is cut, as by a partition: nothing waits in its socket.)
+    println!(
+        "cut: {}",
+        cli(eport, &["client", "kill", "type", "replica"])
+    );
+    let job = TestJob::new(&jid, mailbox, None);
+    let t = Ticket::new();
+    let entry = Entry {
+        job: job.by(&t),
+        send_now: false,
+        expires_at_ms: None,
+    };
+    let a = l.admit(&entry, Clock::Server).await;
+    println!("job 1 admit (send_now false): {a:?}");
+    let first_mailed = match a {
+        // Not acknowledged: given back, nothing sent now.
+        Err(LedgerError::Unreplicated(_)) => false,
+        Ok(a) if a.verdict == Verdict::Admitted => {
+            let sending = l.sending(&job.by(&t), Clock::Server).await;
+            println!("job 1 sending: {sending:?}");
+            if sending.is_ok_and(|s| s) {
+                // ... the mail goes out.
+                let settled = l.settle(&job.by(&t), &Ending::Sent, true).await;
+                println!("job 1 settled sent: {settled:?}");
+                true
+            } else {
+                false
+            }
+        }
+        other => panic!("job 1: {other:?}"),
+    };
+
+    // The mailbox shard's primary dies; its replica is promoted.
+    cluster.kill(eport);
+    signal(&rpid, "-CONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!(
+        "takeover: {}",
+        cli(erep, &["cluster", "failover", "takeover"])
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.primary_of(&ekey) != Some(erep) {
+        assert!(Instant::now() < deadline, "the replica was promoted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The dead node comes back (empty) as the new primary's replica, so
+    // min_replicas_acked can be met again.
+    cluster.restart(eport);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cli(erep, &["info", "replication"]).contains("state=online") {
+        assert!(
+            Instant::now() < deadline,
+            "the old primary rejoined as a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "email log on the promoted primary: {:?}",
+        cli(erep, &["zrange", &ekey, "0", "-1"])
+    );
+
+    // Another job for the mailbox, with an SMTP connection free.
+    let job2 = TestJob::new("second", mailbox, None);
+    let t2 = Ticket::new();
+    let entry2 = Entry {
+        job: job2.by(&t2),
+        send_now: true,
+        expires_at_ms: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second = loop {
+        match l.admit(&entry2, Clock::Server).await {
+            Ok(a) => break a,
+            Err(e) => {
+                println!("job 2 (retrying): {e}");
+                assert!(Instant::now() < deadline, "the ledger follows the failover");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    println!("job 2 admit (send_now true): {second:?}");
+    let second_mailed = second.verdict == Verdict::Admitted;
+    assert!(
+        !(first_mailed && second_mailed),
+        "a second mail within the hour for a 1-an-hour mailbox, with min_replicas_acked = 1"
+    );
+    assert!(
+        !first_mailed,
+        "job 1 waited for the replica it could not have"
+    );
+}
+
+/// Two copies of one job (a producer's double publish) race: in one slot the
+/// loser waits (busy) and ends `duplicate`; spread over shards, the loser
+/// can be answered `rejected` (with a whole window to wait) while its
+/// twin's mail goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_double_publish_is_answered_from_its_twins_record_not_rejected() {
+    let cluster = PrivateCluster::start();
+    for (name, spread) in [("one slot", false), ("spread", true)] {
+        let lim = limits(&[(HOUR, 1)], &[]);
+        let url = cluster.url();
+        let prefix = if spread { "rsp:c:" } else { "{rsp}:c:" };
+        let settings = RedisSettings::new(url, prefix);
+        assert_eq!(settings.spreads_keys(), spread);
+        let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+        let mut tasks = Vec::new();
+        for n in 0..200 {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                let job = TestJob::new(&format!("dup-{n}"), &format!("m{n}@example.com"), None);
+                let (t1, t2) = (Ticket::new(), Ticket::new());
+                let e1 = Entry {
+                    job: job.by(&t1),
+                    send_now: true,
+                    expires_at_ms: None,
+                };
+                let e2 = Entry {
+                    job: job.by(&t2),
+                    ..e1
+                };
+                let (a, b) = tokio::join!(l.admit(&e1, Clock::Server), l.admit(&e2, Clock::Server));
+                (a.unwrap().verdict, b.unwrap().verdict)
+            }));
+        }
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for t in tasks {
+            let (a, b) = t.await.unwrap();
+            let short = |v: &Verdict| {
+                format!("{v:?}")
+                    .split([' ', '{', '('])
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            };
+            let mut pair = [short(&a), short(&b)];
+            pair.sort();
+            *counts.entry(pair.join("+")).or_default() += 1;
+        }
+        println!("{name}: {counts:?}");
+        if spread {
+            let bad: usize = counts
+                .iter()
+                .filter(|(k, _)| k.contains("Admitted") && k.contains("Rejected"))
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(
+                bad, 0,
+                "{bad} of 200 double publishes: one copy admitted, its twin rejected"
+            );
+        }
+    }
+}
+
+/// A refund (settle, failed) whose reply is lost after it ran (the record's
+/// primary stalled past the 5 s response timeout): the pipeline retries the
+/// settle, which now answers 0 (already refunded) and names no
+/// reservations, so they are never given back: the quota stays taken. In one
+/// slot the refund forgets the admission in the same script, so the same
+/// stall leaks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
+    let cluster = PrivateCluster::start();
+    for (name, prefix) in [("one slot", "{rsp}:d:"), ("spread", "rsp:d:")] {
+        let lim = limits(&[(HOUR, 1)], &[]);
+        let settings = RedisSettings::new(cluster.url(), prefix);
+        let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+        let mailbox = "refunded@example.com";
+        let ekey = l
+            .usage(Subject::Email(&email(mailbox)), None, Clock::Server)
+            .await
+            .unwrap()
+            .key;
+        let eport = cluster.primary_of(&ekey).unwrap();
+        let (jid, rport) = if settings.spreads_keys() {
+            id_not_on(&cluster, prefix, "refund", eport)
+        } else {
+            ("refund-0".to_owned(), eport)
+        };
+        let job = TestJob::new(&jid, mailbox, None);
+        let t = Ticket::new();
+        let entry = Entry {
+            job: job.by(&t),
+            send_now: true,
+            expires_at_ms: None,
+        };
+        assert_eq!(
+            l.admit(&entry, Clock::Server).await.unwrap().verdict,
+            Verdict::Admitted
+        );
+        // The relay refuses the mail (5xx): refund. The record's primary
+        // stalls for 6 s meanwhile.
+        assert_eq!(cli(rport, &["client", "pause", "6000", "write"]), "OK");
+        let mut tries = Vec::new();
+        for _ in 0..6 {
+            let r = l
+                .settle(
+                    &job.by(&t),
+                    &Ending::Refund(mailgate::ledger::Refund::Failed),
+                    true,
+                )
+                .await;
+            let done = r.is_ok();
+            tries.push(format!("{r:?}"));
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("{name}: settle tries: {tries:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        println!(
+            "{name}: email log: {:?}",
+            cli(eport, &["zrange", &ekey, "0", "-1"])
+        );
+        let other = TestJob::new(&format!("{jid}-next"), mailbox, None);
+        let v = other.admit(&l, &Ticket::new(), Clock::Server).await;
+        println!("{name}: next job for the refunded mailbox: {v:?}");
+        assert_eq!(v, Verdict::Admitted, "{name}: the refunded quota came back");
+    }
+}
