@@ -426,3 +426,67 @@ async fn a_worker_given_several_nodes_uses_one_that_answers() {
     assert_eq!(h.result().await["status"], "sent");
     w.stop().await.unwrap();
 }
+
+/// A node that accepts connections and never speaks AMQP (a load balancer
+/// without a backend), listed before one that works: every connection ends
+/// on the working node, and the silent one costs no lasting thread or
+/// socket per attempt (lapin keeps an attempt's thread while its peer
+/// stays silent, so after one timeout the node is only probed). Found by
+/// review: 30 connections left 30 threads and 30 open sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_speaks_costs_no_thread_per_attempt() {
+    use mailgate::broker::connect_node;
+    use std::io::Read;
+
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = open.clone();
+    std::thread::spawn(move || {
+        for stream in silent.incoming().flatten() {
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut stream = stream;
+                let mut buf = [0u8; 64];
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "lapin-io-loop")
+            })
+            .count()
+    };
+    let h = Harness::with("silentnode", |s| {
+        s.amqp.url = format!(
+            "amqp://guest:guest@127.0.0.1:{port}/%2f,{}",
+            common::harness::amqp_url()
+        );
+        s.amqp.timeout = Duration::from_millis(200);
+    })
+    .await;
+    let before = threads();
+    for _ in 0..30 {
+        let conn = connect_node(&h.settings.amqp, lapin::ConnectionProperties::default())
+            .await
+            .expect("the working node");
+        let _ = conn.close(200, "bye".into()).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (left, sockets) = (
+        threads().saturating_sub(before),
+        open.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert!(left <= 2, "{left} lapin threads left by 30 connections");
+    assert!(
+        sockets <= 2,
+        "{sockets} sockets to the silent node still open"
+    );
+}

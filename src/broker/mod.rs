@@ -126,20 +126,81 @@ pub async fn connect_node(
     let first = NEXT.load(Ordering::Relaxed);
     let mut last = None;
     for i in (first..first + n).map(|i| i % n) {
-        let connect = Connection::connect(urls[i], props.clone());
+        let url = urls[i];
+        if is_silent(url) && !speaks(url, settings.timeout).await {
+            last = Some(BrokerError::Timeout(settings.timeout));
+            continue;
+        }
+        let connect = Connection::connect(url, props.clone());
         match tokio::time::timeout(settings.timeout, connect).await {
             Ok(Ok(conn)) => {
                 NEXT.store((i + 1) % n, Ordering::Relaxed);
+                mark_silent(url, false);
                 if n > 1 {
-                    tracing::info!(node = redact_url(urls[i]), "connected to rabbitmq");
+                    tracing::info!(node = redact_url(url), "connected to rabbitmq");
                 }
                 return Ok(conn);
             }
             Ok(Err(e)) => last = Some(BrokerError::Amqp(e)),
-            Err(_) => last = Some(BrokerError::Timeout(settings.timeout)),
+            Err(_) => {
+                mark_silent(url, true);
+                last = Some(BrokerError::Timeout(settings.timeout));
+            }
         }
     }
     Err(last.unwrap_or(BrokerError::Timeout(settings.timeout)))
+}
+
+/// Nodes whose last connection attempt ran out of time. lapin starts a
+/// thread for each attempt that lives, with its socket, until the peer
+/// answers or closes; a peer that accepts connections and never speaks
+/// (a load balancer without a backend) would keep every attempt's. So such
+/// a node is asked first, cheaply, whether it answers at all ([`speaks`]),
+/// and lapin tries it again only once it does.
+static SILENT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn is_silent(url: &str) -> bool {
+    // Nothing panics while holding it; a poisoned lock still holds a value.
+    let silent = SILENT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    silent.iter().any(|u| u == url)
+}
+
+fn mark_silent(url: &str, silent: bool) {
+    let mut all = SILENT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|u| u != url);
+    if silent {
+        all.push(url.to_owned());
+    }
+}
+
+/// Whether the node at `url` answers an AMQP protocol header within
+/// `timeout` (any byte, or closing the connection: a peer that is there).
+/// The probe's socket is closed when it returns.
+async fn speaks(url: &str, timeout: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(uri) = url.parse::<lapin::uri::AMQPUri>() else {
+        return true;
+    };
+    let (host, port) = (uri.authority.host, uri.authority.port);
+    let probe = async {
+        let mut tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+        tcp.write_all(b"AMQP\x00\x00\x09\x01").await?;
+        let mut byte = [0u8; 1];
+        tcp.read(&mut byte).await
+    };
+    let answered = matches!(tokio::time::timeout(timeout, probe).await, Ok(Ok(_)));
+    if !answered {
+        tracing::warn!(
+            node = redact_url(url),
+            ?timeout,
+            "a rabbitmq node accepts connections and does not answer"
+        );
+    }
+    answered
 }
 
 /// Queue names derived from the settings.
