@@ -39,6 +39,12 @@ enum Reservations {
     Copy,
 }
 
+/// How often, and how far apart, a failed "create" asks whether the record
+/// was made ([`RedisLedger::not_created`]): some 5 s in all, longer than a
+/// cluster's failover with a `cluster-node-timeout` of a few seconds.
+const NOT_CREATED_TRIES: usize = 10;
+const NOT_CREATED_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long a copy of a job that found another copy's reservation waits
 /// before it asks the job's record again (at most).
 const COPY_WAIT_MS: u64 = 1_000;
@@ -170,17 +176,25 @@ impl RedisLedger {
         })
     }
 
-    /// Whether Redis says now that the job's record does not hold the
+    /// Whether Redis says that the job's record does not hold the
     /// reservations of `nonce` (a "create" whose call failed did not
-    /// happen). `false` if Redis cannot say.
+    /// happen, or was lost with a primary that failed over). Asked for a
+    /// few seconds while Redis does not answer (a failover takes about as
+    /// long); `false` if it still cannot say.
     async fn not_created(&self, record: &str, nonce: u32) -> bool {
-        let rv: Result<Option<String>, _> = redis::cmd("HGET")
-            .arg(record)
-            .arg("rv")
-            .query_async(&mut self.conn.clone())
-            .await;
         let ours = format!("{nonce} ");
-        rv.is_ok_and(|rv| !rv.is_some_and(|rv| rv.starts_with(&ours)))
+        for _ in 0..NOT_CREATED_TRIES {
+            let rv: Result<Option<String>, _> = redis::cmd("HGET")
+                .arg(record)
+                .arg("rv")
+                .query_async(&mut self.conn.clone())
+                .await;
+            if let Ok(rv) = rv {
+                return !rv.is_some_and(|rv| rv.starts_with(&ours));
+            }
+            tokio::time::sleep(NOT_CREATED_PAUSE).await;
+        }
+        false
     }
 
     /// Runs one scope script call per `(key, op, values)`, all at once:
