@@ -74,7 +74,12 @@ async fn the_leading_node_stops_mid_load_and_nothing_is_lost_or_mailed_twice() {
         h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
             .env("MAILGATE__AMQP__URL", all.join(","))
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(
+                std::env::var("CLUSTER_LOG")
+                    .ok()
+                    .and_then(|p| std::fs::File::create(p).ok())
+                    .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
+            )
             .spawn()
             .unwrap(),
     );
@@ -158,7 +163,7 @@ async fn the_leading_node_stops_mid_load_and_nothing_is_lost_or_mailed_twice() {
                 }
                 Ok(None) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    if results.len() >= JOBS {
+                    if results.len() >= JOBS || Instant::now() >= deadline {
                         break;
                     }
                 }
