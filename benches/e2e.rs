@@ -532,6 +532,7 @@ async fn ceiling_broker(run: &Run, n: u64, rate: Option<f64>) -> Outcome {
         jobs: run.jobs(),
         results: run.results(),
         dead: format!("{}.dead", run.jobs()),
+        redelivered: format!("{}.redelivered", run.jobs()),
         wait_bands_ms: vec![250],
         retries: 0,
         queue_type: queue_type(),

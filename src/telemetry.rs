@@ -106,6 +106,12 @@ pub fn redelivered_often() {
     metrics::counter!("mailgate_jobs_redelivered_often_total").increment(1);
 }
 
+/// A job handed out before without being settled was moved to
+/// `J.redelivered`, to be taken one at a time.
+pub fn isolated() {
+    metrics::counter!("mailgate_jobs_isolated_total").increment(1);
+}
+
 /// A job's send mark was given back because fewer Redis replicas than
 /// `redis.min_replicas_acked` acknowledged it in time: the job waits.
 pub fn send_mark_unreplicated() {

@@ -270,7 +270,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 () = &mut shutdown => break,
             };
             started = true;
-            let mut consumer = match broker.consume(&tag).await {
+            let mut consumers = match broker.consume(&tag).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot consume; reconnecting");
@@ -284,23 +284,25 @@ impl<L: Ledger + 'static> Worker<L> {
             let stop = loop {
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
-                    next = consumer.next() => match next {
+                    next = consumers.jobs.next() => match next {
                         Some(Ok(delivery)) => {
                             // Finished tasks are reaped here, not as each
                             // finishes: waiting on the set would wake this
                             // loop once more per job.
                             while tasks.try_join_next().is_some() {}
                             let (this, broker) = (this.clone(), broker.clone());
+                            tasks.spawn(async move { this.take(&broker, Incoming::new(delivery)).await });
+                        }
+                        Some(Err(e)) => break lost(&e),
+                        None => break closed(),
+                    },
+                    next = consumers.redelivered.next() => match next {
+                        Some(Ok(delivery)) => {
+                            let (this, broker) = (this.clone(), broker.clone());
                             tasks.spawn(async move { this.process(&broker, Incoming::new(delivery)).await });
                         }
-                        Some(Err(e)) => {
-                            tracing::warn!(error = %e, "lost rabbitmq; reconnecting");
-                            break Stop::Lost;
-                        }
-                        None => {
-                            tracing::warn!("rabbitmq closed the consumer; reconnecting");
-                            break Stop::Lost;
-                        }
+                        Some(Err(e)) => break lost(&e),
+                        None => break closed(),
                     },
                 }
             };
@@ -377,6 +379,28 @@ impl<L: Ledger + 'static> Worker<L> {
                 "shutdown timeout: handing the rest back to rabbitmq"
             );
             tasks.abort_all();
+        }
+    }
+
+    /// A job from `J`: one handed out before without being settled (its
+    /// worker died, or lost its connection, holding it) is moved to
+    /// `J.redelivered`, which is taken one message at a time, so a message
+    /// that kills its worker takes no other job's deliveries with it to the
+    /// delivery limit. The rest, and any that cannot be moved, are
+    /// processed.
+    async fn take(&self, broker: &Broker, job: Incoming) {
+        if job.deliveries_before == 0 {
+            return self.process(broker, job).await;
+        }
+        match broker.isolate(&job).await {
+            Ok(()) => {
+                telemetry::isolated();
+                finished(job.ack().await);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not move a redelivered job aside; processing it here");
+                self.process(broker, job).await;
+            }
         }
     }
 
@@ -499,6 +523,19 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
         Err(e) => Err(e),
     };
     finished(done);
+}
+
+/// The consumer failed: the connection or channel is gone.
+fn lost(e: &lapin::Error) -> Stop {
+    tracing::warn!(error = %e, "lost rabbitmq; reconnecting");
+    Stop::Lost
+}
+
+/// RabbitMQ cancelled a consumer (its queue was deleted, or the node that
+/// led it went away).
+fn closed() -> Stop {
+    tracing::warn!("rabbitmq closed the consumer; reconnecting");
+    Stop::Lost
 }
 
 /// Logs a job that could not be acknowledged (or handed back).

@@ -533,15 +533,11 @@ async fn unparseable_or_deep_properties_never_stop_the_worker() {
         s.limits.send_lease = Duration::from_secs(7);
     })
     .await;
+    let log = common::LogOnFailure::new("deepprops");
     let mut worker = common::KillOnDrop(
         h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
             .stdout(std::process::Stdio::null())
-            .stderr(
-                std::env::var("DEEP_LOG")
-                    .ok()
-                    .and_then(|p| std::fs::File::create(p).ok())
-                    .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
-            )
+            .stderr(log.stderr())
             .spawn()
             .unwrap(),
     );

@@ -9,14 +9,24 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::harness::{Harness, http_get};
-use lapin::options::{BasicGetOptions, BasicRejectOptions, QueueDeclareOptions};
+use futures_lite::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
-use mailgate::broker::{DELIVERY_LIMIT, Topology};
+use mailgate::broker::{Broker, DELIVERY_LIMIT, Topology};
 use mailgate::settings::QueueType;
 use serde_json::{Value, json};
 
 fn job(id: &str, email: &str) -> Value {
     json!({"id": id, "email": email, "ip": "203.0.113.9", "code": "271828"})
+}
+
+/// Job `i` of a test's many, each from a client address of its own.
+fn nth(prefix: &str, i: usize) -> Value {
+    json!({"id": format!("{prefix}{i}"), "email": format!("{prefix}{i}@example.com"),
+           "ip": format!("198.51.100.{}", i + 1), "code": "271828"})
 }
 
 /// Each of the harness's queues with its type and arguments, as RabbitMQ
@@ -66,7 +76,7 @@ async fn every_queue_has_the_configured_type_and_quorum_ones_dead_letter_at_leas
         for (queue, (ty, args)) in &queues {
             assert_eq!(ty, kind.as_str(), "{queue}");
             let waits = queue.contains(".wait.") || queue.contains(".retry.");
-            let jobs = *queue == topology.jobs;
+            let jobs = *queue == topology.jobs || *queue == topology.redelivered;
             let quorum = kind == QueueType::Quorum;
             let to = args["x-dead-letter-routing-key"].as_str();
             match (waits, jobs && quorum) {
@@ -99,8 +109,8 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     let w = h.start_worker().await;
     w.stop().await.unwrap();
     let jobs = h.settings.amqp.jobs_queue.clone();
-    let hand_back = |times: u32| {
-        let jobs = jobs.clone();
+    let hand_back = |queue: &str, times: u32| {
+        let jobs = queue.to_owned();
         let ch = h.channel.clone();
         async move {
             let mut deliveries = 0;
@@ -131,7 +141,7 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     };
     h.publish(&job("poison", "p@example.com")).await;
     let limit = u32::try_from(DELIVERY_LIMIT).unwrap();
-    assert_eq!(hand_back(limit + 5).await, limit + 1);
+    assert_eq!(hand_back(&jobs, limit + 5).await, limit + 1);
     let (body, props) = h.dead_letter().await;
     assert_eq!(
         serde_json::from_slice::<Value>(&body).unwrap()["id"],
@@ -147,10 +157,12 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     };
     assert_eq!(reason, Some(AMQPValue::LongString("delivery_limit".into())));
 
-    // Handed back half the limit times: sent once, and counted as a job
-    // that keeps coming back (x-delivery-count).
-    h.publish(&job("bounced", "b@example.com")).await;
-    assert_eq!(hand_back(limit / 2).await, limit / 2);
+    // A message moved aside (as workers move a job handed back to them)
+    // and handed back half the limit times there: sent once, and counted as
+    // a job that keeps coming back (x-delivery-count).
+    let lane = Topology::new(&h.settings).redelivered;
+    publish_to(&h, &lane, &job("bounced", "b@example.com")).await;
+    assert_eq!(hand_back(&lane, limit / 2).await, limit / 2);
     let w = h.start_worker().await;
     let r = h.result().await;
     assert_eq!(
@@ -164,6 +176,130 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
         metrics.contains("mailgate_jobs_redelivered_often_total 1"),
         "{metrics}"
     );
+    w.stop().await.unwrap();
+}
+
+/// Publishes `job` to `queue` (one of the harness's), confirmed.
+async fn publish_to(h: &Harness, queue: &str, job: &Value) {
+    h.channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            job.to_string().as_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// A worker that dies holding jobs (its deliveries unacknowledged): as
+/// mailgate's own consumers take them, `Broker::consume` on a connection
+/// that is then closed. Returns the ids it held.
+async fn die_holding(h: &Harness, lane: bool, want: usize) -> Vec<String> {
+    let broker = Broker::connect(&h.settings).await.expect("broker");
+    let mut c = broker.consume("dies").await.expect("consume");
+    let mut held = Vec::new();
+    while held.len() < want {
+        let next = match lane {
+            false => c.jobs.next(),
+            true => c.redelivered.next(),
+        };
+        match tokio::time::timeout(Duration::from_millis(500), next).await {
+            Ok(Some(Ok(d))) => held.push(d),
+            _ => break,
+        }
+    }
+    broker.close(Duration::from_secs(5)).await;
+    held.iter()
+        .map(|d| serde_json::from_slice::<Value>(&d.data).unwrap()["id"].to_string())
+        .collect()
+}
+
+/// A worker that dies holding a prefetch of jobs hands them all back
+/// counted (RabbitMQ counts every unacknowledged delivery of a closed
+/// channel). The next worker moves them to `J.redelivered`, taken one at a
+/// time, and answers each once: nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_handed_back_by_a_dead_worker_are_moved_aside_and_answered() {
+    let h = Harness::with("qtmoved", |s| {
+        s.amqp.queue_type = QueueType::Quorum;
+        s.amqp.prefetch = 8;
+    })
+    .await;
+    let w = h.start_worker().await;
+    w.stop().await.unwrap();
+    for i in 0..8 {
+        h.publish(&nth("m", i)).await;
+    }
+    assert_eq!(die_holding(&h, false, 8).await.len(), 8);
+    let w = h.start_worker().await;
+    let results = h.results(8).await;
+    assert!(
+        results.values().all(|r| r["status"] == "sent"),
+        "{results:?}"
+    );
+    h.no_more_results(Duration::from_secs(1)).await;
+    assert_eq!(h.sink.wait_for(8, Duration::from_secs(5)).len(), 8);
+    let (_, metrics) = http_get(w.http, "/metrics").await;
+    assert!(
+        metrics.contains("mailgate_jobs_isolated_total 8"),
+        "{metrics}"
+    );
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    assert!(h.next_on(&dead, Duration::from_millis(300)).await.is_none());
+    w.stop().await.unwrap();
+}
+
+/// A job that kills every worker it reaches, among others that were in
+/// flight beside it when it first did (all moved to `J.redelivered`): the
+/// workers that die take it one at a time there, so only its deliveries
+/// are counted, and RabbitMQ dead-letters it alone at the limit. The
+/// others are answered, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_kills_its_workers_takes_no_other_job_to_the_dead_letter_queue() {
+    let h = Harness::with("qtpoison", |s| {
+        s.amqp.queue_type = QueueType::Quorum;
+        s.amqp.prefetch = 8;
+    })
+    .await;
+    let w = h.start_worker().await;
+    w.stop().await.unwrap();
+    let lane = Topology::new(&h.settings).redelivered;
+    publish_to(&h, &lane, &job("poison", "p@example.com")).await;
+    for i in 0..7 {
+        publish_to(&h, &lane, &nth("n", i)).await;
+    }
+    // Each worker the poison reaches dies; mailgate's consumer of the lane
+    // holds nothing else at the time, however many it may prefetch on `J`.
+    let mut deaths = 0;
+    loop {
+        let held = die_holding(&h, true, 8).await;
+        assert_eq!(held.len(), 1, "one job at a time: {held:?}");
+        if held[0] != "\"poison\"" {
+            break;
+        }
+        deaths += 1;
+        assert!(deaths <= DELIVERY_LIMIT + 1, "the poison never left");
+    }
+    assert_eq!(deaths, DELIVERY_LIMIT + 1, "the limit, then dead-lettered");
+    let (body, _) = h.dead_letter().await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["id"],
+        "poison"
+    );
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    assert!(h.next_on(&dead, Duration::from_millis(300)).await.is_none());
+    let w = h.start_worker().await;
+    let results = h.results(7).await;
+    assert!(
+        results.values().all(|r| r["status"] == "sent"),
+        "{results:?}"
+    );
+    h.no_more_results(Duration::from_secs(1)).await;
+    assert_eq!(h.sink.wait_for(7, Duration::from_secs(5)).len(), 7);
     w.stop().await.unwrap();
 }
 

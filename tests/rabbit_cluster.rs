@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::harness::Harness;
-use common::{KillOnDrop, PrivateRabbit};
+use common::{KillOnDrop, LogOnFailure, PrivateRabbit};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use mailgate::settings::QueueType;
@@ -70,16 +70,12 @@ async fn the_leading_node_stops_mid_load_and_nothing_is_lost_or_mailed_twice() {
     })
     .await;
     let all: Vec<String> = nodes.iter().map(PrivateRabbit::url).collect();
+    let log = LogOnFailure::new("rcluster");
     let mut worker = KillOnDrop(
         h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"])
             .env("MAILGATE__AMQP__URL", all.join(","))
             .stdout(std::process::Stdio::null())
-            .stderr(
-                std::env::var("CLUSTER_LOG")
-                    .ok()
-                    .and_then(|p| std::fs::File::create(p).ok())
-                    .map_or_else(std::process::Stdio::null, std::process::Stdio::from),
-            )
+            .stderr(log.stderr())
             .spawn()
             .unwrap(),
     );

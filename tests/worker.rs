@@ -383,7 +383,7 @@ async fn a_short_lease_wait_is_not_held_behind_a_long_one() {
     }
     let mut consumer = broker.consume("waitband").await.expect("consume");
     let mut next = async || {
-        let d = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+        let d = tokio::time::timeout(Duration::from_secs(5), consumer.jobs.next())
             .await
             .expect("a delivery within 5 s")
             .expect("the consumer is open")

@@ -12,6 +12,13 @@
 //!   (`Settings::wait_bands_ms`), so a short wait never sits behind a wait
 //!   of the whole lease. (`J.wait`, the one wait queue of earlier versions,
 //!   is no longer declared; it empties itself.)
+//! - `J.redelivered`: messages `J` handed out before without their being
+//!   settled (a quorum queue's `x-delivery-count`): their worker died or
+//!   lost its connection holding them. Moved here as they come back, and
+//!   consumed one at a time per worker, so that a message that kills
+//!   every worker it reaches is the only one in flight when it does: only
+//!   its deliveries are counted, and the broker's delivery limit
+//!   dead-letters it alone, never the jobs that were in flight beside it.
 //! - `J.dead`: messages that cannot be answered, or whose answer cannot be
 //!   delivered, with the reason in their headers. Never consumed by mailgate.
 //! - `results_queue`: results, unless a job names its own `reply_to`.
@@ -53,6 +60,10 @@ pub const DELIVERY_LIMIT: i64 = 20;
 /// The header a quorum queue sets on a message it hands out again: how many
 /// deliveries of it ended without an ack.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// The header on a message moved to `J.redelivered`: it had been delivered
+/// before (a copy is a new message, delivered for the first time).
+pub const REDELIVERED_HEADER: &str = "x-mailgate-redelivered";
 
 /// The header carrying a copy's attempt number (1 for the first). Read only
 /// on messages that also carry a [`TICKET_HEADER`]: mailgate's own copies.
@@ -212,6 +223,9 @@ pub struct Topology {
     pub results: String,
     /// Where unanswerable messages go.
     pub dead: String,
+    /// Where messages handed out before without being settled are moved,
+    /// to be taken one at a time.
+    pub redelivered: String,
     /// The lease-wait bands, ms, shortest first (never empty).
     pub wait_bands_ms: Vec<u64>,
     /// How many retry queues there are (`max_attempts - 1`).
@@ -227,6 +241,7 @@ impl Topology {
         let jobs = settings.amqp.jobs_queue.clone();
         Self {
             dead: format!("{jobs}.dead"),
+            redelivered: format!("{jobs}.redelivered"),
             results: settings.amqp.results_queue.clone(),
             wait_bands_ms: settings.wait_bands_ms(),
             retries: settings.retry.max_attempts.saturating_sub(1),
@@ -263,7 +278,12 @@ impl Topology {
 
     /// Every queue mailgate declares.
     pub fn all(&self) -> Vec<String> {
-        let mut all = vec![self.jobs.clone(), self.results.clone(), self.dead.clone()];
+        let mut all = vec![
+            self.jobs.clone(),
+            self.redelivered.clone(),
+            self.results.clone(),
+            self.dead.clone(),
+        ];
         all.extend(self.wait_bands_ms.iter().map(|&ms| self.wait_band(ms)));
         all.extend((1..=self.retries).map(|n| self.retry(n)));
         all
@@ -274,9 +294,10 @@ impl Topology {
     ///   never picks it (RabbitMQ takes `classic` as equal to no type, so
     ///   queues declared before the setting existed are still accepted);
     /// - waiting queues dead-letter expired messages back to the jobs queue;
-    /// - a quorum jobs queue dead-letters a message delivered
-    ///   [`DELIVERY_LIMIT`] times (one that crashes every worker it reaches)
-    ///   to the dead-letter queue, where RabbitMQ 4 would otherwise drop it;
+    /// - a quorum jobs queue (and its `.redelivered`) dead-letters a message
+    ///   delivered [`DELIVERY_LIMIT`] times (one that crashes every worker
+    ///   it reaches) to the dead-letter queue, where RabbitMQ 4 would
+    ///   otherwise drop it;
     /// - quorum queues dead-letter at least once (their default is at most
     ///   once, which could lose a job; at least once needs `reject-publish`
     ///   overflow, which without a length limit rejects nothing).
@@ -287,7 +308,7 @@ impl Topology {
         args.insert("x-queue-type".into(), text(self.queue_type.as_str()));
         let dead_letters_to = if self.is_waiting(queue) {
             Some(&self.jobs)
-        } else if quorum && queue == self.jobs {
+        } else if quorum && (queue == self.jobs || queue == self.redelivered) {
             args.insert(
                 "x-delivery-limit".into(),
                 AMQPValue::LongLongInt(DELIVERY_LIMIT),
@@ -366,8 +387,18 @@ impl Topology {
 pub struct Broker {
     conn: std::sync::Arc<Connection>,
     channel: Channel,
+    /// Consumes `J.redelivered`, one message at a time.
+    one_by_one: Channel,
     topology: Topology,
     timeout: Duration,
+}
+
+/// The two streams of jobs a worker consumes.
+pub struct Consumers {
+    /// `J`, up to `amqp.prefetch` at a time.
+    pub jobs: Consumer,
+    /// `J.redelivered`, one at a time.
+    pub redelivered: Consumer,
 }
 
 /// A job message as it arrived.
@@ -384,7 +415,8 @@ pub struct Incoming {
     /// 1 for the first attempt; from [`ATTEMPT_HEADER`] on mailgate's copies.
     pub attempt: u32,
     /// Whether RabbitMQ delivered this message before (to a consumer that
-    /// did not acknowledge it).
+    /// did not acknowledge it), or it is such a message, moved to
+    /// `J.redelivered` ([`REDELIVERED_HEADER`]).
     pub redelivered: bool,
     /// How many times a quorum queue handed this message out before without
     /// its being settled (`x-delivery-count`; 0 on a first delivery and on
@@ -427,7 +459,7 @@ impl Incoming {
                 .or_else(|| short(CORRELATION_HEADER)),
             ticket,
             attempt,
-            redelivered: delivery.redelivered,
+            redelivered: delivery.redelivered || header(REDELIVERED_HEADER).is_some(),
             deliveries_before: header(DELIVERY_COUNT_HEADER).and_then(as_u32).unwrap_or(0),
             published_at_ms: header(PUBLISHED_HEADER)
                 .or_else(|| header(TIMESTAMP_MS_HEADER))
@@ -628,9 +660,12 @@ impl Broker {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
+        let one_by_one = conn.create_channel().await?;
+        one_by_one.basic_qos(1, BasicQosOptions::default()).await?;
         let broker = Self {
             conn: std::sync::Arc::new(conn),
             channel,
+            one_by_one,
             topology,
             timeout: settings.timeout,
         };
@@ -692,28 +727,46 @@ impl Broker {
         Ok(())
     }
 
-    /// Starts consuming jobs, with manual acknowledgements.
-    pub async fn consume(&self, tag: &str) -> Result<Consumer, BrokerError> {
-        self.bounded(async {
-            Ok(self
-                .channel
-                .basic_consume(
-                    self.topology.jobs.as_str().into(),
-                    tag.into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?)
+    /// Starts consuming jobs, with manual acknowledgements: `J` as `tag`,
+    /// and `J.redelivered` one at a time as `tag.redelivered`.
+    pub async fn consume(&self, tag: &str) -> Result<Consumers, BrokerError> {
+        let one = |channel: &Channel, queue: &str, tag: String| {
+            let channel = channel.clone();
+            let queue = queue.to_owned();
+            self.bounded(async move {
+                Ok(channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        tag.as_str().into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?)
+            })
+        };
+        Ok(Consumers {
+            jobs: one(&self.channel, &self.topology.jobs, tag.to_owned()).await?,
+            redelivered: one(
+                &self.one_by_one,
+                &self.topology.redelivered,
+                format!("{tag}.redelivered"),
+            )
+            .await?,
         })
-        .await
     }
 
-    /// Stops the consumer `tag`: no new jobs arrive; those in flight may
-    /// still be acknowledged.
+    /// Stops the consumers of [`Broker::consume`]: no new jobs arrive;
+    /// those in flight may still be acknowledged.
     pub async fn stop_consuming(&self, tag: &str) -> Result<(), BrokerError> {
         self.bounded(async {
             self.channel
                 .basic_cancel(tag.into(), BasicCancelOptions::default())
+                .await?;
+            self.one_by_one
+                .basic_cancel(
+                    format!("{tag}.redelivered").as_str().into(),
+                    BasicCancelOptions::default(),
+                )
                 .await?;
             Ok(())
         })
@@ -724,6 +777,7 @@ impl Broker {
     /// go back to the queue (when the socket closes, if not before).
     pub async fn close(&self, within: Duration) {
         let close = async {
+            let _ = self.one_by_one.close(200, "bye".into()).await;
             let _ = self.channel.close(200, "bye".into()).await;
             let _ = self.conn.close(200, "bye".into()).await;
         };
@@ -862,6 +916,28 @@ impl Broker {
             .with_headers(headers)
             .with_expiration(ms.as_str().into());
         self.publish_declared(queue, job.body(), props).await
+    }
+
+    /// Moves `job`, a message `J` handed out before without its being
+    /// settled, to `J.redelivered` as it is (its lineage and attempt, if it
+    /// is one of mailgate's copies; [`REDELIVERED_HEADER`]); confirmed
+    /// before returning. The caller then acknowledges the original.
+    pub async fn isolate(&self, job: &Incoming) -> Result<(), BrokerError> {
+        let mut headers = job.copy_headers();
+        if let Some(ticket) = &job.ticket {
+            headers.insert(
+                TICKET_HEADER.into(),
+                AMQPValue::LongString(ticket.as_str().into()),
+            );
+            headers.insert(
+                ATTEMPT_HEADER.into(),
+                AMQPValue::LongLongInt(job.attempt.into()),
+            );
+        }
+        headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        let props = BasicProperties::default().with_headers(headers);
+        let queue = self.topology.redelivered.clone();
+        self.publish_declared(&queue, job.body(), props).await
     }
 
     /// Sends `job` to the dead-letter queue with `error`, its attempt count

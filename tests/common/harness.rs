@@ -73,9 +73,13 @@ impl Harness {
 
     /// A harness whose settings `tweak` adjusts.
     pub async fn with(test: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
-        // RUST_LOG=mailgate=debug shows the worker's log in a failing test.
+        // The worker's log, at info unless RUST_LOG says otherwise: the test
+        // runner shows it when the test fails (a fault seen once under CI's
+        // load leaves its evidence).
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("mailgate=info"));
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_env_filter(filter)
             .with_test_writer()
             .try_init();
         let prefix = unique_prefix(test);

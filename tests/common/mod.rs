@@ -620,3 +620,34 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A worker binary's log, kept in a file and printed when the test fails,
+/// so a fault seen once (under CI's load) leaves its evidence in CI's
+/// output. Declare it before the [`KillOnDrop`] of its worker, so the
+/// worker is gone, its log complete, when this prints it.
+pub struct LogOnFailure(pub std::path::PathBuf);
+
+impl LogOnFailure {
+    /// A fresh file for `test`'s worker log.
+    pub fn new(test: &str) -> Self {
+        let name = unique_prefix(test).replace(':', "-");
+        Self(std::env::temp_dir().join(format!("{name}log")))
+    }
+
+    /// Where the worker writes its log (its stderr).
+    pub fn stderr(&self) -> std::process::Stdio {
+        std::fs::File::create(&self.0)
+            .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from)
+    }
+}
+
+impl Drop for LogOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+            eprintln!("--- the worker's log ({}) ---\n{log}", self.0.display());
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
