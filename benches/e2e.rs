@@ -33,7 +33,7 @@ use mailgate::broker::Topology;
 use mailgate::domain::{EmailAddress, JobId, Ticket};
 use mailgate::ledger::{Entry, JobRef, Ledger, RedisLedger};
 use mailgate::limiter::{Clock, Request};
-use mailgate::settings::{LimitSettings, QueueType, RedisSettings};
+use mailgate::settings::{QueueType, RedisSettings, Settings};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -273,7 +273,9 @@ impl Mix {
             *rng
         };
         let (email, ip) = match self {
-            Mix::Admitted => (format!("u{n}.{tag}@example.com"), None),
+            // Each at a domain of its own, as sign-ups spread over many
+            // (the shipped config's domain scope counts each).
+            Mix::Admitted => (format!("u{n}@d{n}-{tag}.example"), None),
             Mix::Rejected => (format!("victim.{tag}@example.com"), None),
             Mix::Realistic => {
                 // 20 % repeat one of the last 50 mailboxes (within a minute).
@@ -283,7 +285,7 @@ impl Mix {
                     next() % 10_000
                 };
                 (
-                    format!("m{m}.{tag}@example.com"),
+                    format!("m{m}@d{m}-{tag}.example"),
                     Some(format!("10.{}.{}.1", (next() % 1000) / 250, next() % 250)),
                 )
             }
@@ -624,7 +626,11 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
         allow_eviction: true,
         ..RedisSettings::new(redis_url(), format!("{prefix}ceil:"))
     };
-    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+    // The shipped limits, as the workers run them.
+    let limits = Settings::load(std::path::Path::new("config/default.toml"))
+        .expect("the shipped config")
+        .limits;
+    let l = RedisLedger::connect(&settings, &limits)
         .await
         .expect("redis");
     let next = Arc::new(AtomicU64::new(0));
@@ -639,7 +645,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     break;
                 }
                 let id = JobId::parse(&format!("c{i}")).expect("id");
-                let email = EmailAddress::parse(&format!("c{i}@example.com")).expect("email");
+                let email = EmailAddress::parse(&format!("c{i}@d{i}.example")).expect("email");
                 let req = Request {
                     id: &id,
                     email: &email,

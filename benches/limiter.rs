@@ -40,6 +40,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const CALLERS: usize = 64;
 const MAILBOXES: u64 = 10_000;
 const NETWORKS: u64 = 1_000;
+/// The mailboxes' registrable domains (`d<n>.example`), for the domain
+/// scope.
+const DOMAINS: u64 = 1_000;
+
+/// The default rules and the shipped config's domain scope (50 per 10
+/// minutes), as deployed.
+fn with_domain_scope() -> LimitSettings {
+    LimitSettings {
+        domain: mailgate::settings::DomainRules {
+            rules: vec![mailgate::settings::Rule {
+                window: Duration::from_secs(600),
+                max: 50,
+            }],
+            exempt: Vec::new(),
+        },
+        ..LimitSettings::default()
+    }
+}
 
 /// Article 003's script as published, except `oldestTimestamp` is checked for
 /// nil (the published version fails on a key's first request).
@@ -108,7 +126,10 @@ impl Pool {
     fn new() -> Self {
         Self {
             emails: (0..MAILBOXES)
-                .map(|i| EmailAddress::parse(&format!("user{i}@example.com")).expect("email"))
+                .map(|i| {
+                    EmailAddress::parse(&format!("user{i}@d{}.example", i % DOMAINS))
+                        .expect("email")
+                })
                 .collect(),
             ips: (0..NETWORKS)
                 .map(|i| IpKey::parse(&format!("10.{}.{}.1", i / 250, i % 250)).expect("ip"))
@@ -310,9 +331,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (ours, theirs) = rt.block_on(async {
+    let (ours, with_domain, theirs) = rt.block_on(async {
         let pool = Arc::new(Pool::new());
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let (mut ours, mut with_domain, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..rounds {
             // Each round starts from empty key spaces, so every round sees the same mix.
             let round_prefix = format!("{prefix}{run}:");
@@ -335,29 +356,48 @@ fn main() {
             )
             .await;
             let theirs_round = round_article(&conn, &round_prefix, secs).await;
+            let domain_settings = RedisSettings::new(url.clone(), format!("{round_prefix}d:"));
+            let domain_ledger = RedisLedger::connect(&domain_settings, &with_domain_scope())
+                .await
+                .expect("Redis must answer at BENCH_REDIS_URL");
+            let domain_round = round_mailgate(
+                &domain_ledger,
+                &pool,
+                run as u64,
+                secs,
+                std::slice::from_ref(&conn),
+            )
+            .await;
             eprintln!(
-                "round {}: mailgate {:.0}/s ({:.1} us Redis CPU each), article {:.0}/s ({:.1} us)",
+                "round {}: mailgate {:.0}/s ({:.1} us Redis CPU each), with the domain scope \
+                 {:.0}/s ({:.1} us), article {:.0}/s ({:.1} us)",
                 run + 1,
                 ours_round.rate,
                 ours_round.redis_us,
+                domain_round.rate,
+                domain_round.redis_us,
                 theirs_round.rate,
                 theirs_round.redis_us
             );
             ours.push(ours_round);
+            with_domain.push(domain_round);
             theirs.push(theirs_round);
         }
-        (ours, theirs)
+        (ours, with_domain, theirs)
     });
     cleanup(&url, &prefix);
     let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
     // Each round's ratio is taken against the baseline measured right after
     // it, so slow phases of a noisy machine cancel out.
-    let ratio = median(
-        ours.iter()
-            .zip(&theirs)
-            .map(|(o, t)| o.rate / t.rate)
-            .collect(),
-    );
+    let ratio_of = |rs: &[Round]| {
+        median(
+            rs.iter()
+                .zip(&theirs)
+                .map(|(o, t)| o.rate / t.rate)
+                .collect(),
+        )
+    };
+    let (ratio, domain_ratio) = (ratio_of(&ours), ratio_of(&with_domain));
     println!();
     println!(
         "limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, medians"
@@ -375,6 +415,12 @@ fn main() {
         med(&ours, |r| r.rate),
         med(&ours, |r| r.redis_us),
         med(&ours, |r| r.admitted) * 100.0,
+    );
+    println!(
+        "| mailgate admission, with the domain scope (shipped config) | job record + 2 scopes × 3 rules + domain × 1 | {:.0} | {:.1} µs | {:.1} % | {domain_ratio:.2} |",
+        med(&with_domain, |r| r.rate),
+        med(&with_domain, |r| r.redis_us),
+        med(&with_domain, |r| r.admitted) * 100.0,
     );
     println!("(ratio: median over rounds of mailgate / article decisions/s in the same round)");
     rt.block_on(replica_rounds(secs, rounds));

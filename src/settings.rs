@@ -1081,6 +1081,11 @@ pub struct LimitSettings {
     pub email: ScopeRules,
     /// Rules per client network (see `ipv4_prefix`, `ipv6_prefix`).
     pub ip: ScopeRules,
+    /// Rules per registrable domain of the mailbox (`example.co.uk` for
+    /// `x@a.b.example.co.uk`): stops code farming through a catch-all
+    /// domain, one mailbox per request. None by default here; the shipped
+    /// `config/default.toml` turns it on.
+    pub domain: DomainRules,
     /// Which spellings of a mailbox count as one.
     pub normalize: Normalization,
     /// IPv4 addresses are grouped by this many leading bits (32: one address).
@@ -1120,6 +1125,7 @@ impl Default for LimitSettings {
         Self {
             email: rules(&[(60, 1), (3600, 5), (86_400, 10)]),
             ip: rules(&[(60, 5), (600, 30), (3600, 50)]),
+            domain: DomainRules::default(),
             normalize: Normalization::default(),
             ipv4_prefix: 32,
             ipv6_prefix: 64,
@@ -1138,36 +1144,69 @@ pub struct PurposeLimits {
     pub email: Option<ScopeRules>,
     /// Rules per client network for this purpose.
     pub ip: Option<ScopeRules>,
+    /// Rules per registrable domain for this purpose.
+    pub domain: Option<ScopeRules>,
+}
+
+impl PurposeLimits {
+    /// The purpose's own rules of each scope, in [`SCOPES`] order.
+    fn scopes(&self) -> [Option<&ScopeRules>; 3] {
+        [self.email.as_ref(), self.ip.as_ref(), self.domain.as_ref()]
+    }
+}
+
+/// The scopes, in the order they are judged, as the settings name them:
+/// `limits.<scope>` and `limits.purpose.<name>.<scope>`.
+pub const SCOPES: [&str; 3] = ["email", "ip", "domain"];
+
+/// The domain scope's rules, and the domains it does not count.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DomainRules {
+    /// Checked together: a request must fit every rule.
+    pub rules: Vec<Rule>,
+    /// Registrable domains the scope does not count: big mailbox providers
+    /// (gmail.com, outlook.com, qq.com, …) legitimately carry more sign-ups
+    /// than any one domain's rule allows. Their mailboxes and clients are
+    /// still limited by the other scopes. Each entry must be a registrable
+    /// domain itself (`gmail.com`, not `mail.gmail.com`).
+    pub exempt: Vec<crate::domain::RegistrableDomain>,
 }
 
 impl LimitSettings {
-    /// Every rule list of the mailbox scope: the default, then each
-    /// purpose's override.
-    pub fn email_rule_lists(&self) -> impl Iterator<Item = &[Rule]> {
-        std::iter::once(self.email.rules.as_slice()).chain(
-            self.purpose
-                .values()
-                .filter_map(|p| p.email.as_ref())
-                .map(|s| s.rules.as_slice()),
-        )
+    /// The default rules of each scope, in [`SCOPES`] order.
+    pub fn scope_rules(&self) -> [&[Rule]; 3] {
+        [&self.email.rules, &self.ip.rules, &self.domain.rules]
     }
 
-    /// Every rule list of the IP scope: the default, then each purpose's
-    /// override.
-    pub fn ip_rule_lists(&self) -> impl Iterator<Item = &[Rule]> {
-        std::iter::once(self.ip.rules.as_slice()).chain(
-            self.purpose
-                .values()
-                .filter_map(|p| p.ip.as_ref())
-                .map(|s| s.rules.as_slice()),
-        )
+    /// Purpose `purpose`'s own rules of scope `scope` (an index into
+    /// [`SCOPES`]), if it has them.
+    pub fn purpose_rules(&self, purpose: &str, scope: usize) -> Option<&[Rule]> {
+        let own = self.purpose.get(purpose)?.scopes();
+        own.get(scope)
+            .copied()
+            .flatten()
+            .map(|s| s.rules.as_slice())
+    }
+
+    /// Every rule list of scope `scope` (an index into [`SCOPES`]): the
+    /// default, then each purpose's own.
+    pub fn rule_lists(&self, scope: usize) -> impl Iterator<Item = &[Rule]> {
+        let default = self.scope_rules().get(scope).copied().unwrap_or_default();
+        std::iter::once(default).chain(self.purpose.values().filter_map(move |p| {
+            p.scopes()
+                .get(scope)
+                .copied()
+                .flatten()
+                .map(|s| s.rules.as_slice())
+        }))
     }
 
     /// The longest window of any rule in any scope or purpose (zero if there
     /// are none).
     pub fn longest_window(&self) -> Duration {
-        self.email_rule_lists()
-            .chain(self.ip_rule_lists())
+        (0..SCOPES.len())
+            .flat_map(|scope| self.rule_lists(scope))
             .flatten()
             .map(|r| r.window)
             .max()
@@ -1191,8 +1230,8 @@ impl LimitSettings {
         for (what, d) in std::iter::once(("limits.dedup_for", self.dedup_for))
             .chain(std::iter::once(("limits.send_lease", self.send_lease)))
             .chain(
-                self.email_rule_lists()
-                    .chain(self.ip_rule_lists())
+                (0..SCOPES.len())
+                    .flat_map(|scope| self.rule_lists(scope))
                     .flatten()
                     .map(|r| ("a rule window in limits", r.window)),
             )
@@ -1238,6 +1277,26 @@ mod tests {
         let s = s.map_err(|e| e.to_string())?;
         s.validate().map_err(|e| e.to_string())?;
         Ok(s)
+    }
+
+    #[test]
+    fn the_domain_scope_exempts_registrable_domains_only() {
+        let l = limits(
+            r#"domain.rules = [{ window = "10m", max = 50 }]
+               domain.exempt = ["Gmail.com", "qq.com"]
+               purpose.login.domain.rules = [{ window = "1m", max = 5 }]"#,
+        )
+        .unwrap();
+        let exempt: Vec<&str> = l.domain.exempt.iter().map(|d| d.as_str()).collect();
+        assert_eq!(exempt, ["gmail.com", "qq.com"]);
+        assert_eq!(l.purpose_rules("login", 2).map(<[Rule]>::len), Some(1));
+        assert_eq!(l.rule_lists(2).count(), 2, "the default and the purpose's");
+        let err = limits(r#"domain.exempt = ["mail.gmail.com"]"#).unwrap_err();
+        assert!(
+            err.contains(r#""mail.gmail.com" is not a registrable domain"#)
+                && err.contains(r#"counted as "gmail.com""#),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use mailgate::domain::Ticket;
 use mailgate::ledger::{RedisLedger, Verdict};
 use mailgate::limiter::Clock;
 use mailgate::settings::LimitSettings;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The binary, with the environment pointed at `h`'s queues and keys.
 fn mailgate(h: &Harness, args: &[&str]) -> Command {
@@ -218,6 +218,74 @@ async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).starts_with("error: --ip: ip is not an IPv4 or IPv6 address"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `--domain` shows and resets a registrable domain's log, however the
+/// domain is spelled, and says when the domain scope exempts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_show_and_reset_a_domain() {
+    let h = Harness::with("cli-domain", |s| {
+        s.limits.domain = mailgate::settings::DomainRules {
+            rules: rules(&[(10 * MIN, 50)]).rules,
+            exempt: vec![mailgate::domain::RegistrableDomain::parse_exact("gmail.com").unwrap()],
+        };
+    })
+    .await;
+    let ledger = RedisLedger::connect(&h.settings.redis, &h.settings.limits)
+        .await
+        .unwrap();
+    for (n, mail) in ["a@mx.farm.example", "b@farm.example"].iter().enumerate() {
+        let d = TestJob::new(&format!("d{n}"), mail, None)
+            .admission(&ledger, &Ticket::new(), Clock::Server)
+            .await;
+        assert_eq!(d.verdict, Verdict::Admitted);
+    }
+    let out = run(mailgate(
+        &h,
+        &["limits", "show", "--domain", "Mail.Farm.example", "--json"],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        shown["key"]
+            .as_str()
+            .unwrap()
+            .ends_with("domain:farm.example"),
+        "{shown}"
+    );
+    assert_eq!(
+        (
+            &shown["rules"][0]["scope"],
+            &shown["rules"][0]["count"],
+            &shown["exempt"]
+        ),
+        (&json!("domain"), &json!(2), &json!(false))
+    );
+    let out = run(mailgate(&h, &["limits", "show", "--domain", "gmail.com"]));
+    assert!(
+        text(&out.stdout).contains("exempt (limits.domain.exempt)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(mailgate(
+        &h,
+        &["limits", "reset", "--domain", "farm.example"],
+    ));
+    assert!(
+        text(&out.stdout).starts_with("removed 2 admission(s) from "),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(mailgate(
+        &h,
+        &["limits", "show", "--domain", "not a domain"],
+    ));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).starts_with("error: --domain: not a valid domain"),
         "{}",
         text(&out.stderr)
     );

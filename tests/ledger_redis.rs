@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use mailgate::domain::Ticket;
+use mailgate::domain::{RegistrableDomain, Ticket};
 use mailgate::ledger::{
     Admission, Backend, Ending, Entry, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund,
     Verdict,
@@ -17,12 +17,14 @@ use mailgate::ledger::{
 use mailgate::limiter::{Clock, Quotas, Scope, Subject};
 use mailgate::settings::{LimitSettings, RedisSettings};
 
+/// Two mailboxes at each of two registrable domains (`DOMAINS[e / 2]`).
 const EMAILS: [&str; 4] = [
     "a@example.com",
-    "b@example.com",
-    "c@example.com",
-    "d@example.com",
+    "b@mail.example.com",
+    "c@example.org",
+    "d@example.org",
 ];
+const DOMAINS: [&str; 2] = ["example.com", "example.org"];
 const IPS: [&str; 2] = ["198.51.100.1", "2001:db8::1"];
 
 /// One decision of [`hammer`]'s: the admission, and the indexes of its
@@ -93,11 +95,18 @@ async fn never_over_limit<L: Ledger + Clone + 'static>(l: L, limits: LimitSettin
         };
         within(&limits.email.rules, &times(&|x| x.1));
         within(&limits.ip.rules, &times(&|x| x.2));
+        within(&limits.domain.rules, &times(&|x| x.1 / 2));
     }
 }
 
 fn tight_limits() -> LimitSettings {
-    limits(&[(50, 1), (300, 3)], &[(40, 2), (250, 6)])
+    LimitSettings {
+        domain: mailgate::settings::DomainRules {
+            rules: rules(&[(100, 3), (400, 7)]).rules,
+            exempt: Vec::new(),
+        },
+        ..limits(&[(50, 1), (300, 3)], &[(40, 2), (250, 6)])
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,6 +164,10 @@ async fn concurrent_callers_on_a_spread_cluster_never_exceed_a_rule() {
         .map(|e| log(Subject::Email(&email(e))))
         .collect();
     let ips: Vec<Vec<u64>> = IPS.iter().map(|a| log(Subject::Ip(&ip(a)))).collect();
+    let domains: Vec<Vec<u64>> = DOMAINS
+        .iter()
+        .map(|d| log(Subject::Domain(&RegistrableDomain::parse(d).unwrap())))
+        .collect();
     let admitted = |of: &dyn Fn(&Decided) -> bool| {
         decided
             .iter()
@@ -169,6 +182,15 @@ async fn concurrent_callers_on_a_spread_cluster_never_exceed_a_rule() {
         assert_eq!(times.len(), admitted(&|x| x.2 == a), "{}'s log", IPS[a]);
         within(&lim.ip.rules, times);
     }
+    for (d, times) in domains.iter().enumerate() {
+        assert_eq!(
+            times.len(),
+            admitted(&|x| x.1 / 2 == d),
+            "{}'s log",
+            DOMAINS[d]
+        );
+        within(&lim.domain.rules, times);
+    }
     let (mut rejected, mut spurious) = (0, 0);
     for (d, e, a) in &decided {
         let Verdict::Rejected { rule, .. } = d.verdict else {
@@ -178,6 +200,7 @@ async fn concurrent_callers_on_a_spread_cluster_never_exceed_a_rule() {
         let times = match rule.scope {
             Scope::Email => &emails[*e],
             Scope::Ip => &ips[*a],
+            Scope::Domain => &domains[*e / 2],
         };
         let t = d.decided_at_ms;
         let kept = times

@@ -7,10 +7,25 @@
 mod common;
 
 use common::*;
+use mailgate::domain::RegistrableDomain;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Ledger, Verdict};
 use mailgate::limiter::{Clock, Quotas, RuleRef, RuleUsage, Scope, Subject};
-use mailgate::settings::{LimitSettings, PurposeLimits};
+use mailgate::settings::{DomainRules, LimitSettings, PurposeLimits};
+
+/// No mailbox or IP rules; `domain` for the registrable domain, with
+/// gmail.com and qq.com exempt.
+fn domain_limits(domain: &[(u64, u32)]) -> LimitSettings {
+    LimitSettings {
+        domain: DomainRules {
+            rules: rules(domain).rules,
+            exempt: ["gmail.com", "qq.com"]
+                .map(|d| RegistrableDomain::parse_exact(d).unwrap())
+                .to_vec(),
+        },
+        ..limits(&[], &[])
+    }
+}
 
 /// Asks `l` about a new message for job `job` to `mail` from `from` at `t` ms.
 async fn check<L: Ledger>(l: &L, job: &str, mail: &str, from: Option<&str>, t: u64) -> Verdict {
@@ -395,6 +410,7 @@ mod cases {
             PurposeLimits {
                 email: Some(rules(&[(MIN, 1), (HOUR, 2)])),
                 ip: None,
+                domain: None,
             },
         );
         let b = m.make("purpose", lim).await;
@@ -522,6 +538,155 @@ mod cases {
             rejected(MIN, Scope::Ip, MIN, 2)
         );
     }
+
+    /// Catch-all farming: a new mailbox and a new client address each time,
+    /// at sub-domains of one registrable domain. The domain rule binds,
+    /// exactly; exempt providers and other domains pass.
+    pub async fn the_domain_scope_binds_across_mailboxes_and_clients<M: Make>(m: M) {
+        let b = m.make("domain", domain_limits(&[(10 * MIN, 3)])).await;
+        let l = &b.ledger;
+        for (n, mail) in [
+            "a@example.co.uk",
+            "b@mx.example.co.uk",
+            "c@a.b.Example.co.uk",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let from = format!("198.51.100.{n}");
+            assert_eq!(
+                check(l, &format!("f{n}"), mail, Some(&from), n as u64 * SEC).await,
+                Verdict::Admitted
+            );
+        }
+        assert_eq!(
+            check(l, "f3", "d@example.co.uk", Some("203.0.113.7"), 5 * SEC).await,
+            rejected(10 * MIN - 5 * SEC, Scope::Domain, 10 * MIN, 3)
+        );
+        assert_exact(
+            l,
+            "f4",
+            "e@farm.example.co.uk",
+            Some("203.0.113.8"),
+            6 * SEC,
+        )
+        .await;
+        // Exempt providers and other domains are not counted by it.
+        for n in 0..5 {
+            for mail in [format!("u{n}@gmail.com"), format!("u{n}@googlemail.com")] {
+                assert_eq!(
+                    check(l, &format!("g{n}-{mail}"), &mail, None, 7 * SEC).await,
+                    Verdict::Admitted,
+                    "{mail}"
+                );
+            }
+            assert_eq!(
+                check(
+                    l,
+                    &format!("q{n}"),
+                    &format!("u{n}@vip.qq.com"),
+                    None,
+                    7 * SEC
+                )
+                .await,
+                Verdict::Admitted
+            );
+        }
+        assert_eq!(
+            check(l, "o1", "a@example.org", None, 7 * SEC).await,
+            Verdict::Admitted
+        );
+        // Usage names the domain's key; an exempt one says so.
+        let farm = RegistrableDomain::parse("x.example.co.uk").unwrap();
+        let u = l
+            .usage(Subject::Domain(&farm), None, Clock::At(8 * SEC))
+            .await
+            .unwrap();
+        assert!(u.key.ends_with("domain:example.co.uk"), "{}", u.key);
+        assert_eq!((u.rules[0].count, u.exempt), (4, false));
+        let gmail = RegistrableDomain::parse("gmail.com").unwrap();
+        let u = l
+            .usage(Subject::Domain(&gmail), None, Clock::At(8 * SEC))
+            .await
+            .unwrap();
+        assert_eq!((u.rules[0].count, u.retry_after_ms, u.exempt), (0, 0, true));
+        // Support staff can forget a domain's admissions.
+        let (key, removed) = l.reset(Subject::Domain(&farm)).await.unwrap();
+        assert!(key.ends_with("domain:example.co.uk"));
+        assert_eq!(removed, 4);
+    }
+
+    /// The domain is judged with the mailbox and the client, all or
+    /// nothing: a rejection by one scope takes no quota in the others, and
+    /// on a tie the earlier scope (email, ip, domain) binds.
+    pub async fn the_domain_scope_is_all_or_nothing_with_the_others<M: Make>(m: M) {
+        let lim = LimitSettings {
+            domain: DomainRules {
+                rules: rules(&[(MIN, 2)]).rules,
+                exempt: Vec::new(),
+            },
+            ..limits(&[(MIN, 1)], &[(MIN, 5)])
+        };
+        let b = m.make("domain-all", lim).await;
+        let l = &b.ledger;
+        let x = Some("198.51.100.1");
+        assert_eq!(
+            check(l, "j1", "a@example.com", x, 0).await,
+            Verdict::Admitted
+        );
+        // The mailbox rejects: the domain keeps its room.
+        assert_eq!(
+            check(l, "j2", "a@example.com", x, 10).await,
+            rejected(MIN - 10, Scope::Email, MIN, 1)
+        );
+        assert_eq!(
+            check(l, "j3", "b@example.com", x, 20).await,
+            Verdict::Admitted
+        );
+        // The domain rejects: the mailbox and the client keep theirs.
+        assert_eq!(
+            check(l, "j4", "c@example.com", x, 30).await,
+            rejected(MIN - 30, Scope::Domain, MIN, 2)
+        );
+        assert_eq!(
+            check(l, "j5", "c@example.org", x, 40).await,
+            Verdict::Admitted
+        );
+        // Mailbox and domain full until the same moment (j1 leaves both
+        // windows): the mailbox binds.
+        assert_eq!(
+            check(l, "j6", "a@example.com", x, 50).await,
+            rejected(MIN - 50, Scope::Email, MIN, 1)
+        );
+    }
+
+    /// A purpose's own domain rules, over the shared log.
+    pub async fn a_purpose_has_its_own_domain_rules<M: Make>(m: M) {
+        let mut lim = domain_limits(&[(MIN, 3)]);
+        lim.purpose.insert(
+            "reset_password".into(),
+            PurposeLimits {
+                email: None,
+                ip: None,
+                domain: Some(rules(&[(MIN, 1)])),
+            },
+        );
+        let b = m.make("domain-purpose", lim).await;
+        let l = &b.ledger;
+        let reset = Some("reset_password");
+        assert_eq!(
+            check(l, "v1", "a@example.com", None, 0).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check_for(l, "r1", "b@example.com", None, reset, 1).await,
+            rejected(MIN - 1, Scope::Domain, MIN, 1)
+        );
+        assert_eq!(
+            check(l, "v2", "c@example.com", None, 2).await,
+            Verdict::Admitted
+        );
+    }
 }
 
 macro_rules! conformance {
@@ -577,4 +742,7 @@ conformance!(
     a_purpose_has_its_own_rules_over_the_shared_log,
     usage_shows_each_rule_and_uses_nothing,
     reset_forgets_a_mailbox,
+    the_domain_scope_binds_across_mailboxes_and_clients,
+    the_domain_scope_is_all_or_nothing_with_the_others,
+    a_purpose_has_its_own_domain_rules,
 );

@@ -11,15 +11,24 @@ use std::time::Duration;
 
 use common::model::{Model, Scopes};
 use common::*;
-use mailgate::domain::{Normalization, Ticket};
+use mailgate::domain::{Normalization, RegistrableDomain, Ticket};
 use mailgate::ledger::{Ending, Ledger, MemoryLedger, RedisLedger, Refund};
 use mailgate::limiter::{Clock, Scope};
-use mailgate::settings::{LimitSettings, RedisSettings};
+use mailgate::settings::{DomainRules, LimitSettings, RedisSettings};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-/// Mailboxes: the first and last are one mailbox spelled two ways.
-const EMAILS: [&str; 3] = ["a@example.com", "b@example.com", "A+tag@Example.com"];
+/// Mailboxes: the first and third are one mailbox spelled two ways; the
+/// first four share a registrable domain (example.com); gmail.com is exempt
+/// from the domain scope.
+const EMAILS: [&str; 6] = [
+    "a@example.com",
+    "b@example.com",
+    "A+tag@Example.com",
+    "c@mail.example.com",
+    "d@gmail.com",
+    "e@example.org",
+];
 const IPS: [&str; 3] = ["198.51.100.1", "2001:db8::1", "2001:db8::2"];
 
 #[derive(Debug, Clone)]
@@ -76,11 +85,20 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
     proptest::collection::vec(op, 1..80)
 }
 
+/// Domain rules, with gmail.com exempt.
+fn domain(rules: &[(u64, u32)]) -> DomainRules {
+    DomainRules {
+        rules: common::rules(rules).rules,
+        exempt: vec![RegistrableDomain::parse_exact("gmail.com").unwrap()],
+    }
+}
+
 /// Small windows, so short sequences fill and drain them.
 fn small_limits() -> LimitSettings {
     LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
         send_lease: Duration::from_millis(2_000),
+        domain: domain(&[(2_000, 3), (20_000, 7)]),
         ..limits(
             &[(1_000, 1), (10_000, 3), (60_000, 5)],
             &[(1_000, 2), (5_000, 4), (30_000, 6)],
@@ -93,14 +111,17 @@ fn small_limits() -> LimitSettings {
 fn large_n_limits() -> LimitSettings {
     LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
+        domain: domain(&[(25_000, 14)]),
         ..limits(&[(500, 2), (20_000, 12)], &[(30_000, 11), (1_000, 3)])
     }
 }
 
-/// The default policy, stepping through hours.
+/// The default policy, and the shipped config's domain rule, stepping
+/// through hours.
 fn default_limits() -> LimitSettings {
     LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
+        domain: domain(&[(10 * MIN, 50)]),
         ..LimitSettings::default()
     }
 }
@@ -154,6 +175,11 @@ async fn run_case<L: Ledger>(
                 )];
                 if let Some(a) = &job.ip {
                     scopes.push((Scope::Ip, a.network(32, 64), limits.ip.rules.as_slice()));
+                }
+                let registrable = RegistrableDomain::of(&job.email, &norm);
+                if !limits.domain.exempt.contains(&registrable) {
+                    let rules = limits.domain.rules.as_slice();
+                    scopes.push((Scope::Domain, registrable.to_string(), rules));
                 }
                 let fp = format!("{e}/{i:?}");
                 let want = model.admit(job.id.as_str(), &fp, lineage, &scopes, t);

@@ -17,6 +17,22 @@ fn default_config_loads_with_env_overrides() {
     assert_eq!(s.limits.ipv6_prefix, 48);
     assert_eq!(s.limits.email.rules.len(), 3);
     assert_eq!(s.limits.ip.rules[2].window_ms(), 3_600_000);
+    // The domain scope is on, with the big providers exempt.
+    assert_eq!(s.limits.domain.rules[0].window_ms(), 600_000);
+    assert!(
+        s.limits
+            .domain
+            .exempt
+            .iter()
+            .any(|d| d.as_str() == "gmail.com")
+    );
+    assert!(
+        s.limits
+            .domain
+            .exempt
+            .iter()
+            .any(|d| d.as_str() == "qq.com")
+    );
     unsafe {
         std::env::set_var("MAILGATE__REDIS__NO_SUCH_KEY", "x");
     }

@@ -126,6 +126,10 @@ pub enum LimitsAction {
         /// A client IP (grouped as the limiter does).
         #[arg(long)]
         ip: Option<String>,
+        /// A mail domain (counted by its registrable domain, as the limiter
+        /// does: `mail.example.co.uk` is `example.co.uk`).
+        #[arg(long)]
+        domain: Option<String>,
         /// Judge by this purpose's rules.
         #[arg(long)]
         purpose: Option<String>,
@@ -133,7 +137,7 @@ pub enum LimitsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Forget a mailbox's or IP's admissions (for support staff).
+    /// Forget a mailbox's, IP's or domain's admissions (for support staff).
     Reset {
         /// A mailbox.
         #[arg(long)]
@@ -141,6 +145,9 @@ pub enum LimitsAction {
         /// A client IP.
         #[arg(long)]
         ip: Option<String>,
+        /// A mail domain (its registrable domain).
+        #[arg(long)]
+        domain: Option<String>,
     },
 }
 
@@ -214,10 +221,11 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
             LimitsAction::Show {
                 email,
                 ip,
+                domain,
                 purpose,
                 json,
             } => {
-                let who = Who::parse(email.as_deref(), ip.as_deref())?;
+                let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
                 let usage = limits_show(settings, &who, purpose.as_deref()).await?;
                 if json {
                     println!("{}", usage_json(&usage));
@@ -226,8 +234,8 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
                 }
                 Ok(true)
             }
-            LimitsAction::Reset { email, ip } => {
-                let who = Who::parse(email.as_deref(), ip.as_deref())?;
+            LimitsAction::Reset { email, ip, domain } => {
+                let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
                 println!("{}", limits_reset(settings, &who).await?);
                 Ok(true)
             }

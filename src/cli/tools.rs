@@ -16,7 +16,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde_json::{Map, Value, json};
 
 use crate::broker::{self, TIMESTAMP_MS_HEADER};
-use crate::domain::{EmailAddress, IpKey, Name, now_ms};
+use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain, now_ms};
 use crate::ledger::{Backend, Ledger};
 use crate::limiter::{Clock, Quotas, Subject, Usage};
 use crate::mailer::Mailer;
@@ -348,21 +348,30 @@ pub async fn results(
     Ok(n)
 }
 
-/// Parses `--email` or `--ip` into a subject's owned value.
+/// Parses `--email`, `--ip` or `--domain` into a subject's owned value.
 pub enum Who {
     /// A mailbox.
     Email(EmailAddress),
     /// A client address.
     Ip(IpKey),
+    /// A registrable domain.
+    Domain(RegistrableDomain),
 }
 
 impl Who {
     /// From the flags; exactly one must be given.
-    pub fn parse(email: Option<&str>, ip: Option<&str>) -> anyhow::Result<Self> {
-        match (email, ip) {
-            (Some(e), None) => Ok(Who::Email(EmailAddress::parse(e).context("--email")?)),
-            (None, Some(i)) => Ok(Who::Ip(IpKey::parse(i).context("--ip")?)),
-            _ => bail!("give exactly one of --email or --ip"),
+    pub fn parse(
+        email: Option<&str>,
+        ip: Option<&str>,
+        domain: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        match (email, ip, domain) {
+            (Some(e), None, None) => Ok(Who::Email(EmailAddress::parse(e).context("--email")?)),
+            (None, Some(i), None) => Ok(Who::Ip(IpKey::parse(i).context("--ip")?)),
+            (None, None, Some(d)) => Ok(Who::Domain(
+                RegistrableDomain::parse(d).context("--domain")?,
+            )),
+            _ => bail!("give exactly one of --email, --ip or --domain"),
         }
     }
 
@@ -370,6 +379,7 @@ impl Who {
         match self {
             Who::Email(e) => Subject::Email(e),
             Who::Ip(i) => Subject::Ip(i),
+            Who::Domain(d) => Subject::Domain(d),
         }
     }
 }
@@ -393,6 +403,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "key": u.key,
         "at_ms": u.at_ms,
         "retry_after_ms": u.retry_after_ms,
+        "exempt": u.exempt,
         "rules": u.rules.iter().map(|r| json!({
             "scope": r.rule.scope.as_str(),
             "window_ms": r.rule.window_ms,
@@ -414,7 +425,9 @@ pub fn render_usage(u: &Usage) -> String {
         }
         out.push('\n');
     }
-    if u.retry_after_ms == 0 {
+    if u.exempt {
+        out.push_str("exempt (limits.domain.exempt): this scope does not count it\n");
+    } else if u.retry_after_ms == 0 {
         out.push_str("next send: allowed now\n");
     } else {
         let at = jiff::Timestamp::from_millisecond(

@@ -205,7 +205,7 @@ fn quoted_content(s: &str) -> Option<String> {
 /// The lower-case ASCII form of a host name, or `None` if it is not a valid
 /// one with at least two labels (`user@localhost` is not a deliverable
 /// address for a sign-up flow).
-fn ascii_domain(domain: &str) -> Option<String> {
+pub(super) fn ascii_domain(domain: &str) -> Option<String> {
     let ascii = idna::domain_to_ascii_strict(domain).ok()?;
     let labels_ok = ascii.split('.').all(|l| {
         !l.is_empty()

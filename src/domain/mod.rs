@@ -8,12 +8,14 @@ mod email;
 mod ip;
 mod job;
 mod job_id;
+mod mail_domain;
 mod ticket;
 
 pub use email::{EmailAddress, Normalization};
 pub use ip::IpKey;
 pub use job::{Code, Job, Name, VarValue, Vars};
 pub use job_id::JobId;
+pub use mail_domain::RegistrableDomain;
 pub use ticket::Ticket;
 
 /// The wall clock, ms since the Unix epoch: for publish times and
@@ -50,6 +52,20 @@ pub enum InvalidInput {
     EmailSyntax {
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A host name (in the settings or a support tool) is not a valid one.
+    #[error("not a valid domain: {0:?}")]
+    Domain(String),
+    /// A list that matches registrable domains names a sub-domain, which
+    /// would match nothing.
+    #[error(
+        "{given:?} is not a registrable domain: mailboxes under it are counted as {registrable:?}"
+    )]
+    NotRegistrable {
+        /// The name as written.
+        given: String,
+        /// What it is counted as.
+        registrable: String,
     },
     /// The client IP is not an IPv4 or IPv6 address.
     #[error("ip is not an IPv4 or IPv6 address: {0:?}")]

@@ -29,7 +29,8 @@ write (ARGV), so an id is never mailed twice within that period:
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
   rv     spread over a cluster's shards only (see "look" below): the job's
-         reservations, "<nonce> <t_email> <t_ip>" (-1: that scope had none);
+         reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
+         had none; records of earlier versions lack t_domain);
          its member in scope log s is member_of(t_s, id .. ':' .. nonce)
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
@@ -49,6 +50,9 @@ local CODE = {
 }
 
 local op = ARGV[1]
+-- How many integers answer each item of a batch (REPLY_WIDTH in
+-- src/ledger/redis.rs; keep both in step).
+local WIDTH = 5
 local NONE = {false, false, false, false, false, false, false}
 
 -- Whether ARGV value `v` is a period Redis can add to its clock.
@@ -72,8 +76,9 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
            per shape character; settle: as many as it names)
-  returns  {now, then 4 integers per item: admit's code and up to 3 values
-           (CODE); the other kinds, 1 or 0 and three zeros}
+  returns  {now, then WIDTH (5) integers per item: admit's code and up to
+           4 values (CODE); the other kinds, 1 or 0 and up to 4 values,
+           zeros for the rest}
   Every item is checked before the first write, so a bad batch writes
   nothing.
 ]]
@@ -104,20 +109,21 @@ items "look" and "create" -- the same decision when the scope keys live on
     reserves in each ("reserve") and, if one rejects after all (a request
     that came in between took the room), gives the others back
     ("unreserve").
-  "create": the reservations, "<nonce> <t_email> <t_ip>", instead of the
-    shape. Where "admit" would judge, it records the admission with them.
+  "create": the reservations, "<nonce> <t_email> <t_ip> <t_domain>",
+    instead of the shape. Where "admit" would judge, it records the admission with them.
     Any other answer (the record appeared meanwhile: another copy won)
     leaves them unused, and the caller gives them back.
   An "expired" answer that refunded the caller's unsent admission carries
   its reservations, as "settle" does.
 ]]
 -- A record's reservations (its rv field) as "settle" and "expired" answer
--- them: t_email, t_ip (-1: none in that scope), nonce; all -1 if it has none.
-local RESERVED = '^(%d+) (%-?%d+) (%-?%d+)$'
+-- them: t_email, t_ip, t_domain (-1: none in that scope), nonce; all -1 if
+-- it has none. (A record an earlier version made has no t_domain.)
+local RESERVED = '^(%d+) (%-?%d+) (%-?%d+) ?(%-?%d*)$'
 local function reserved(rv)
-  if not rv then return -1, -1, -1 end
-  local n, e, i = string.match(rv, RESERVED)
-  return tonumber(e) or -1, tonumber(i) or -1, tonumber(n) or -1
+  if not rv then return -1, -1, -1, -1 end
+  local n, e, i, d = string.match(rv, RESERVED)
+  return tonumber(e) or -1, tonumber(i) or -1, tonumber(d) or -1, tonumber(n) or -1
 end
 
 local function admit_ok(a, sets, kind)
@@ -241,8 +247,8 @@ item "settle" -- record how the owner's attempt ended.
         'e' / 'f' / 'i' refund as expired / failed / invalid: only from a or
           x owned by the ticket; the admission leaves every scope log
   1 if recorded, 0 if the record is gone or not the ticket's; a refund of
-  reservations ("create") then names them: t_email, t_ip, nonce, and so
-  does a refund asked again of the attempt that made it (with 0).
+  reservations ("create") then names them: t_email, t_ip, t_domain, nonce,
+  and so does a refund asked again of the attempt that made it (with 0).
 ]]
 local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
@@ -256,7 +262,7 @@ local function settle(k, a, b)
   local key = KEYS[k]
   local rec = call('HMGET', key, 'st', 'own', 'at', 'n', 'rv')
   local st, own, at = rec[1], rec[2], tonumber(rec[3])
-  local e, i, nonce = -1, -1, -1
+  local e, i, d, nonce = -1, -1, -1, -1
   local owning = own == ticket and rec[4] == attempt
   if not st then return 0 end
   if how == 's' then
@@ -272,10 +278,10 @@ local function settle(k, a, b)
     if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
     forget(k + 1, k + tonumber(ARGV[a + 5]), member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
-    e, i, nonce = reserved(rec[5])
+    e, i, d, nonce = reserved(rec[5])
   end
   call('PEXPIRE', key, b.dedup_s)
-  return 1, e, i, nonce
+  return 1, e, i, d, nonce
 end
 
 --[[
@@ -336,9 +342,9 @@ local function batch()
   a, k = first_item, 1
   while a <= nargs do
     local item = ITEMS[ARGV[a]]
-    local c, x, y, z = item.run(k, a + 1, b)
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = c, x or 0, y or 0, z or 0
-    o = o + 4
+    local c, v, x, y, z = item.run(k, a + 1, b)
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = c, v or 0, x or 0, y or 0, z or 0
+    o = o + WIDTH
     k = k + item.keys(a + 1)
     a = a + 1 + item.values
   end

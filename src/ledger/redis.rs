@@ -124,13 +124,18 @@ struct Pending {
     reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
+/// How many integers answer each item of a batch (`WIDTH` in ledger.lua;
+/// keep both in step).
+const REPLY_WIDTH: usize = 5;
+
 /// What the script answered for one item.
 struct Reply {
     /// The batch's instant, ms (the Redis clock, or the explicit one).
     now_ms: u64,
-    /// The item's four values: an admission's code and up to three values;
-    /// for the other kinds 1 (done) or 0, then zeros.
-    values: [i64; 4],
+    /// The item's values: an admission's code and up to four values; for
+    /// the other kinds 1 (done) or 0, then what they name, zeros for the
+    /// rest.
+    values: [i64; REPLY_WIDTH],
     /// Replicas that acknowledged the batch, if the item asked to wait and
     /// fewer than `redis.min_replicas_acked` did.
     unreplicated: Option<i64>,
@@ -395,16 +400,16 @@ async fn run_batch(
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
-    if reply.len() != 1 + 4 * batch.len() {
+    if reply.len() != 1 + REPLY_WIDTH * batch.len() {
         return Err(bad());
     }
     let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
     Ok(reply[1..]
-        .chunks_exact(4)
+        .chunks_exact(REPLY_WIDTH)
         .zip(batch)
         .map(|(r, p)| Reply {
             now_ms,
-            values: [r[0], r[1], r[2], r[3]],
+            values: [r[0], r[1], r[2], r[3], r[4]],
             unreplicated: unreplicated.filter(|_| p.wait),
         })
         .collect())
@@ -453,9 +458,9 @@ async fn eval_waiting(
     ))
 }
 
-/// An admission's four reply values as a [`Verdict`] (`scopes`: the scope
+/// An admission's reply values as a [`Verdict`] (`scopes`: the scope
 /// and rule set of each of its scope keys); `None` if they make no sense.
-fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; 4]) -> Option<Verdict> {
+fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; REPLY_WIDTH]) -> Option<Verdict> {
     let num = |i: usize| u64::try_from(r[i]).ok();
     let flag = |i: usize| r[i] == 1;
     let (code, _) = CODES.iter().find(|(c, _)| *c as i64 == r[0])?;

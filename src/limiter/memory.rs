@@ -116,7 +116,8 @@ impl MemoryLogs {
             .get(&key)
             .map(|log| log.entries.iter().map(|(t, _)| *t).collect())
             .unwrap_or_default();
-        usage_of(key, subject.scope(), &set.rules, &times, now)
+        let exempt = self.keys.exempts(subject);
+        usage_of(key, subject.scope(), &set.rules, &times, now, exempt)
     }
 
     /// See [`super::Quotas::reset`].

@@ -4,8 +4,8 @@
 //!
 //! # Semantics
 //! A request is a job id, a mailbox and optionally a client IP, decided at a
-//! time `t` in milliseconds. Each scope ([`Scope::Email`], [`Scope::Ip`]) has a
-//! list of rules `(W, N)`. The request is **admitted** iff, for every rule of
+//! time `t` in milliseconds. Each scope ([`Scope::Email`], [`Scope::Ip`],
+//! [`Scope::Domain`]) has a list of rules `(W, N)`. The request is **admitted** iff, for every rule of
 //! every scope that applies, the number of admissions for that scope's key
 //! after `t − W` is below `N`. Admissions after `t` (recorded before the
 //! clock stepped back) count as inside every window, so a backward step of
@@ -38,8 +38,8 @@ pub(crate) use self::conn::{Conn, connect};
 pub(crate) use self::memory::MemoryLogs;
 pub(crate) use self::redis::{reset as redis_reset, usage as redis_usage};
 
-use crate::domain::{EmailAddress, IpKey, JobId, Name};
-use crate::settings::{LimitSettings, Rule};
+use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain};
+use crate::settings::{LimitSettings, Rule, SCOPES};
 
 /// The limiter's decision as Lua functions, for the scripts that decide (see
 /// the module docs).
@@ -56,14 +56,26 @@ pub enum Scope {
     Email,
     /// A client network: stops one client from farming codes for many mailboxes.
     Ip,
+    /// The mailbox's registrable domain: stops a farmer who owns a
+    /// catch-all domain from asking for codes to a new mailbox each time.
+    Domain,
 }
 
 impl Scope {
+    /// Every scope, in the order a request is judged (and ties are broken).
+    pub const ALL: [Scope; 3] = [Scope::Email, Scope::Ip, Scope::Domain];
+
     /// The scope's name in keys, results and settings.
     pub fn as_str(self) -> &'static str {
+        SCOPES[self.index()]
+    }
+
+    /// The scope's place in [`Scope::ALL`] (and in the settings' `SCOPES`).
+    fn index(self) -> usize {
         match self {
-            Scope::Email => "email",
-            Scope::Ip => "ip",
+            Scope::Email => 0,
+            Scope::Ip => 1,
+            Scope::Domain => 2,
         }
     }
 }
@@ -173,47 +185,38 @@ pub(crate) struct RuleSet {
 pub(crate) struct Keyspace {
     pub prefix: String,
     pub limits: LimitSettings,
-    /// `[0]` email defaults, `[1]` IP defaults, then each purpose override.
+    /// The defaults of each scope in [`Scope::ALL`] order, then each
+    /// purpose override.
     pub sets: Vec<RuleSet>,
-    /// purpose → its override set per scope (`[email, ip]`), if any.
-    overrides: std::collections::HashMap<String, [Option<usize>; 2]>,
-}
-
-fn scope_index(scope: Scope) -> usize {
-    match scope {
-        Scope::Email => 0,
-        Scope::Ip => 1,
-    }
+    /// purpose → its override set per scope ([`Scope::ALL`] order), if any.
+    overrides: std::collections::HashMap<String, [Option<usize>; 3]>,
+    /// Registrable domains the domain scope does not count.
+    exempt: std::collections::HashSet<RegistrableDomain>,
 }
 
 impl Keyspace {
     pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
-        let keep = |scope: Scope| -> u64 {
-            let longest = match scope {
-                Scope::Email => limits
-                    .email_rule_lists()
-                    .flatten()
-                    .map(Rule::window_ms)
-                    .max(),
-                Scope::Ip => limits.ip_rule_lists().flatten().map(Rule::window_ms).max(),
-            };
-            longest.unwrap_or(1).max(1).saturating_add(CLOCK_SLACK_MS)
-        };
-        let set = |scope, rules: &[Rule]| RuleSet {
+        let set = |scope: Scope, rules: &[Rule]| RuleSet {
             rules: rules.to_vec(),
-            keep_ms: keep(scope),
+            keep_ms: (limits.rule_lists(scope.index()).flatten())
+                .map(Rule::window_ms)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+                .saturating_add(CLOCK_SLACK_MS),
         };
-        let mut sets = vec![
-            set(Scope::Email, &limits.email.rules),
-            set(Scope::Ip, &limits.ip.rules),
-        ];
+        let defaults = limits.scope_rules();
+        let mut sets: Vec<RuleSet> = Scope::ALL
+            .iter()
+            .map(|&scope| set(scope, defaults[scope.index()]))
+            .collect();
         let mut overrides = std::collections::HashMap::new();
-        for (purpose, o) in &limits.purpose {
-            let mut idx = [None, None];
-            for (scope, rules) in [(Scope::Email, &o.email), (Scope::Ip, &o.ip)] {
-                if let Some(rules) = rules {
-                    idx[scope_index(scope)] = Some(sets.len());
-                    sets.push(set(scope, &rules.rules));
+        for purpose in limits.purpose.keys() {
+            let mut idx = [None; 3];
+            for scope in Scope::ALL {
+                if let Some(rules) = limits.purpose_rules(purpose, scope.index()) {
+                    idx[scope.index()] = Some(sets.len());
+                    sets.push(set(scope, rules));
                 }
             }
             overrides.insert(purpose.clone(), idx);
@@ -223,6 +226,7 @@ impl Keyspace {
             limits: limits.clone(),
             sets,
             overrides,
+            exempt: limits.domain.exempt.iter().cloned().collect(),
         }
     }
 
@@ -260,8 +264,8 @@ impl Keyspace {
     pub fn set_for(&self, scope: Scope, purpose: Option<&Name>) -> usize {
         purpose
             .and_then(|p| self.overrides.get(p.as_str()))
-            .and_then(|o| o[scope_index(scope)])
-            .unwrap_or(scope_index(scope))
+            .and_then(|o| o[scope.index()])
+            .unwrap_or(scope.index())
     }
 
     /// A subject's key and the rules it is judged by under `purpose`.
@@ -286,14 +290,21 @@ impl Keyspace {
                 self.prefix,
                 ip.network(l.ipv4_prefix, l.ipv6_prefix)
             ),
+            Subject::Domain(domain) => format!("{}domain:{domain}", self.prefix),
         }
     }
 
     /// `(scope, key, rule set)` for each scope that applies to `req` and has
-    /// rules, in decision order.
+    /// rules, in decision order. The domain scope does not count exempt
+    /// domains.
     pub fn applicable(&self, req: &Request<'_>) -> Vec<(Scope, String, usize)> {
-        let mut out = Vec::with_capacity(2);
-        let subjects = [Some(Subject::Email(req.email)), req.ip.map(Subject::Ip)];
+        let mut out = Vec::with_capacity(3);
+        let domain = self.counted_domain(req);
+        let subjects = [
+            Some(Subject::Email(req.email)),
+            req.ip.map(Subject::Ip),
+            domain.as_ref().map(Subject::Domain),
+        ];
         for subject in subjects.into_iter().flatten() {
             let scope = subject.scope();
             let set = self.set_for(scope, req.purpose);
@@ -302,6 +313,23 @@ impl Keyspace {
             }
         }
         out
+    }
+
+    /// The registrable domain `req` counts against, if the domain scope has
+    /// rules for its purpose and does not exempt it.
+    fn counted_domain(&self, req: &Request<'_>) -> Option<RegistrableDomain> {
+        let set = self.set_for(Scope::Domain, req.purpose);
+        if self.sets[set].rules.is_empty() {
+            return None;
+        }
+        let domain = RegistrableDomain::of(req.email, &self.limits.normalize);
+        (!self.exempt.contains(&domain)).then_some(domain)
+    }
+
+    /// Whether `subject` is left uncounted (a domain `limits.domain.exempt`
+    /// names).
+    pub fn exempts(&self, subject: Subject<'_>) -> bool {
+        matches!(subject, Subject::Domain(d) if self.exempt.contains(d))
     }
 
     pub fn lease_ms(&self) -> u64 {
@@ -328,13 +356,16 @@ fn push_rule_set(set: &RuleSet, args: &mut Vec<u64>) {
     }
 }
 
-/// What a support tool asks about: one mailbox or one client address.
+/// What a support tool asks about: one mailbox, one client address or one
+/// domain.
 #[derive(Debug, Clone, Copy)]
 pub enum Subject<'a> {
     /// A mailbox (normalized as the limiter does).
     Email(&'a EmailAddress),
     /// A client address (grouped by network as the limiter does).
     Ip(&'a IpKey),
+    /// A registrable domain.
+    Domain(&'a RegistrableDomain),
 }
 
 impl Subject<'_> {
@@ -343,6 +374,7 @@ impl Subject<'_> {
         match self {
             Subject::Email(_) => Scope::Email,
             Subject::Ip(_) => Scope::Ip,
+            Subject::Domain(_) => Scope::Domain,
         }
     }
 }
@@ -359,6 +391,10 @@ pub struct Usage {
     /// How long until a request for this key alone would pass this scope
     /// (0: now). Another scope may still reject it.
     pub retry_after_ms: u64,
+    /// The scope does not count this subject (a domain in
+    /// `limits.domain.exempt`): its requests pass this scope whatever the
+    /// log holds.
+    pub exempt: bool,
 }
 
 /// One rule's use.
@@ -372,13 +408,15 @@ pub struct RuleUsage {
     pub retry_after_ms: u64,
 }
 
-/// Usage of `rules` by a log with admission `times` (ascending) at `now`.
+/// Usage of `rules` by a log with admission `times` (ascending) at `now`;
+/// an `exempt` subject never waits.
 pub(crate) fn usage_of(
     key: String,
     scope: Scope,
     rules: &[Rule],
     times: &[u64],
     now: u64,
+    exempt: bool,
 ) -> Usage {
     let hi = times.len();
     let rules: Vec<RuleUsage> = rules
@@ -399,12 +437,16 @@ pub(crate) fn usage_of(
             }
         })
         .collect();
-    let retry_after_ms = rules.iter().map(|r| r.retry_after_ms).max().unwrap_or(0);
+    let retry_after_ms = match exempt {
+        true => 0,
+        false => rules.iter().map(|r| r.retry_after_ms).max().unwrap_or(0),
+    };
     Usage {
         key,
         at_ms: now,
         rules,
         retry_after_ms,
+        exempt,
     }
 }
 

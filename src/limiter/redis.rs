@@ -32,7 +32,15 @@ pub(crate) async fn usage(
         .next()
         .ok_or_else(|| LimitError::Protocol("empty peek reply".into()))?;
     let times: Vec<u64> = values.collect();
-    Ok(usage_of(key, subject.scope(), &set.rules, &times, now))
+    let exempt = keys.exempts(subject);
+    Ok(usage_of(
+        key,
+        subject.scope(),
+        &set.rules,
+        &times,
+        now,
+        exempt,
+    ))
 }
 
 /// See [`super::Quotas::reset`].

@@ -182,6 +182,7 @@ impl Harness {
         let s = &self.settings;
         let mut c = std::process::Command::new(exe);
         c.args(args)
+            .env("MAILGATE_CONFIG", self.config_file())
             .env("MAILGATE__AMQP__JOBS_QUEUE", &s.amqp.jobs_queue)
             .env("MAILGATE__AMQP__RESULTS_QUEUE", &s.amqp.results_queue)
             .env("MAILGATE__AMQP__URL", &s.amqp.url)
@@ -214,6 +215,45 @@ impl Harness {
             .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
             .env_remove("RUST_LOG");
         c
+    }
+
+    /// The shipped config with the harness's domain scope in place of the
+    /// shipped one (none unless the test sets one): the binary runs the
+    /// shipped limits otherwise, and most tests mail many mailboxes at
+    /// example.com. Written once per harness; removed with it.
+    fn config_file(&self) -> std::path::PathBuf {
+        let path = self.config_path();
+        let shipped = std::fs::read_to_string("config/default.toml").expect("the shipped config");
+        let domain = &self.settings.limits.domain;
+        let rules: Vec<String> = (domain.rules.iter())
+            .map(|r| format!("{{ window = \"{}ms\", max = {} }}", r.window_ms(), r.max))
+            .collect();
+        let exempt: Vec<String> = (domain.exempt.iter()).map(|d| format!("\"{d}\"")).collect();
+        let mut out = String::with_capacity(shipped.len());
+        let mut skipping = false;
+        for line in shipped.lines() {
+            if line.starts_with('[') {
+                skipping = line.starts_with("[limits.domain]");
+                if skipping {
+                    out.push_str(&format!(
+                        "[limits.domain]\nrules = [{}]\nexempt = [{}]\n",
+                        rules.join(", "),
+                        exempt.join(", ")
+                    ));
+                }
+            }
+            if !skipping {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        std::fs::write(&path, out).expect("the test's config file");
+        path
+    }
+
+    fn config_path(&self) -> std::path::PathBuf {
+        let name = self.settings.amqp.jobs_queue.replace(['.', ':'], "-");
+        std::env::temp_dir().join(format!("{name}.toml"))
     }
 
     /// A fresh channel, for checks that may close it (a passive declare of
@@ -348,6 +388,7 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.config_path());
         let queues = self.all_queues();
         // `amqp.url` may list several nodes: connect as the worker does.
         let amqp = self.settings.amqp.clone();

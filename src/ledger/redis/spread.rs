@@ -12,9 +12,10 @@
 use std::sync::LazyLock;
 
 use super::{
-    Code, Conn, RedisLedger, Replication, Reply, admission_args, answered, clock_arg, eval_waiting,
-    stopped, verdict,
+    Code, Conn, REPLY_WIDTH, RedisLedger, Replication, Reply, admission_args, answered, clock_arg,
+    eval_waiting, stopped, verdict,
 };
+use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
 use crate::limiter::{Clock, DECIDE_LUA, Request, SCOPE_LUA, Scope, Subject};
 
@@ -105,7 +106,12 @@ impl RedisLedger {
                 .find(|(s, ..)| *s == scope)
                 .map_or(-1, |(_, _, t)| i128::from(*t))
         };
-        let reservations = format!("{nonce} {} {}", time_in(Scope::Email), time_in(Scope::Ip));
+        let reservations = format!(
+            "{nonce} {} {} {}",
+            time_in(Scope::Email),
+            time_in(Scope::Ip),
+            time_in(Scope::Domain)
+        );
         let args = admission_args("create", entry, reservations);
         let created = match self
             .submit(Some(clock), args, vec![record.clone()], entry.send_now)
@@ -253,7 +259,7 @@ impl RedisLedger {
                 }
                 continue;
             }
-            let [code, made_at, d, rule] = reply.values;
+            let [code, made_at, d, rule, _] = reply.values;
             if code == 2 {
                 // Another copy's, within a lease: it is being admitted. An
                 // older one (its worker died before creating the record)
@@ -265,7 +271,7 @@ impl RedisLedger {
                     continue;
                 }
             }
-            let values = [Code::Rejected as i64, d, 1, rule];
+            let values = [Code::Rejected as i64, d, 1, rule, 0];
             let wait = |a: &Admission| match a.verdict {
                 Verdict::Rejected { retry_after_ms, .. } => retry_after_ms,
                 _ => 0,
@@ -302,18 +308,24 @@ impl RedisLedger {
     }
 
     /// Gives back the reservations a refunded record named (`values`: the
-    /// reply's code or flag, then t_email, t_ip and the nonce, -1 for none).
-    /// Only spread over shards: elsewhere the script forgot the admission
-    /// in the same call.
-    pub(super) async fn give_back_refunded(&self, request: &Request<'_>, values: &[i64; 4]) {
+    /// reply's code or flag, then t_email, t_ip, t_domain and the nonce, -1
+    /// for none). Only spread over shards: elsewhere the script forgot the
+    /// admission in the same call.
+    pub(super) async fn give_back_refunded(
+        &self,
+        request: &Request<'_>,
+        values: &[i64; REPLY_WIDTH],
+    ) {
         // A reply without them pads with zeros; a nonce is never 0.
-        let [_, email, ip, nonce] = *values;
+        let [_, email, ip, domain, nonce] = *values;
         if !self.spread || nonce <= 0 {
             return;
         }
+        let registrable = RegistrableDomain::of(request.email, &self.keys.limits.normalize);
         let subjects = [
             (Some(Subject::Email(request.email)), email),
             (request.ip.map(Subject::Ip), ip),
+            (Some(Subject::Domain(&registrable)), domain),
         ];
         let held: Vec<(Scope, String, u64)> = subjects
             .into_iter()
@@ -390,9 +402,9 @@ async fn on_scope(
     // Each as `gather` reads it: room (1) or not (0); a rejection's 0,
     // 0, wait and rule; another copy's entry (2), its time, wait and rule.
     let values = match r.get(1..) {
-        Some([done]) => [*done, 0, 0, 0],
-        Some([0, wait, rule]) => [0, 0, *wait, *rule],
-        Some([2, made_at, wait, rule]) => [2, *made_at, *wait, *rule],
+        Some([done]) => [*done, 0, 0, 0, 0],
+        Some([0, wait, rule]) => [0, 0, *wait, *rule, 0],
+        Some([2, made_at, wait, rule]) => [2, *made_at, *wait, *rule, 0],
         _ => return Err(bad()),
     };
     let now_ms = r

@@ -1,0 +1,92 @@
+//! Operators' controls, end to end with the real worker against the shared
+//! RabbitMQ and Redis and an SMTP server inside the test: the domain scope
+//! against catch-all code farming.
+
+mod common;
+
+use std::time::Duration;
+
+use common::harness::Harness;
+use mailgate::domain::RegistrableDomain;
+use mailgate::settings::{DomainRules, Rule};
+use serde_json::{Value, json};
+
+/// The shipped config's domain rule (50 per 10 minutes) with gmail.com
+/// exempt.
+fn shipped_domain_scope() -> DomainRules {
+    DomainRules {
+        rules: vec![Rule {
+            window: Duration::from_secs(600),
+            max: 50,
+        }],
+        exempt: vec![RegistrableDomain::parse_exact("gmail.com").unwrap()],
+    }
+}
+
+/// Job `id` to `email` from `ip`.
+fn job(id: &str, email: &str, ip: &str) -> Value {
+    json!({"id": id, "email": email, "ip": ip, "code": "493817"})
+}
+
+/// A farmer who owns a catch-all domain asks for codes to 200 mailboxes
+/// at it (and its sub-domains), from 200 addresses: neither the mailbox
+/// nor the IP rule binds, the domain rule does, after 50, with the exact
+/// wait. The same shape of traffic to gmail.com (exempt) is all sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_all_domain_is_limited_and_an_exempt_provider_is_not() {
+    let h = Harness::with("catchall", |s| {
+        s.limits.domain = shipped_domain_scope();
+        s.amqp.prefetch = 64;
+    })
+    .await;
+    let w = h.start_worker().await;
+    for i in 0..200 {
+        let mail = format!("u{i}@mx{}.farm-example.co.uk", i % 7);
+        let from = format!("198.18.{}.{}", i / 100, i % 100);
+        h.publish(&job(&format!("farm-{i}"), &mail, &from)).await;
+    }
+    let farm = h.results(200).await;
+    let sent: Vec<&Value> = farm.values().filter(|r| r["status"] == "sent").collect();
+    assert_eq!(sent.len(), 50, "the domain rule admits 50 per 10 minutes");
+    assert_eq!(h.sink.wait_for(50, Duration::from_secs(10)).len(), 50);
+    // The rule frees up 10 minutes after the oldest of the 50.
+    let oldest = sent
+        .iter()
+        .map(|r| r["decided_at_ms"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    for r in farm.values().filter(|r| r["status"] != "sent") {
+        assert_eq!(r["status"], "rejected", "{r}");
+        assert_eq!(
+            r["rule"],
+            json!({"scope": "domain", "window_ms": 600_000, "max": 50}),
+            "{r}"
+        );
+        let decided = r["decided_at_ms"].as_u64().unwrap();
+        assert_eq!(
+            r["retry_after_ms"].as_u64(),
+            Some(oldest + 600_000 - decided),
+            "{r}"
+        );
+    }
+    for i in 0..200 {
+        let from = format!("198.19.{}.{}", i / 100, i % 100);
+        h.publish(&job(
+            &format!("gmail-{i}"),
+            &format!("u{i}@gmail.com"),
+            &from,
+        ))
+        .await;
+    }
+    let gmail = h.results(200).await;
+    assert!(
+        gmail.values().all(|r| r["status"] == "sent"),
+        "{:?}",
+        gmail.values().find(|r| r["status"] != "sent")
+    );
+    assert_eq!(h.sink.wait_for(250, Duration::from_secs(20)).len(), 250);
+    let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
+    let by_domain = r#"mailgate_limiter_decisions_total{verdict="rejected",scope="domain",window_ms="600000",max="50"} 150"#;
+    assert!(metrics.contains(by_domain), "{metrics}");
+    w.stop().await.unwrap();
+}
