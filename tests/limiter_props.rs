@@ -106,12 +106,13 @@ fn small_limits() -> LimitSettings {
     }
 }
 
-/// Rules with N above what one read fetches (10), so the script's second
-/// read path is exercised too.
+/// Larger N: a read of the newest 11 or 12 entries, and a domain rule
+/// above the 16 one read fetches at most, so that set reads only its 17th
+/// newest entry (the script's second read path).
 fn large_n_limits() -> LimitSettings {
     LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
-        domain: domain(&[(25_000, 14)]),
+        domain: domain(&[(25_000, 17)]),
         ..limits(&[(500, 2), (20_000, 12)], &[(30_000, 11), (1_000, 3)])
     }
 }

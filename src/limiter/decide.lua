@@ -79,9 +79,12 @@ local function rule_sets(a)
     local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     if not n or not keep or keep < 1 or keep > MAX_KEEP_MS then return nil, 'rule set ' .. i end
     -- fetch: how many of a log's newest entries one read gets: the largest
-    -- N, at least 1, at most 16 (a larger N costs a second read, only when
-    -- the log is that long).
-    local set = {n = n, w = {}, max = {}, rank = {}, keep = keep, keep_s = ARGV[a + 1], fetch = 1}
+    -- N, at most 16; 0 if every N is larger. A rule with a larger N reads
+    -- its N-th newest entry on its own, only when the log is at least as
+    -- long as that first read (so a domain's 50 per 10 minutes costs one
+    -- read, not a read of 16 and then one more).
+    local set = {n = n, w = {}, max = {}, rank = {}, keep = keep, keep_s = ARGV[a + 1]}
+    local top, least = 1, math.huge
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
       local w, m = tonumber(w_s), tonumber(m_s)
@@ -89,10 +92,13 @@ local function rule_sets(a)
         return nil, 'rule ' .. r .. ' of set ' .. i
       end
       set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
-      if m > set.fetch then set.fetch = m end
+      top, least = math.max(top, m), math.min(least, m)
     end
-    set.fetch = math.min(set.fetch, 16)
+    set.fetch = least > 16 and 0 or math.min(top, 16)
     set.fetch_s = '-' .. set.fetch
+    -- The newest entries that can fill a rule, up to 16 (what scope.lua
+    -- looks through for a copy of the job).
+    set.top_s = '-' .. math.min(top, 16)
     sets[i] = set
     a = a + 2 + 2 * n
   end
@@ -116,7 +122,7 @@ local function judge(first, shape, sets, now)
     local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
     -- The newest entries, oldest of them first; a brand-new key reads as
     -- empty.
-    local log = call('ZRANGE', key, set.fetch_s, '-1')
+    local log = set.fetch > 0 and call('ZRANGE', key, set.fetch_s, '-1') or {}
     local len = #log
     local newest = len > 0 and time_of(log[len])
     for r = 1, set.n do

@@ -58,7 +58,7 @@ if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
   local mine, after = ':' .. id .. ':', 13 + #id + 2
-  for _, m in ipairs(call('ZRANGE', KEYS[1], sets[1].fetch_s, '-1')) do
+  for _, m in ipairs(call('ZRANGE', KEYS[1], sets[1].top_s, '-1')) do
     if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
       return {now, 2, time_of(m), d, rule}
     end
