@@ -49,10 +49,7 @@ const DOMAINS: u64 = 1_000;
 fn with_domain_scope() -> LimitSettings {
     LimitSettings {
         domain: mailgate::settings::DomainRules {
-            rules: vec![mailgate::settings::Rule {
-                window: Duration::from_secs(600),
-                max: 50,
-            }],
+            rules: vec![mailgate::settings::Rule::new(Duration::from_secs(600), 50)],
             exempt: Vec::new(),
         },
         ..LimitSettings::default()

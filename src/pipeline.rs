@@ -108,6 +108,9 @@ pub trait Outbox: Send + Sync {
 enum Outcome {
     Sent {
         decided_at_ms: u64,
+        /// The shadow rule that would have rejected it, if this attempt's
+        /// admission found one.
+        shadow: Option<RuleRef>,
     },
     Rejected {
         decided_at_ms: u64,
@@ -138,7 +141,13 @@ impl Outcome {
         r.email = job.map(|j| j.email.to_string());
         r.correlation_id = msg.correlation_id.map(str::to_owned);
         match self {
-            Outcome::Sent { decided_at_ms } => r.decided_at_ms = Some(decided_at_ms),
+            Outcome::Sent {
+                decided_at_ms,
+                shadow,
+            } => {
+                r.decided_at_ms = Some(decided_at_ms);
+                r.shadow_rule = shadow.map(RuleWire::from);
+            }
             Outcome::Rejected {
                 decided_at_ms,
                 retry_after_ms,
@@ -146,17 +155,31 @@ impl Outcome {
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
                 r.retry_after_ms = Some(retry_after_ms);
-                r.rule = Some(RuleWire {
-                    scope: rule.scope.as_str(),
-                    window_ms: rule.window_ms,
-                    max: rule.max,
-                });
+                r.rule = Some(RuleWire::from(rule));
             }
             Outcome::Invalid(e) | Outcome::Failed(e) => r.error = Some(e),
             Outcome::Duplicate | Outcome::Expired => {}
         }
         r
     }
+}
+
+impl From<RuleRef> for RuleWire {
+    fn from(rule: RuleRef) -> Self {
+        Self {
+            scope: rule.scope.as_str(),
+            window_ms: rule.window_ms,
+            max: rule.max,
+        }
+    }
+}
+
+/// What the admit stage hands on: when the job was admitted (its first
+/// admission, for a resumed one), and the shadow rule that would have
+/// rejected this admission, if any.
+struct Admitted {
+    at_ms: u64,
+    shadow: Option<RuleRef>,
 }
 
 /// What delivering an admitted job came to.
@@ -222,15 +245,15 @@ impl<L: Ledger> Pipeline<L> {
             attempt: msg.attempt,
         };
         let slot = self.mailer.try_reserve();
-        let decided_at_ms = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {
-            Ok(at) => at,
+        let admitted = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {
+            Ok(admitted) => admitted,
             Err(action) => return action,
         };
         // Boxed: the SMTP transaction's state is most of a job's future
         // (about 10 KB), and only admitted jobs need it, so a rejected job's
         // task stays small (it is spawned, and moved, once per message).
         let delivery = Box::pin(self.deliver(&job, &job_ref, slot)).await;
-        self.settle(&job, &job_ref, msg, out, delivery, decided_at_ms)
+        self.settle(&job, &job_ref, msg, out, delivery, admitted)
             .await
     }
 
@@ -274,7 +297,7 @@ impl<L: Ledger> Pipeline<L> {
         msg: &Message<'_>,
         out: &impl Outbox,
         send_now: bool,
-    ) -> Result<u64, Action> {
+    ) -> Result<Admitted, Action> {
         let entry = Entry {
             job: *job_ref,
             send_now,
@@ -285,6 +308,7 @@ impl<L: Ledger> Pipeline<L> {
         let Admission {
             decided_at_ms,
             verdict,
+            shadow,
         } = match self.ledger.admit(&entry, Clock::Server).await {
             Ok(a) => a,
             Err(e) => {
@@ -300,7 +324,7 @@ impl<L: Ledger> Pipeline<L> {
                 return Err(self.unavailable(job, msg, out, ledger_error(&e)).await);
             }
         };
-        telemetry::admission(&verdict);
+        telemetry::admission(&verdict, shadow.as_ref());
         let answered_before = match verdict {
             Verdict::Sent {
                 by_owner, answered, ..
@@ -314,9 +338,19 @@ impl<L: Ledger> Pipeline<L> {
             return Err(Action::Done);
         }
         let (outcome, by_owner) = match verdict {
-            Verdict::Admitted => return Ok(decided_at_ms),
+            Verdict::Admitted => {
+                return Ok(Admitted {
+                    at_ms: decided_at_ms,
+                    shadow,
+                });
+            }
             // Every `sent` of a job carries the time it was admitted.
-            Verdict::Resumed { admitted_at_ms } => return Ok(admitted_at_ms),
+            Verdict::Resumed { admitted_at_ms } => {
+                return Ok(Admitted {
+                    at_ms: admitted_at_ms,
+                    shadow: None,
+                });
+            }
             Verdict::Rejected {
                 retry_after_ms,
                 rule,
@@ -358,6 +392,7 @@ impl<L: Ledger> Pipeline<L> {
                 let outcome = if ours {
                     Outcome::Sent {
                         decided_at_ms: admitted_at_ms,
+                        shadow: None,
                     }
                 } else {
                     Outcome::Duplicate
@@ -464,7 +499,7 @@ impl<L: Ledger> Pipeline<L> {
         msg: &Message<'_>,
         out: &impl Outbox,
         delivery: Delivery,
-        decided_at_ms: u64,
+        admitted: Admitted,
     ) -> Action {
         let error = match delivery {
             Delivery::Sent => {
@@ -475,7 +510,11 @@ impl<L: Ledger> Pipeline<L> {
                 // crash between the confirm and the ack repeats `sent`.
                 self.record(|| self.ledger.settle(job_ref, &Ending::Sent, false))
                     .await;
-                let r = Outcome::Sent { decided_at_ms }.result(job.id.as_str(), Some(job), msg);
+                let sent = Outcome::Sent {
+                    decided_at_ms: admitted.at_ms,
+                    shadow: admitted.shadow,
+                };
+                let r = sent.result(job.id.as_str(), Some(job), msg);
                 return self.publish(out, &r).await.err().unwrap_or(Action::Done);
             }
             Delivery::NotNow => {

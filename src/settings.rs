@@ -1022,9 +1022,24 @@ pub struct Rule {
     pub window: Duration,
     /// How many admissions the window holds, at least 1.
     pub max: u32,
+    /// Whether the rule rejects. A *shadow* rule (`enforce = false`) is
+    /// judged over the same logs and never rejects: a request it would have
+    /// rejected is counted (`mailgate_limiter_shadow_rejections_total`) and
+    /// its result names the rule, so an operator can try a stricter limit
+    /// before enforcing it.
+    pub enforce: bool,
 }
 
 impl Rule {
+    /// An enforced rule.
+    pub fn new(window: Duration, max: u32) -> Self {
+        Self {
+            window,
+            max,
+            enforce: true,
+        }
+    }
+
     /// The window in whole milliseconds, as the limiter counts time.
     pub fn window_ms(&self) -> u64 {
         u64::try_from(self.window.as_millis()).unwrap_or(u64::MAX)
@@ -1039,6 +1054,11 @@ impl<'de> Deserialize<'de> for Rule {
             #[serde(deserialize_with = "human_duration")]
             window: Duration,
             max: u32,
+            #[serde(default = "enforced")]
+            enforce: bool,
+        }
+        fn enforced() -> bool {
+            true
         }
         let w = Wire::deserialize(d)?;
         if w.window.as_millis() == 0 {
@@ -1052,6 +1072,7 @@ impl<'de> Deserialize<'de> for Rule {
         Ok(Rule {
             window: w.window,
             max: w.max,
+            enforce: w.enforce,
         })
     }
 }
@@ -1116,10 +1137,7 @@ impl Default for LimitSettings {
         let rules = |rs: &[(u64, u32)]| ScopeRules {
             rules: rs
                 .iter()
-                .map(|&(secs, max)| Rule {
-                    window: Duration::from_secs(secs),
-                    max,
-                })
+                .map(|&(secs, max)| Rule::new(Duration::from_secs(secs), max))
                 .collect(),
         };
         Self {

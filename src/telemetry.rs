@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`); on rejections `scope`, `window_ms`, `max` of the binding rule |
+//! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_jobs_in_flight` | gauge | |
@@ -18,6 +19,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::ledger::Verdict;
+use crate::limiter::RuleRef;
 use crate::wire::Status;
 
 /// The process-wide Prometheus recorder, installed on first use. Metrics
@@ -68,8 +70,18 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
 }
 
 /// The ledger answered an admission (`verdict`: what it found or did; on
-/// rejections also the binding rule).
-pub fn admission(verdict: &Verdict) {
+/// rejections also the binding rule; `shadow`: the shadow rule that would
+/// have rejected an admitted job).
+pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>) {
+    if let Some(rule) = shadow {
+        metrics::counter!(
+            "mailgate_limiter_shadow_rejections_total",
+            "scope" => rule.scope.as_str(),
+            "window" => rule.window_ms.to_string(),
+            "max" => rule.max.to_string(),
+        )
+        .increment(1);
+    }
     let v = match verdict {
         Verdict::Rejected { rule, .. } => {
             metrics::counter!(

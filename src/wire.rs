@@ -155,10 +155,10 @@ pub enum Status {
     Failed,
 }
 
-/// The rule that rejected a job.
+/// The rule that rejected a job (or, as `shadow_rule`, would have).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RuleWire {
-    /// `email` or `ip`.
+    /// `email`, `ip` or `domain`.
     pub scope: &'static str,
     /// The rule's window.
     pub window_ms: u64,
@@ -182,6 +182,9 @@ pub struct JobResult {
     pub retry_after_ms: Option<u64>,
     /// On `rejected`: the rule that sets `retry_after_ms`.
     pub rule: Option<RuleWire>,
+    /// On `sent`: the shadow rule (`enforce = false`) that would have
+    /// rejected the job had it been enforced, if one would have.
+    pub shadow_rule: Option<RuleWire>,
     /// Attempts made, this one included.
     pub attempts: u32,
     /// On `invalid` and `failed`: why.
@@ -200,6 +203,7 @@ impl JobResult {
             decided_at_ms: None,
             retry_after_ms: None,
             rule: None,
+            shadow_rule: None,
             attempts,
             error: None,
             correlation_id: None,

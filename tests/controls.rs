@@ -1,6 +1,6 @@
 //! Operators' controls, end to end with the real worker against the shared
 //! RabbitMQ and Redis and an SMTP server inside the test: the domain scope
-//! against catch-all code farming.
+//! against catch-all code farming, and shadow rules.
 
 mod common;
 
@@ -15,10 +15,7 @@ use serde_json::{Value, json};
 /// exempt.
 fn shipped_domain_scope() -> DomainRules {
     DomainRules {
-        rules: vec![Rule {
-            window: Duration::from_secs(600),
-            max: 50,
-        }],
+        rules: vec![Rule::new(Duration::from_secs(600), 50)],
         exempt: vec![RegistrableDomain::parse_exact("gmail.com").unwrap()],
     }
 }
@@ -88,5 +85,56 @@ async fn a_catch_all_domain_is_limited_and_an_exempt_provider_is_not() {
     let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
     let by_domain = r#"mailgate_limiter_decisions_total{verdict="rejected",scope="domain",window_ms="600000",max="50"} 150"#;
     assert!(metrics.contains(by_domain), "{metrics}");
+    w.stop().await.unwrap();
+}
+
+/// An operator tries a stricter rule in shadow first: 2 per hour per
+/// mailbox, `enforce = false`. Every job is sent; the one it would have
+/// rejected says so in its result and in the metric. Switched to enforce
+/// (a restart with the same logs), the rule rejects the next one, with the
+/// exact wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_is_counted_then_enforced() {
+    let stricter = Rule {
+        enforce: false,
+        ..Rule::new(Duration::from_secs(3600), 2)
+    };
+    let mut h = Harness::with("shadow", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 5), stricter];
+    })
+    .await;
+    let w = h.start_worker().await;
+    let mut sent = Vec::new();
+    for n in 1..=3 {
+        h.publish(&job(&format!("s{n}"), "a@example.com", "198.51.100.7"))
+            .await;
+        let r = h.result().await;
+        assert_eq!(r["status"], "sent", "{r}");
+        sent.push(r);
+    }
+    assert_eq!(sent[0]["shadow_rule"], Value::Null);
+    assert_eq!(sent[1]["shadow_rule"], Value::Null);
+    let rule = json!({"scope": "email", "window_ms": 3_600_000, "max": 2});
+    assert_eq!(sent[2]["shadow_rule"], rule, "{}", sent[2]);
+    let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
+    let counted =
+        r#"mailgate_limiter_shadow_rejections_total{scope="email",window="3600000",max="2"} 1"#;
+    assert!(metrics.contains(counted), "{metrics}");
+    w.stop().await.unwrap();
+
+    h.settings.limits.email.rules[1].enforce = true;
+    let w = h.start_worker().await;
+    h.publish(&job("s4", "a@example.com", "198.51.100.7")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(r["rule"], rule, "{r}");
+    // The rule frees up an hour after the second newest of the three.
+    let second_newest = sent[1]["decided_at_ms"].as_u64().unwrap();
+    let decided = r["decided_at_ms"].as_u64().unwrap();
+    assert_eq!(
+        r["retry_after_ms"].as_u64(),
+        Some(second_newest + 3_600_000 - decided)
+    );
+    assert_eq!(h.sink.wait_for(3, Duration::from_secs(5)).len(), 3);
     w.stop().await.unwrap();
 }

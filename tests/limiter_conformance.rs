@@ -11,7 +11,7 @@ use mailgate::domain::RegistrableDomain;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Ledger, Verdict};
 use mailgate::limiter::{Clock, Quotas, RuleRef, RuleUsage, Scope, Subject};
-use mailgate::settings::{DomainRules, LimitSettings, PurposeLimits};
+use mailgate::settings::{DomainRules, LimitSettings, PurposeLimits, Rule};
 
 /// No mailbox or IP rules; `domain` for the registrable domain, with
 /// gmail.com and qq.com exempt.
@@ -25,6 +25,14 @@ fn domain_limits(domain: &[(u64, u32)]) -> LimitSettings {
         },
         ..limits(&[], &[])
     }
+}
+
+/// The whole admission of a new message for job `job` to a@example.com
+/// from 198.51.100.1 at `t` ms.
+async fn admission<L: Ledger>(l: &L, job: &str, t: u64) -> mailgate::ledger::Admission {
+    TestJob::new(job, "a@example.com", Some("198.51.100.1"))
+        .admission(l, &Ticket::new(), Clock::At(t))
+        .await
 }
 
 /// Asks `l` about a new message for job `job` to `mail` from `from` at `t` ms.
@@ -50,11 +58,15 @@ async fn check_for<L: Ledger>(
 fn rejected(retry_after_ms: u64, scope: Scope, window_ms: u64, max: u32) -> Verdict {
     Verdict::Rejected {
         retry_after_ms,
-        rule: RuleRef {
-            scope,
-            window_ms,
-            max,
-        },
+        rule: rule_ref(scope, window_ms, max),
+    }
+}
+
+fn rule_ref(scope: Scope, window_ms: u64, max: u32) -> RuleRef {
+    RuleRef {
+        scope,
+        window_ms,
+        max,
     }
 }
 
@@ -687,6 +699,52 @@ mod cases {
             Verdict::Admitted
         );
     }
+
+    /// A shadow rule is judged over the same log and never rejects: an
+    /// admission it would have rejected names it (the one with the longest
+    /// wait); the enforced rules alone decide, and set the wait a usage
+    /// shows.
+    pub async fn a_shadow_rule_never_rejects_and_names_itself<M: Make>(m: M) {
+        let shadow = |ms: u64, max: u32| Rule {
+            enforce: false,
+            ..Rule::new(std::time::Duration::from_millis(ms), max)
+        };
+        let mut lim = limits(&[(MIN, 5)], &[(MIN, 9)]);
+        lim.email.rules.push(shadow(HOUR, 2));
+        lim.ip.rules.push(shadow(HOUR, 3));
+        let b = m.make("shadow", lim).await;
+        let l = &b.ledger;
+        for (job, t) in [("j1", 0), ("j2", 1)] {
+            let a = admission(l, job, t).await;
+            assert_eq!((a.verdict, a.shadow), (Verdict::Admitted, None), "{job}");
+        }
+        // The mailbox's shadow rule would reject the third (free at 0 + 1 h).
+        let a = admission(l, "j3", 2).await;
+        assert_eq!(a.verdict, Verdict::Admitted);
+        assert_eq!(a.shadow, Some(rule_ref(Scope::Email, HOUR, 2)));
+        // The fourth: both shadow rules are full, the mailbox's until 1 h + 1,
+        // the client's until 1 h: the longer wait is named.
+        let a = admission(l, "j4", 3).await;
+        assert_eq!(a.shadow, Some(rule_ref(Scope::Email, HOUR, 2)));
+        let a = admission(l, "j5", 4).await;
+        assert_eq!(a.verdict, Verdict::Admitted);
+        // The sixth in a minute: the enforced rule rejects; no shadow named.
+        let a = admission(l, "j6", 5).await;
+        assert_eq!(
+            (a.verdict, a.shadow),
+            (rejected(MIN - 5, Scope::Email, MIN, 5), None)
+        );
+        let mailbox = email("a@example.com");
+        let u = l
+            .usage(Subject::Email(&mailbox), None, Clock::At(2 * MIN))
+            .await
+            .unwrap();
+        let per_rule: Vec<(bool, u32, u64)> = (u.rules.iter())
+            .map(|r| (r.enforce, r.count, r.retry_after_ms))
+            .collect();
+        assert_eq!(per_rule, [(true, 0, 0), (false, 5, HOUR - 2 * MIN + 3)]);
+        assert_eq!(u.retry_after_ms, 0, "a shadow rule holds nothing up");
+    }
 }
 
 macro_rules! conformance {
@@ -745,4 +803,5 @@ conformance!(
     the_domain_scope_binds_across_mailboxes_and_clients,
     the_domain_scope_is_all_or_nothing_with_the_others,
     a_purpose_has_its_own_domain_rules,
+    a_shadow_rule_never_rejects_and_names_itself,
 );

@@ -14,7 +14,7 @@ use common::*;
 use mailgate::domain::{Normalization, RegistrableDomain, Ticket};
 use mailgate::ledger::{Ending, Ledger, MemoryLedger, RedisLedger, Refund};
 use mailgate::limiter::{Clock, Scope};
-use mailgate::settings::{DomainRules, LimitSettings, RedisSettings};
+use mailgate::settings::{DomainRules, LimitSettings, RedisSettings, Rule};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -93,28 +93,40 @@ fn domain(rules: &[(u64, u32)]) -> DomainRules {
     }
 }
 
-/// Small windows, so short sequences fill and drain them.
+/// Small windows, so short sequences fill and drain them; shadow rules
+/// (stricter ones, never rejecting) among them.
 fn small_limits() -> LimitSettings {
-    LimitSettings {
+    let mut l = LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
         send_lease: Duration::from_millis(2_000),
-        domain: domain(&[(2_000, 3), (20_000, 7)]),
+        domain: domain(&[(2_000, 3), (20_000, 7), (20_000, 4)]),
         ..limits(
-            &[(1_000, 1), (10_000, 3), (60_000, 5)],
-            &[(1_000, 2), (5_000, 4), (30_000, 6)],
+            &[(1_000, 1), (10_000, 3), (60_000, 5), (30_000, 2)],
+            &[(1_000, 2), (5_000, 4), (30_000, 6), (5_000, 2)],
         )
+    };
+    for rules in [&mut l.email.rules, &mut l.ip.rules, &mut l.domain.rules] {
+        if let Some(last) = rules.last_mut() {
+            last.enforce = false;
+        }
     }
+    l
 }
 
 /// Larger N: a read of the newest 11 or 12 entries, and a domain rule
 /// above the 16 one read fetches at most, so that set reads only its 17th
 /// newest entry (the script's second read path).
 fn large_n_limits() -> LimitSettings {
-    LimitSettings {
+    let mut l = LimitSettings {
         dedup_for: Duration::from_secs(1_000 * 3600),
         domain: domain(&[(25_000, 17)]),
         ..limits(&[(500, 2), (20_000, 12)], &[(30_000, 11), (1_000, 3)])
-    }
+    };
+    // A shadow rule of the mailbox scope above the first read.
+    let mut shadow = Rule::new(Duration::from_millis(30_000), 17);
+    shadow.enforce = false;
+    l.email.rules.push(shadow);
+    l
 }
 
 /// The default policy, and the shipped config's domain rule, stepping
@@ -184,8 +196,17 @@ async fn run_case<L: Ledger>(
                 }
                 let fp = format!("{e}/{i:?}");
                 let want = model.admit(job.id.as_str(), &fp, lineage, &scopes, t);
-                let got = job.admit(l, &tickets[lineage as usize], Clock::At(t)).await;
+                let admission = (job.admission(l, &tickets[lineage as usize], Clock::At(t))).await;
+                let got = admission.verdict;
                 prop_assert_eq!(&got, &want, "job {} at t={}", job.id.as_str(), t);
+                prop_assert_eq!(admission.decided_at_ms, t);
+                prop_assert_eq!(
+                    admission.shadow,
+                    model.shadow,
+                    "shadow of job {} at t={}",
+                    job.id.as_str(),
+                    t
+                );
                 // Later steps act on the job as its id's record knows it.
                 if slot == jobs.len() {
                     jobs.push(job);

@@ -408,6 +408,7 @@ pub fn usage_json(u: &Usage) -> Value {
             "scope": r.rule.scope.as_str(),
             "window_ms": r.rule.window_ms,
             "max": r.rule.max,
+            "enforce": r.enforce,
             "count": r.count,
             "retry_after_ms": r.retry_after_ms,
         })).collect::<Vec<_>>(),
@@ -422,6 +423,9 @@ pub fn render_usage(u: &Usage) -> String {
         out.push_str(&format!("  {} per {window}: {} used", r.rule.max, r.count));
         if r.retry_after_ms > 0 {
             out.push_str(&format!(", full for {}", short_duration(r.retry_after_ms)));
+        }
+        if !r.enforce {
+            out.push_str(" (shadow: counted, never rejects)");
         }
         out.push('\n');
     }

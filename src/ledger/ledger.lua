@@ -37,7 +37,9 @@ Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step)
 ]]
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
-  admitted = 1, -- at: admitted now, the caller's ticket owns the send
+  admitted = 1, -- at, shadow scope, shadow rule: admitted now, the caller's
+                -- ticket owns the send; the shadow rule that would have
+                -- rejected it (decide.lua), 0 0 if none (and on "create")
   expired = 2, -- expires_at passed before a send began: nothing admitted (the
                -- caller's own unsent admission was refunded)
   resumed = 3, -- at: an admission nobody was sending is now the caller's
@@ -192,8 +194,10 @@ local function admit(k, a, b, kind)
     return CODE.expired
   end
   if kind == 'look' then return CODE.absent end
+  local shadow_s, shadow_r = 0, 0
   if kind == 'admit' then
-    local d, s, rule = judge(first, shape, sets, now)
+    local d, s, rule, shadow_d
+    d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now)
     if d > 0 then return CODE.rejected, d, s, rule end
     record(first, shape, sets, now, b.now_s, member_of(now, id))
   end
@@ -202,7 +206,7 @@ local function admit(k, a, b, kind)
     'lease', b.lease_s, 'ans', '0')
   if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
   call('PEXPIRE', key, dedup_s)
-  return CODE.admitted, now
+  return CODE.admitted, now, shadow_s, shadow_r
 end
 
 --[[

@@ -5,7 +5,7 @@ use super::{
     Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
 use crate::domain::{Name, Ticket};
-use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
+use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, RuleRef, Subject, Usage};
 use crate::settings::LimitSettings;
 
 /// How many admissions pass between sweeps of idle keys and records.
@@ -111,8 +111,9 @@ impl State {
         self.record(id, now)
     }
 
-    /// `ledger.lua`'s "admit" for one request.
-    fn admit(&mut self, entry: &Entry<'_>, now: u64) -> Verdict {
+    /// `ledger.lua`'s "admit" for one request; on a fresh admission,
+    /// `shadow` is set to the shadow rule that would have rejected it.
+    fn admit(&mut self, entry: &Entry<'_>, now: u64, shadow: &mut Option<RuleRef>) -> Verdict {
         let job = &entry.job;
         let keys = self.logs.keyspace().clone();
         let (lease, dedup) = (keys.lease_ms(), keys.dedup_ms());
@@ -189,12 +190,14 @@ impl State {
         if expired {
             return Verdict::Expired;
         }
-        if let Some((retry_after_ms, rule)) = self.logs.judge(&scopes, now) {
+        let [binding, would_bind] = self.logs.judge(&scopes, now);
+        if let Some((retry_after_ms, rule)) = binding {
             return Verdict::Rejected {
                 retry_after_ms,
                 rule,
             };
         }
+        *shadow = would_bind.map(|(_, rule)| rule);
         self.logs.record(&scopes, now, id);
         self.records.insert(
             id.to_owned(),
@@ -226,9 +229,12 @@ impl Ledger for MemoryLedger {
         if state.admissions.is_multiple_of(SWEEP_EVERY) {
             state.sweep(now);
         }
+        let mut shadow = None;
+        let verdict = state.admit(entry, now, &mut shadow);
         Ok(Admission {
             decided_at_ms: now,
-            verdict: state.admit(entry, now),
+            verdict,
+            shadow,
         })
     }
 

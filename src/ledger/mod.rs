@@ -177,6 +177,11 @@ pub struct Admission {
     pub decided_at_ms: u64,
     /// What the ledger found or did.
     pub verdict: Verdict,
+    /// On [`Verdict::Admitted`]: the shadow rule (`enforce = false`) that
+    /// would have rejected the request, the one with the longest wait (the
+    /// first on a tie), as an enforced one would have bound. `None` if
+    /// every shadow rule had room, and on every other verdict.
+    pub shadow: Option<crate::limiter::RuleRef>,
 }
 
 /// What admission found or did.

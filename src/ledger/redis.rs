@@ -458,6 +458,24 @@ async fn eval_waiting(
     ))
 }
 
+/// The rule a script names by its 1-based scope (`scopes`: the scope and
+/// rule set of each of the request's scope keys) and 1-based place in that
+/// scope's rule set; `None` if there is no such rule.
+fn rule_named(
+    keys: &Keyspace,
+    scopes: &[(Scope, usize)],
+    scope: i64,
+    rule: i64,
+) -> Option<RuleRef> {
+    let (scope, set) = *scopes.get(usize::try_from(scope - 1).ok()?)?;
+    let rule = keys
+        .sets
+        .get(set)?
+        .rules
+        .get(usize::try_from(rule - 1).ok()?)?;
+    Some(RuleRef::of(scope, rule))
+}
+
 /// An admission's reply values as a [`Verdict`] (`scopes`: the scope
 /// and rule set of each of its scope keys); `None` if they make no sense.
 fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; REPLY_WIDTH]) -> Option<Verdict> {
@@ -465,22 +483,10 @@ fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; REPLY_WIDTH]) -
     let flag = |i: usize| r[i] == 1;
     let (code, _) = CODES.iter().find(|(c, _)| *c as i64 == r[0])?;
     Some(match code {
-        Code::Rejected => {
-            let (scope, set) = *scopes.get(usize::try_from(r[2] - 1).ok()?)?;
-            let rule = keys
-                .sets
-                .get(set)?
-                .rules
-                .get(usize::try_from(r[3] - 1).ok()?)?;
-            Verdict::Rejected {
-                retry_after_ms: num(1)?,
-                rule: RuleRef {
-                    scope,
-                    window_ms: rule.window_ms(),
-                    max: rule.max,
-                },
-            }
-        }
+        Code::Rejected => Verdict::Rejected {
+            retry_after_ms: num(1)?,
+            rule: rule_named(keys, scopes, r[2], r[3])?,
+        },
         Code::Admitted => Verdict::Admitted,
         Code::Expired => Verdict::Expired,
         Code::Resumed => Verdict::Resumed {
@@ -704,9 +710,16 @@ impl RedisLedger {
             self.give_back_refunded(&entry.job.request, &reply.values)
                 .await;
         }
+        // An admission names the shadow rule that would have rejected it
+        // (0: none; a "create" never names one: its scopes answered it).
+        let shadow = match (verdict, reply.values[2]) {
+            (Verdict::Admitted, s) if s > 0 => rule_named(&self.keys, scopes, s, reply.values[3]),
+            _ => None,
+        };
         Ok(Admission {
             decided_at_ms: reply.now_ms,
             verdict,
+            shadow,
         })
     }
 }

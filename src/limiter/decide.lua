@@ -30,7 +30,9 @@ Rule sets travel in ARGV (written by limiter::Keyspace::push_rule_sets):
   keep_ms, how long its keys keep admissions (the longest window of any rule
   set of the same scope, since keys are shared across purposes, plus a
   minute of slack for a clock that steps back); then r
-  pairs (window_ms, max).
+  pairs (window_ms, max), max negative for a shadow rule: judged like the
+  others over the same log, it never rejects; the one that would have
+  bound is answered beside the decision.
 A request's "shape" names the rule set of each of its scope keys: one
 character per key, '0' + the 1-based rule set ("12": two keys, the first
 judged by set 1, the second by set 2).
@@ -83,15 +85,17 @@ local function rule_sets(a)
     -- its N-th newest entry on its own, only when the log is at least as
     -- long as that first read (so a domain's 50 per 10 minutes costs one
     -- read, not a read of 16 and then one more).
-    local set = {n = n, w = {}, max = {}, rank = {}, keep = keep, keep_s = ARGV[a + 1]}
+    local set = {n = n, w = {}, max = {}, rank = {}, shadow = {}, keep = keep, keep_s = ARGV[a + 1]}
     local top, least = 1, math.huge
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
       local w, m = tonumber(w_s), tonumber(m_s)
-      if not w or not m or w < 1 or w > MAX_PERIOD_MS or m < 1 then
+      if not w or not m or w < 1 or w > MAX_PERIOD_MS or m == 0 or m ~= math.floor(m) then
         return nil, 'rule ' .. r .. ' of set ' .. i
       end
-      set.w[r], set.max[r], set.rank[r] = w, m, '-' .. m_s
+      set.shadow[r] = m < 0
+      m = math.abs(m)
+      set.w[r], set.max[r], set.rank[r] = w, m, '-' .. int(m)
       top, least = math.max(top, m), math.min(least, m)
     end
     set.fetch = least > 16 and 0 or math.min(top, 16)
@@ -114,10 +118,12 @@ local function shape_ok(shape, sets)
 end
 
 -- Judges one request at `now`: its scope keys are KEYS[first ..
--- first + #shape - 1]. Returns 0 if every rule has room, else the wait, the
--- 1-based scope and the 1-based rule that binds. Writes nothing.
+-- first + #shape - 1]. Returns 0 if every enforced rule has room, else the
+-- wait, the 1-based scope and the 1-based rule that binds; then the same
+-- three for the shadow rules (0 if each has room). Writes nothing.
 local function judge(first, shape, sets, now)
   local best_d, best_s, best_r = 0, 0, 0
+  local sh_d, sh_s, sh_r = 0, 0, 0
   for s = 1, #shape do
     local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
     -- The newest entries, oldest of them first; a brand-new key reads as
@@ -142,11 +148,15 @@ local function judge(first, shape, sets, now)
       -- The rule is full iff d > 0; the largest d binds, the first on a tie.
       if t_n then
         local d = t_n + set.w[r] - now
-        if d > best_d then best_d, best_s, best_r = d, s, r end
+        if set.shadow[r] then
+          if d > sh_d then sh_d, sh_s, sh_r = d, s, r end
+        elseif d > best_d then
+          best_d, best_s, best_r = d, s, r
+        end
       end
     end
   end
-  return best_d, best_s, best_r
+  return best_d, best_s, best_r, sh_d, sh_s, sh_r
 end
 
 -- Records an admission at `now` (`now_s`) in each scope key of a request.

@@ -50,10 +50,15 @@ impl MemoryLogs {
         &self.keys
     }
 
-    /// Which rule binds `scopes` (as [`Keyspace::applicable`] lists them) at
-    /// `now`, and after how long; `None` if every rule has room.
-    pub fn judge(&mut self, scopes: &[(Scope, String, usize)], now: u64) -> Option<(u64, RuleRef)> {
-        let mut best: Option<(u64, RuleRef)> = None;
+    /// Which enforced rule binds `scopes` (as [`Keyspace::applicable`]
+    /// lists them) at `now`, and after how long (`None` if each has room);
+    /// then the same of the shadow rules.
+    pub fn judge(
+        &mut self,
+        scopes: &[(Scope, String, usize)],
+        now: u64,
+    ) -> [Option<(u64, RuleRef)>; 2] {
+        let mut best: [Option<(u64, RuleRef)>; 2] = [None, None];
         let mut times = Vec::new();
         for (scope, key, set) in scopes {
             let set = &self.keys.sets[*set];
@@ -63,16 +68,12 @@ impl MemoryLogs {
                 log.prune(now);
                 times.extend(log.entries.iter().map(|(t, _)| *t));
             }
-            if let Some((d, i)) = binding_rule(&set.rules, &times, now)
-                && best.is_none_or(|(bd, _)| d > bd)
-            {
-                let r = &set.rules[i];
-                let rule = RuleRef {
-                    scope: *scope,
-                    window_ms: r.window_ms(),
-                    max: r.max,
-                };
-                best = Some((d, rule));
+            for (best, enforce) in best.iter_mut().zip([true, false]) {
+                if let Some((d, i)) = binding_rule(&set.rules, &times, now, enforce)
+                    && best.is_none_or(|(bd, _)| d > bd)
+                {
+                    *best = Some((d, RuleRef::of(*scope, &set.rules[i])));
+                }
             }
         }
         best

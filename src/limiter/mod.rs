@@ -97,6 +97,17 @@ pub struct RuleRef {
     pub max: u32,
 }
 
+impl RuleRef {
+    /// Names `rule` of `scope`.
+    pub fn of(scope: Scope, rule: &Rule) -> Self {
+        Self {
+            scope,
+            window_ms: rule.window_ms(),
+            max: rule.max,
+        }
+    }
+}
+
 /// What the limiter is asked about: one job, for one mailbox, from one client.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -242,8 +253,8 @@ impl Keyspace {
     /// The rule sets as `decide.lua` reads them from ARGV: their count, then
     /// for each its number of rules, how long its keys keep admissions, and
     /// each rule's `(window_ms, max)`.
-    pub fn rule_set_args(&self) -> Vec<u64> {
-        let mut args = vec![self.sets.len() as u64];
+    pub fn rule_set_args(&self) -> Vec<i64> {
+        let mut args = vec![i64::try_from(self.sets.len()).unwrap_or(i64::MAX)];
         for set in &self.sets {
             push_rule_set(set, &mut args);
         }
@@ -252,7 +263,7 @@ impl Keyspace {
 
     /// Rule set `set` alone, as `decide.lua` reads rule sets (a count of 1,
     /// then the set).
-    pub fn one_rule_set_args(&self, set: usize) -> Vec<u64> {
+    pub fn one_rule_set_args(&self, set: usize) -> Vec<i64> {
         let mut args = vec![1];
         if let Some(set) = self.sets.get(set) {
             push_rule_set(set, &mut args);
@@ -346,13 +357,17 @@ impl Keyspace {
 }
 
 /// A rule set as `decide.lua` reads it: its number of rules, how long its
-/// keys keep admissions, and each rule's `(window_ms, max)`.
-fn push_rule_set(set: &RuleSet, args: &mut Vec<u64>) {
-    args.push(set.rules.len() as u64);
-    args.push(set.keep_ms);
+/// keys keep admissions, and each rule's `(window_ms, max)`, the max
+/// negative for a shadow rule. (Settings cap windows and keeps at a year
+/// and a day, so every value fits.)
+fn push_rule_set(set: &RuleSet, args: &mut Vec<i64>) {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    args.push(int(set.rules.len() as u64));
+    args.push(int(set.keep_ms));
     for rule in &set.rules {
-        args.push(rule.window_ms());
-        args.push(rule.max.into());
+        args.push(int(rule.window_ms()));
+        let max = i64::from(rule.max);
+        args.push(if rule.enforce { max } else { -max });
     }
 }
 
@@ -402,6 +417,9 @@ pub struct Usage {
 pub struct RuleUsage {
     /// The rule.
     pub rule: RuleRef,
+    /// Whether it rejects (false: a shadow rule, which only counts the
+    /// requests it would have rejected).
+    pub enforce: bool,
     /// Admissions in its window now.
     pub count: u32,
     /// How long until it has room (0: it has room now).
@@ -424,14 +442,10 @@ pub(crate) fn usage_of(
         .map(|r| {
             let lo = times.partition_point(|&t| t.saturating_add(r.window_ms()) <= now);
             let count = hi.saturating_sub(lo);
-            let retry_after_ms =
-                binding_rule(std::slice::from_ref(r), times, now).map_or(0, |(d, _)| d);
+            let retry_after_ms = wait_of(r, times, now).unwrap_or(0);
             RuleUsage {
-                rule: RuleRef {
-                    scope,
-                    window_ms: r.window_ms(),
-                    max: r.max,
-                },
+                rule: RuleRef::of(scope, r),
+                enforce: r.enforce,
                 count: u32::try_from(count).unwrap_or(u32::MAX),
                 retry_after_ms,
             }
@@ -439,7 +453,10 @@ pub(crate) fn usage_of(
         .collect();
     let retry_after_ms = match exempt {
         true => 0,
-        false => rules.iter().map(|r| r.retry_after_ms).max().unwrap_or(0),
+        false => (rules.iter().filter(|r| r.enforce))
+            .map(|r| r.retry_after_ms)
+            .max()
+            .unwrap_or(0),
     };
     Usage {
         key,
@@ -450,28 +467,40 @@ pub(crate) fn usage_of(
     }
 }
 
-/// For one key: which rule binds and after how long, given the admission
-/// times in the key's log (ascending) at time `now`. `None` if every rule has
+/// For one key: which of the rules that `enforce` (or, with `false`, of
+/// the shadow rules) binds and after how long, given the admission times in
+/// the key's log (ascending) at time `now`. `None` if each of them has
 /// room. Ties go to the earlier rule.
-pub(crate) fn binding_rule(rules: &[Rule], times: &[u64], now: u64) -> Option<(u64, usize)> {
+pub(crate) fn binding_rule(
+    rules: &[Rule],
+    times: &[u64],
+    now: u64,
+    enforce: bool,
+) -> Option<(u64, usize)> {
     let mut best: Option<(u64, usize)> = None;
     for (i, rule) in rules.iter().enumerate() {
-        let w = rule.window_ms();
-        let max = rule.max as usize;
-        // Times after now − w (those after now count too: a clock that
-        // stepped back frees no quota).
-        let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
-        let hi = times.len();
-        let count = hi.saturating_sub(lo);
-        if count >= max {
-            let e = times[lo + count - max];
-            let d = (e + w).saturating_sub(now);
-            if best.is_none_or(|(bd, _)| d > bd) {
-                best = Some((d, i));
-            }
+        if rule.enforce != enforce {
+            continue;
+        }
+        if let Some(d) = wait_of(rule, times, now)
+            && best.is_none_or(|(bd, _)| d > bd)
+        {
+            best = Some((d, i));
         }
     }
     best
+}
+
+/// How long until `rule` has room in a log with admission `times`
+/// (ascending) at `now`; `None` if it has room now.
+fn wait_of(rule: &Rule, times: &[u64], now: u64) -> Option<u64> {
+    let w = rule.window_ms();
+    let max = rule.max as usize;
+    // Times after now − w (those after now count too: a clock that stepped
+    // back frees no quota).
+    let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
+    let count = times.len().saturating_sub(lo);
+    (count >= max).then(|| (times[lo + count - max] + w).saturating_sub(now))
 }
 
 #[cfg(test)]

@@ -14,15 +14,18 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
 "peek" -- judges the scope, writing nothing.
   ARGV[3..]  one rule set, as decide.lua's rule sets: 1, then the set;
              then the job's id
-  returns    {now, 1} if it has room, else {now, 0, wait, binding rule},
+  returns    {now, 1, shadow wait, shadow rule} if it has room (the
+             shadow rule that would have rejected it, and its wait; 0 0
+             if none), else
+             {now, 0, wait, binding rule},
              or {now, 2, t, wait, binding rule} if among the entries that
              fill it is one of the same job, made at t (another copy of it
              may be being admitted: the caller asks the job's record again
              instead of answering a rejection)
 "reserve" -- the same, and if it has room records the reservation.
   ARGV[3..]  the rule set, then the job's id, then a nonce
-  returns    {now, 1} (recorded as member_of(now, id .. ':' .. nonce)),
-             else as "peek"
+  returns    {now, 1, shadow wait, shadow rule} (recorded as
+             member_of(now, id .. ':' .. nonce)), else as "peek"
 "unreserve" -- gives a reservation back.
   ARGV[3]    its time, ARGV[4] its suffix
   returns    {now, 1} if it was there, else {now, 0}
@@ -53,7 +56,7 @@ local values = op == 'reserve' and 2 or 1
 if #sets ~= 1 or #ARGV ~= a - 1 + values or id == '' or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
 end
-local d, _, rule = judge(1, '1', sets, now)
+local d, _, rule, shadow_d, _, shadow = judge(1, '1', sets, now)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
@@ -68,4 +71,4 @@ end
 if op == 'reserve' then
   record(1, '1', sets, now, int(now), member_of(now, id .. ':' .. nonce))
 end
-return {now, 1}
+return {now, 1, shadow_d, shadow}

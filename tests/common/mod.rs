@@ -397,10 +397,7 @@ pub fn rules(rs: &[(u64, u32)]) -> ScopeRules {
     ScopeRules {
         rules: rs
             .iter()
-            .map(|&(ms, max)| Rule {
-                window: Duration::from_millis(ms),
-                max,
-            })
+            .map(|&(ms, max)| Rule::new(Duration::from_millis(ms), max))
             .collect(),
     }
 }

@@ -41,6 +41,9 @@ pub struct Model {
     admissions: Vec<Admission>,
     records: Vec<Record>,
     lease_ms: u64,
+    /// The shadow rule the last fresh admission would have been rejected
+    /// by (the one with the longest wait, the first on a tie).
+    pub shadow: Option<RuleRef>,
 }
 
 impl Model {
@@ -49,6 +52,7 @@ impl Model {
             admissions: Vec::new(),
             records: Vec::new(),
             lease_ms,
+            shadow: None,
         }
     }
 
@@ -60,10 +64,12 @@ impl Model {
             .count()
     }
 
-    fn full_rules(&self, scopes: &Scopes<'_>, at: u64) -> Vec<RuleRef> {
+    /// The enforced rules (or, with `enforce` false, the shadow rules) that
+    /// are full at `at`, in order.
+    fn full(&self, scopes: &Scopes<'_>, at: u64, enforce: bool) -> Vec<RuleRef> {
         let mut full = Vec::new();
         for (scope, key, rules) in scopes {
-            for r in *rules {
+            for r in rules.iter().filter(|r| r.enforce == enforce) {
                 let w = r.window.as_millis() as u64;
                 if self.count(key, w, at) >= r.max as usize {
                     full.push(RuleRef {
@@ -92,6 +98,7 @@ impl Model {
         t: u64,
     ) -> Verdict {
         let lease_ms = self.lease_ms;
+        self.shadow = None;
         if let Some(r) = self.record(id) {
             let mine = r.owner == ticket;
             let (at, answered) = (r.at, r.answered);
@@ -141,6 +148,7 @@ impl Model {
             }
         }
         if self.full_rules(scopes, t).is_empty() {
+            self.shadow = self.first_to_free(scopes, t, false).map(|(_, rule)| rule);
             self.admissions.push(Admission {
                 at: t,
                 id: id.to_owned(),
@@ -157,6 +165,26 @@ impl Model {
                 answered: false,
             });
             return Verdict::Admitted;
+        }
+        let (d, rule) = self
+            .first_to_free(scopes, t, true)
+            .expect("some admission must eventually leave every window");
+        Verdict::Rejected {
+            retry_after_ms: d,
+            rule,
+        }
+    }
+
+    fn full_rules(&self, scopes: &Scopes<'_>, at: u64) -> Vec<RuleRef> {
+        self.full(scopes, at, true)
+    }
+
+    /// If some enforced (or shadow) rule is full at `t`: how long until
+    /// every one has room, and the rule that binds (the first one still
+    /// full just before then).
+    fn first_to_free(&self, scopes: &Scopes<'_>, t: u64, enforce: bool) -> Option<(u64, RuleRef)> {
+        if self.full(scopes, t, enforce).is_empty() {
+            return None;
         }
         // Counts only fall as time passes, so the answer is the first moment
         // some admission leaves some window and every rule has room.
@@ -179,14 +207,8 @@ impl Model {
         candidates.sort_unstable();
         let d = candidates
             .into_iter()
-            .find(|&d| self.full_rules(scopes, t + d).is_empty())
-            .expect("some admission must eventually leave every window");
-        // The binding rule: the first one still full just before `d`.
-        let rule = self.full_rules(scopes, t + d - 1)[0];
-        Verdict::Rejected {
-            retry_after_ms: d,
-            rule,
-        }
+            .find(|&d| self.full(scopes, t + d, enforce).is_empty())?;
+        Some((d, self.full(scopes, t + d - 1, enforce)[0]))
     }
 
     /// The owner's send begins.

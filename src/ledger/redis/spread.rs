@@ -13,11 +13,11 @@ use std::sync::LazyLock;
 
 use super::{
     Code, Conn, REPLY_WIDTH, RedisLedger, Replication, Reply, admission_args, answered, clock_arg,
-    eval_waiting, stopped, verdict,
+    eval_waiting, rule_named, stopped, verdict,
 };
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{Clock, DECIDE_LUA, Request, SCOPE_LUA, Scope, Subject};
+use crate::limiter::{Clock, DECIDE_LUA, Request, RuleRef, SCOPE_LUA, Scope, Subject};
 
 /// The scope script: the limiter's decision chunk, then `scope.lua` (whose
 /// header documents its KEYS and ARGV).
@@ -28,8 +28,9 @@ static SCOPE: LazyLock<redis::Script> =
 /// spread over shards).
 enum Reservations {
     /// Every scope has room (and holds the reservation): its scope, key
-    /// and reservation time.
-    Held(Vec<(Scope, String, u64)>),
+    /// and reservation time; and the shadow rule that would have rejected
+    /// the request, with its wait (the longest, the first on a tie).
+    Held(Vec<(Scope, String, u64)>, Option<(u64, RuleRef)>),
     /// A scope rejected, and every reservation was given back: the largest
     /// wait, the first rule with it, and when its scope decided.
     Rejected(Admission),
@@ -73,7 +74,7 @@ impl RedisLedger {
             return self.decided(entry, &[], look).await;
         }
         match self.gather(&scopes, peeks, None).await? {
-            Reservations::Held(_) => {}
+            Reservations::Held(..) => {}
             Reservations::Rejected(rejection) => return Ok(rejection),
             Reservations::Copy => return self.look_again(entry, clock, &record).await,
         }
@@ -85,12 +86,14 @@ impl RedisLedger {
         // One scope after another: a request that loses the race for one
         // scope's room holds none in the scopes after it.
         let mut held = Vec::with_capacity(scopes.len());
+        let mut shadow: Option<(u64, RuleRef)> = None;
         for scope in &scopes {
             let one = std::slice::from_ref(scope);
             let reply = self.each_scope(clock, one, id, Some(nonce)).await;
             let answer = match self.gather(one, reply, Some(&suffix)).await {
-                Ok(Reservations::Held(h)) => {
+                Ok(Reservations::Held(h, would_bind)) => {
                     held.extend(h);
+                    shadow = longer(shadow, would_bind);
                     continue;
                 }
                 other => other,
@@ -131,7 +134,11 @@ impl RedisLedger {
             // Another copy of the job won the record meanwhile.
             self.give_back(&suffix, &held).await;
         }
-        self.decided(entry, &[], created).await
+        let mut admission = self.decided(entry, &[], created).await?;
+        if admission.verdict == Verdict::Admitted {
+            admission.shadow = shadow.map(|(_, rule)| rule);
+        }
+        Ok(admission)
     }
 
     /// A "peek" (no nonce) or a "reserve" of job `id` with `nonce` in each
@@ -147,7 +154,7 @@ impl RedisLedger {
     ) -> Vec<Result<Reply, LedgerError>> {
         let calls = scopes.iter().map(|(_, key, set)| {
             let mut args: Vec<String> = (self.keys.one_rule_set_args(*set).iter())
-                .map(u64::to_string)
+                .map(i64::to_string)
                 .collect();
             args.push(id.to_owned());
             args.extend(nonce.map(|n| n.to_string()));
@@ -176,6 +183,7 @@ impl RedisLedger {
         }
         Ok(Admission {
             decided_at_ms: look.now_ms,
+            shadow: None,
             verdict: Verdict::Busy {
                 lease_left_ms: COPY_WAIT_MS,
             },
@@ -242,7 +250,7 @@ impl RedisLedger {
         suffix: Option<&str>,
     ) -> Result<Reservations, LedgerError> {
         let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
-        let mut copy = false;
+        let (mut copy, mut shadow) = (false, None);
         for ((scope, key, set), reply) in scopes.iter().zip(replies) {
             let reply = match reply {
                 Ok(reply) => reply,
@@ -254,6 +262,11 @@ impl RedisLedger {
             };
             if reply.values[0] == 1 {
                 held.push((*scope, key.clone(), reply.now_ms));
+                let [_, wait, rule, ..] = reply.values;
+                let would_bind = u64::try_from(wait).ok().filter(|d| *d > 0).and_then(|d| {
+                    rule_named(&self.keys, &[(*scope, *set)], 1, rule).map(|rule| (d, rule))
+                });
+                shadow = longer(shadow, would_bind);
                 if let Some(acked) = reply.unreplicated {
                     failed = Some(self.unreplicated_reservation(acked));
                 }
@@ -283,6 +296,7 @@ impl RedisLedger {
                     rejected = Some(Admission {
                         decided_at_ms: reply.now_ms,
                         verdict,
+                        shadow: None,
                     });
                 }
                 Some(Verdict::Rejected { .. }) => {}
@@ -295,7 +309,7 @@ impl RedisLedger {
             }
         }
         if rejected.is_none() && failed.is_none() && !copy {
-            return Ok(Reservations::Held(held));
+            return Ok(Reservations::Held(held, shadow));
         }
         if let Some(suffix) = suffix {
             self.give_back(suffix, &held).await;
@@ -403,6 +417,7 @@ async fn on_scope(
     // 0, wait and rule; another copy's entry (2), its time, wait and rule.
     let values = match r.get(1..) {
         Some([done]) => [*done, 0, 0, 0, 0],
+        Some([1, shadow_wait, shadow]) => [1, *shadow_wait, *shadow, 0, 0],
         Some([0, wait, rule]) => [0, 0, *wait, *rule, 0],
         Some([2, made_at, wait, rule]) => [2, *made_at, *wait, *rule, 0],
         _ => return Err(bad()),
@@ -416,4 +431,14 @@ async fn on_scope(
         values,
         unreplicated,
     })
+}
+
+/// Of two shadow rules that would have bound, with their waits, the one
+/// with the longer wait (the first on a tie).
+fn longer(a: Option<(u64, RuleRef)>, b: Option<(u64, RuleRef)>) -> Option<(u64, RuleRef)> {
+    match (a, b) {
+        (Some(x), Some(y)) if y.0 > x.0 => Some(y),
+        (Some(x), _) => Some(x),
+        (None, y) => y,
+    }
 }
