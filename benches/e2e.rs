@@ -658,6 +658,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                         request: req,
                         ticket: &ticket,
                         attempt: 1,
+                        holder: 1,
                     },
                     send_now: false,
                     expires_at_ms: None,

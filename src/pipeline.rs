@@ -243,6 +243,8 @@ impl<L: Ledger> Pipeline<L> {
             request: request(&job),
             ticket: msg.ticket,
             attempt: msg.attempt,
+            // This handling of the message (see `JobRef::holder`).
+            holder: uuid::Uuid::new_v4().as_u64_pair().0,
         };
         let slot = self.mailer.try_reserve();
         let admitted = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {
@@ -317,9 +319,11 @@ impl<L: Ledger> Pipeline<L> {
                 // sending, give the mark back, so the retry resumes the job
                 // instead of finding its delivery unknown. Safe: no SMTP
                 // transaction began, and the release is fenced to this
-                // attempt of this lineage. One try: the retry is what counts.
-                if send_now && let Err(e) = self.ledger.release(job_ref).await {
-                    tracing::debug!(error = %e, "could not give back a possible send mark");
+                // handling of the message (`JobRef::holder`), so it gives
+                // back only a mark this admission set. A few tries over a
+                // second: a cluster client reconnects before it answers.
+                if send_now {
+                    self.release_lost_mark(job_ref).await;
                 }
                 return Err(self.unavailable(job, msg, out, ledger_error(&e)).await);
             }
@@ -409,6 +413,18 @@ impl<L: Ledger> Pipeline<L> {
             self.record(|| self.ledger.answered(job_ref)).await;
         }
         Err(action)
+    }
+
+    /// Gives back the send mark an admission whose reply was lost may have
+    /// set (see `admit`); tries a few times while Redis does not answer.
+    async fn release_lost_mark(&self, job_ref: &JobRef<'_>) {
+        for pause in [0, 100, 300, 600] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            match self.ledger.release(job_ref).await {
+                Ok(_) => return,
+                Err(e) => tracing::debug!(error = %e, "could not give back a possible send mark"),
+            }
+        }
     }
 
     /// Deliver: renders, takes an SMTP connection if the admission did not

@@ -487,27 +487,27 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1", "0", "", "1", "admit", "b", "fp", "tk", "1", "?",
-                "", "1",
+                "admit", "a", "fp", "tk", "1:a", "0", "", "01", "admit", "b", "fp", "tk", "1:a",
+                "?", "", "01",
             ]),
         ),
         // A good request, then a settle with a bad end.
         (
             vec!["t:job:a", "t:email:a", "t:job:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1", "0", "", "1", "settle", "tk", "1", "b", "z", "1",
-                "0",
+                "admit", "a", "fp", "tk", "1:a", "0", "", "01", "settle", "tk", "1:a", "b", "z",
+                "1", "0",
             ]),
         ),
         // A shape naming a rule set that does not exist.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "1", "0", "", "9"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "09"]),
         ),
         // Keys that do not match the requests.
         (
             vec!["t:job:a"],
-            batch(&["admit", "a", "fp", "tk", "1", "0", "", "1"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "01"]),
         ),
         // A good request whose record would outlive what Redis accepts.
         (
@@ -515,7 +515,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1", "0", "", "1"],
+                &["admit", "a", "fp", "tk", "1:a", "0", "", "01"],
             ]
             .concat(),
         ),
@@ -536,45 +536,45 @@ async fn malformed_calls_write_nothing() {
                 "a",
                 "fp",
                 "tk",
-                "1",
+                "1:a",
                 "0",
                 "",
-                "1",
+                "01",
             ],
         ),
         // Attempt 0.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "0", "0", "", "1"]),
+            batch(&["admit", "a", "fp", "tk", "0:a", "0", "", "01"]),
         ),
         // A rule with a zero window.
         (
             vec!["t:job:a", "t:email:a"],
             vec![
                 "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
-                "tk", "1", "0", "", "1",
+                "tk", "1:a", "0", "", "01",
             ],
         ),
         (
             vec!["t:job:a"],
-            batch(&["settle", "tk", "1", "a", "z", "1", "0"]),
+            batch(&["settle", "tk", "1:a", "a", "z", "1", "0"]),
         ),
         // A settle naming more scope keys than there are.
         (
             vec!["t:job:a"],
-            batch(&["settle", "tk", "1", "a", "e", "1", "2"]),
+            batch(&["settle", "tk", "1:a", "a", "e", "1", "2"]),
         ),
-        (vec!["t:job:a"], batch(&["sending", "tk", "0"])),
+        (vec!["t:job:a"], batch(&["sending", "tk", "0:a"])),
         (
             vec!["t:job:a"],
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["sending", "tk", "1"],
+                &["sending", "tk", "1:a"],
             ]
             .concat(),
         ),
-        (vec!["t:job:a"], batch(&["sending", "", "1"])),
+        (vec!["t:job:a"], batch(&["sending", "", "1:a"])),
         // An item cut short.
         (vec!["t:job:a"], batch(&["release", "tk"])),
         (vec!["t:job:a"], batch(&["answered", ""])),
@@ -594,7 +594,7 @@ async fn malformed_calls_write_nothing() {
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
     // The same shape, well formed, is accepted and written.
-    let good = batch(&["admit", "a", "fp", "tk", "1", "0", "", "1"]);
+    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "01"]);
     let _: redis::Value = redis::cmd("EVAL")
         .arg(&script)
         .arg(2)

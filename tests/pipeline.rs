@@ -714,6 +714,7 @@ async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() 
             },
             ticket: &owner,
             attempt: 1,
+            holder: 1,
         },
         send_now: true,
         expires_at_ms: None,

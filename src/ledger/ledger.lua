@@ -21,7 +21,10 @@ write (ARGV), so an id is never mailed twice within that period:
            r  refunded: ended without a mail (expired, failed, invalid); the
               quota was given back; fin says how it was answered
   own    the ticket of the message lineage that owns the send
-  n      the owner's attempt: "sending", "release", a refund and "unknown"
+  n      the owner's attempt, "<attempt>:<holder>" (the holder: the one
+         handling of the message that holds the send, so two deliveries of
+         one attempt cannot give back or settle each other's send):
+         "sending", "release", a refund and "unknown"
          are accepted only from that attempt, so a late write of an earlier
          one (a call that reached Redis after its caller gave up on it)
          cannot change what a later attempt owns
@@ -77,7 +80,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            its values (ITEMS below: admit, look, create, sending,
            release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
-           per shape character; settle: as many as it names)
+           per key the shape names; settle: as many as it names)
   returns  {now, then WIDTH (5) integers per item: admit's code and up to
            4 values (CODE); the other kinds, 1 or 0 and up to 4 values,
            zeros for the rest}
@@ -85,10 +88,10 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   nothing.
 ]]
 
--- Whether ARGV[i] is an attempt number (>= 1).
+-- Whether ARGV[i] is an attempt: its number (>= 1) and holder, "<n>:<hex>".
 local function attempt_ok(i)
-  local n = tonumber(ARGV[i])
-  return n ~= nil and n >= 1
+  local n = string.match(ARGV[i] or '', '^(%d+):%x+$')
+  return n ~= nil and tonumber(n) >= 1
 end
 
 --[[
@@ -98,7 +101,8 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     caller marks "sending" later),
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules).
-  KEYS: the record, then one scope key per shape character.
+  KEYS: the record, then one scope key per key the shape names (two
+  characters each).
 
 items "look" and "create" -- the same decision when the scope keys live on
   other shards of a Redis Cluster (a key prefix without a hash tag), so that
@@ -145,11 +149,11 @@ end
 
 local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local attempt, state = tonumber(attempt_s), ARGV[a + 4] == '1' and 'x' or 'a'
+  local state = ARGV[a + 4] == '1' and 'x' or 'a'
   local expires = tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
-  local last = first + #shape - 1
+  local last = first + #shape / 2 - 1
   local now, dedup_s, sets = b.now, b.dedup_s, b.sets
   local expired = expires ~= nil and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
@@ -304,7 +308,7 @@ end
 local one = function() return 1 end
 local ITEMS = {
   admit = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'admit') end,
-    keys = function(a) return 1 + #ARGV[a + 6] end,
+    keys = function(a) return 1 + #ARGV[a + 6] / 2 end,
     run = function(k, a, b) return admit(k, a, b, 'admit') end},
   look = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'look') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'look') end},

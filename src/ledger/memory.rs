@@ -40,8 +40,8 @@ struct Record {
     admitted_at: u64,
     state: JobState,
     owner: Ticket,
-    /// The owner's attempt.
-    attempt: u32,
+    /// The owner's attempt, and which handling of it holds the send.
+    attempt: (u32, u64),
     lease_until: u64,
     answered: bool,
     /// When the record is forgotten.
@@ -126,7 +126,7 @@ impl State {
             JobState::Admitted
         };
         let id = job.request.id.as_str();
-        let attempt = job.attempt.max(1);
+        let attempt = (job.attempt.max(1), job.holder);
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
             let answered = rec.answered;
@@ -218,7 +218,7 @@ impl State {
 
 /// Whether `job`'s attempt of its lineage owns `rec`.
 fn owns(rec: &Record, job: &JobRef<'_>) -> bool {
-    rec.owner == *job.ticket && rec.attempt == job.attempt.max(1)
+    rec.owner == *job.ticket && rec.attempt == (job.attempt.max(1), job.holder)
 }
 
 impl Ledger for MemoryLedger {
@@ -292,7 +292,7 @@ impl Ledger for MemoryLedger {
             Ending::Sent if !matches!(rec.state, JobState::Refunded(_)) => {
                 rec.state = JobState::Sent;
                 rec.owner = job.ticket.clone();
-                rec.attempt = job.attempt.max(1);
+                rec.attempt = (job.attempt.max(1), job.holder);
                 None
             }
             Ending::Unknown

@@ -153,6 +153,15 @@ pub struct JobRef<'a> {
     /// takes a send over: the same attempt can be delivered twice, and a
     /// producer can write any ticket and attempt into its headers.
     pub attempt: u32,
+    /// This handling of the message: a random number the pipeline draws
+    /// for each delivery it handles. The record names the holder of the
+    /// send with the attempt, so two deliveries of one message (a copy
+    /// delivered twice, headers a producer wrote) cannot give back or
+    /// settle each other's send: a delivery whose admission reply was lost
+    /// gives back the mark only if it set it (found by review: one twin's
+    /// release undid the other's mark mid-send, and the job was mailed
+    /// twice).
+    pub holder: u64,
 }
 
 /// What admission is asked.

@@ -359,8 +359,10 @@ async fn dispatch(
 }
 
 /// A job's attempt as the script takes it (at least 1).
+/// The attempt as the record names its owner: the attempt and the holder,
+/// `<attempt>:<holder, hex>` (see [`JobRef::holder`]).
 fn attempt(job: &JobRef<'_>) -> String {
-    job.attempt.max(1).to_string()
+    format!("{}:{:x}", job.attempt.max(1), job.holder)
 }
 
 fn clock_arg(clock: Clock) -> String {
@@ -522,10 +524,10 @@ impl Ledger for RedisLedger {
         let applicable = self.keys.applicable(&job.request);
         let mut keys = Vec::with_capacity(1 + applicable.len());
         keys.push(self.keys.record_key(job.request.id));
-        let mut shape = String::with_capacity(applicable.len());
+        let mut shape = String::with_capacity(2 * applicable.len());
         let mut scopes = Vec::with_capacity(applicable.len());
         for (scope, key, set) in applicable {
-            shape.push(shape_char(set));
+            push_shape(&mut shape, set);
             keys.push(key);
             scopes.push((scope, set));
         }
@@ -733,7 +735,7 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
         job.request.id.as_str().to_owned(),
         Fingerprint::of(&job.request).as_str().to_owned(),
         job.ticket.as_str().to_owned(),
-        job.attempt.max(1).to_string(),
+        attempt(job),
         if entry.send_now { "1" } else { "0" }.to_owned(),
         entry
             .expires_at_ms
@@ -743,11 +745,15 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
     ]
 }
 
-/// A rule set's character in a shape (see `decide.lua`).
-fn shape_char(set: usize) -> char {
-    // Settings allow at most 100 purposes, so at most 202 sets: the
-    // character stays within a byte.
-    char::from(b'1' + u8::try_from(set).unwrap_or(u8::MAX - b'1'))
+/// Appends rule set `set` (0-based) to a shape: its 1-based number in two
+/// base-64 digits from '0' (see `decide.lua`). Settings allow at most 100
+/// purposes, so at most 303 sets, far below the 4095 two digits hold (found
+/// by review: one character per set ran past ASCII at the 79th set, and
+/// every batch with such an admission failed).
+fn push_shape(shape: &mut String, set: usize) {
+    let n = (set + 1).min(4095);
+    shape.push(char::from(b'0' + (n / 64) as u8));
+    shape.push(char::from(b'0' + (n % 64) as u8));
 }
 
 impl Quotas for RedisLedger {

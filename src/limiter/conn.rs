@@ -119,9 +119,17 @@ fn cluster_client(target: &ClusterTarget) -> RedisResult<redis::cluster::Cluster
             false => format!("{scheme}://{host}:{port}"),
         })
         .collect();
+    // No retries: the client would send a request again after a dropped
+    // connection or a response timeout, and a script whose reply was lost
+    // may have run; mailgate's are not safe to run twice (found by review:
+    // a create run twice gave its reservations back under its own record).
+    // A failed call fails its job's attempt, which mailgate retries knowing
+    // what may have happened; the client still refreshes its slot map on a
+    // MOVED reply or a lost node, so the retry goes where the slot now is.
     let mut builder = ClusterClientBuilder::new(nodes)
         .connection_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)
+        .retries(0)
         .tcp_settings(nodelay());
     if let Some(user) = &target.username {
         builder = builder.username(user);

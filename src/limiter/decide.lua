@@ -33,9 +33,11 @@ Rule sets travel in ARGV (written by limiter::Keyspace::push_rule_sets):
   pairs (window_ms, max), max negative for a shadow rule: judged like the
   others over the same log, it never rejects; the one that would have
   bound is answered beside the decision.
-A request's "shape" names the rule set of each of its scope keys: one
-character per key, '0' + the 1-based rule set ("12": two keys, the first
-judged by set 1, the second by set 2).
+A request's "shape" names the rule set of each of its scope keys: two
+characters per key, the 1-based rule set in base 64 with '0' as the digit
+zero, high digit first ("0102": two keys, the first judged by set 1, the
+second by set 2; "1@" is set 64 + 16 = 80). Up to 4095 sets: settings allow
+100 purposes, 303 sets.
 ]]
 
 local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
@@ -109,23 +111,30 @@ local function rule_sets(a)
   return sets, a
 end
 
+-- The rule set a shape names for its s-th key.
+local function set_of(shape, s, sets)
+  local hi, lo = byte(shape, 2 * s - 1, 2 * s)
+  return sets[(hi - 48) * 64 + lo - 48]
+end
+
 -- Whether a shape names only rule sets that exist.
 local function shape_ok(shape, sets)
-  for s = 1, #shape do
-    if not sets[byte(shape, s) - 48] then return false end
+  if #shape % 2 ~= 0 then return false end
+  for s = 1, #shape / 2 do
+    if not set_of(shape, s, sets) then return false end
   end
   return true
 end
 
 -- Judges one request at `now`: its scope keys are KEYS[first ..
--- first + #shape - 1]. Returns 0 if every enforced rule has room, else the
+-- first + #shape / 2 - 1]. Returns 0 if every enforced rule has room, else the
 -- wait, the 1-based scope and the 1-based rule that binds; then the same
 -- three for the shadow rules (0 if each has room). Writes nothing.
 local function judge(first, shape, sets, now)
   local best_d, best_s, best_r = 0, 0, 0
   local sh_d, sh_s, sh_r = 0, 0, 0
-  for s = 1, #shape do
-    local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
+  for s = 1, #shape / 2 do
+    local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
     -- The newest entries, oldest of them first; a brand-new key reads as
     -- empty.
     local log = set.fetch > 0 and call('ZRANGE', key, set.fetch_s, '-1') or {}
@@ -161,8 +170,8 @@ end
 
 -- Records an admission at `now` (`now_s`) in each scope key of a request.
 local function record(first, shape, sets, now, now_s, member)
-  for s = 1, #shape do
-    local key, set = KEYS[first + s - 1], sets[byte(shape, s) - 48]
+  for s = 1, #shape / 2 do
+    local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
     -- Forget what no rule can see any more, so memory stays bounded.
     call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
     call('ZADD', key, now_s, member)

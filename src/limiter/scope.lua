@@ -27,7 +27,9 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   returns    {now, 1, shadow wait, shadow rule} (recorded as
              member_of(now, id .. ':' .. nonce)), else as "peek"
 "unreserve" -- gives a reservation back.
-  ARGV[3]    its time, ARGV[4] its suffix
+  ARGV[3]    its time, or "" if it is not known (the reply to its "reserve"
+             was lost: the log is looked through for the suffix)
+  ARGV[4]    its suffix
   returns    {now, 1} if it was there, else {now, 0}
 ]]
 
@@ -42,9 +44,18 @@ local now = clock(2)
 if not now then return fail('bad clock') end
 
 if op == 'unreserve' then
-  local t = tonumber(ARGV[3])
-  if #ARGV ~= 4 or not t or t < 0 or ARGV[4] == '' then return fail('takes a time and a suffix') end
-  return {now, call('ZREM', KEYS[1], member_of(t, ARGV[4]))}
+  local t, suffix = tonumber(ARGV[3]), ARGV[4]
+  if #ARGV ~= 4 or (ARGV[3] ~= '' and (not t or t < 0)) or suffix == '' then
+    return fail('takes a time (or "") and a suffix')
+  end
+  if t then return {now, call('ZREM', KEYS[1], member_of(t, suffix))} end
+  -- Its time unknown: a log holds what its rules allow in its keep, a few
+  -- dozen entries, so look through it.
+  local tail, found = ':' .. suffix, 0
+  for _, m in ipairs(call('ZRANGE', KEYS[1], 0, -1)) do
+    if sub(m, 13) == tail then found = found + call('ZREM', KEYS[1], m) end
+  end
+  return {now, found > 0 and 1 or 0}
 elseif op ~= 'peek' and op ~= 'reserve' then
   return fail('unknown op')
 end
@@ -56,7 +67,7 @@ local values = op == 'reserve' and 2 or 1
 if #sets ~= 1 or #ARGV ~= a - 1 + values or id == '' or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
 end
-local d, _, rule, shadow_d, _, shadow = judge(1, '1', sets, now)
+local d, _, rule, shadow_d, _, shadow = judge(1, '01', sets, now)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
@@ -69,6 +80,6 @@ if d > 0 then
   return {now, 0, d, rule}
 end
 if op == 'reserve' then
-  record(1, '1', sets, now, int(now), member_of(now, id .. ':' .. nonce))
+  record(1, '01', sets, now, int(now), member_of(now, id .. ':' .. nonce))
 end
 return {now, 1, shadow_d, shadow}

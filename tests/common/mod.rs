@@ -328,6 +328,7 @@ impl TestJob {
             request: self.request(),
             ticket,
             attempt,
+            holder: holder(ticket, attempt),
         }
     }
 
@@ -349,6 +350,16 @@ impl TestJob {
         }
         a.verdict
     }
+}
+
+/// The holder of attempt `attempt` of lineage `ticket` in the tests: one
+/// per lineage and attempt, as if each were handled once. A test of two
+/// handlings of one attempt sets `JobRef::holder` itself.
+pub fn holder(ticket: &Ticket, attempt: u32) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (ticket.as_str(), attempt).hash(&mut h);
+    h.finish()
 }
 
 /// Deletes every Redis key under a prefix when dropped, pass or fail.

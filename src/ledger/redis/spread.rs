@@ -10,6 +10,7 @@
 //! [`RedisSettings::spreads_keys`]: crate::settings::RedisSettings::spreads_keys
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use super::{
     Code, Conn, REPLY_WIDTH, RedisLedger, Replication, Reply, admission_args, answered, clock_arg,
@@ -23,6 +24,10 @@ use crate::limiter::{Clock, DECIDE_LUA, Request, RuleRef, SCOPE_LUA, Scope, Subj
 /// header documents its KEYS and ARGV).
 static SCOPE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{SCOPE_LUA}")));
+
+/// The time of a reservation whose "reserve" reply was lost: it is given
+/// back by the job's suffix alone (scope.lua's "unreserve" with no time).
+const TIME_UNKNOWN: u64 = u64::MAX;
 
 /// What judging (or reserving in) every scope of a request came to (keys
 /// spread over shards).
@@ -45,7 +50,7 @@ enum Reservations {
 /// was made ([`RedisLedger::not_created`]): some 5 s in all, longer than a
 /// cluster's failover with a `cluster-node-timeout` of a few seconds.
 const NOT_CREATED_TRIES: usize = 10;
-const NOT_CREATED_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+const NOT_CREATED_PAUSE: Duration = Duration::from_millis(500);
 
 /// How long a copy of a job that found another copy's reservation waits
 /// before it asks the job's record again (at most).
@@ -254,8 +259,14 @@ impl RedisLedger {
         for ((scope, key, set), reply) in scopes.iter().zip(replies) {
             let reply = match reply {
                 Ok(reply) => reply,
-                // It may have reserved: that one stays counted.
+                // A reserve whose reply was lost may have reserved: that one
+                // is given back too, found by the job's suffix (found by
+                // review: left counted, it rejected the job's own retry for
+                // the whole window).
                 Err(e) => {
+                    if suffix.is_some() {
+                        held.push((*scope, key.clone(), TIME_UNKNOWN));
+                    }
                     failed = Some(e);
                     continue;
                 }
@@ -360,20 +371,35 @@ impl RedisLedger {
     /// One that cannot be given back now (Redis away) stays counted until
     /// its window passes: a rejection too many, never an admission too many.
     async fn give_back(&self, suffix: &str, held: &[(Scope, String, u64)]) {
-        let calls = held
+        let mut left: Vec<(String, &'static str, Vec<String>)> = held
             .iter()
             .map(|(_, key, t)| {
-                (
-                    key.clone(),
-                    "unreserve",
-                    vec![t.to_string(), suffix.to_owned()],
-                )
+                let t = match *t {
+                    TIME_UNKNOWN => String::new(),
+                    t => t.to_string(),
+                };
+                (key.clone(), "unreserve", vec![t, suffix.to_owned()])
             })
             .collect();
-        for done in self.on_scopes(Clock::Server, calls, false).await {
-            if let Err(e) = done {
-                tracing::warn!(error = %e, "could not give a reservation back; it counts until its window passes");
+        // A few tries over a second: the call that failed before this one
+        // (a dropped connection) may have left the client reconnecting.
+        for pause in [0, 100, 300, 600] {
+            if left.is_empty() {
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let replies = self.on_scopes(Clock::Server, left.clone(), false).await;
+            left = left
+                .into_iter()
+                .zip(replies)
+                .filter_map(|(call, done)| done.is_err().then_some(call))
+                .collect();
+        }
+        if !left.is_empty() {
+            tracing::warn!(
+                reservations = left.len(),
+                "could not give a reservation back; it counts until its window passes"
+            );
         }
     }
 
