@@ -80,8 +80,9 @@ pub struct Message<'a> {
     /// It carried mailgate's ticket: one of mailgate's own copies (a retry
     /// or a lease wait), not a producer's message.
     pub continuation: bool,
-    /// RabbitMQ delivered it before (it may be a producer's message whose
-    /// first delivery died with a worker).
+    /// A producer's message RabbitMQ delivered before, or mailgate's copy
+    /// of one: its first delivery (its worker died, or lost its connection)
+    /// may be what sent the job's mail.
     pub redelivered: bool,
     /// Copied onto the result.
     pub correlation_id: Option<&'a str>,
@@ -391,8 +392,9 @@ impl<L: Ledger> Pipeline<L> {
                 ..
             } => {
                 // This lineage sent it, or this may be the producer's message
-                // whose first delivery did (its worker died before the ack).
-                let ours = by_owner || (msg.redelivered && !msg.continuation);
+                // (or a copy of it) whose first delivery did (its worker
+                // died, or lost its connection, before the ack).
+                let ours = by_owner || msg.redelivered;
                 let outcome = if ours {
                     Outcome::Sent {
                         decided_at_ms: admitted_at_ms,

@@ -120,14 +120,24 @@ impl Settings {
         // The parsers' errors may quote the URL: it is shown redacted.
         let quoted = |e: String, url: &str| e.replace(url, &redact_url(url));
         for url in amqp_urls {
-            if let Err(e) = url.parse::<lapin::uri::AMQPUri>() {
-                return invalid(format!(
-                    "amqp.url {}: {} (amqp://user:pass@host:port/vhost, or amqps://; a \
-                     cluster's nodes as such URLs separated by commas)",
-                    redact_url(url),
-                    quoted(e.to_string(), url),
-                ));
-            }
+            let parsed = url.parse::<lapin::uri::AMQPUri>();
+            // The AMQP client reads a bracketed IPv6 host as "localhost"
+            // (found by review): a worker would quietly use a local broker.
+            let ipv6 = parsed
+                .as_ref()
+                .is_ok_and(|u| url.contains('[') && !u.authority.host.contains(':'));
+            let why = match parsed {
+                Err(e) => quoted(e.to_string(), url),
+                Ok(_) if ipv6 => "an IPv6 address as the host is not read correctly by the \
+                                  AMQP client; give a host name that resolves to it"
+                    .to_owned(),
+                Ok(_) => continue,
+            };
+            return invalid(format!(
+                "amqp.url {}: {why} (amqp://user:pass@host:port/vhost, or amqps://; a \
+                 cluster's nodes as such URLs separated by commas)",
+                redact_url(url),
+            ));
         }
         if let Err(e) = self.redis.target() {
             return invalid(format!(
@@ -1732,5 +1742,15 @@ mod tests {
         assert!(limits(r#"email.rules = [{ window = "1s", max = 1, burst = 2 }]"#).is_err());
         assert!(limits(r#"ipv4_prefix = 33"#).is_err());
         assert!(limits(r#"dedup_for = "48h""#).is_ok());
+    }
+
+    #[test]
+    fn an_ipv6_amqp_host_is_refused_not_read_as_localhost() {
+        let mut s = Settings::load(std::path::Path::new("config/default.toml")).unwrap();
+        s.amqp.url = "amqp://u:SEKRET@[2001:db8::7]:5673/%2f".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("IPv6") && !e.contains("SEKRET"), "{e}");
+        s.amqp.url = "amqp://u:p@rabbit.internal:5673/%2f".into();
+        s.validate().unwrap();
     }
 }

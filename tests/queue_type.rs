@@ -218,39 +218,47 @@ async fn die_holding(h: &Harness, lane: bool, want: usize) -> Vec<String> {
         .collect()
 }
 
-/// A worker that dies holding a prefetch of jobs hands them all back
-/// counted (RabbitMQ counts every unacknowledged delivery of a closed
-/// channel). The next worker moves them to `J.redelivered`, taken one at a
-/// time, and answers each once: nothing is dead-lettered.
+/// A worker that dies (or loses its connection) holding a prefetch of jobs
+/// hands them all back counted (RabbitMQ counts every unacknowledged
+/// delivery of a closed channel). Once is what a dropped connection costs:
+/// the next worker answers them as usual, nothing moved. Twice (they were
+/// beside a job that killed two workers): the next worker moves them to
+/// `J.redelivered`, taken one at a time, and answers each once. Nothing is
+/// dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_handed_back_by_a_dead_worker_are_moved_aside_and_answered() {
-    let h = Harness::with("qtmoved", |s| {
-        s.amqp.queue_type = QueueType::Quorum;
-        s.amqp.prefetch = 8;
-    })
-    .await;
-    let w = h.start_worker().await;
-    w.stop().await.unwrap();
-    for i in 0..8 {
-        h.publish(&nth("m", i)).await;
+async fn jobs_handed_back_twice_by_dead_workers_are_moved_aside_and_answered() {
+    for (deaths, moved) in [(1, 0), (2, 8)] {
+        let h = Harness::with(&format!("qtmoved{deaths}"), |s| {
+            s.amqp.queue_type = QueueType::Quorum;
+            s.amqp.prefetch = 8;
+        })
+        .await;
+        let w = h.start_worker().await;
+        w.stop().await.unwrap();
+        for i in 0..8 {
+            h.publish(&nth("m", i)).await;
+        }
+        for _ in 0..deaths {
+            assert_eq!(die_holding(&h, false, 8).await.len(), 8);
+        }
+        let w = h.start_worker().await;
+        let results = h.results(8).await;
+        assert!(
+            results.values().all(|r| r["status"] == "sent"),
+            "{results:?}"
+        );
+        h.no_more_results(Duration::from_secs(1)).await;
+        assert_eq!(h.sink.wait_for(8, Duration::from_secs(5)).len(), 8);
+        let (_, metrics) = http_get(w.http, "/metrics").await;
+        let isolated = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("mailgate_jobs_isolated_total "))
+            .unwrap_or("0");
+        assert_eq!(isolated, moved.to_string(), "after {deaths} death(s)");
+        let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+        assert!(h.next_on(&dead, Duration::from_millis(300)).await.is_none());
+        w.stop().await.unwrap();
     }
-    assert_eq!(die_holding(&h, false, 8).await.len(), 8);
-    let w = h.start_worker().await;
-    let results = h.results(8).await;
-    assert!(
-        results.values().all(|r| r["status"] == "sent"),
-        "{results:?}"
-    );
-    h.no_more_results(Duration::from_secs(1)).await;
-    assert_eq!(h.sink.wait_for(8, Duration::from_secs(5)).len(), 8);
-    let (_, metrics) = http_get(w.http, "/metrics").await;
-    assert!(
-        metrics.contains("mailgate_jobs_isolated_total 8"),
-        "{metrics}"
-    );
-    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
-    assert!(h.next_on(&dead, Duration::from_millis(300)).await.is_none());
-    w.stop().await.unwrap();
 }
 
 /// A job that kills every worker it reaches, among others that were in

@@ -490,3 +490,95 @@ async fn a_node_that_never_speaks_costs_no_thread_per_attempt() {
         "{sockets} sockets to the silent node still open"
     );
 }
+
+/// A node that answers the probe (one byte; or, with STALL_WITH_START=1,
+/// a real node's whole connection.start, as a node whose login backend
+/// hangs would) and then stalls lapin: after the second stall it rests
+/// between attempts, so 30 connections leave at most 2 lapin threads and
+/// sockets to it (found by review: 30 and 31 before the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_answers_the_probe_then_stalls_costs_a_few_threads() {
+    use mailgate::broker::connect_node;
+    use std::io::{Read, Write};
+
+    // STALL_WITH_START=1: answer with the real node's whole connection.start (as
+    // a node whose authentication backend hangs would), else one byte.
+    let answer: Vec<u8> = if std::env::var("STALL_WITH_START").is_ok() {
+        let mut real = std::net::TcpStream::connect("127.0.0.1:5672").unwrap();
+        real.write_all(b"AMQP\x00\x00\x09\x01").unwrap();
+        real.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut start = vec![0u8; 4096];
+        let n = real.read(&mut start).unwrap();
+        start.truncate(n);
+        eprintln!("captured a connection.start of {n} bytes");
+        start
+    } else {
+        vec![1u8]
+    };
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (counter, acc) = (open.clone(), accepted.clone());
+    std::thread::spawn(move || {
+        for stream in silent.incoming().flatten() {
+            let counter = counter.clone();
+            let answer = answer.clone();
+            acc.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut stream = stream;
+                let mut buf = [0u8; 64];
+                // Read the protocol header, answer one byte ('\x01': the
+                // start of a method frame), then say nothing more.
+                if matches!(stream.read(&mut buf), Ok(n) if n > 0) {
+                    let _ = stream.write_all(&answer);
+                }
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "lapin-io-loop")
+            })
+            .count()
+    };
+    let h = Harness::with("stalls", |s| {
+        s.amqp.url = format!(
+            "amqp://guest:guest@127.0.0.1:{port}/%2f,{}",
+            common::harness::amqp_url()
+        );
+        s.amqp.timeout = Duration::from_millis(200);
+    })
+    .await;
+    let before = threads();
+    let t0 = std::time::Instant::now();
+    for _ in 0..30 {
+        let conn = connect_node(&h.settings.amqp, lapin::ConnectionProperties::default())
+            .await
+            .expect("the working node");
+        let _ = conn.close(200, "bye".into()).await;
+    }
+    let took = t0.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (left, sockets) = (
+        threads().saturating_sub(before),
+        open.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    eprintln!(
+        "stalling node: 30 connects took {took:?}; accepted {} connections; {left} lapin threads \
+         and {sockets} sockets to the stalling node left",
+        accepted.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert!(left <= 2, "{left} lapin threads left by 30 connections");
+    assert!(
+        sockets <= 2,
+        "{sockets} sockets to the stalling node still open"
+    );
+}

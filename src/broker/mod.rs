@@ -61,8 +61,10 @@ pub const DELIVERY_LIMIT: i64 = 20;
 /// deliveries of it ended without an ack.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
-/// The header on a message moved to `J.redelivered`: it had been delivered
-/// before (a copy is a new message, delivered for the first time).
+/// The header on mailgate's copies of a producer's message that was
+/// delivered before (moved to `J.redelivered`, or waiting out a lease): a
+/// copy is a new message, delivered for the first time, and would
+/// otherwise forget it.
 pub const REDELIVERED_HEADER: &str = "x-mailgate-redelivered";
 
 /// The header carrying a copy's attempt number (1 for the first). Read only
@@ -138,7 +140,12 @@ pub async fn connect_node(
     let mut last = None;
     for i in (first..first + n).map(|i| i % n) {
         let url = urls[i];
-        if is_silent(url) && !speaks(url, settings.timeout).await {
+        let quiet = match silence(url) {
+            Some(Silence::Resting) => true,
+            Some(Silence::Silent) => !speaks(url, settings.timeout).await,
+            None => false,
+        };
+        if quiet {
             last = Some(BrokerError::Timeout(settings.timeout));
             continue;
         }
@@ -162,30 +169,59 @@ pub async fn connect_node(
     Err(last.unwrap_or(BrokerError::Timeout(settings.timeout)))
 }
 
-/// Nodes whose last connection attempt ran out of time. lapin starts a
-/// thread for each attempt that lives, with its socket, until the peer
-/// answers or closes; a peer that accepts connections and never speaks
-/// (a load balancer without a backend) would keep every attempt's. So such
-/// a node is asked first, cheaply, whether it answers at all ([`speaks`]),
-/// and lapin tries it again only once it does.
-static SILENT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// Nodes whose last connection attempt ran out of time: the URL, how many
+/// times in a row lapin ran out of time on it after it answered the probe,
+/// and until when it rests. lapin starts a thread for each attempt that
+/// lives, with its socket, until the peer answers or closes; a peer that
+/// accepts connections and never speaks (a load balancer without a
+/// backend) would keep every attempt's. So such a node is asked first,
+/// cheaply, whether it answers at all ([`speaks`]), and lapin tries it
+/// again only once it does. A node that answers the probe and then stalls
+/// lapin again (a login backend that hangs) rests, 10 s doubling up to
+/// 10 min, between attempts: each still costs a thread, a few an hour at
+/// most (found by review: one thread and socket per attempt, ~360 an hour).
+static SILENT: std::sync::Mutex<Vec<(String, u32, Option<std::time::Instant>)>> =
+    std::sync::Mutex::new(Vec::new());
 
-fn is_silent(url: &str) -> bool {
+/// What is known of a node whose last attempt ran out of time.
+enum Silence {
+    /// Probe it before lapin tries it.
+    Silent,
+    /// It stalled lapin after answering the probe: skip it for now.
+    Resting,
+}
+
+fn silence(url: &str) -> Option<Silence> {
     // Nothing panics while holding it; a poisoned lock still holds a value.
     let silent = SILENT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    silent.iter().any(|u| u == url)
+    let (_, _, until) = silent.iter().find(|(u, ..)| u == url)?;
+    Some(match until {
+        Some(t) if std::time::Instant::now() < *t => Silence::Resting,
+        _ => Silence::Silent,
+    })
 }
 
+/// Records that lapin ran out of time on `url` (`silent`), or connected.
 fn mark_silent(url: &str, silent: bool) {
     let mut all = SILENT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    all.retain(|u| u != url);
-    if silent {
-        all.push(url.to_owned());
+    let before = all
+        .iter()
+        .position(|(u, ..)| u == url)
+        .map(|i| all.remove(i));
+    if !silent {
+        return;
     }
+    // Silent before this attempt: it answered the probe, then stalled.
+    let stalls = before.map_or(0, |(_, n, _)| n + 1);
+    let until = (stalls > 0).then(|| {
+        let rest = Duration::from_secs(10).saturating_mul(1 << (stalls - 1).min(6));
+        std::time::Instant::now() + rest.min(Duration::from_secs(600))
+    });
+    all.push((url.to_owned(), stalls, until));
 }
 
 /// Whether the node at `url` answers an AMQP protocol header within
@@ -414,9 +450,11 @@ pub struct Incoming {
     pub ticket: Option<Ticket>,
     /// 1 for the first attempt; from [`ATTEMPT_HEADER`] on mailgate's copies.
     pub attempt: u32,
-    /// Whether RabbitMQ delivered this message before (to a consumer that
-    /// did not acknowledge it), or it is such a message, moved to
-    /// `J.redelivered` ([`REDELIVERED_HEADER`]).
+    /// Whether this is a producer's message RabbitMQ delivered before (to a
+    /// consumer that did not acknowledge it), or one of mailgate's copies of
+    /// such a message (moved to `J.redelivered`, or waiting out a lease:
+    /// [`REDELIVERED_HEADER`]). Its mail may have gone out under the first
+    /// delivery's lineage, so a `sent` record answers it `sent`.
     pub redelivered: bool,
     /// How many times a quorum queue handed this message out before without
     /// its being settled (`x-delivery-count`; 0 on a first delivery and on
@@ -441,6 +479,8 @@ impl Incoming {
                 .filter(|s| !s.is_empty() && s.len() <= 255)
         };
         let ticket = short(TICKET_HEADER).and_then(|t| Ticket::parse(&t));
+        // A producer's message, not one of mailgate's copies.
+        let producers = ticket.is_none();
         let attempt = match ticket {
             Some(_) => header(ATTEMPT_HEADER).and_then(as_u32).unwrap_or(1).max(1),
             None => 1,
@@ -459,8 +499,15 @@ impl Incoming {
                 .or_else(|| short(CORRELATION_HEADER)),
             ticket,
             attempt,
-            redelivered: delivery.redelivered || header(REDELIVERED_HEADER).is_some(),
-            deliveries_before: header(DELIVERY_COUNT_HEADER).and_then(as_u32).unwrap_or(0),
+            redelivered: header(REDELIVERED_HEADER).is_some()
+                || (producers && delivery.redelivered),
+            // Only on a message RabbitMQ says it delivered before: a
+            // producer can write the header on a first delivery (found by
+            // review: it pushed jobs through the one-at-a-time lane).
+            deliveries_before: match delivery.redelivered {
+                true => header(DELIVERY_COUNT_HEADER).and_then(as_u32).unwrap_or(0),
+                false => 0,
+            },
             published_at_ms: header(PUBLISHED_HEADER)
                 .or_else(|| header(TIMESTAMP_MS_HEADER))
                 .and_then(as_u64)
@@ -911,6 +958,13 @@ impl Broker {
             ATTEMPT_HEADER.into(),
             AMQPValue::LongLongInt(attempt.into()),
         );
+        // A copy of a message delivered before may be answering a job whose
+        // mail went out under the first delivery (found by review: a copy
+        // waiting out the lease of its own first delivery was answered
+        // `duplicate`, the job's only result).
+        if job.redelivered {
+            headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        }
         let ms = delay.as_millis().max(1).to_string();
         let props = BasicProperties::default()
             .with_headers(headers)
@@ -934,7 +988,9 @@ impl Broker {
                 AMQPValue::LongLongInt(job.attempt.into()),
             );
         }
-        headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        if job.redelivered {
+            headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        }
         let props = BasicProperties::default().with_headers(headers);
         let queue = self.topology.redelivered.clone();
         self.publish_declared(&queue, job.body(), props).await
