@@ -487,7 +487,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0", "", "01", "admit", "b", "fp", "tk", "1:a",
+                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "admit", "b", "fp", "tk", "1:a",
                 "?", "", "01",
             ]),
         ),
@@ -495,19 +495,19 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0", "", "01", "settle", "tk", "1:a", "b", "z",
+                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "settle", "tk", "1:a", "b", "z",
                 "1", "0",
             ]),
         ),
         // A shape naming a rule set that does not exist.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "09"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "09"]),
         ),
         // Keys that do not match the requests.
         (
             vec!["t:job:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "01"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"]),
         ),
         // A good request whose record would outlive what Redis accepts.
         (
@@ -515,7 +515,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0", "", "01"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"],
             ]
             .concat(),
         ),
@@ -537,7 +537,7 @@ async fn malformed_calls_write_nothing() {
                 "fp",
                 "tk",
                 "1:a",
-                "0",
+                "0:c1",
                 "",
                 "01",
             ],
@@ -545,14 +545,14 @@ async fn malformed_calls_write_nothing() {
         // Attempt 0.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "0:a", "0", "", "01"]),
+            batch(&["admit", "a", "fp", "tk", "0:a", "0:c1", "", "01"]),
         ),
         // A rule with a zero window.
         (
             vec!["t:job:a", "t:email:a"],
             vec![
                 "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
-                "tk", "1:a", "0", "", "01",
+                "tk", "1:a", "0:c1", "", "01",
             ],
         ),
         (
@@ -564,17 +564,17 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a"],
             batch(&["settle", "tk", "1:a", "a", "e", "1", "2"]),
         ),
-        (vec!["t:job:a"], batch(&["sending", "tk", "0:a"])),
+        (vec!["t:job:a"], batch(&["sending", "tk", "0:a", "c1"])),
         (
             vec!["t:job:a"],
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["sending", "tk", "1:a"],
+                &["sending", "tk", "1:a", "c1"],
             ]
             .concat(),
         ),
-        (vec!["t:job:a"], batch(&["sending", "", "1:a"])),
+        (vec!["t:job:a"], batch(&["sending", "", "1:a", "c1"])),
         // An item cut short.
         (vec!["t:job:a"], batch(&["release", "tk"])),
         (vec!["t:job:a"], batch(&["answered", ""])),
@@ -594,7 +594,7 @@ async fn malformed_calls_write_nothing() {
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
     // The same shape, well formed, is accepted and written.
-    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0", "", "01"]);
+    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"]);
     let _: redis::Value = redis::cmd("EVAL")
         .arg(&script)
         .arg(2)

@@ -31,6 +31,9 @@ write (ARGV), so an id is never mailed twice within that period:
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
+  c      the id of the call that last admitted, resumed or marked it
+         sending: that call run again (a Redis Cluster client sends a call
+         again after its reply was lost) answers as it did the first time
   rv     spread over a cluster's shards only (see "look" below): the job's
          reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
          had none; records of earlier versions lack t_domain);
@@ -85,7 +88,11 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            4 values (CODE); the other kinds, 1 or 0 and up to 4 values,
            zeros for the rest}
   Every item is checked before the first write, so a bad batch writes
-  nothing.
+  nothing. A batch run again (a Redis Cluster client sends a call again
+  after its reply was lost) answers as the first run did, or as its
+  effects now say: an admission finds its own record (the holder in `n`
+  is this handling's) and stands; "sending" finds its own mark; release,
+  settle and answered change nothing more.
 ]]
 
 -- Whether ARGV[i] is an attempt: its number (>= 1) and holder, "<n>:<hex>".
@@ -96,7 +103,8 @@ end
 
 --[[
 item "admit" -- decide a request: id, fingerprint, ticket, attempt,
-  send_now ('1': the caller has an SMTP connection free and starts its
+  send_now and the call's id, "<flag>:<hex>" (flag '1': the caller has an
+  SMTP connection free and starts its
     transaction at once, so the record goes straight to x; '0': to a, and the
     caller marks "sending" later),
   expires_at ms ('': never),
@@ -144,12 +152,13 @@ local function admit_ok(a, sets, kind)
   end
   return last_ok and (expires == '' or tonumber(expires) ~= nil)
     and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= '' and attempt_ok(a + 3)
-    and (flag == '1' or flag == '0')
+    and string.match(flag or '', '^[01]:%x+$') ~= nil
 end
 
 local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local state = ARGV[a + 4] == '1' and 'x' or 'a'
+  local send_now, call_id = string.match(ARGV[a + 4], '^([01]):(%x+)$')
+  local state = send_now == '1' and 'x' or 'a'
   local expires = tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
@@ -159,12 +168,17 @@ local function admit(k, a, b, kind)
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
   local rec = NONE
   if call('EXISTS', key) == 1 then
-    rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv')
+    rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv', 'c')
   end
   local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
   local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
   if fp and fp ~= want then
     return CODE.conflict
+  elseif fp and (st == 'a' or st == 'x') and rec[9] == call_id then
+    -- This very call again (a Redis Cluster client sends a call again after
+    -- its reply was lost; each call has an id of its own): its admission
+    -- stands, as it was made.
+    return CODE.admitted, at
   elseif fp and st == 'r' and mine == 1 then
     return CODE.finished, string.byte(rec[7] or 'f'), ans
   elseif fp and st == 's' then
@@ -190,7 +204,8 @@ local function admit(k, a, b, kind)
     -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
   elseif fp and st == 'a' then
-    call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s, 'ans', '0')
+    call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s, 'ans', '0',
+      'c', call_id)
     call('PEXPIRE', key, dedup_s)
     return CODE.resumed, at
   elseif expired then
@@ -207,7 +222,7 @@ local function admit(k, a, b, kind)
   end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,
-    'lease', b.lease_s, 'ans', '0')
+    'lease', b.lease_s, 'ans', '0', 'c', call_id)
   if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
   call('PEXPIRE', key, dedup_s)
   return CODE.admitted, now, shadow_s, shadow_r
@@ -215,14 +230,18 @@ end
 
 --[[
 item "sending" -- the owner begins its SMTP transaction: a becomes x, lease
-  renewed. Values: ticket, attempt. KEYS: the record.
+  renewed. Values: ticket, attempt, the call's id. KEYS: the record.
   1 if this attempt of the ticket owns the admission and nothing is sending,
-  else 0 (the lease lapsed and another attempt took the send over).
+  else 0 (the lease lapsed and another attempt took the send over); 1 for
+  this very call run again.
 ]]
 local function sending(k, a, b)
-  local rec = call('HMGET', KEYS[k], 'st', 'own', 'n')
-  if rec[1] ~= 'a' or rec[2] ~= ARGV[a] or rec[3] ~= ARGV[a + 1] then return 0 end
-  call('HSET', KEYS[k], 'st', 'x', 'lease', b.lease_s)
+  local rec = call('HMGET', KEYS[k], 'st', 'own', 'n', 'c')
+  if rec[2] ~= ARGV[a] or rec[3] ~= ARGV[a + 1] then return 0 end
+  -- This very call again (its reply lost): it is sending.
+  if rec[1] == 'x' and rec[4] == ARGV[a + 2] then return 1 end
+  if rec[1] ~= 'a' then return 0 end
+  call('HSET', KEYS[k], 'st', 'x', 'lease', b.lease_s, 'c', ARGV[a + 2])
   call('PEXPIRE', KEYS[k], b.dedup_s)
   return 1
 end
@@ -314,7 +333,9 @@ local ITEMS = {
     run = function(k, a, b) return admit(k, a, b, 'look') end},
   create = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
-  sending = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
+  sending = {values = 3, ok = function(a)
+      return ARGV[a] ~= '' and attempt_ok(a + 1) and string.match(ARGV[a + 2], '^%x+$') ~= nil
+    end,
     keys = one, run = sending},
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = release},

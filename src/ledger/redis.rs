@@ -359,6 +359,13 @@ async fn dispatch(
 }
 
 /// A job's attempt as the script takes it (at least 1).
+/// A fresh id for one script call's item: the item run again (a Redis
+/// Cluster client sends a call again after its reply was lost) finds it in
+/// the record, and answers as it did the first time.
+fn call_id() -> String {
+    format!("{:x}", uuid::Uuid::new_v4().as_u64_pair().0)
+}
+
 /// The attempt as the record names its owner: the attempt and the holder,
 /// `<attempt>:<holder, hex>` (see [`JobRef::holder`]).
 fn attempt(job: &JobRef<'_>) -> String {
@@ -541,6 +548,7 @@ impl Ledger for RedisLedger {
             "sending".to_owned(),
             job.ticket.as_str().to_owned(),
             attempt(job),
+            call_id(),
         ];
         let reply = self.mark(job, Some(clock), args, Vec::new(), true).await?;
         let done = reply.values[0] == 1;
@@ -736,7 +744,7 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
         Fingerprint::of(&job.request).as_str().to_owned(),
         job.ticket.as_str().to_owned(),
         attempt(job),
-        if entry.send_now { "1" } else { "0" }.to_owned(),
+        format!("{}:{}", if entry.send_now { 1 } else { 0 }, call_id()),
         entry
             .expires_at_ms
             .map(|ms| ms.to_string())

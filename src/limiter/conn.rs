@@ -119,17 +119,16 @@ fn cluster_client(target: &ClusterTarget) -> RedisResult<redis::cluster::Cluster
             false => format!("{scheme}://{host}:{port}"),
         })
         .collect();
-    // No retries: the client would send a request again after a dropped
-    // connection or a response timeout, and a script whose reply was lost
-    // may have run; mailgate's are not safe to run twice (found by review:
-    // a create run twice gave its reservations back under its own record).
-    // A failed call fails its job's attempt, which mailgate retries knowing
-    // what may have happened; the client still refreshes its slot map on a
-    // MOVED reply or a lost node, so the retry goes where the slot now is.
+    // The client's own retries follow MOVED and ASK (a reshard) and ride
+    // out a failover; they also send a call again after a dropped
+    // connection or a response timeout, when the script may have run. So
+    // every script call is safe to run again: a run again answers as the
+    // first did (ledger.lua's batch, scope.lua's reserve; found by review:
+    // a create run twice gave its reservations back under its own record,
+    // and with no retries a reshard failed every job whose slot moved).
     let mut builder = ClusterClientBuilder::new(nodes)
         .connection_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)
-        .retries(0)
         .tcp_settings(nodelay());
     if let Some(user) = &target.username {
         builder = builder.username(user);

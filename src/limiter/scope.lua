@@ -25,7 +25,8 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
 "reserve" -- the same, and if it has room records the reservation.
   ARGV[3..]  the rule set, then the job's id, then a nonce
   returns    {now, 1, shadow wait, shadow rule} (recorded as
-             member_of(now, id .. ':' .. nonce)), else as "peek"
+             member_of(now, id .. ':' .. nonce)), else as "peek";
+             run again (its reply lost), {its time, 1, 0, 0}
 "unreserve" -- gives a reservation back.
   ARGV[3]    its time, or "" if it is not known (the reply to its "reserve"
              was lost: the log is looked through for the suffix)
@@ -66,6 +67,15 @@ local id, nonce = ARGV[a], ARGV[a + 1]
 local values = op == 'reserve' and 2 or 1
 if #sets ~= 1 or #ARGV ~= a - 1 + values or id == '' or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
+end
+if op == 'reserve' then
+  -- This very call again (a Redis Cluster client sends a call again after
+  -- its reply was lost): the nonce is drawn per reservation, so an entry
+  -- with the same suffix made in the last minute is this one's.
+  local tail = ':' .. id .. ':' .. nonce
+  for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[1], int(now - 60000), '+inf')) do
+    if sub(m, 13) == tail then return {time_of(m), 1, 0, 0} end
+  end
 end
 local d, _, rule, shadow_d, _, shadow = judge(1, '01', sets, now)
 if d > 0 then
