@@ -653,9 +653,8 @@ impl Drop for LogOnFailure {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.0).unwrap_or_default();
-            eprintln!("--- the worker's log ({}) ---\n{log}", self.0.display());
-        } else {
-            let _ = std::fs::remove_file(&self.0);
+            eprintln!("--- the worker's log ---\n{log}");
         }
+        let _ = std::fs::remove_file(&self.0);
     }
 }
