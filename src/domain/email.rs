@@ -204,7 +204,10 @@ fn quoted_content(s: &str) -> Option<String> {
 
 /// The lower-case ASCII form of a host name, or `None` if it is not a valid
 /// one with at least two labels (`user@localhost` is not a deliverable
-/// address for a sign-up flow).
+/// address for a sign-up flow). A top-level label of digits alone is
+/// refused (RFC 3696 §2): `1.2.3.04` is an IP address in disguise, which a
+/// relay may deliver to, and each of its spellings would count as a domain
+/// of its own (found by review: 46 spellings of one address, 46 domains).
 pub(super) fn ascii_domain(domain: &str) -> Option<String> {
     let ascii = idna::domain_to_ascii_strict(domain).ok()?;
     let labels_ok = ascii.split('.').all(|l| {
@@ -214,7 +217,19 @@ pub(super) fn ascii_domain(domain: &str) -> Option<String> {
             && !l.ends_with('-')
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     });
-    (labels_ok && ascii.contains('.') && ascii.len() <= 253).then_some(ascii)
+    let tld_ok = ascii
+        .rsplit('.')
+        .next()
+        .is_some_and(|tld| !tld.chars().all(|c| c.is_ascii_digit()));
+    // What a resolver's inet_aton reads as an IPv4 address: up to four
+    // numbers, decimal, octal or hex (`0x1.0x2.0x3.0x4`).
+    let number = |l: &str| match l.strip_prefix("0x") {
+        Some(hex) => hex.chars().all(|c| c.is_ascii_hexdigit()),
+        None => l.chars().all(|c| c.is_ascii_digit()),
+    };
+    let ipv4 = ascii.split('.').count() <= 4 && ascii.split('.').all(number);
+    let tld_ok = tld_ok && !ipv4;
+    (labels_ok && tld_ok && ascii.contains('.') && ascii.len() <= 253).then_some(ascii)
 }
 
 #[cfg(test)]
@@ -240,6 +255,25 @@ mod tests {
         ] {
             assert_eq!(key(s), k, "{s}");
         }
+    }
+
+    #[test]
+    fn an_ip_address_in_disguise_is_not_a_domain() {
+        for s in [
+            "u@1.2.3.4",
+            "u@1.2.3.04",
+            "u@1.2.772",
+            "u@1.131844",
+            "u@0x1.0x2.0x3.4",
+            "u@0x1.0x2.0x3.0x4",
+            "u@0x7f.1",
+        ] {
+            assert!(EmailAddress::parse(s).is_err(), "{s}");
+        }
+        // Digits elsewhere are fine, and a top-level label may hold them.
+        assert!(EmailAddress::parse("u@123.example.com").is_ok());
+        assert!(EmailAddress::parse("u@0x1.example").is_ok());
+        assert!(EmailAddress::parse("u@mail.xn--p1ai").is_ok());
     }
 
     #[test]
