@@ -3,33 +3,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::harness::Harness;
+use common::{ReplyCutter, close_connections};
 use serde_json::{Value, json};
-
-/// Force-closes every RabbitMQ connection whose name contains `needle`
-/// (as an operator would with `rabbitmqctl close_connection`). Returns how
-/// many were closed.
-fn close_connections(needle: &str) -> usize {
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut closed = 0;
-    for line in listing.lines().filter(|l| l.contains(needle)) {
-        let pid = line.split_whitespace().next().expect("a pid column");
-        let ok = Command::new("rabbitmqctl")
-            .args(["-q", "close_connection", pid, "closed by a mailgate test"])
-            .status()
-            .expect("rabbitmqctl runs")
-            .success();
-        closed += usize::from(ok);
-    }
-    closed
-}
 
 /// Collects results until every id in `ids` has one, allowing repeats
 /// (a result confirmed just before a connection dropped is published again
@@ -457,52 +435,6 @@ async fn a_broker_alarm_is_reported_and_never_holds_shutdown() {
         took.as_millis()
     );
     w.stop().await.unwrap();
-}
-
-/// A TCP proxy in front of Redis that can drop the next reply: it cuts the
-/// connection when Redis answers, after Redis has run the command.
-struct ReplyCutter {
-    port: u16,
-    cut_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl ReplyCutter {
-    fn start(upstream: u16) -> Self {
-        use std::io::{Read, Write};
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cut = cut_next.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c, &mut s);
-                });
-                let cut = cut.clone();
-                std::thread::spawn(move || {
-                    let (mut from, mut to) = (server, client);
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || cut.swap(false, Ordering::SeqCst) {
-                            break;
-                        }
-                        if to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                    let _ = from.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        });
-        Self { port, cut_next }
-    }
 }
 
 /// The reply to an admission that marked its job sending (an SMTP

@@ -7,57 +7,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::ReplyCutter;
 use common::harness::Harness;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};
-
-/// A TCP proxy in front of Redis that can drop the next reply (copied from
-/// tests/faults.rs): it cuts the connection when Redis answers, after Redis
-/// has run the command.
-struct ReplyCutter {
-    port: u16,
-    cut_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl ReplyCutter {
-    fn start(upstream: u16) -> Self {
-        use std::io::{Read, Write};
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cut = cut_next.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c, &mut s);
-                });
-                let cut = cut.clone();
-                std::thread::spawn(move || {
-                    let (mut from, mut to) = (server, client);
-                    let mut buf = [0u8; 16 * 1024];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || cut.swap(false, Ordering::SeqCst) {
-                            break;
-                        }
-                        if to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                    let _ = from.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        });
-        Self { port, cut_next }
-    }
-}
 
 fn forged(ticket: &str, attempt: i64) -> BasicProperties {
     let mut headers = FieldTable::default();

@@ -5,9 +5,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::close_connections;
 use common::harness::{Harness, http_get};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
@@ -17,25 +17,6 @@ use serde_json::{Value, json};
 fn nth(prefix: &str, i: usize) -> Value {
     json!({"id": format!("{prefix}{i}"), "email": format!("{prefix}{i}@example.com"),
            "ip": format!("198.51.100.{}", i % 250 + 1), "code": "271828"})
-}
-
-fn close_connections(needle: &str) -> usize {
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut closed = 0;
-    for line in listing.lines().filter(|l| l.contains(needle)) {
-        let pid = line.split_whitespace().next().expect("a pid column");
-        let ok = Command::new("rabbitmqctl")
-            .args(["-q", "close_connection", pid, "closed by a test"])
-            .status()
-            .expect("rabbitmqctl runs")
-            .success();
-        closed += usize::from(ok);
-    }
-    closed
 }
 
 async fn results_for(

@@ -14,15 +14,6 @@ use mailgate::ledger::{Ending, Entry, Ledger, LedgerError, RedisLedger, Verdict}
 use mailgate::limiter::{Clock, Quotas, Subject};
 use mailgate::settings::RedisSettings;
 
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 fn signal(pid: &str, sig: &str) {
     let ok = std::process::Command::new("kill")
         .args([sig, pid])
@@ -34,8 +25,8 @@ fn signal(pid: &str, sig: &str) {
 
 /// The replica of the primary on `port`.
 fn replica_of(port: u16) -> u16 {
-    let id = cli(port, &["cluster", "myid"]);
-    cli(port, &["cluster", "nodes"])
+    let id = redis_cli(port, &["cluster", "myid"]);
+    redis_cli(port, &["cluster", "nodes"])
         .lines()
         .find(|l| l.contains("slave") && l.contains(&id))
         .and_then(|l| l.split_whitespace().nth(1))
@@ -44,7 +35,7 @@ fn replica_of(port: u16) -> u16 {
 }
 
 fn pid_of(port: u16) -> String {
-    cli(port, &["info", "server"])
+    redis_cli(port, &["info", "server"])
         .lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .expect("process_id")
@@ -87,7 +78,7 @@ async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted()
     // The record's primary refuses writes for a moment (a primary whose
     // replica is away, with min-replicas-to-write; a failover would do too).
     assert_eq!(
-        cli(rport, &["config", "set", "min-replicas-to-write", "1"]),
+        redis_cli(rport, &["config", "set", "min-replicas-to-write", "1"]),
         "OK"
     );
     let job = TestJob::new(&jid, mailbox, None);
@@ -101,16 +92,16 @@ async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted()
     println!("attempt 1: {first:?}");
     assert!(first.is_err(), "the create failed");
     assert_eq!(
-        cli(rport, &["config", "set", "min-replicas-to-write", "0"]),
+        redis_cli(rport, &["config", "set", "min-replicas-to-write", "0"]),
         "OK"
     );
     println!(
         "record exists: {}",
-        cli(rport, &["exists", &format!("{prefix}job:{jid}")])
+        redis_cli(rport, &["exists", &format!("{prefix}job:{jid}")])
     );
     println!(
         "email log after attempt 1: {:?}",
-        cli(eport, &["zrange", &ekey, "0", "-1"])
+        redis_cli(eport, &["zrange", &ekey, "0", "-1"])
     );
 
     // The job is retried (a transient failure), the same lineage, attempt 2.
@@ -122,7 +113,7 @@ async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted()
     println!("attempt 2: {second:?}");
     println!(
         "email log after attempt 2: {:?}",
-        cli(eport, &["zrange", &ekey, "0", "-1"])
+        redis_cli(eport, &["zrange", &ekey, "0", "-1"])
     );
     assert_eq!(
         second.verdict,
@@ -173,7 +164,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
     // (Its link is cut, as by a partition: nothing waits in its socket.)
     println!(
         "cut: {}",
-        cli(eport, &["client", "kill", "type", "replica"])
+        redis_cli(eport, &["client", "kill", "type", "replica"])
     );
     let job = TestJob::new(&jid, mailbox, None);
     let t = Ticket::new();
@@ -208,7 +199,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
         "takeover: {}",
-        cli(erep, &["cluster", "failover", "takeover"])
+        redis_cli(erep, &["cluster", "failover", "takeover"])
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while cluster.primary_of(&ekey) != Some(erep) {
@@ -219,7 +210,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
     // min_replicas_acked can be met again.
     cluster.restart(eport);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !cli(erep, &["info", "replication"]).contains("state=online") {
+    while !redis_cli(erep, &["info", "replication"]).contains("state=online") {
         assert!(
             Instant::now() < deadline,
             "the old primary rejoined as a replica"
@@ -228,7 +219,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
     }
     println!(
         "email log on the promoted primary: {:?}",
-        cli(erep, &["zrange", &ekey, "0", "-1"])
+        redis_cli(erep, &["zrange", &ekey, "0", "-1"])
     );
 
     // Another job for the mailbox, with an SMTP connection free.
@@ -362,7 +353,10 @@ async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
         );
         // The relay refuses the mail (5xx): refund. The record's primary
         // stalls for 6 s meanwhile.
-        assert_eq!(cli(rport, &["client", "pause", "6000", "write"]), "OK");
+        assert_eq!(
+            redis_cli(rport, &["client", "pause", "6000", "write"]),
+            "OK"
+        );
         let mut tries = Vec::new();
         for _ in 0..6 {
             let r = l
@@ -383,7 +377,7 @@ async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         println!(
             "{name}: email log: {:?}",
-            cli(eport, &["zrange", &ekey, "0", "-1"])
+            redis_cli(eport, &["zrange", &ekey, "0", "-1"])
         );
         let other = TestJob::new(&format!("{jid}-next"), mailbox, None);
         let v = other.admit(&l, &Ticket::new(), Clock::Server).await;

@@ -9,18 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::PrivateCluster;
 use common::harness::Harness;
+use common::{PrivateCluster, redis_cli as cli};
 use serde_json::{Value, json};
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 async fn run(hash_tag: bool) {
     let cluster = PrivateCluster::start();

@@ -658,3 +658,82 @@ impl Drop for LogOnFailure {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A TCP proxy in front of Redis that can drop the next reply: it cuts the
+/// connection when Redis answers, after Redis has run the command.
+pub struct ReplyCutter {
+    pub port: u16,
+    pub cut_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReplyCutter {
+    pub fn start(upstream: u16) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = cut_next.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c, &mut s);
+                });
+                let cut = cut.clone();
+                std::thread::spawn(move || {
+                    let (mut from, mut to) = (server, client);
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || cut.swap(false, Ordering::SeqCst) {
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Self { port, cut_next }
+    }
+}
+
+/// Force-closes every RabbitMQ connection whose name contains `needle`
+/// (as an operator would with `rabbitmqctl close_connection`). Returns how
+/// many were closed.
+pub fn close_connections(needle: &str) -> usize {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut closed = 0;
+    for line in listing.lines().filter(|l| l.contains(needle)) {
+        let pid = line.split_whitespace().next().expect("a pid column");
+        let ok = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "close_connection", pid, "closed by a mailgate test"])
+            .status()
+            .expect("rabbitmqctl runs")
+            .success();
+        closed += usize::from(ok);
+    }
+    closed
+}
+
+/// `redis-cli -p port args…`, its output trimmed (for tests that drive a
+/// private server or cluster node).
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
