@@ -425,6 +425,12 @@ pub struct Broker {
     channel: Channel,
     /// Consumes `J.redelivered`, one message at a time.
     one_by_one: Channel,
+    /// Publishes to producer-named `reply_to` queues, one at a time (the
+    /// lock): such a queue may not exist, and lapin gives a `basic.return`
+    /// to whichever confirm completes next, so on a channel with several
+    /// publishes in flight one job's return was taken for another's (one
+    /// result published twice, one lost). Alone, a return is its publish's.
+    replies: (Channel, std::sync::Arc<tokio::sync::Mutex<()>>),
     topology: Topology,
     timeout: Duration,
 }
@@ -709,10 +715,15 @@ impl Broker {
             .await?;
         let one_by_one = conn.create_channel().await?;
         one_by_one.basic_qos(1, BasicQosOptions::default()).await?;
+        let replies = conn.create_channel().await?;
+        replies
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         let broker = Self {
             conn: std::sync::Arc::new(conn),
             channel,
             one_by_one,
+            replies: (replies, std::sync::Arc::new(tokio::sync::Mutex::new(()))),
             topology,
             timeout: settings.timeout,
         };
@@ -825,6 +836,7 @@ impl Broker {
     pub async fn close(&self, within: Duration) {
         let close = async {
             let _ = self.one_by_one.close(200, "bye".into()).await;
+            let _ = self.replies.0.close(200, "bye".into()).await;
             let _ = self.channel.close(200, "bye".into()).await;
             let _ = self.conn.close(200, "bye".into()).await;
         };
@@ -839,10 +851,20 @@ impl Broker {
         body: &[u8],
         props: BasicProperties,
     ) -> Result<Routed, BrokerError> {
+        self.publish_on(&self.channel, queue, body, props).await
+    }
+
+    /// [`Broker::publish`] on `channel`.
+    async fn publish_on(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<Routed, BrokerError> {
         let confirm = self
             .bounded(async {
-                let confirm = self
-                    .channel
+                let confirm = channel
                     .basic_publish(
                         "".into(),
                         queue.into(),
@@ -920,7 +942,13 @@ impl Broker {
             !ours
         });
         if let Some(reply_to) = reply_to {
-            match self.publish(reply_to, body, props.clone()).await {
+            let (channel, one_at_a_time) = &self.replies;
+            let published = {
+                let _alone = one_at_a_time.lock().await;
+                self.publish_on(channel, reply_to, body, props.clone())
+                    .await
+            };
+            match published {
                 Ok(Routed::Queued) => return Ok(()),
                 Ok(Routed::NoQueue) => {
                     tracing::warn!(
