@@ -27,12 +27,12 @@ use backon::{BackoffBuilder, Retryable};
 
 use crate::domain::{Job, Ticket};
 use crate::ledger::{Admission, Ending, Entry, JobRef, Ledger, LedgerError, Refund, Verdict};
-use crate::limiter::{Clock, Request, RuleRef};
+use crate::limiter::{Clock, Request, Room, Rooms, RuleRef};
 use crate::mailer::{MailError, Mailer, Outgoing, Slot};
 use crate::settings::Settings;
 use crate::telemetry;
 use crate::templates::Templates;
-use crate::wire::{self, DecodeError, JobResult, RuleWire, Status};
+use crate::wire::{self, DecodeError, JobResult, QuotaWire, RuleWire, Status};
 
 /// What the worker must do with a job message once the pipeline is done.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +112,8 @@ enum Outcome {
         /// The shadow rule that would have rejected it, if this attempt's
         /// admission found one.
         shadow: Option<RuleRef>,
+        /// What this attempt's admission left of each scope's quota.
+        rooms: Rooms,
     },
     Rejected {
         decided_at_ms: u64,
@@ -145,9 +147,12 @@ impl Outcome {
             Outcome::Sent {
                 decided_at_ms,
                 shadow,
+                rooms,
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
                 r.shadow_rule = shadow.map(RuleWire::from);
+                let quota: Vec<QuotaWire> = rooms.iter().map(QuotaWire::from).collect();
+                r.quota = (!quota.is_empty()).then_some(quota);
             }
             Outcome::Rejected {
                 decided_at_ms,
@@ -175,12 +180,24 @@ impl From<RuleRef> for RuleWire {
     }
 }
 
+impl From<Room> for QuotaWire {
+    fn from(room: Room) -> Self {
+        Self {
+            rule: RuleWire::from(room.rule),
+            remaining: room.remaining,
+            reset_ms: room.reset_ms,
+        }
+    }
+}
+
 /// What the admit stage hands on: when the job was admitted (its first
-/// admission, for a resumed one), and the shadow rule that would have
-/// rejected this admission, if any.
+/// admission, for a resumed one), the shadow rule that would have
+/// rejected this admission, if any, and what it left of each scope's
+/// quota (nothing for a resumed one).
 struct Admitted {
     at_ms: u64,
     shadow: Option<RuleRef>,
+    rooms: Rooms,
 }
 
 /// What delivering an admitted job came to.
@@ -312,6 +329,7 @@ impl<L: Ledger> Pipeline<L> {
             decided_at_ms,
             verdict,
             shadow,
+            rooms,
         } = match self.ledger.admit(&entry, Clock::Server).await {
             Ok(a) => a,
             Err(e) => {
@@ -347,6 +365,7 @@ impl<L: Ledger> Pipeline<L> {
                 return Ok(Admitted {
                     at_ms: decided_at_ms,
                     shadow,
+                    rooms,
                 });
             }
             // Every `sent` of a job carries the time it was admitted.
@@ -354,6 +373,7 @@ impl<L: Ledger> Pipeline<L> {
                 return Ok(Admitted {
                     at_ms: admitted_at_ms,
                     shadow: None,
+                    rooms: Rooms::default(),
                 });
             }
             Verdict::Rejected {
@@ -399,6 +419,7 @@ impl<L: Ledger> Pipeline<L> {
                     Outcome::Sent {
                         decided_at_ms: admitted_at_ms,
                         shadow: None,
+                        rooms: Rooms::default(),
                     }
                 } else {
                     Outcome::Duplicate
@@ -531,6 +552,7 @@ impl<L: Ledger> Pipeline<L> {
                 let sent = Outcome::Sent {
                     decided_at_ms: admitted.at_ms,
                     shadow: admitted.shadow,
+                    rooms: admitted.rooms,
                 };
                 let r = sent.result(job.id.as_str(), Some(job), msg);
                 return self.publish(out, &r).await.err().unwrap_or(Action::Done);

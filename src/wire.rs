@@ -166,6 +166,20 @@ pub struct RuleWire {
     pub max: u32,
 }
 
+/// What an admission left of one scope's quota (on `sent`): the scope's
+/// tightest enforced rule, how many more sends it allows now, and how long
+/// until its next slot frees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QuotaWire {
+    /// The rule (`scope`, `window_ms`, `max`).
+    #[serde(flatten)]
+    pub rule: RuleWire,
+    /// How many more sends the rule allows now.
+    pub remaining: u32,
+    /// How long until the rule's oldest send in its window leaves it.
+    pub reset_ms: u64,
+}
+
 /// The result message. Every key is always present (null when it does not
 /// apply), so consumers can rely on the shape.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -185,6 +199,9 @@ pub struct JobResult {
     /// On `sent`: the shadow rule (`enforce = false`) that would have
     /// rejected the job had it been enforced, if one would have.
     pub shadow_rule: Option<RuleWire>,
+    /// On `sent`, when this delivery's admission counted the job: per
+    /// scope that counted it, what is left of its quota.
+    pub quota: Option<Vec<QuotaWire>>,
     /// Attempts made, this one included.
     pub attempts: u32,
     /// On `invalid` and `failed`: why.
@@ -204,6 +221,7 @@ impl JobResult {
             retry_after_ms: None,
             rule: None,
             shadow_rule: None,
+            quota: None,
             attempts,
             error: None,
             correlation_id: None,

@@ -1,6 +1,7 @@
 //! Operators' controls, end to end with the real worker against the shared
 //! RabbitMQ and Redis and an SMTP server inside the test: the domain scope
-//! against catch-all code farming, and shadow rules.
+//! against catch-all code farming, shadow rules, and the quota left on a
+//! sent result.
 
 mod common;
 
@@ -136,5 +137,43 @@ async fn a_shadow_rule_is_counted_then_enforced() {
         Some(second_newest + 3_600_000 - decided)
     );
     assert_eq!(h.sink.wait_for(3, Duration::from_secs(5)).len(), 3);
+    w.stop().await.unwrap();
+}
+
+/// A `sent` result tells the producer what is left of each scope's quota:
+/// the tightest rule, how many more sends it allows, and when its next
+/// slot frees (so a sign-up page can say "2 more codes this hour"). A
+/// rejection names its rule instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_result_says_what_is_left_of_the_quota() {
+    let h = Harness::with("quota", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(3600), 3)];
+        s.limits.ip.rules = vec![Rule::new(Duration::from_secs(60), 10)];
+    })
+    .await;
+    let w = h.start_worker().await;
+    let mut first = None;
+    for (n, left) in [(1, 2), (2, 1), (3, 0)] {
+        h.publish(&job(&format!("q{n}"), "a@example.com", "198.51.100.9"))
+            .await;
+        let r = h.result().await;
+        assert_eq!(r["status"], "sent", "{r}");
+        let decided = r["decided_at_ms"].as_u64().unwrap();
+        let since = decided - *first.get_or_insert(decided);
+        assert_eq!(
+            r["quota"],
+            json!([
+                {"scope": "email", "window_ms": 3_600_000, "max": 3,
+                 "remaining": left, "reset_ms": 3_600_000 - since},
+                {"scope": "ip", "window_ms": 60_000, "max": 10,
+                 "remaining": left + 7, "reset_ms": 60_000 - since},
+            ]),
+            "{r}"
+        );
+    }
+    h.publish(&job("q4", "a@example.com", "198.51.100.9")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(r["quota"], Value::Null, "{r}");
     w.stop().await.unwrap();
 }

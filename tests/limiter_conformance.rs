@@ -10,7 +10,7 @@ use common::*;
 use mailgate::domain::RegistrableDomain;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Ledger, Verdict};
-use mailgate::limiter::{Clock, Quotas, RuleRef, RuleUsage, Scope, Subject};
+use mailgate::limiter::{Clock, Quotas, Room, RuleRef, RuleUsage, Scope, Subject};
 use mailgate::settings::{DomainRules, LimitSettings, PurposeLimits, Rule};
 
 /// No mailbox or IP rules; `domain` for the registrable domain, with
@@ -745,6 +745,89 @@ mod cases {
         assert_eq!(per_rule, [(true, 0, 0), (false, 5, HOUR - 2 * MIN + 3)]);
         assert_eq!(u.retry_after_ms, 0, "a shadow rule holds nothing up");
     }
+
+    /// An admission says, per scope, what its tightest enforced rule still
+    /// allows and when its next slot frees: the fewest remaining, on a tie
+    /// the later reset; exact also where a rule's N is larger than what
+    /// one read of the log holds (the IP's 18 per hour after 17 sends,
+    /// the domain's rules whose every N is above 16). Shadow rules are
+    /// never the tightest; a rejection says nothing of it.
+    pub async fn an_admission_says_what_is_left_of_each_scope<M: Make>(m: M) {
+        let mut lim = limits(&[(MIN, 1), (HOUR, 5)], &[(SEC, 2), (HOUR, 18)]);
+        lim.email.rules.push(Rule {
+            enforce: false,
+            ..Rule::new(std::time::Duration::from_millis(HOUR), 2)
+        });
+        lim.domain.rules = rules(&[(MIN, 40), (HOUR, 50)]).rules;
+        let b = m.make("rooms", lim).await;
+        let l = &b.ledger;
+        let room = |scope, window_ms, max, remaining, reset_ms| {
+            Some(Room {
+                rule: rule_ref(scope, window_ms, max),
+                remaining,
+                reset_ms,
+            })
+        };
+        // One mailbox, no client: the minute binds until the hour is as
+        // full (the fifth), then the hour, which frees later.
+        for (n, t) in [0, 2 * MIN, 4 * MIN, 6 * MIN].into_iter().enumerate() {
+            let a = TestJob::new(&format!("e{n}"), "a@example.com", None)
+                .admission(l, &Ticket::new(), Clock::At(t))
+                .await;
+            assert_eq!(a.verdict, Verdict::Admitted);
+            assert_eq!(
+                a.rooms.get(Scope::Email),
+                room(Scope::Email, MIN, 1, 0, MIN)
+            );
+            assert_eq!(a.rooms.get(Scope::Ip), None);
+        }
+        let a = TestJob::new("e4", "a@example.com", None)
+            .admission(l, &Ticket::new(), Clock::At(8 * MIN))
+            .await;
+        let email_room = room(Scope::Email, HOUR, 5, 0, HOUR - 8 * MIN);
+        assert_eq!(a.rooms.get(Scope::Email), email_room);
+        // The domain counted all five, 8 minutes apart at most: its minute
+        // rule holds the fifth alone.
+        assert_eq!(
+            a.rooms.get(Scope::Domain),
+            room(Scope::Domain, MIN, 40, 39, MIN)
+        );
+        let a = TestJob::new("e5", "a@example.com", None)
+            .admission(l, &Ticket::new(), Clock::At(9 * MIN))
+            .await;
+        assert!(matches!(a.verdict, Verdict::Rejected { .. }));
+        assert_eq!(a.rooms.iter().count(), 0, "a rejection has no room");
+
+        // One client, many mailboxes of one domain, 600 ms apart.
+        let base = 2 * HOUR;
+        for i in 0..18u64 {
+            let mail = format!("u{i}@farm.example");
+            let t = base + 600 * i;
+            let a = TestJob::new(&format!("f{i}"), &mail, Some("198.51.100.7"))
+                .admission(l, &Ticket::new(), Clock::At(t))
+                .await;
+            assert_eq!(a.verdict, Verdict::Admitted, "f{i}");
+            let n = u32::try_from(i).unwrap();
+            let ip = match i {
+                0 => room(Scope::Ip, SEC, 2, 1, SEC),
+                // 17 before it: more than one read of 16 holds.
+                17 => room(Scope::Ip, HOUR, 18, 0, HOUR - 600 * i),
+                _ => room(Scope::Ip, SEC, 2, 0, 400),
+            };
+            assert_eq!(a.rooms.get(Scope::Ip), ip, "f{i}");
+            let oldest = if i == 0 { MIN } else { MIN - 600 * i };
+            assert_eq!(
+                a.rooms.get(Scope::Domain),
+                room(Scope::Domain, MIN, 40, 39 - n, oldest),
+                "f{i}"
+            );
+            assert_eq!(
+                a.rooms.get(Scope::Email),
+                room(Scope::Email, MIN, 1, 0, MIN),
+                "f{i}"
+            );
+        }
+    }
 }
 
 macro_rules! conformance {
@@ -804,4 +887,5 @@ conformance!(
     the_domain_scope_is_all_or_nothing_with_the_others,
     a_purpose_has_its_own_domain_rules,
     a_shadow_rule_never_rejects_and_names_itself,
+    an_admission_says_what_is_left_of_each_scope,
 );

@@ -207,6 +207,16 @@ async fn run_case<L: Ledger>(
                     job.id.as_str(),
                     t
                 );
+                let rooms: Vec<_> = (admission.rooms.iter())
+                    .map(|r| (r.rule, r.remaining, r.reset_ms))
+                    .collect();
+                prop_assert_eq!(
+                    &rooms,
+                    &model.rooms,
+                    "rooms of job {} at t={}",
+                    job.id.as_str(),
+                    t
+                );
                 // Later steps act on the job as its id's record knows it.
                 if slot == jobs.len() {
                     jobs.push(job);

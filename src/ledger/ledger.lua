@@ -43,9 +43,12 @@ Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step)
 ]]
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
-  admitted = 1, -- at, shadow scope, shadow rule: admitted now, the caller's
-                -- ticket owns the send; the shadow rule that would have
-                -- rejected it (decide.lua), 0 0 if none (and on "create")
+  admitted = 1, -- at, shadow scope, shadow rule, rooms: admitted now, the
+                -- caller's ticket owns the send; the shadow rule that would
+                -- have rejected it (decide.lua), 0 0 if none (and on
+                -- "create"); how many scope keys' rooms (decide.lua's
+                -- `room`) this item appended to the batch's reply (0 on
+                -- "create", and for this very call run again)
   expired = 2, -- expires_at passed before a send began: nothing admitted (the
                -- caller's own unsent admission was refunded)
   resumed = 3, -- at: an admission nobody was sending is now the caller's
@@ -86,7 +89,9 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            per key the shape names; settle: as many as it names)
   returns  {now, then WIDTH (5) integers per item: admit's code and up to
            4 values (CODE); the other kinds, 1 or 0 and up to 4 values,
-           zeros for the rest}
+           zeros for the rest; then the rooms of the items admitted now,
+           in item order: 3 integers per scope key (rule, remaining,
+           reset_ms), as many keys as each item's fifth value says}
   Every item is checked before the first write, so a bad batch writes
   nothing. A batch run again (a Redis Cluster client sends a call again
   after its reply was lost) answers as the first run did, or as its
@@ -213,11 +218,13 @@ local function admit(k, a, b, kind)
     return CODE.expired
   end
   if kind == 'look' then return CODE.absent end
-  local shadow_s, shadow_r = 0, 0
+  local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
     local d, s, rule, shadow_d
-    d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now)
+    local logs = {}
+    d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
+    rooms = room(first, shape, sets, now, logs, b.rooms)
     record(first, shape, sets, now, b.now_s, member_of(now, id))
   end
   if fp then call('DEL', key) end
@@ -225,7 +232,7 @@ local function admit(k, a, b, kind)
     'lease', b.lease_s, 'ans', '0', 'c', call_id)
   if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
   call('PEXPIRE', key, dedup_s)
-  return CODE.admitted, now, shadow_s, shadow_r
+  return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
 
 --[[
@@ -366,7 +373,8 @@ local function batch()
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
-  local b = {now = now, now_s = int(now), lease_s = int(now + lease), dedup_s = dedup_s, sets = sets}
+  local b = {now = now, now_s = int(now), lease_s = int(now + lease), dedup_s = dedup_s, sets = sets,
+    rooms = {}}
   local out, o = {now}, 1
   a, k = first_item, 1
   while a <= nargs do
@@ -377,6 +385,7 @@ local function batch()
     k = k + item.keys(a + 1)
     a = a + 1 + item.values
   end
+  for i = 1, #b.rooms do out[o + i] = b.rooms[i] end
   return out
 end
 

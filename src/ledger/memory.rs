@@ -5,7 +5,7 @@ use super::{
     Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
 use crate::domain::{Name, Ticket};
-use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, RuleRef, Subject, Usage};
+use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
 use crate::settings::LimitSettings;
 
 /// How many admissions pass between sweeps of idle keys and records.
@@ -112,8 +112,8 @@ impl State {
     }
 
     /// `ledger.lua`'s "admit" for one request; on a fresh admission,
-    /// `shadow` is set to the shadow rule that would have rejected it.
-    fn admit(&mut self, entry: &Entry<'_>, now: u64, shadow: &mut Option<RuleRef>) -> Verdict {
+    /// `found`'s shadow rule and rooms are set (see [`Admission`]).
+    fn admit(&mut self, entry: &Entry<'_>, now: u64, found: &mut Admission) -> Verdict {
         let job = &entry.job;
         let keys = self.logs.keyspace().clone();
         let (lease, dedup) = (keys.lease_ms(), keys.dedup_ms());
@@ -197,7 +197,8 @@ impl State {
                 rule,
             };
         }
-        *shadow = would_bind.map(|(_, rule)| rule);
+        found.shadow = would_bind.map(|(_, rule)| rule);
+        found.rooms = self.logs.rooms(&scopes, now);
         self.logs.record(&scopes, now, id);
         self.records.insert(
             id.to_owned(),
@@ -229,13 +230,9 @@ impl Ledger for MemoryLedger {
         if state.admissions.is_multiple_of(SWEEP_EVERY) {
             state.sweep(now);
         }
-        let mut shadow = None;
-        let verdict = state.admit(entry, now, &mut shadow);
-        Ok(Admission {
-            decided_at_ms: now,
-            verdict,
-            shadow,
-        })
+        let mut admission = Admission::at(now, Verdict::Admitted);
+        admission.verdict = state.admit(entry, now, &mut admission);
+        Ok(admission)
     }
 
     async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {

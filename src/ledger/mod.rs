@@ -48,7 +48,7 @@ pub use self::redis::RedisLedger;
 
 use crate::domain::Name;
 use crate::domain::Ticket;
-use crate::limiter::{Clock, LimitError, Quotas, Request, RuleRef, Subject, Usage};
+use crate::limiter::{Clock, LimitError, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
 
 /// What an id was admitted for: a digest of the mailbox (as parsed), the
@@ -191,6 +191,21 @@ pub struct Admission {
     /// first on a tie), as an enforced one would have bound. `None` if
     /// every shadow rule had room, and on every other verdict.
     pub shadow: Option<crate::limiter::RuleRef>,
+    /// On [`Verdict::Admitted`]: what is left of each scope's quota with
+    /// this admission counted. Empty on every other verdict.
+    pub rooms: Rooms,
+}
+
+impl Admission {
+    /// `verdict` at `decided_at_ms`, naming no shadow rule and no rooms.
+    pub fn at(decided_at_ms: u64, verdict: Verdict) -> Self {
+        Self {
+            decided_at_ms,
+            verdict,
+            shadow: None,
+            rooms: Rooms::default(),
+        }
+    }
 }
 
 /// What admission found or did.

@@ -7,7 +7,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::{
-    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, RuleRef, Scope, Subject, Usage,
+    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, Room, RuleRef, Scope, Subject, Usage,
     redis_reset, redis_usage,
 };
 use crate::settings::{LimitSettings, RedisSettings};
@@ -136,6 +136,9 @@ struct Reply {
     /// the other kinds 1 (done) or 0, then what they name, zeros for the
     /// rest.
     values: [i64; REPLY_WIDTH],
+    /// An item admitted now: for each of its scope keys, the rule, the
+    /// admissions it still allows and its reset (decide.lua's `room`).
+    rooms: Vec<i64>,
     /// Replicas that acknowledged the batch, if the item asked to wait and
     /// fewer than `redis.min_replicas_acked` did.
     unreplicated: Option<i64>,
@@ -409,19 +412,35 @@ async fn run_batch(
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
-    if reply.len() != 1 + REPLY_WIDTH * batch.len() {
+    let fixed = 1 + REPLY_WIDTH * batch.len();
+    if reply.len() < fixed {
         return Err(bad());
     }
     let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
-    Ok(reply[1..]
+    // After the items, the rooms of those admitted now, in order.
+    let mut rooms = reply[fixed..].iter().copied();
+    let replies = reply[1..fixed]
         .chunks_exact(REPLY_WIDTH)
         .zip(batch)
-        .map(|(r, p)| Reply {
-            now_ms,
-            values: [r[0], r[1], r[2], r[3], r[4]],
-            unreplicated: unreplicated.filter(|_| p.wait),
+        .map(|(r, p)| {
+            let admitted = p.args[0] == "admit" && r[0] == Code::Admitted as i64;
+            let keys = if admitted {
+                usize::try_from(r[4]).unwrap_or(0)
+            } else {
+                0
+            };
+            Reply {
+                now_ms,
+                values: [r[0], r[1], r[2], r[3], r[4]],
+                rooms: rooms.by_ref().take(3 * keys).collect(),
+                unreplicated: unreplicated.filter(|_| p.wait),
+            }
         })
-        .collect())
+        .collect();
+    match rooms.next() {
+        None => Ok(replies),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// Runs `eval`, an `EVALSHA` of `script` (loaded again on `NOSCRIPT`, e.g.
@@ -483,6 +502,25 @@ fn rule_named(
         .rules
         .get(usize::try_from(rule - 1).ok()?)?;
     Some(RuleRef::of(scope, rule))
+}
+
+/// The room a script names for its 1-based scope `scope` (`scopes` as for
+/// [`rule_named`]): `[rule, remaining, reset_ms]`; `None` for a scope with
+/// no enforced rule (rule 0) or values that make no sense.
+fn room_named(
+    keys: &Keyspace,
+    scopes: &[(Scope, usize)],
+    scope: i64,
+    room: &[i64],
+) -> Option<Room> {
+    let [rule, remaining, reset_ms] = *room else {
+        return None;
+    };
+    Some(Room {
+        rule: rule_named(keys, scopes, scope, rule)?,
+        remaining: u32::try_from(remaining).ok()?,
+        reset_ms: u64::try_from(reset_ms).ok()?,
+    })
 }
 
 /// An admission's reply values as a [`Verdict`] (`scopes`: the scope
@@ -726,11 +764,14 @@ impl RedisLedger {
             (Verdict::Admitted, s) if s > 0 => rule_named(&self.keys, scopes, s, reply.values[3]),
             _ => None,
         };
-        Ok(Admission {
-            decided_at_ms: reply.now_ms,
-            verdict,
-            shadow,
-        })
+        let mut admission = Admission::at(reply.now_ms, verdict);
+        admission.shadow = shadow;
+        for (s, room) in (1..).zip(reply.rooms.chunks_exact(3)) {
+            if let Some(room) = room_named(&self.keys, scopes, s, room) {
+                admission.rooms.set(room);
+            }
+        }
+        Ok(admission)
     }
 }
 

@@ -129,8 +129,9 @@ end
 -- Judges one request at `now`: its scope keys are KEYS[first ..
 -- first + #shape / 2 - 1]. Returns 0 if every enforced rule has room, else the
 -- wait, the 1-based scope and the 1-based rule that binds; then the same
--- three for the shadow rules (0 if each has room). Writes nothing.
-local function judge(first, shape, sets, now)
+-- three for the shadow rules (0 if each has room). Writes nothing. With a
+-- table `logs`, leaves in logs[s] what it read of key s (for `room`).
+local function judge(first, shape, sets, now, logs)
   local best_d, best_s, best_r = 0, 0, 0
   local sh_d, sh_s, sh_r = 0, 0, 0
   for s = 1, #shape / 2 do
@@ -139,6 +140,7 @@ local function judge(first, shape, sets, now)
     -- empty.
     local log = set.fetch > 0 and call('ZRANGE', key, set.fetch_s, '-1') or {}
     local len = #log
+    if logs then logs[s] = log end
     local newest = len > 0 and time_of(log[len])
     for r = 1, set.n do
       local n = set.max[r]
@@ -166,6 +168,53 @@ local function judge(first, shape, sets, now)
     end
   end
   return best_d, best_s, best_r, sh_d, sh_s, sh_r
+end
+
+-- What is left of each scope's quota once a request that `judge` admitted
+-- at `now` is recorded, from what judge read (`logs`). For each scope key,
+-- appends to `out` the 1-based enforced rule that allows the fewest further
+-- admissions (on a tie the one whose next slot frees last, then the
+-- first), how many it allows, and how long until its oldest admission in
+-- the window leaves it (the window itself if the request is the oldest); 0 0 0 for a key with no enforced rule. Exact: a rule with room
+-- holds fewer than N admissions, so judge's read (the newest N, up to 16)
+-- holds them all; a larger N, or a read that holds only entries in the
+-- window, asks Redis for the count and the oldest. Returns how many keys.
+local function room(first, shape, sets, now, logs, out)
+  local o = #out
+  for s = 1, #shape / 2 do
+    local key, set, log = KEYS[first + s - 1], set_of(shape, s, sets), logs[s]
+    local len = #log
+    local best_r, best_left, best_reset = 0, 0, 0
+    for r = 1, set.n do
+      if not set.shadow[r] then
+        local w = set.w[r]
+        local since = now - w
+        local c = 0
+        while c < len and time_of(log[len - c]) > since do c = c + 1 end
+        local oldest
+        if c == len and len == set.fetch then
+          -- Every entry read is in the window: there may be more.
+          local after = '(' .. int(since)
+          c = call('ZCOUNT', key, after, '+inf')
+          local m = c > 0 and call('ZRANGEBYSCORE', key, after, '+inf', 'LIMIT', 0, 1)[1]
+          oldest = m and time_of(m)
+        elseif c > 0 then
+          oldest = time_of(log[len - c + 1])
+        end
+        local left = set.max[r] - c - 1
+        if left < 0 then left = 0 end
+        -- The admission at `now` may be the oldest (entries after `now`:
+        -- the clock stepped back).
+        local reset = oldest and math.min(oldest, now) + w - now or w
+        if best_r == 0 or left < best_left or (left == best_left and reset > best_reset) then
+          best_r, best_left, best_reset = r, left, reset
+        end
+      end
+    end
+    out[o + 1], out[o + 2], out[o + 3] = best_r, best_left, best_reset
+    o = o + 3
+  end
+  return #shape / 2
 end
 
 -- Records an admission at `now` (`now_s`) in each scope key of a request.

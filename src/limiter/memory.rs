@@ -1,7 +1,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{Keyspace, RuleRef, Scope, Subject, Usage, binding_rule, usage_of};
+use super::{Keyspace, Rooms, RuleRef, Scope, Subject, Usage, binding_rule, room_of, usage_of};
 use crate::domain::Name;
 
 /// The limiter's logs in this process: the same semantics as the Redis logs
@@ -77,6 +77,24 @@ impl MemoryLogs {
             }
         }
         best
+    }
+
+    /// What is left of each of `scopes`' quota once an admission at `now`
+    /// is recorded (asked before [`MemoryLogs::record`]).
+    pub fn rooms(&self, scopes: &[(Scope, String, usize)], now: u64) -> Rooms {
+        let mut rooms = Rooms::default();
+        let mut times = Vec::new();
+        for (scope, key, set) in scopes {
+            let set = &self.keys.sets[*set];
+            times.clear();
+            if let Some(log) = self.logs.get(key) {
+                times.extend(log.entries.iter().map(|(t, _)| *t));
+            }
+            if let Some(room) = room_of(*scope, &set.rules, &times, now) {
+                rooms.set(room);
+            }
+        }
+        rooms
     }
 
     /// Records job `id`'s admission at `now` in each of `scopes`.

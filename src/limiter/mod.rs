@@ -108,6 +108,47 @@ impl RuleRef {
     }
 }
 
+/// What is left of one scope's quota right after an admission: the
+/// enforced rule of the scope that allows the fewest further admissions,
+/// as the IETF RateLimit header fields tell an HTTP client, so a producer
+/// can tell its user "2 more codes this hour".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// The tightest rule: the fewest `remaining`; on a tie the one whose
+    /// next slot frees last (then the first in order).
+    pub rule: RuleRef,
+    /// How many more admissions the rule allows now.
+    pub remaining: u32,
+    /// How long until the rule's oldest admission in its window leaves it,
+    /// freeing a slot (the window itself when the admission is its only
+    /// one).
+    pub reset_ms: u64,
+}
+
+/// What is left of each scope's quota after an admission: a [`Room`] per
+/// scope that counted the request and has an enforced rule. Empty when
+/// the admission did not count the request now (a resumed job, or an
+/// admission made in an earlier call).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rooms([Option<Room>; 3]);
+
+impl Rooms {
+    /// The room left in `scope`, if the admission counted it there.
+    pub fn get(&self, scope: Scope) -> Option<Room> {
+        self.0[scope.index()]
+    }
+
+    /// Each scope's room, in [`Scope::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = Room> + '_ {
+        self.0.iter().flatten().copied()
+    }
+
+    /// Records `room` as its rule's scope's.
+    pub(crate) fn set(&mut self, room: Room) {
+        self.0[room.rule.scope.index()] = Some(room);
+    }
+}
+
 /// What the limiter is asked about: one job, for one mailbox, from one client.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -486,6 +527,33 @@ pub(crate) fn binding_rule(
             && best.is_none_or(|(bd, _)| d > bd)
         {
             best = Some((d, i));
+        }
+    }
+    best
+}
+
+/// The room left in `scope` once an admission at `now` joins a log whose
+/// admission `times` (ascending) hold everything before it: see [`Room`].
+/// `None` if `rules` has no enforced rule.
+pub(crate) fn room_of(scope: Scope, rules: &[Rule], times: &[u64], now: u64) -> Option<Room> {
+    let mut best: Option<Room> = None;
+    for rule in rules.iter().filter(|r| r.enforce) {
+        let w = rule.window_ms();
+        let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
+        let count = times.len() - lo + 1;
+        let remaining = u32::try_from((rule.max as usize).saturating_sub(count)).unwrap_or(0);
+        // The admission at `now` itself may be the oldest (entries after
+        // `now`: the clock stepped back).
+        let oldest = times.get(lo).map_or(now, |&t| t.min(now));
+        let reset_ms = (oldest + w).saturating_sub(now);
+        if best.is_none_or(|b| {
+            remaining < b.remaining || (remaining == b.remaining && reset_ms > b.reset_ms)
+        }) {
+            best = Some(Room {
+                rule: RuleRef::of(scope, rule),
+                remaining,
+                reset_ms,
+            });
         }
     }
     best

@@ -24,9 +24,11 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
              instead of answering a rejection)
 "reserve" -- the same, and if it has room records the reservation.
   ARGV[3..]  the rule set, then the job's id, then a nonce
-  returns    {now, 1, shadow wait, shadow rule} (recorded as
-             member_of(now, id .. ':' .. nonce)), else as "peek";
-             run again (its reply lost), {its time, 1, 0, 0}
+  returns    {now, 1, shadow wait, shadow rule, rule, remaining,
+             reset_ms} (recorded as member_of(now, id .. ':' .. nonce);
+             the last three: what is left of the scope's quota with it,
+             decide.lua's `room`), else as "peek"; run again (its reply
+             lost), {its time, 1, 0, 0}
 "unreserve" -- gives a reservation back.
   ARGV[3]    its time, or "" if it is not known (the reply to its "reserve"
              was lost: the log is looked through for the suffix)
@@ -77,7 +79,8 @@ if op == 'reserve' then
     if sub(m, 13) == tail then return {time_of(m), 1, 0, 0} end
   end
 end
-local d, _, rule, shadow_d, _, shadow = judge(1, '01', sets, now)
+local logs = {}
+local d, _, rule, shadow_d, _, shadow = judge(1, '01', sets, now, logs)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
@@ -90,6 +93,9 @@ if d > 0 then
   return {now, 0, d, rule}
 end
 if op == 'reserve' then
+  local out = {now, 1, shadow_d, shadow}
+  room(1, '01', sets, now, logs, out)
   record(1, '01', sets, now, int(now), member_of(now, id .. ':' .. nonce))
+  return out
 end
 return {now, 1, shadow_d, shadow}

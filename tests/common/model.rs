@@ -44,6 +44,10 @@ pub struct Model {
     /// The shadow rule the last fresh admission would have been rejected
     /// by (the one with the longest wait, the first on a tie).
     pub shadow: Option<RuleRef>,
+    /// What the last fresh admission left of each scope's quota: per
+    /// scope with an enforced rule, the rule with the fewest remaining (on
+    /// a tie the later reset, then the first), its remaining and its reset.
+    pub rooms: Vec<(RuleRef, u32, u64)>,
 }
 
 impl Model {
@@ -53,6 +57,7 @@ impl Model {
             records: Vec::new(),
             lease_ms,
             shadow: None,
+            rooms: Vec::new(),
         }
     }
 
@@ -99,6 +104,7 @@ impl Model {
     ) -> Verdict {
         let lease_ms = self.lease_ms;
         self.shadow = None;
+        self.rooms.clear();
         if let Some(r) = self.record(id) {
             let mine = r.owner == ticket;
             let (at, answered) = (r.at, r.answered);
@@ -154,6 +160,7 @@ impl Model {
                 id: id.to_owned(),
                 keys: scopes.iter().map(|(_, k, _)| k.clone()).collect(),
             });
+            self.rooms = self.rooms_at(scopes, t);
             self.records.retain(|r| r.id != id);
             self.records.push(Record {
                 id: id.to_owned(),
@@ -173,6 +180,36 @@ impl Model {
             retry_after_ms: d,
             rule,
         }
+    }
+
+    /// Each scope's tightest enforced rule at `t`, the admission at `t`
+    /// counted: how many more it allows, and how long until the oldest
+    /// admission in its window leaves it.
+    fn rooms_at(&self, scopes: &Scopes<'_>, t: u64) -> Vec<(RuleRef, u32, u64)> {
+        let mut rooms = Vec::new();
+        for (scope, key, rules) in scopes {
+            let mut best: Option<(RuleRef, u32, u64)> = None;
+            for r in rules.iter().filter(|r| r.enforce) {
+                let w = r.window.as_millis() as u64;
+                let left = (r.max as usize).saturating_sub(self.count(key, w, t)) as u32;
+                let oldest = (self.admissions.iter())
+                    .filter(|a| a.keys.iter().any(|k| k == key) && a.at + w > t)
+                    .map(|a| a.at)
+                    .min()
+                    .expect("the admission at t is in the window");
+                let reset = oldest + w - t;
+                if best.is_none_or(|(_, l, rs)| left < l || (left == l && reset > rs)) {
+                    let rule = RuleRef {
+                        scope: *scope,
+                        window_ms: w,
+                        max: r.max,
+                    };
+                    best = Some((rule, left, reset));
+                }
+            }
+            rooms.extend(best);
+        }
+        rooms
     }
 
     fn full_rules(&self, scopes: &Scopes<'_>, at: u64) -> Vec<RuleRef> {

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use super::{
     Code, Conn, REPLY_WIDTH, RedisLedger, Replication, Reply, admission_args, answered, clock_arg,
-    eval_waiting, rule_named, stopped, verdict,
+    eval_waiting, room_named, rule_named, stopped, verdict,
 };
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{Clock, DECIDE_LUA, Request, RuleRef, SCOPE_LUA, Scope, Subject};
+use crate::limiter::{Clock, DECIDE_LUA, Request, Rooms, RuleRef, SCOPE_LUA, Scope, Subject};
 
 /// The scope script: the limiter's decision chunk, then `scope.lua` (whose
 /// header documents its KEYS and ARGV).
@@ -33,9 +33,10 @@ const TIME_UNKNOWN: u64 = u64::MAX;
 /// spread over shards).
 enum Reservations {
     /// Every scope has room (and holds the reservation): its scope, key
-    /// and reservation time; and the shadow rule that would have rejected
-    /// the request, with its wait (the longest, the first on a tie).
-    Held(Vec<(Scope, String, u64)>, Option<(u64, RuleRef)>),
+    /// and reservation time; the shadow rule that would have rejected
+    /// the request, with its wait (the longest, the first on a tie); and,
+    /// for reservations, the room each scope has left with it.
+    Held(Vec<(Scope, String, u64)>, Option<(u64, RuleRef)>, Rooms),
     /// A scope rejected, and every reservation was given back: the largest
     /// wait, the first rule with it, and when its scope decided.
     Rejected(Admission),
@@ -92,13 +93,15 @@ impl RedisLedger {
         // scope's room holds none in the scopes after it.
         let mut held = Vec::with_capacity(scopes.len());
         let mut shadow: Option<(u64, RuleRef)> = None;
+        let mut rooms = Rooms::default();
         for scope in &scopes {
             let one = std::slice::from_ref(scope);
             let reply = self.each_scope(clock, one, id, Some(nonce)).await;
             let answer = match self.gather(one, reply, Some(&suffix)).await {
-                Ok(Reservations::Held(h, would_bind)) => {
+                Ok(Reservations::Held(h, would_bind, room)) => {
                     held.extend(h);
                     shadow = longer(shadow, would_bind);
+                    room.iter().for_each(|r| rooms.set(r));
                     continue;
                 }
                 other => other,
@@ -142,6 +145,7 @@ impl RedisLedger {
         let mut admission = self.decided(entry, &[], created).await?;
         if admission.verdict == Verdict::Admitted {
             admission.shadow = shadow.map(|(_, rule)| rule);
+            admission.rooms = rooms;
         }
         Ok(admission)
     }
@@ -186,13 +190,10 @@ impl RedisLedger {
         if look.values[0] != Code::Absent as i64 {
             return self.decided(entry, &[], look).await;
         }
-        Ok(Admission {
-            decided_at_ms: look.now_ms,
-            shadow: None,
-            verdict: Verdict::Busy {
-                lease_left_ms: COPY_WAIT_MS,
-            },
-        })
+        let verdict = Verdict::Busy {
+            lease_left_ms: COPY_WAIT_MS,
+        };
+        Ok(Admission::at(look.now_ms, verdict))
     }
 
     /// Whether Redis says that the job's record does not hold the
@@ -255,7 +256,7 @@ impl RedisLedger {
         suffix: Option<&str>,
     ) -> Result<Reservations, LedgerError> {
         let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
-        let (mut copy, mut shadow) = (false, None);
+        let (mut copy, mut shadow, mut rooms) = (false, None, Rooms::default());
         for ((scope, key, set), reply) in scopes.iter().zip(replies) {
             let reply = match reply {
                 Ok(reply) => reply,
@@ -278,6 +279,9 @@ impl RedisLedger {
                     rule_named(&self.keys, &[(*scope, *set)], 1, rule).map(|rule| (d, rule))
                 });
                 shadow = longer(shadow, would_bind);
+                if let Some(room) = room_named(&self.keys, &[(*scope, *set)], 1, &reply.rooms) {
+                    rooms.set(room);
+                }
                 if let Some(acked) = reply.unreplicated {
                     failed = Some(self.unreplicated_reservation(acked));
                 }
@@ -304,11 +308,7 @@ impl RedisLedger {
                 Some(verdict @ Verdict::Rejected { retry_after_ms, .. })
                     if rejected.as_ref().is_none_or(|r| retry_after_ms > wait(r)) =>
                 {
-                    rejected = Some(Admission {
-                        decided_at_ms: reply.now_ms,
-                        verdict,
-                        shadow: None,
-                    });
+                    rejected = Some(Admission::at(reply.now_ms, verdict));
                 }
                 Some(Verdict::Rejected { .. }) => {}
                 _ => {
@@ -320,7 +320,7 @@ impl RedisLedger {
             }
         }
         if rejected.is_none() && failed.is_none() && !copy {
-            return Ok(Reservations::Held(held, shadow));
+            return Ok(Reservations::Held(held, shadow, rooms));
         }
         if let Some(suffix) = suffix {
             self.give_back(suffix, &held).await;
@@ -441,11 +441,14 @@ async fn on_scope(
     let bad = || LedgerError::Protocol(format!("a scope answered {r:?}"));
     // Each as `gather` reads it: room (1) or not (0); a rejection's 0,
     // 0, wait and rule; another copy's entry (2), its time, wait and rule.
-    let values = match r.get(1..) {
-        Some([done]) => [*done, 0, 0, 0, 0],
-        Some([1, shadow_wait, shadow]) => [1, *shadow_wait, *shadow, 0, 0],
-        Some([0, wait, rule]) => [0, 0, *wait, *rule, 0],
-        Some([2, made_at, wait, rule]) => [2, *made_at, *wait, *rule, 0],
+    let (values, rooms) = match r.get(1..) {
+        Some([done]) => ([*done, 0, 0, 0, 0], Vec::new()),
+        Some([1, shadow_wait, shadow]) => ([1, *shadow_wait, *shadow, 0, 0], Vec::new()),
+        Some([1, shadow_wait, shadow, room @ ..]) if room.len() == 3 => {
+            ([1, *shadow_wait, *shadow, 0, 0], room.to_vec())
+        }
+        Some([0, wait, rule]) => ([0, 0, *wait, *rule, 0], Vec::new()),
+        Some([2, made_at, wait, rule]) => ([2, *made_at, *wait, *rule, 0], Vec::new()),
         _ => return Err(bad()),
     };
     let now_ms = r
@@ -455,6 +458,7 @@ async fn on_scope(
     Ok(Reply {
         now_ms,
         values,
+        rooms,
         unreplicated,
     })
 }
