@@ -662,6 +662,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     },
                     send_now: false,
                     expires_at_ms: None,
+                    made_at_ms: None,
                 };
                 l.admit(&entry, Clock::Server).await.expect("decision");
             }

@@ -172,6 +172,7 @@ async fn round_mailgate(
                     },
                     send_now: false,
                     expires_at_ms: None,
+                    made_at_ms: None,
                 };
                 let d = l.admit(&entry, Clock::Server).await.expect("decision");
                 tally.decisions.fetch_add(1, Ordering::Relaxed);
@@ -616,6 +617,7 @@ async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> 
             },
             send_now: true,
             expires_at_ms: None,
+            made_at_ms: None,
         };
         l.admit(&entry, Clock::Server).await.expect("admission");
     };

@@ -86,6 +86,10 @@ pub struct Message<'a> {
     pub redelivered: bool,
     /// Copied onto the result.
     pub correlation_id: Option<&'a str>,
+    /// When the producer published it, ms since the epoch, if it said
+    /// (carried on mailgate's copies): when the job was made, if its body
+    /// has no `created_at`.
+    pub published_at_ms: Option<u64>,
 }
 
 /// Why a result was not published.
@@ -124,6 +128,7 @@ enum Outcome {
     Invalid(String),
     Expired,
     Failed(String),
+    Superseded,
 }
 
 /// The error of a job whose delivery is unknown.
@@ -139,6 +144,7 @@ impl Outcome {
             Outcome::Invalid(_) => Status::Invalid,
             Outcome::Expired => Status::Expired,
             Outcome::Failed(_) => Status::Failed,
+            Outcome::Superseded => Status::Superseded,
         };
         let mut r = JobResult::new(id, status, msg.attempt);
         r.email = job.map(|j| j.email.to_string());
@@ -164,7 +170,7 @@ impl Outcome {
                 r.rule = Some(RuleWire::from(rule));
             }
             Outcome::Invalid(e) | Outcome::Failed(e) => r.error = Some(e),
-            Outcome::Duplicate | Outcome::Expired => {}
+            Outcome::Duplicate | Outcome::Expired | Outcome::Superseded => {}
         }
         r
     }
@@ -321,9 +327,8 @@ impl<L: Ledger> Pipeline<L> {
         let entry = Entry {
             job: *job_ref,
             send_now,
-            expires_at_ms: job
-                .expires_at
-                .map(|t| u64::try_from(t.as_millisecond()).unwrap_or(0)),
+            expires_at_ms: job.expires_at.map(ms_since_epoch),
+            made_at_ms: job.created_at.map(ms_since_epoch).or(msg.published_at_ms),
         };
         let Admission {
             decided_at_ms,
@@ -430,6 +435,9 @@ impl<L: Ledger> Pipeline<L> {
                 (Outcome::Failed(DELIVERY_UNKNOWN.into()), by_owner)
             }
             Verdict::Finished { how, .. } => (refund_outcome(how), true),
+            // Refunded into a record this lineage owns, which records that
+            // its answer went out; nothing was counted otherwise.
+            Verdict::Superseded { refunded } => (Outcome::Superseded, refunded),
         };
         let action = self.answer(out, msg, job, outcome).await;
         if by_owner && action == Action::Done {
@@ -632,6 +640,7 @@ impl<L: Ledger> Pipeline<L> {
         let outcome = match ending {
             Ending::Refund(Refund::Invalid) => Outcome::Invalid(error),
             Ending::Refund(Refund::Expired) => Outcome::Expired,
+            Ending::Refund(Refund::Superseded) => Outcome::Superseded,
             Ending::Refund(Refund::Failed) | Ending::Unknown | Ending::Sent => {
                 Outcome::Failed(error)
             }
@@ -755,7 +764,13 @@ fn refund_outcome(how: Refund) -> Outcome {
         Refund::Expired => Outcome::Expired,
         Refund::Failed => Outcome::Failed(again.into()),
         Refund::Invalid => Outcome::Invalid(again.into()),
+        Refund::Superseded => Outcome::Superseded,
     }
+}
+
+/// A timestamp as ms since the epoch (0 before it).
+fn ms_since_epoch(t: jiff::Timestamp) -> u64 {
+    u64::try_from(t.as_millisecond()).unwrap_or(0)
 }
 
 /// Why a job could not go on for now, from the ledger's error on its

@@ -96,6 +96,12 @@ impl Settings {
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.limits.validate()?;
         let invalid = |m: String| Err(SettingsError::Invalid(m));
+        if self.limits.any_supersede() && self.redis.spreads_keys() {
+            return invalid(
+                "limits.supersede needs every key of mailgate's in one slot of the Redis                  Cluster: give redis.prefix a hash tag (e.g. \"{mailgate}:\"); with the keys                  spread over the shards a job and the newer job that supersedes it are judged                  on different shards"
+                    .into(),
+            );
+        }
         if self.amqp.prefetch == 0 {
             return invalid("amqp.prefetch must be at least 1".into());
         }
@@ -1140,6 +1146,12 @@ pub struct LimitSettings {
     /// or a slow send and its retry could both deliver.
     #[serde(deserialize_with = "human_duration")]
     pub send_lease: Duration,
+    /// Whether an older job for a mailbox is dropped once a newer one of
+    /// the same purpose was admitted: the older, waiting to be retried,
+    /// carries a stale code. It is answered `superseded` when it comes up
+    /// for sending, never mailed, its quota refunded. For purposes without
+    /// a `supersede` of their own; default false.
+    pub supersede: bool,
 }
 
 impl Default for LimitSettings {
@@ -1160,6 +1172,7 @@ impl Default for LimitSettings {
             dedup_for: Duration::from_secs(24 * 3600),
             send_lease: Duration::from_secs(30),
             purpose: std::collections::BTreeMap::new(),
+            supersede: false,
         }
     }
 }
@@ -1174,6 +1187,9 @@ pub struct PurposeLimits {
     pub ip: Option<ScopeRules>,
     /// Rules per registrable domain for this purpose.
     pub domain: Option<ScopeRules>,
+    /// Whether this purpose's older jobs are superseded by newer ones
+    /// (see [`LimitSettings::supersede`]); unset, the default's.
+    pub supersede: Option<bool>,
 }
 
 impl PurposeLimits {
@@ -1202,6 +1218,19 @@ pub struct DomainRules {
 }
 
 impl LimitSettings {
+    /// Whether jobs of `purpose` are superseded by newer ones for the same
+    /// mailbox (its own `supersede`, else `limits.supersede`).
+    pub fn supersedes(&self, purpose: &str) -> bool {
+        (self.purpose.get(purpose))
+            .and_then(|p| p.supersede)
+            .unwrap_or(self.supersede)
+    }
+
+    /// Whether any purpose's jobs are superseded.
+    pub fn any_supersede(&self) -> bool {
+        self.supersede || self.purpose.values().any(|p| p.supersede == Some(true))
+    }
+
     /// The default rules of each scope, in [`SCOPES`] order.
     pub fn scope_rules(&self) -> [&[Rule]; 3] {
         [&self.email.rules, &self.ip.rules, &self.domain.rules]
@@ -1567,6 +1596,21 @@ mod tests {
         s.redis.min_replicas_acked = 1;
         s.validate()
             .expect("a cluster's primaries have replicas too");
+        // Superseding judges a job and its newer one in one call: one slot.
+        s.limits.purpose.insert(
+            "login".into(),
+            PurposeLimits {
+                supersede: Some(true),
+                ..PurposeLimits::default()
+            },
+        );
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.supersede") && e.contains("hash tag"),
+            "{e}"
+        );
+        s.redis.key_prefix = "{mailgate}:".into();
+        s.validate().expect("one slot supersedes");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
-//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`); on rejections `scope`, `window_ms`, `max` of the binding rule |
+//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
 //! | `mailgate_dead_letters_total` | counter | |
@@ -55,6 +55,7 @@ fn status_label(status: Status) -> &'static str {
         Status::Invalid => "invalid",
         Status::Expired => "expired",
         Status::Failed => "failed",
+        Status::Superseded => "superseded",
     }
 }
 
@@ -102,6 +103,7 @@ pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>) {
         Verdict::Unknown { .. } => "unknown",
         Verdict::Finished { .. } => "finished",
         Verdict::Conflict => "conflict",
+        Verdict::Superseded { .. } => "superseded",
     };
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
 }

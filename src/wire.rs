@@ -47,6 +47,7 @@ struct JobWire {
     /// turn big or exotic ones into floats).
     vars: Option<std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>>,
     expires_at: Option<String>,
+    created_at: Option<String>,
 }
 
 /// Parses a message body into a job. The id is found first, so that every
@@ -118,13 +119,19 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
             })
             .collect::<Result<Vec<_>, _>>()?,
     )?;
-    let expires_at = w
-        .expires_at
-        .map(|s| {
-            s.parse::<jiff::Timestamp>()
-                .map_err(|_| InvalidInput::ExpiresAt(s.chars().take(64).collect()))
-        })
-        .transpose()?;
+    let timestamp = |field: &'static str, value: Option<String>| {
+        value
+            .map(|s| {
+                s.parse::<jiff::Timestamp>()
+                    .map_err(|_| InvalidInput::Timestamp {
+                        field,
+                        value: s.chars().take(64).collect(),
+                    })
+            })
+            .transpose()
+    };
+    let expires_at = timestamp("expires_at", w.expires_at)?;
+    let created_at = timestamp("created_at", w.created_at)?;
     Ok(Job {
         id,
         email,
@@ -134,6 +141,7 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         locale,
         vars,
         expires_at,
+        created_at,
     })
 }
 
@@ -153,6 +161,10 @@ pub enum Status {
     Expired,
     /// A permanent SMTP error, or too many transient ones; quota refunded.
     Failed,
+    /// A newer job for the same mailbox and purpose was admitted after
+    /// this one (`supersede = true`): its code is stale, so it was not
+    /// sent; quota refunded.
+    Superseded,
 }
 
 /// The rule that rejected a job (or, as `shadow_rule`, would have).
@@ -309,6 +321,10 @@ mod tests {
         assert!(
             invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
                 .contains("expires_at")
+        );
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","created_at":"1 May"}"#)
+                .contains("created_at is not an RFC 3339 timestamp")
         );
         let big = format!(
             r#"{{"id":"j1","email":"a@example.com","code":"1","pad":"{}"}}"#,

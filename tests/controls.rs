@@ -1,7 +1,7 @@
 //! Operators' controls, end to end with the real worker against the shared
 //! RabbitMQ and Redis and an SMTP server inside the test: the domain scope
-//! against catch-all code farming, shadow rules, and the quota left on a
-//! sent result.
+//! against catch-all code farming, shadow rules, the quota left on a sent
+//! result, and superseded codes.
 
 mod common;
 
@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use common::harness::Harness;
 use mailgate::domain::RegistrableDomain;
+use mailgate::ledger::RedisLedger;
+use mailgate::limiter::{Clock, Quotas, Subject};
 use mailgate::settings::{DomainRules, Rule};
 use serde_json::{Value, json};
 
@@ -175,5 +177,67 @@ async fn a_sent_result_says_what_is_left_of_the_quota() {
     let r = h.result().await;
     assert_eq!(r["status"], "rejected", "{r}");
     assert_eq!(r["quota"], Value::Null, "{r}");
+    w.stop().await.unwrap();
+}
+
+/// The user asks again while the first code waits for its retry: the
+/// relay greylisted it (451). With `supersede = true` the newer job is
+/// sent, and the older one's retry ends `superseded`, never mailed, its
+/// quota refunded: the user holds one code, the right one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_code_waiting_for_its_retry_is_superseded_by_a_newer_one() {
+    let h = Harness::with("supersede", |s| {
+        s.limits.supersede = true;
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(3600), 5)];
+        s.retry.initial = Duration::from_millis(1500);
+        s.retry.max = Duration::from_millis(1500);
+    })
+    .await;
+    let w = h.start_worker().await;
+    let made = |ago_ms: i64| {
+        let t = jiff::Timestamp::now() - jiff::SignedDuration::from_millis(ago_ms);
+        t.to_string()
+    };
+    h.sink.reply_with(&[451]);
+    h.publish(
+        &json!({"id": "older", "email": "a@example.com", "code": "111111",
+        "created_at": made(1_000)}),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while h.sink.transactions() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the 451 never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.publish(
+        &json!({"id": "newer", "email": "a@example.com", "code": "222222",
+        "created_at": made(0)}),
+    )
+    .await;
+    let results = h.results(2).await;
+    assert_eq!(results["newer"]["status"], "sent", "{results:?}");
+    let older = &results["older"];
+    assert_eq!(
+        (older["status"].as_str(), older["attempts"].as_u64()),
+        (Some("superseded"), Some(2)),
+        "{older}"
+    );
+    h.no_more_results(Duration::from_millis(500)).await;
+    let mails = h.sink.mails_to("a@example.com");
+    assert_eq!(mails.len(), 1, "one mail, the newer code");
+    assert!(mails[0].data.contains("222222"), "{}", mails[0].data);
+    let mailbox = mailgate::domain::EmailAddress::parse("a@example.com").unwrap();
+    let ledger = RedisLedger::connect(&h.settings.redis, &h.settings.limits)
+        .await
+        .unwrap();
+    let used = (ledger.usage(Subject::Email(&mailbox), None, Clock::Server))
+        .await
+        .unwrap();
+    assert_eq!(used.rules[0].count, 1, "the older one's quota was refunded");
+    let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
+    assert!(
+        metrics.contains(r#"mailgate_jobs_total{status="superseded"} 1"#),
+        "{metrics}"
+    );
     w.stop().await.unwrap();
 }

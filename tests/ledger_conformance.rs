@@ -60,6 +60,7 @@ async fn ask_with<L: Ledger>(
         job: job.by(t),
         send_now,
         expires_at_ms,
+        made_at_ms: None,
     };
     let a = l
         .admit(&entry, Clock::At(at))
@@ -67,6 +68,34 @@ async fn ask_with<L: Ledger>(
         .expect("the ledger answers");
     assert_eq!(a.decided_at_ms, at, "decided_at_ms is the decision time");
     a.verdict
+}
+
+/// `limits` with every purpose's older jobs superseded by newer ones.
+fn superseding(limits: LimitSettings) -> LimitSettings {
+    LimitSettings {
+        supersede: true,
+        ..limits
+    }
+}
+
+/// A message of lineage `t` about `job`, made at `made_at_ms`.
+async fn made<L: Ledger>(
+    l: &L,
+    job: &TestJob,
+    t: &Ticket,
+    at: u64,
+    made_at_ms: Option<u64>,
+) -> Verdict {
+    let entry = Entry {
+        job: job.by(t),
+        send_now: false,
+        expires_at_ms: None,
+        made_at_ms,
+    };
+    l.admit(&entry, Clock::At(at))
+        .await
+        .expect("the ledger answers")
+        .verdict
 }
 
 /// A message of lineage `t` about `job` whose `expires_at` is `expired_at`.
@@ -746,6 +775,7 @@ mod cases {
             job: j.attempt(&a, attempt),
             send_now: false,
             expires_at_ms: None,
+            made_at_ms: None,
         };
         // Attempt 1 is sending.
         assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
@@ -792,16 +822,180 @@ mod cases {
         let b = m.make("health", LimitSettings::default()).await;
         b.ledger.health().await.expect("healthy");
     }
+
+    /// The user asked again while the first code waited for its retry
+    /// (greylisted): the newer job is admitted, and the older one's retry
+    /// is superseded, its quota refunded; a copy of it later is answered
+    /// the same. Another purpose, or the newer job itself, is untouched.
+    pub async fn a_newer_job_supersedes_an_older_one_waiting_for_its_retry<M: Make>(m: M) {
+        let b = m.make("supersede", superseding(per_hour(5, 5))).await;
+        let l = &b.ledger;
+        let (old, new) = (job("old"), job("new"));
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(made(l, &old, &a, T0, Some(T0 - 5)).await, Verdict::Admitted);
+        assert!(release(l, &old, &a).await, "a 451: retried later");
+        assert_eq!(
+            made(l, &new, &n, T0 + MIN, Some(T0 + MIN - 5)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(used(l, &old, T0 + MIN).await, (2, 2));
+        assert_eq!(
+            made(l, &old, &a, T0 + 2 * MIN, Some(T0 - 5)).await,
+            Verdict::Superseded { refunded: true }
+        );
+        assert_eq!(used(l, &old, T0 + 2 * MIN).await, (1, 1), "refunded");
+        assert_eq!(
+            made(l, &old, &a, T0 + 2 * MIN + 1, Some(T0 - 5)).await,
+            finished(Refund::Superseded, false)
+        );
+        assert!(answered(l, &old, &a).await);
+        assert_eq!(
+            made(l, &old, &a, T0 + 2 * MIN + 2, Some(T0 - 5)).await,
+            finished(Refund::Superseded, true)
+        );
+        // The newer one goes on.
+        assert!(sending(l, &new, &n, T0 + 2 * MIN + 3).await);
+        // A job of a purpose that does not supersede is left alone.
+        let mut lim = superseding(per_hour(5, 5));
+        lim.purpose.insert(
+            "login".into(),
+            mailgate::settings::PurposeLimits {
+                supersede: Some(false),
+                ..Default::default()
+            },
+        );
+        let b = m.make("supersede-off", lim).await;
+        let l = &b.ledger;
+        let (old, new) = (
+            job("old").purpose(Some("login")),
+            job("new").purpose(Some("login")),
+        );
+        assert_eq!(made(l, &old, &a, T0, Some(T0)).await, Verdict::Admitted);
+        assert!(release(l, &old, &a).await);
+        assert_eq!(
+            made(l, &new, &n, T0 + 1, Some(T0 + 1)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &old, &a, T0 + 2, Some(T0)).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+    }
+
+    /// A job made before the newest admitted one, but arriving after it
+    /// (it waited in a queue), is superseded without counting anything; one
+    /// made at the same instant is not (a tie supersedes nothing).
+    pub async fn an_older_job_coming_after_a_newer_one_is_superseded_uncounted<M: Make>(m: M) {
+        let b = m.make("supersede-late", superseding(per_hour(5, 5))).await;
+        let l = &b.ledger;
+        let t = Ticket::new();
+        assert_eq!(
+            made(l, &job("new"), &t, T0, Some(T0)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &job("old"), &t, T0 + 1, Some(T0 - 1)).await,
+            Verdict::Superseded { refunded: false }
+        );
+        assert_eq!(
+            used(l, &job("old"), T0 + 1).await,
+            (1, 1),
+            "nothing counted"
+        );
+        assert_eq!(
+            made(l, &job("twin"), &t, T0 + 2, Some(T0)).await,
+            Verdict::Admitted
+        );
+        // Another mailbox is another story.
+        let other = own_job("other", 1);
+        assert_eq!(
+            made(l, &other, &t, T0 + 3, Some(T0 - 9)).await,
+            Verdict::Admitted
+        );
+    }
+
+    /// A newer job refunded (its mail failed) mails nothing: the older one
+    /// is not superseded by it.
+    pub async fn a_refunded_newer_job_supersedes_nothing<M: Make>(m: M) {
+        let b = m
+            .make("supersede-refunded", superseding(per_hour(5, 5)))
+            .await;
+        let l = &b.ledger;
+        let (old, new) = (job("old"), job("new"));
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(made(l, &old, &a, T0, Some(T0)).await, Verdict::Admitted);
+        assert!(release(l, &old, &a).await);
+        assert_eq!(
+            made(l, &new, &n, T0 + 1, Some(T0 + 1)).await,
+            Verdict::Admitted
+        );
+        assert!(settle(l, &new, &n, Ending::Refund(Refund::Failed), true).await);
+        assert_eq!(
+            made(l, &old, &a, T0 + 2, Some(T0)).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+    }
+
+    /// Without `created_at` or a publish time, the later admission is the
+    /// newer job.
+    pub async fn without_made_at_the_order_of_admissions_decides<M: Make>(m: M) {
+        let b = m.make("supersede-order", superseding(per_hour(5, 5))).await;
+        let l = &b.ledger;
+        let (old, new) = (job("old"), job("new"));
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(made(l, &old, &a, T0, None).await, Verdict::Admitted);
+        assert!(release(l, &old, &a).await);
+        assert_eq!(made(l, &new, &n, T0 + 10, None).await, Verdict::Admitted);
+        assert_eq!(
+            made(l, &old, &a, T0 + 20, None).await,
+            Verdict::Superseded { refunded: true }
+        );
+        // The newer job's own retry is not superseded by itself.
+        assert!(release(l, &new, &n).await);
+        assert_eq!(
+            made(l, &new, &n, T0 + 30, None).await,
+            Verdict::Resumed {
+                admitted_at_ms: T0 + 10
+            }
+        );
+    }
+
+    /// A job whose SMTP transaction began may have been mailed: it is never
+    /// answered `superseded`; a lapsed lease makes it unknown, as always.
+    pub async fn a_send_begun_is_never_superseded<M: Make>(m: M) {
+        let b = m
+            .make("supersede-sending", superseding(per_hour(5, 5)))
+            .await;
+        let l = &b.ledger;
+        let (old, new) = (job("old"), job("new"));
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(made(l, &old, &a, T0, Some(T0)).await, Verdict::Admitted);
+        assert!(sending(l, &old, &a, T0 + 1).await);
+        assert_eq!(
+            made(l, &new, &n, T0 + 2, Some(T0 + 2)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &old, &Ticket::new(), T0 + 2 * LEASE, Some(T0)).await,
+            unknown(false, false)
+        );
+    }
 }
 
 macro_rules! conformance {
-    ($($case:ident,)*) => {
+    ($($case:ident,)* ; one slot: $($one:ident,)*) => {
         mod redis {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $case() {
                     cases::$case(RedisBackend).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $one() {
+                    cases::$one(RedisBackend).await;
                 }
             )*
         }
@@ -813,15 +1007,25 @@ macro_rules! conformance {
                     cases::$case(MemoryBackend).await;
                 }
             )*
+            $(
+                #[tokio::test]
+                async fn $one() {
+                    cases::$one(MemoryBackend).await;
+                }
+            )*
         }
         /// Every case again, on a Redis Cluster of the test's own (one
         /// cluster for all of them: starting one takes seconds): with every
-        /// key in one slot, then spread over the shards.
+        /// key in one slot, then spread over the shards (but for those
+        /// that need one slot: superseding).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn every_case_on_a_cluster_in_one_slot_and_spread() {
             let _cluster = PrivateCluster::start();
             $(
                 cases::$case(ClusterBackend).await;
+            )*
+            $(
+                cases::$one(ClusterBackend).await;
             )*
             $(
                 cases::$case(SpreadBackend).await;
@@ -853,6 +1057,12 @@ conformance!(
     a_rejected_request_leaves_no_record,
     attempts_fence_late_writes_but_never_take_a_send_over,
     health_is_ok,
+    ; one slot:
+    a_newer_job_supersedes_an_older_one_waiting_for_its_retry,
+    an_older_job_coming_after_a_newer_one_is_superseded_uncounted,
+    a_refunded_newer_job_supersedes_nothing,
+    without_made_at_the_order_of_admissions_decides,
+    a_send_begun_is_never_superseded,
 );
 
 /// Tickets come from headers: only a ticket's shape is accepted.

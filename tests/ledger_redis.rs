@@ -375,6 +375,7 @@ async fn only_admissions_use_memory() {
         job: late.by(&ticket),
         send_now: false,
         expires_at_ms: Some(1),
+        made_at_ms: None,
     };
     assert_eq!(
         l.admit(&expired, Clock::Server).await.unwrap().verdict,
@@ -828,6 +829,7 @@ async fn send_now(
         job: job.attempt(ticket, attempt),
         send_now: true,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     l.admit(&entry, Clock::Server).await
 }

@@ -423,6 +423,7 @@ mod cases {
                 email: Some(rules(&[(MIN, 1), (HOUR, 2)])),
                 ip: None,
                 domain: None,
+                supersede: None,
             },
         );
         let b = m.make("purpose", lim).await;
@@ -681,6 +682,7 @@ mod cases {
                 email: None,
                 ip: None,
                 domain: Some(rules(&[(MIN, 1)])),
+                supersede: None,
             },
         );
         let b = m.make("domain-purpose", lim).await;

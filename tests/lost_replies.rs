@@ -283,6 +283,7 @@ async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
                 job: j1.by(&t1),
                 send_now: false,
                 expires_at_ms: None,
+                made_at_ms: None,
             },
             Clock::Server,
         )
@@ -485,6 +486,7 @@ async fn spread_a_lost_reserve_reply_leaves_no_phantom_reservation() {
                 job: j1.by(&t1),
                 send_now: false,
                 expires_at_ms: None,
+                made_at_ms: None,
             },
             Clock::Server,
         )
@@ -533,6 +535,7 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
                 email: Some(rules(&[(HOUR, 3)])),
                 ip: Some(rules(&[(HOUR, 30)])),
                 domain: Some(rules(&[(HOUR, 300)])),
+                supersede: None,
             },
         );
     }
@@ -552,6 +555,7 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
         job: TestJob::by(j, t),
         send_now: false,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     let alone_early = l.admit(&entry(&early, &t1), Clock::Server).await;
     eprintln!("purpose p01 alone: {alone_early:?}");
@@ -584,6 +588,7 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
                 job: j.by(&t),
                 send_now: false,
                 expires_at_ms: None,
+                made_at_ms: None,
             };
             (late, l.admit(&e, Clock::Server).await.is_err())
         });

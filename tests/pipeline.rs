@@ -199,6 +199,7 @@ fn msg<'a>(body: &'a [u8], ticket: &'a Ticket) -> Message<'a> {
         continuation: false,
         redelivered: false,
         correlation_id: None,
+        published_at_ms: None,
     }
 }
 
@@ -727,6 +728,7 @@ async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() 
         },
         send_now: true,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     let at = Clock::At(now_ms() - 31_000);
     let admitted = env.ledger.admit(&entry, at).await.unwrap();

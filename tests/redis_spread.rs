@@ -87,6 +87,7 @@ async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted()
         job: job.attempt(&t, 1),
         send_now: false,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     let first = l.admit(&entry, Clock::Server).await;
     println!("attempt 1: {first:?}");
@@ -172,6 +173,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
         job: job.by(&t),
         send_now: false,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     let a = l.admit(&entry, Clock::Server).await;
     println!("job 1 admit (send_now false): {a:?}");
@@ -229,6 +231,7 @@ async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule
         job: job2.by(&t2),
         send_now: true,
         expires_at_ms: None,
+        made_at_ms: None,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let second = loop {
@@ -277,6 +280,7 @@ async fn a_double_publish_is_answered_from_its_twins_record_not_rejected() {
                     job: job.by(&t1),
                     send_now: true,
                     expires_at_ms: None,
+                    made_at_ms: None,
                 };
                 let e2 = Entry {
                     job: job.by(&t2),
@@ -346,6 +350,7 @@ async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
             job: job.by(&t),
             send_now: true,
             expires_at_ms: None,
+            made_at_ms: None,
         };
         assert_eq!(
             l.admit(&entry, Clock::Server).await.unwrap().verdict,

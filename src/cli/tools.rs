@@ -150,6 +150,12 @@ pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> 
                 .collect();
             job.insert("vars".into(), Value::Object(vars));
         }
+        // When the job was made: a newer job supersedes it where its
+        // purpose says so.
+        job.insert(
+            "created_at".into(),
+            json!(jiff::Timestamp::now().to_string()),
+        );
         if let Some(d) = args.expires_in {
             let at = jiff::Timestamp::now()
                 .checked_add(jiff::SignedDuration::try_from(d)?)

@@ -23,6 +23,9 @@ pub struct Job {
     pub vars: Vars,
     /// After this instant the code is useless and is not sent.
     pub expires_at: Option<jiff::Timestamp>,
+    /// When the producer made the job: which of two jobs for a mailbox is
+    /// the newer, for `supersede`.
+    pub created_at: Option<jiff::Timestamp>,
 }
 
 impl Job {

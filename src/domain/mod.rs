@@ -85,9 +85,14 @@ pub enum InvalidInput {
     /// A required field is missing.
     #[error("{0} is required")]
     Missing(&'static str),
-    /// `expires_at` is not an RFC 3339 timestamp.
-    #[error("expires_at is not an RFC 3339 timestamp: {0}")]
-    ExpiresAt(String),
+    /// `expires_at` or `created_at` is not an RFC 3339 timestamp.
+    #[error("{field} is not an RFC 3339 timestamp: {value}")]
+    Timestamp {
+        /// The field.
+        field: &'static str,
+        /// Its value (the first 64 characters).
+        value: String,
+    },
     /// The job id is empty or longer than 128 characters.
     #[error("id must be 1 to {max} characters long")]
     JobIdLength {

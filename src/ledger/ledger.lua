@@ -30,7 +30,8 @@ write (ARGV), so an id is never mailed twice within that period:
          cannot change what a later attempt owns
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
-  fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid
+  fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid,
+         'p' superseded (refunded by "admit" itself)
   c      the id of the call that last admitted, resumed or marked it
          sending: that call run again (a Redis Cluster client sends a call
          again after its reply was lost) answers as it did the first time
@@ -38,6 +39,10 @@ write (ARGV), so an id is never mailed twice within that period:
          reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
          had none; records of earlier versions lack t_domain);
          its member in scope log s is member_of(t_s, id .. ':' .. nonce)
+
+Latest KEYS <prefix>latest:<purpose>:<mailbox>, a string
+"<made ms>:<job id>": the newest job admitted for a mailbox and purpose
+whose purpose supersedes older jobs; lives dedup_ms after it is written.
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
 ]]
@@ -58,6 +63,10 @@ local CODE = {
   finished = 7, -- fin, answered: the caller's own lineage ended without a mail
   conflict = 8, -- the id was admitted for another job; nothing touched
   absent = 9, -- "look" only: no live admission; reserve, then "create"
+  superseded = 10, -- refunded: a newer job for the mailbox and purpose was
+                   -- admitted after this one ("admit"'s made); 1 if this
+                   -- job's unsent admission was refunded (into a record
+                   -- the caller's ticket owns), 0 if nothing was counted
 }
 
 local op = ARGV[1]
@@ -113,14 +122,25 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     transaction at once, so the record goes straight to x; '0': to a, and the
     caller marks "sending" later),
   expires_at ms ('': never),
-  shape (decide.lua; may be empty: no scope has rules).
+  shape (decide.lua; may be empty: no scope has rules),
+  made: '' if the job's purpose does not supersede older jobs; else when
+    the job was made (ms), or 'n' if unknown (its admission time stands
+    in: the order of admissions).
   KEYS: the record, then one scope key per key the shape names (two
-  characters each).
+  characters each), then, with made, the latest key of the job's mailbox
+  and purpose.
+  Superseding: a job whose latest key names another job, made strictly
+  later and not refunded (its record's st), is answered `superseded`
+  where it would be admitted (nothing is counted) or resumed (its unsent
+  admission is refunded, fin 'p'): its code is stale, and a newer one is
+  on its way. A job admitted now becomes its mailbox's latest. A job
+  whose send began is never superseded.
 
 items "look" and "create" -- the same decision when the scope keys live on
   other shards of a Redis Cluster (a key prefix without a hash tag), so that
   no one call can judge them and write the record. Their values are
-  admit's, but for the last; KEYS: the record.
+  admit's, but for the shape, and made is always '' (settings refuse
+  supersede with the keys spread); KEYS: the record.
   "look": '' instead of the shape. Where "admit" would judge the scopes, it
     answers `absent` and writes nothing. The caller judges each scope
     (src/limiter/scope.lua's "peek", at the same time as the look): if one
@@ -146,7 +166,9 @@ local function reserved(rv)
 end
 
 local function admit_ok(a, sets, kind)
-  local flag, expires, last = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
+  local made_ok = made == '' or (kind == 'admit' and (made == 'n' or string.match(made, '^%d+$')))
+  if not made_ok then return false end
   local last_ok
   if kind == 'admit' then
     last_ok = last ~= nil and shape_ok(last, sets)
@@ -160,6 +182,19 @@ local function admit_ok(a, sets, kind)
     and string.match(flag or '', '^[01]:%x+$') ~= nil
 end
 
+-- Whether a job made at `made` (ms) is superseded: the latest key names
+-- another job, made strictly later, whose record is not refunded (a
+-- refunded newer job mails nothing). `record`: this job's record key,
+-- whose prefix the other's shares.
+local function superseded(latest, made, id, record)
+  local v = call('GET', latest)
+  if not v then return false end
+  local t, other = string.match(v, '^(%d+):(.+)$')
+  if not t or other == id or tonumber(t) <= made then return false end
+  local st = call('HGET', sub(record, 1, #record - #id) .. other, 'st')
+  return st ~= false and st ~= 'r'
+end
+
 local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local send_now, call_id = string.match(ARGV[a + 4], '^([01]):(%x+)$')
@@ -168,6 +203,8 @@ local function admit(k, a, b, kind)
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
   local last = first + #shape / 2 - 1
+  local latest = ARGV[a + 7] ~= '' and KEYS[last + 1]
+  local made = tonumber(ARGV[a + 7])
   local now, dedup_s, sets = b.now, b.dedup_s, b.sets
   local expired = expires ~= nil and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
@@ -208,6 +245,13 @@ local function admit(k, a, b, kind)
     -- Another message of the job, and too late for it; the owner's own
     -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
+  elseif fp and st == 'a' and latest and superseded(latest, made or at, id, key) then
+    -- Its code is stale: refunded unsent, and answered by the caller.
+    forget(first, last, member_of(at, id))
+    call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
+      'ans', '0')
+    call('PEXPIRE', key, dedup_s)
+    return CODE.superseded, 1
   elseif fp and st == 'a' then
     call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s, 'ans', '0',
       'c', call_id)
@@ -220,12 +264,14 @@ local function admit(k, a, b, kind)
   if kind == 'look' then return CODE.absent end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
+    if latest and superseded(latest, made or now, id, key) then return CODE.superseded, 0 end
     local d, s, rule, shadow_d
     local logs = {}
     d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = room(first, shape, sets, now, logs, b.rooms)
     record(first, shape, sets, now, b.now_s, member_of(now, id))
+    if latest then call('SET', latest, int(made or now) .. ':' .. id, 'PX', dedup_s) end
   end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,
@@ -278,7 +324,8 @@ item "settle" -- record how the owner's attempt ended.
   end:  's' sent: the SMTP server accepted the mail (recorded even if another
           copy marked it unknown meanwhile: it is the truth)
         'u' unknown: the end of the message got no answer; never resent
-        'e' / 'f' / 'i' refund as expired / failed / invalid: only from a or
+        'e' / 'f' / 'i' / 'p' refund as expired / failed / invalid /
+          superseded: only from a or
           x owned by the ticket; the admission leaves every scope log
   1 if recorded, 0 if the record is gone or not the ticket's; a refund of
   reservations ("create") then names them: t_email, t_ip, t_domain, nonce,
@@ -288,7 +335,7 @@ local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
   return ARGV[a] ~= '' and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
     and (answered == '1' or answered == '0') and how ~= nil and #how == 1
-    and string.find('suefi', how, 1, true) ~= nil and n ~= nil and n >= 0
+    and string.find('suefip', how, 1, true) ~= nil and n ~= nil and n >= 0
 end
 
 local function settle(k, a, b)
@@ -333,12 +380,12 @@ end
 -- (given the rule sets), how many keys it names, and what it does.
 local one = function() return 1 end
 local ITEMS = {
-  admit = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'admit') end,
-    keys = function(a) return 1 + #ARGV[a + 6] / 2 end,
+  admit = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'admit') end,
+    keys = function(a) return 1 + #ARGV[a + 6] / 2 + (ARGV[a + 7] ~= '' and 1 or 0) end,
     run = function(k, a, b) return admit(k, a, b, 'admit') end},
-  look = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'look') end, keys = one,
+  look = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'look') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'look') end},
-  create = {values = 7, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
+  create = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
   sending = {values = 3, ok = function(a)
       return ARGV[a] ~= '' and attempt_ok(a + 1) and string.match(ARGV[a + 2], '^%x+$') ~= nil

@@ -29,6 +29,10 @@ struct State {
     logs: MemoryLogs,
     /// Job id → its record.
     records: HashMap<String, Record>,
+    /// Latest key (a mailbox and a purpose that supersedes) → the newest
+    /// job admitted for it: when it was made, its id, and until when this
+    /// is kept (as `ledger.lua`'s latest keys).
+    latest: HashMap<String, (u64, String, u64)>,
     admissions: u64,
     /// The latest time any call was made at: the clock of the calls that
     /// take none (their records' lives are counted from it).
@@ -56,6 +60,7 @@ impl MemoryLedger {
             inner: Arc::new(Mutex::new(State {
                 logs: MemoryLogs::new(Keyspace::new("", limits)),
                 records: HashMap::new(),
+                latest: HashMap::new(),
                 admissions: 0,
                 clock: 0,
             })),
@@ -97,6 +102,21 @@ impl State {
     fn sweep(&mut self, now: u64) {
         self.logs.sweep(now);
         self.records.retain(|_, r| r.until > now);
+        self.latest.retain(|_, (_, _, until)| *until > now);
+    }
+
+    /// Whether a job `id` made at `made` is superseded: `latest` names
+    /// another job made strictly later whose live record is not refunded
+    /// (see `ledger.lua`'s "admit").
+    fn superseded(&self, latest: &str, made: u64, id: &str, now: u64) -> bool {
+        let Some((t, other, until)) = self.latest.get(latest) else {
+            return false;
+        };
+        *until > now
+            && other != id
+            && *t > made
+            && (self.records.get(other.as_str()))
+                .is_some_and(|r| r.until > now && !matches!(r.state, JobState::Refunded(_)))
     }
 
     /// The live record of `id` at `now`, if any.
@@ -127,6 +147,13 @@ impl State {
         };
         let id = job.request.id.as_str();
         let attempt = (job.attempt.max(1), job.holder);
+        let latest = keys.latest_key(&job.request);
+        let stale = |state: &Self, made: u64| {
+            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, id, now))
+        };
+        let admitted_at = self.record(id, now).map(|rec| rec.admitted_at);
+        let stale_admission =
+            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.unwrap_or(at)));
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
             let answered = rec.answered;
@@ -174,6 +201,16 @@ impl State {
                     self.logs.forget(&scopes, admitted_at_ms, id);
                     return Verdict::Expired;
                 }
+                JobState::Admitted if stale_admission => {
+                    rec.state = JobState::Refunded(Refund::Superseded);
+                    rec.owner = job.ticket.clone();
+                    rec.attempt = attempt;
+                    rec.lease_until = 0;
+                    rec.answered = false;
+                    rec.until = now.saturating_add(dedup);
+                    self.logs.forget(&scopes, admitted_at_ms, id);
+                    return Verdict::Superseded { refunded: true };
+                }
                 JobState::Admitted => {
                     rec.state = sending;
                     rec.owner = job.ticket.clone();
@@ -190,6 +227,10 @@ impl State {
         if expired {
             return Verdict::Expired;
         }
+        let made = entry.made_at_ms.unwrap_or(now);
+        if stale(self, made) {
+            return Verdict::Superseded { refunded: false };
+        }
         let [binding, would_bind] = self.logs.judge(&scopes, now);
         if let Some((retry_after_ms, rule)) = binding {
             return Verdict::Rejected {
@@ -200,6 +241,10 @@ impl State {
         found.shadow = would_bind.map(|(_, rule)| rule);
         found.rooms = self.logs.rooms(&scopes, now);
         self.logs.record(&scopes, now, id);
+        if let Some(latest) = latest {
+            let until = now.saturating_add(dedup);
+            self.latest.insert(latest, (made, id.to_owned(), until));
+        }
         self.records.insert(
             id.to_owned(),
             Record {

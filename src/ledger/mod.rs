@@ -118,6 +118,9 @@ pub enum Refund {
     Failed,
     /// Its mail could not be built (its variables break a template).
     Invalid,
+    /// A newer job for the same mailbox and purpose was admitted after it
+    /// (`supersede`); only the ledger's admission ends a job so.
+    Superseded,
 }
 
 impl Refund {
@@ -127,14 +130,20 @@ impl Refund {
             Refund::Expired => b'e',
             Refund::Failed => b'f',
             Refund::Invalid => b'i',
+            Refund::Superseded => b'p',
         }
     }
 
     /// The refund a `fin` character stands for.
     pub fn from_code(c: u8) -> Option<Self> {
-        [Refund::Expired, Refund::Failed, Refund::Invalid]
-            .into_iter()
-            .find(|r| r.code() == c)
+        [
+            Refund::Expired,
+            Refund::Failed,
+            Refund::Invalid,
+            Refund::Superseded,
+        ]
+        .into_iter()
+        .find(|r| r.code() == c)
     }
 }
 
@@ -176,6 +185,11 @@ pub struct Entry<'a> {
     pub send_now: bool,
     /// The job's `expires_at`, ms since the epoch, if it has one.
     pub expires_at_ms: Option<u64>,
+    /// When the job was made, ms since the epoch (its `created_at`, else
+    /// when it was published), if known: which of two jobs for a mailbox
+    /// is the newer where its purpose `supersede`s; unknown, the order of
+    /// their admissions says.
+    pub made_at_ms: Option<u64>,
 }
 
 /// The answer to [`Ledger::admit`], taken at one instant of the backend's
@@ -262,6 +276,13 @@ pub enum Verdict {
     /// The id was admitted for another job (another mailbox, client or
     /// purpose). Nothing was touched.
     Conflict,
+    /// A newer job for the same mailbox and purpose was admitted after
+    /// this one, and its purpose `supersede`s: this one is not sent.
+    Superseded {
+        /// This job had an unsent admission, now refunded into a record
+        /// the caller's lineage owns (false: nothing was counted).
+        refunded: bool,
+    },
 }
 
 /// How an owner's attempt ended, for [`Ledger::settle`].

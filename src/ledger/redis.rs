@@ -53,10 +53,11 @@ enum Code {
     Finished = 7,
     Conflict = 8,
     Absent = 9,
+    Superseded = 10,
 }
 
 /// Every code with its name in `ledger.lua`.
-const CODES: [(Code, &str); 10] = [
+const CODES: [(Code, &str); 11] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -67,6 +68,7 @@ const CODES: [(Code, &str); 10] = [
     (Code::Finished, "finished"),
     (Code::Conflict, "conflict"),
     (Code::Absent, "absent"),
+    (Code::Superseded, "superseded"),
 ];
 
 /// The production ledger: records in Redis, shared by every worker.
@@ -169,6 +171,13 @@ impl RedisLedger {
                 .max(1),
         };
         let spread = redis.spreads_keys();
+        if spread && limits.any_supersede() {
+            // Settings refuse it too; a ledger built without them must not
+            // quietly never supersede.
+            return Err(LedgerError::Unfit(
+                "limits.supersede needs every key in one slot: give redis.prefix a hash tag".into(),
+            ));
+        }
         let batching = if spread { ONE_BY_ONE } else { BATCHED };
         let (queue, rx) = mpsc::channel(4 * batching.max_batch.max(batching.max_in_flight));
         tokio::spawn(dispatch(
@@ -556,6 +565,7 @@ fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; REPLY_WIDTH]) -
             answered: flag(2),
         },
         Code::Conflict => Verdict::Conflict,
+        Code::Superseded => Verdict::Superseded { refunded: flag(1) },
         Code::Absent => return None,
     })
 }
@@ -576,7 +586,16 @@ impl Ledger for RedisLedger {
             keys.push(key);
             scopes.push((scope, set));
         }
-        let args = admission_args("admit", entry, shape);
+        let mut args = admission_args("admit", entry, shape);
+        if let Some(latest) = self.keys.latest_key(&job.request) {
+            keys.push(latest);
+            // The admission's `made`: when the job was made, or 'n'.
+            if let Some(made) = args.last_mut() {
+                *made = entry
+                    .made_at_ms
+                    .map_or_else(|| "n".to_owned(), |ms| ms.to_string());
+            }
+        }
         let reply = self.submit(Some(clock), args, keys, entry.send_now).await?;
         self.decided(entry, &scopes, reply).await
     }
@@ -776,7 +795,8 @@ impl RedisLedger {
 }
 
 /// An admission item's kind and values (`last`: the shape of an "admit",
-/// nothing for a "look", the reservations of a "create").
+/// nothing for a "look", the reservations of a "create"); its `made` is
+/// left empty (an "admit" whose purpose supersedes sets it).
 fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
     let job = &entry.job;
     vec![
@@ -791,6 +811,8 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
             .map(|ms| ms.to_string())
             .unwrap_or_default(),
         last,
+        // `made`: set by an "admit" whose purpose supersedes.
+        String::new(),
     ]
 }
 

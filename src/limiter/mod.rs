@@ -367,6 +367,23 @@ impl Keyspace {
         out
     }
 
+    /// The key naming the newest job admitted for `req`'s mailbox and
+    /// purpose, if its purpose `supersede`s (see
+    /// [`LimitSettings::supersede`]).
+    pub fn latest_key(&self, req: &Request<'_>) -> Option<String> {
+        let purpose = req.purpose.map_or("", |p| p.as_str());
+        if !self.limits.supersedes(purpose) {
+            return None;
+        }
+        let mut key = String::with_capacity(self.prefix.len() + 8 + purpose.len() + 64);
+        key.push_str(&self.prefix);
+        key.push_str("latest:");
+        key.push_str(purpose);
+        key.push(':');
+        req.email.push_mailbox_key(&self.limits.normalize, &mut key);
+        Some(key)
+    }
+
     /// The registrable domain `req` counts against, if the domain scope has
     /// rules for its purpose and does not exempt it.
     fn counted_domain(&self, req: &Request<'_>) -> Option<RegistrableDomain> {

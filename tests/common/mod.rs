@@ -338,6 +338,7 @@ impl TestJob {
             job: self.by(ticket),
             send_now: false,
             expires_at_ms: None,
+            made_at_ms: None,
         };
         l.admit(&entry, clock).await.expect("the ledger answers")
     }
