@@ -912,6 +912,25 @@ mod cases {
             made(l, &other, &t, T0 + 3, Some(T0 - 9)).await,
             Verdict::Admitted
         );
+        // A job "made" in the future (a producer's clock ahead) counts as
+        // made when admitted: the next job, made after that, supersedes it
+        // rather than being superseded for as long as the clock is ahead.
+        let ahead = own_job("ahead", 2);
+        let (a, n) = (Ticket::new(), Ticket::new());
+        assert_eq!(
+            made(l, &ahead, &a, T0 + 4, Some(T0 + HOUR)).await,
+            Verdict::Admitted
+        );
+        assert!(release(l, &ahead, &a).await);
+        let next = TestJob::new("next", &ahead.email.to_string(), None);
+        assert_eq!(
+            made(l, &next, &n, T0 + 5, Some(T0 + 5)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &ahead, &a, T0 + 6, Some(T0 + HOUR)).await,
+            Verdict::Superseded { refunded: true }
+        );
     }
 
     /// A newer job refunded (its mail failed) mails nothing: the older one

@@ -124,8 +124,9 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules),
   made: '' if the job's purpose does not supersede older jobs; else when
-    the job was made (ms), or 'n' if unknown (its admission time stands
-    in: the order of admissions).
+    the job was made (ms; a time after its admission counts as the
+    admission's), or 'n' if
+    unknown (its admission time stands in: the order of admissions).
   KEYS: the record, then one scope key per key the shape names (two
   characters each), then, with made, the latest key of the job's mailbox
   and purpose.
@@ -204,6 +205,9 @@ local function admit(k, a, b, kind)
   local key, first = KEYS[k], k + 1
   local last = first + #shape / 2 - 1
   local latest = ARGV[a + 7] ~= '' and KEYS[last + 1]
+  -- A time after its admission (a producer's clock ahead) counts as the
+  -- admission's, so one such job cannot supersede every later one for as
+  -- long.
   local made = tonumber(ARGV[a + 7])
   local now, dedup_s, sets = b.now, b.dedup_s, b.sets
   local expired = expires ~= nil and expires <= now
@@ -245,7 +249,7 @@ local function admit(k, a, b, kind)
     -- Another message of the job, and too late for it; the owner's own
     -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
-  elseif fp and st == 'a' and latest and superseded(latest, made or at, id, key) then
+  elseif fp and st == 'a' and latest and superseded(latest, math.min(made or at, at), id, key) then
     -- Its code is stale: refunded unsent, and answered by the caller.
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
@@ -264,14 +268,15 @@ local function admit(k, a, b, kind)
   if kind == 'look' then return CODE.absent end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
-    if latest and superseded(latest, made or now, id, key) then return CODE.superseded, 0 end
+    made = math.min(made or now, now)
+    if latest and superseded(latest, made, id, key) then return CODE.superseded, 0 end
     local d, s, rule, shadow_d
     local logs = {}
     d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = room(first, shape, sets, now, logs, b.rooms)
     record(first, shape, sets, now, b.now_s, member_of(now, id))
-    if latest then call('SET', latest, int(made or now) .. ':' .. id, 'PX', dedup_s) end
+    if latest then call('SET', latest, int(made) .. ':' .. id, 'PX', dedup_s) end
   end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,

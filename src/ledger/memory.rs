@@ -152,8 +152,10 @@ impl State {
             (latest.as_deref()).is_some_and(|l| state.superseded(l, made, id, now))
         };
         let admitted_at = self.record(id, now).map(|rec| rec.admitted_at);
+        // A time after the admission (a producer's clock ahead) counts as
+        // the admission's.
         let stale_admission =
-            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.unwrap_or(at)));
+            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at))));
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
             let answered = rec.answered;
@@ -227,7 +229,7 @@ impl State {
         if expired {
             return Verdict::Expired;
         }
-        let made = entry.made_at_ms.unwrap_or(now);
+        let made = entry.made_at_ms.map_or(now, |m| m.min(now));
         if stale(self, made) {
             return Verdict::Superseded { refunded: false };
         }
