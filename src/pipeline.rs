@@ -335,6 +335,7 @@ impl<L: Ledger> Pipeline<L> {
             verdict,
             shadow,
             rooms,
+            by_override,
         } = match self.ledger.admit(&entry, Clock::Server).await {
             Ok(a) => a,
             Err(e) => {
@@ -352,7 +353,7 @@ impl<L: Ledger> Pipeline<L> {
                 return Err(self.unavailable(job, msg, out, ledger_error(&e)).await);
             }
         };
-        telemetry::admission(&verdict, shadow.as_ref());
+        telemetry::admission(&verdict, shadow.as_ref(), by_override);
         let answered_before = match verdict {
             Verdict::Sent {
                 by_owner, answered, ..

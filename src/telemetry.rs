@@ -6,6 +6,7 @@
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
+//! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_jobs_in_flight` | gauge | |
@@ -72,8 +73,12 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
 
 /// The ledger answered an admission (`verdict`: what it found or did; on
 /// rejections also the binding rule; `shadow`: the shadow rule that would
-/// have rejected an admitted job).
-pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>) {
+/// have rejected an admitted job; `by_override`: the kind of the override
+/// that changed how it was judged).
+pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Option<&'static str>) {
+    if let (Some(kind), Verdict::Admitted | Verdict::Rejected { .. }) = (by_override, verdict) {
+        metrics::counter!("mailgate_limiter_override_decisions_total", "kind" => kind).increment(1);
+    }
     if let Some(rule) = shadow {
         metrics::counter!(
             "mailgate_limiter_shadow_rejections_total",

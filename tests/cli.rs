@@ -644,3 +644,125 @@ async fn a_tool_stops_on_ctrl_c() {
     assert!(!out.0.success(), "{}", out.1);
     assert!(out.1.contains("interrupted"), "{}", out.1);
 }
+
+/// Support staff allow a QA mailbox with `mailgate overrides add`: a
+/// running worker applies it within 5 s without a restart, `limits show`
+/// names it, `list` shows it, and `remove` takes it back as fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_applies_to_running_workers_within_seconds() {
+    let h = Harness::with("cli-overrides", |s| {
+        s.limits.email = rules(&[(HOUR, 1)]);
+    })
+    .await;
+    let w = h.start_worker().await;
+    let job = |id: &str| json!({"id": id, "email": "qa@example.com", "code": "493817"});
+    h.publish(&job("q0")).await;
+    assert_eq!(h.result().await["status"], "sent");
+    h.publish(&job("q1")).await;
+    assert_eq!(h.result().await["status"], "rejected");
+
+    let add = [
+        "overrides",
+        "add",
+        "email:QA@example.com",
+        "--allow",
+        "--reason",
+        "QA account",
+        "--expires-in",
+        "1h",
+    ];
+    let out = run_async(mailgate(&h, &add)).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("allow for 1h more: QA account"),
+        "{}",
+        text(&out.stdout)
+    );
+    let until = |want: &'static str, tag: &'static str| {
+        let h = &h;
+        async move {
+            let since = std::time::Instant::now();
+            for n in 0.. {
+                h.publish(&job(&format!("{tag}{n}"))).await;
+                if h.result().await["status"] == want {
+                    return since.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            unreachable!()
+        }
+    };
+    let took = until("sent", "a").await;
+    assert!(took < Duration::from_secs(5), "applied after {took:?}");
+    let out = run_async(mailgate(
+        &h,
+        &["limits", "show", "--email", "qa@example.com"],
+    ))
+    .await;
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("override in force: email:QA@example.com allow for")
+            && shown.contains("QA account")
+            && shown.contains("exempt (the override allows it)"),
+        "{shown}"
+    );
+    let out = run_async(mailgate(&h, &["overrides", "list", "--json"])).await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            &listed["target"],
+            &listed["action"],
+            &listed["reason"],
+            &listed["live"]
+        ),
+        (
+            &json!("email:QA@example.com"),
+            &json!("allow"),
+            &json!("QA account"),
+            &json!(true)
+        )
+    );
+    let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
+    assert!(
+        metrics.contains(r#"mailgate_limiter_override_decisions_total{kind="allow"}"#),
+        "{metrics}"
+    );
+
+    let out = run_async(mailgate(
+        &h,
+        &["overrides", "remove", "email:qa@example.com"],
+    ))
+    .await;
+    assert!(
+        text(&out.stdout).contains("removed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let took = until("rejected", "r").await;
+    assert!(took < Duration::from_secs(5), "removed after {took:?}");
+    // A reason is required; a bad target is refused with why.
+    let out = run_async(mailgate(
+        &h,
+        &["overrides", "add", "ip:10.0.0.0/8", "--deny"],
+    ))
+    .await;
+    assert!(!out.status.success());
+    let out = run_async(mailgate(
+        &h,
+        &[
+            "overrides",
+            "add",
+            "ip:10.0.0.300",
+            "--deny",
+            "--reason",
+            "x",
+        ],
+    ))
+    .await;
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("ip"),
+        "{}",
+        text(&out.stderr)
+    );
+    w.stop().await.unwrap();
+}

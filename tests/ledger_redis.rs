@@ -480,7 +480,7 @@ async fn malformed_calls_write_nothing() {
         include_str!("../src/limiter/decide.lua"),
         include_str!("../src/ledger/ledger.lua")
     );
-    let sets = ["2", "1", "60000", "60000", "1", "0", "1"];
+    let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
     let head = ["batch", "", "86400000", "30000"];
     let batch = |items: &[&'static str]| [&head[..], &sets[..], items].concat();
     let calls: Vec<(Vec<&str>, Vec<&str>)> = vec![
@@ -488,27 +488,27 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "admit", "b", "fp", "tk", "1:a",
-                "?", "", "01",
+                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "admit", "b", "fp", "tk",
+                "1:a", "?", "", "01",
             ]),
         ),
         // A good request, then a settle with a bad end.
         (
             vec!["t:job:a", "t:email:a", "t:job:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "settle", "tk", "1:a", "b", "z",
-                "1", "0",
+                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "settle", "tk", "1:a", "b",
+                "z", "1", "0",
             ]),
         ),
         // A shape naming a rule set that does not exist.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "09"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "09", ""]),
         ),
         // Keys that do not match the requests.
         (
             vec!["t:job:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]),
         ),
         // A good request whose record would outlive what Redis accepts.
         (
@@ -516,7 +516,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -581,6 +581,43 @@ async fn malformed_calls_write_nothing() {
         (vec!["t:job:a"], batch(&["answered", ""])),
         (vec!["t:job:a"], batch(&["nope", "tk"])),
         (vec!["t:job:a"], vec!["nope"]),
+        // No count of extra rule sets.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &["2", "1", "60000", "60000", "1", "0", "1"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        // An extra rule set numbered as a configured one.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &[
+                    "2", "1", "60000", "60000", "1", "0", "1", "1", "2", "1", "1", "5", "0",
+                ],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        // A deny (max 0) among other rules.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &["1", "2", "60000", "60000", "1", "5", "0", "0"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        // A made time where the purpose does not supersede... on a look.
+        (
+            vec!["t:job:a"],
+            batch(&["look", "a", "fp", "tk", "1:a", "0:c1", "", "", "5"]),
+        ),
     ];
     for (keys, args) in calls {
         let r: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
@@ -595,7 +632,7 @@ async fn malformed_calls_write_nothing() {
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
     // The same shape, well formed, is accepted and written.
-    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01"]);
+    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]);
     let _: redis::Value = redis::cmd("EVAL")
         .arg(&script)
         .arg(2)

@@ -9,7 +9,9 @@ mod common;
 use common::*;
 use mailgate::domain::RegistrableDomain;
 use mailgate::domain::Ticket;
+use mailgate::domain::now_ms;
 use mailgate::ledger::{Ledger, Verdict};
+use mailgate::limiter::overrides::{Action, Override, Target};
 use mailgate::limiter::{Clock, Quotas, Room, RuleRef, RuleUsage, Scope, Subject};
 use mailgate::settings::{DomainRules, LimitSettings, PurposeLimits, Rule};
 
@@ -830,6 +832,194 @@ mod cases {
             );
         }
     }
+
+    /// An override, added now, for `target`, doing `action`, lasting `ms`
+    /// from now (or for good).
+    fn ov(target: &str, action: Action, lasts: Option<u64>) -> Override {
+        let now = now_ms();
+        Override {
+            target: Target::parse(target).unwrap(),
+            action,
+            reason: "test".into(),
+            expires_at_ms: lasts.map(|ms| now + ms),
+            added_at_ms: now,
+        }
+    }
+
+    /// A mailbox's allow lifts every limit for its requests (nothing is
+    /// counted); removed, the rules apply again.
+    pub async fn a_mailbox_allow_lifts_every_limit<M: Make>(m: M) {
+        let b = m.make("ov-allow", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
+        let l = &b.ledger;
+        l.put_overrides(vec![ov("email:qa@example.com", Action::Allow, None)])
+            .await;
+        let t = now_ms();
+        for n in 0..3 {
+            let a = TestJob::new(&format!("qa{n}"), "QA@example.com", Some("198.51.100.1"))
+                .admission(l, &Ticket::new(), Clock::At(t + n))
+                .await;
+            assert_eq!(
+                (a.verdict, a.by_override),
+                (Verdict::Admitted, Some("allow"))
+            );
+        }
+        // The client's other mailboxes are still limited by its rule.
+        assert_eq!(
+            check(l, "x1", "x@example.com", Some("198.51.100.1"), t + 5).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            check(l, "x2", "y@example.com", Some("198.51.100.1"), t + 6).await,
+            Verdict::Rejected { .. }
+        ));
+        let mailbox = email("qa@example.com");
+        let u = l
+            .usage(Subject::Email(&mailbox), None, Clock::At(t + 7))
+            .await
+            .unwrap();
+        assert!(u.exempt, "{u:?}");
+        assert_eq!(u.by_override.as_ref().map(|o| o.kind), Some("allow"));
+        l.put_overrides(Vec::new()).await;
+        assert_eq!(
+            check(l, "qa9", "qa@example.com", None, t + 8).await,
+            Verdict::Admitted,
+            "nothing was counted while allowed"
+        );
+        assert!(matches!(
+            check(l, "qa10", "qa@example.com", None, t + 9).await,
+            Verdict::Rejected { .. }
+        ));
+    }
+
+    /// A network's deny rejects every client in it, with the deny's
+    /// remaining lifetime, and counts nothing; a network's allow lifts only
+    /// the client limit (the mailbox is still protected).
+    pub async fn a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit<M: Make>(m: M) {
+        let b = m.make("ov-net", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
+        let l = &b.ledger;
+        l.put_overrides(vec![
+            ov("ip:198.51.100.0/24", Action::Deny, Some(10 * MIN)),
+            ov("ip:203.0.113.0/24", Action::Allow, None),
+        ])
+        .await;
+        let t = now_ms();
+        let a = TestJob::new("d1", "a@example.com", Some("198.51.100.77"))
+            .admission(l, &Ticket::new(), Clock::At(t))
+            .await;
+        let Verdict::Rejected {
+            retry_after_ms,
+            rule,
+        } = a.verdict
+        else {
+            panic!("{a:?}");
+        };
+        assert!(
+            retry_after_ms > 9 * MIN && retry_after_ms <= 10 * MIN,
+            "{retry_after_ms}"
+        );
+        assert_eq!(
+            (rule.scope, rule.max, rule.window_ms),
+            (Scope::Ip, 0, retry_after_ms)
+        );
+        assert_eq!(a.by_override, Some("deny"));
+        // Nothing was counted: the same mailbox from elsewhere is admitted.
+        assert_eq!(
+            check(l, "d2", "a@example.com", Some("192.0.2.1"), t + 1).await,
+            Verdict::Admitted
+        );
+        // The allowed network: many mailboxes, one client, all admitted...
+        for n in 0..3 {
+            let mail = format!("u{n}@example.com");
+            assert_eq!(
+                check(l, &format!("n{n}"), &mail, Some("203.0.113.9"), t + 2 + n).await,
+                Verdict::Admitted
+            );
+        }
+        // ...but each mailbox keeps its own limit.
+        assert!(matches!(
+            check(l, "n9", "u0@example.com", Some("203.0.113.9"), t + 9).await,
+            Verdict::Rejected {
+                rule: RuleRef {
+                    scope: Scope::Email,
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+
+    /// A domain's own rules replace the domain scope's, even where the
+    /// configuration has none; an allow of a domain lifts only that scope.
+    pub async fn a_domain_override_brings_its_own_rules<M: Make>(m: M) {
+        let b = m.make("ov-domain", domain_limits(&[(MIN, 100)])).await;
+        let l = &b.ledger;
+        let rules = vec![Rule::new(std::time::Duration::from_millis(HOUR), 2)];
+        l.put_overrides(vec![
+            ov("domain:farm.example", Action::Rules(rules), None),
+            ov("domain:big.example", Action::Allow, None),
+        ])
+        .await;
+        let t = now_ms();
+        for n in 0..2 {
+            let mail = format!("u{n}@x.farm.example");
+            let a = TestJob::new(&format!("f{n}"), &mail, None)
+                .admission(l, &Ticket::new(), Clock::At(t + n))
+                .await;
+            assert_eq!(
+                (a.verdict, a.by_override),
+                (Verdict::Admitted, Some("rules"))
+            );
+            let room = a.rooms.get(Scope::Domain).expect("the override's room");
+            assert_eq!((room.rule.window_ms, room.rule.max), (HOUR, 2));
+        }
+        assert_eq!(
+            check(l, "f9", "u9@farm.example", None, t + 5).await,
+            rejected(HOUR - 5, Scope::Domain, HOUR, 2)
+        );
+        let farm = RegistrableDomain::parse_exact("farm.example").unwrap();
+        let u = l
+            .usage(Subject::Domain(&farm), None, Clock::At(t + 6))
+            .await
+            .unwrap();
+        assert_eq!(u.rules.len(), 1);
+        assert_eq!((u.rules[0].count, u.rules[0].rule.max), (2, 2));
+        assert_eq!(u.by_override.as_ref().map(|o| o.kind), Some("rules"));
+        assert!(
+            u.by_override
+                .as_ref()
+                .unwrap()
+                .target
+                .contains("farm.example")
+        );
+        for n in 0..150 {
+            let mail = format!("u{n}@big.example");
+            assert_eq!(
+                check(l, &format!("b{n}"), &mail, None, t + 10).await,
+                Verdict::Admitted
+            );
+        }
+    }
+
+    /// A deny for good answers the longest wait there is.
+    pub async fn a_deny_for_good_waits_the_longest<M: Make>(m: M) {
+        let b = m.make("ov-forever", limits(&[(MIN, 1)], &[])).await;
+        let l = &b.ledger;
+        l.put_overrides(vec![ov("email:victim@example.com", Action::Deny, None)])
+            .await;
+        let v = check(l, "v1", "victim@example.com", None, now_ms()).await;
+        let year = mailgate::settings::MAX_PERIOD.as_millis() as u64;
+        assert_eq!(
+            v,
+            Verdict::Rejected {
+                retry_after_ms: year,
+                rule: RuleRef {
+                    scope: Scope::Email,
+                    window_ms: year,
+                    max: 0
+                }
+            }
+        );
+    }
 }
 
 macro_rules! conformance {
@@ -890,4 +1080,8 @@ conformance!(
     a_purpose_has_its_own_domain_rules,
     a_shadow_rule_never_rejects_and_names_itself,
     an_admission_says_what_is_left_of_each_scope,
+    a_mailbox_allow_lifts_every_limit,
+    a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit,
+    a_domain_override_brings_its_own_rules,
+    a_deny_for_good_waits_the_longest,
 );

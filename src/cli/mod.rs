@@ -64,6 +64,14 @@ pub enum Command {
         /// Show or reset.
         action: LimitsAction,
     },
+    /// Add, list or remove overrides: a mailbox, domain or IP network
+    /// allowed, denied, or given rules of its own, without a redeploy
+    /// (every worker applies a change within a few seconds).
+    Overrides {
+        #[command(subcommand)]
+        /// Add, list or remove.
+        action: OverridesAction,
+    },
     /// Ask the local worker's /readyz; exit 0 if it is ready (container health checks).
     Probe,
     /// Validate the settings and render every template with sample data.
@@ -149,6 +157,56 @@ pub enum LimitsAction {
         #[arg(long)]
         domain: Option<String>,
     },
+}
+
+/// `overrides`' actions.
+#[derive(Subcommand)]
+pub enum OverridesAction {
+    /// Add an override (replacing any of the same subject).
+    Add {
+        /// What it matches: `email:<mailbox>`, `domain:<registrable
+        /// domain>` or `ip:<address or network>` (e.g. `ip:10.0.0.0/8`).
+        target: String,
+        /// Not limited: a mailbox by any scope, a domain or a network by
+        /// its own scope.
+        #[arg(long, conflicts_with_all = ["deny", "rule"])]
+        allow: bool,
+        /// Always rejected while it lasts.
+        #[arg(long, conflicts_with = "rule")]
+        deny: bool,
+        /// Its own rules instead of the scope's: `<window>=<max>`, e.g.
+        /// `--rule 1h=500 --rule 24h=2000`.
+        #[arg(long, value_parser = parse_rule)]
+        rule: Vec<crate::settings::Rule>,
+        /// Why (required: whoever finds it later must know).
+        #[arg(long)]
+        reason: String,
+        /// How long it lasts (e.g. `2h`, `30d`); without it, until removed.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+    },
+    /// List the overrides stored (expired ones marked).
+    List {
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the override of a subject.
+    Remove {
+        /// As `add` names it.
+        target: String,
+    },
+}
+
+fn parse_rule(s: &str) -> Result<crate::settings::Rule, String> {
+    let (window, max) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not <window>=<max>, e.g. 1h=500"))?;
+    let window = humantime::parse_duration(window).map_err(|e| format!("{window:?}: {e}"))?;
+    let max: u32 = max
+        .parse()
+        .map_err(|_| format!("{max:?} is not a whole number"))?;
+    Ok(crate::settings::Rule::new(window, max))
 }
 
 fn parse_var(s: &str) -> Result<(String, String), String> {
@@ -240,6 +298,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
                 Ok(true)
             }
         },
+        Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Probe => probe(settings).await,
     }

@@ -410,6 +410,12 @@ pub fn usage_json(u: &Usage) -> Value {
         "at_ms": u.at_ms,
         "retry_after_ms": u.retry_after_ms,
         "exempt": u.exempt,
+        "override": u.by_override.as_ref().map(|o| json!({
+            "target": o.target,
+            "action": o.kind,
+            "reason": o.reason,
+            "expires_at_ms": o.expires_at_ms,
+        })),
         "rules": u.rules.iter().map(|r| json!({
             "scope": r.rule.scope.as_str(),
             "window_ms": r.rule.window_ms,
@@ -435,8 +441,22 @@ pub fn render_usage(u: &Usage) -> String {
         }
         out.push('\n');
     }
+    if let Some(o) = &u.by_override {
+        let until = o.expires_at_ms.map_or_else(
+            || "until removed".to_owned(),
+            |t| format!("for {}", short_duration(t.saturating_sub(u.at_ms))),
+        );
+        out.push_str(&format!(
+            "override in force: {} {} {until}: {}\n",
+            o.target, o.kind, o.reason
+        ));
+    }
     if u.exempt {
-        out.push_str("exempt (limits.domain.exempt): this scope does not count it\n");
+        let why = match u.by_override {
+            Some(_) => "the override allows it",
+            None => "limits.domain.exempt",
+        };
+        out.push_str(&format!("exempt ({why}): this scope does not count it\n"));
     } else if u.retry_after_ms == 0 {
         out.push_str("next send: allowed now\n");
     } else {
@@ -451,6 +471,107 @@ pub fn render_usage(u: &Usage) -> String {
         ));
     }
     out
+}
+
+/// Runs an `overrides` action, printing what it did.
+pub async fn overrides(
+    settings: &Settings,
+    action: super::OverridesAction,
+) -> anyhow::Result<bool> {
+    use crate::limiter::overrides::{Action, Override, Target};
+    let Backend::Redis(ledger) = limiter(settings).await? else {
+        bail!("overrides live in Redis");
+    };
+    match action {
+        super::OverridesAction::Add {
+            target,
+            allow,
+            deny,
+            rule,
+            reason,
+            expires_in,
+        } => {
+            let action = match (allow, deny) {
+                (true, _) => Action::Allow,
+                (_, true) => Action::Deny,
+                _ if !rule.is_empty() => Action::Rules(rule),
+                _ => bail!("say what it does: --allow, --deny or --rule <window>=<max>"),
+            };
+            let now = crate::domain::now_ms();
+            let expires_at_ms = expires_in
+                .map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+            let ov = Override {
+                target: Target::parse(&target)?,
+                action,
+                reason,
+                expires_at_ms,
+                added_at_ms: now,
+            };
+            ledger.add_override(&ov).await?;
+            println!("added: {}", render_override(&ov, now));
+            Ok(true)
+        }
+        super::OverridesAction::List { json } => {
+            let now = crate::domain::now_ms();
+            for ov in ledger.list_overrides().await? {
+                match json {
+                    true => println!("{}", override_json(&ov, now)),
+                    false => println!("{}", render_override(&ov, now)),
+                }
+            }
+            Ok(true)
+        }
+        super::OverridesAction::Remove { target } => {
+            let target = Target::parse(&target)?;
+            match ledger.remove_override(&target).await? {
+                true => println!("removed the override of {target}"),
+                false => println!("{target} had no override"),
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// An override on one line: what it matches, what it does, until when,
+/// and why.
+fn render_override(ov: &crate::limiter::overrides::Override, now: u64) -> String {
+    use crate::limiter::overrides::Action;
+    let does = match &ov.action {
+        Action::Allow => "allow".to_owned(),
+        Action::Deny => "deny".to_owned(),
+        Action::Rules(rules) => {
+            let rules: Vec<String> = (rules.iter())
+                .map(|r| format!("{} per {}", r.max, short_duration(r.window_ms())))
+                .collect();
+            format!("rules {}", rules.join(", "))
+        }
+    };
+    let until = match ov.expires_at_ms {
+        None => "until removed".to_owned(),
+        Some(t) if t <= now => "EXPIRED".to_owned(),
+        Some(t) => format!("for {} more", short_duration(t - now)),
+    };
+    format!("{} {does} {until}: {}", ov.target, ov.reason)
+}
+
+/// An override as JSON, for scripts.
+fn override_json(ov: &crate::limiter::overrides::Override, now: u64) -> Value {
+    use crate::limiter::overrides::Action;
+    let rules: Vec<Value> = match &ov.action {
+        Action::Rules(rules) => (rules.iter())
+            .map(|r| json!({"window_ms": r.window_ms(), "max": r.max}))
+            .collect(),
+        _ => Vec::new(),
+    };
+    json!({
+        "target": ov.target.to_string(),
+        "action": ov.action.kind(),
+        "rules": rules,
+        "reason": ov.reason,
+        "expires_at_ms": ov.expires_at_ms,
+        "added_at_ms": ov.added_at_ms,
+        "live": ov.live(now),
+    })
 }
 
 /// `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the settings.

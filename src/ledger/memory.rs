@@ -91,6 +91,12 @@ impl MemoryLedger {
         self.len() == (0, 0)
     }
 
+    /// Puts `overrides` in force (this process's own: the in-memory backend
+    /// has no shared store for them).
+    pub fn set_overrides(&self, overrides: Vec<crate::limiter::overrides::Override>) {
+        self.lock().logs.keyspace().install(overrides, None);
+    }
+
     /// Drops every key and record idle at `now` (ms) at once, rather than at
     /// the next periodic sweep. Lets tests check the memory bound.
     pub fn sweep(&self, now: u64) {
@@ -137,7 +143,8 @@ impl State {
         let job = &entry.job;
         let keys = self.logs.keyspace().clone();
         let (lease, dedup) = (keys.lease_ms(), keys.dedup_ms());
-        let scopes = keys.applicable(&job.request);
+        let (scopes, by_override) = keys.applicable_by(&job.request);
+        found.by_override = by_override;
         let fingerprint = Fingerprint::of(&job.request);
         let expired = entry.expires_at_ms.is_some_and(|at| at <= now);
         let sending = if entry.send_now {

@@ -208,16 +208,22 @@ pub struct Admission {
     /// On [`Verdict::Admitted`]: what is left of each scope's quota with
     /// this admission counted. Empty on every other verdict.
     pub rooms: Rooms,
+    /// The kind of the override (`allow`, `deny`, `rules`) that changed
+    /// how the request was judged, when one did and the request was judged
+    /// now (admitted or rejected).
+    pub by_override: Option<&'static str>,
 }
 
 impl Admission {
-    /// `verdict` at `decided_at_ms`, naming no shadow rule and no rooms.
+    /// `verdict` at `decided_at_ms`, naming no shadow rule, no rooms and
+    /// no override.
     pub fn at(decided_at_ms: u64, verdict: Verdict) -> Self {
         Self {
             decided_at_ms,
             verdict,
             shadow: None,
             rooms: Rooms::default(),
+            by_override: None,
         }
     }
 }

@@ -6,9 +6,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
+use crate::limiter::overrides::{self, Override, OverrideError, Target};
 use crate::limiter::{
-    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, Room, RuleRef, Scope, Subject, Usage,
-    redis_reset, redis_usage,
+    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, Room, RuleRef, RuleSet, Scope, Subject,
+    Usage, redis_reset, redis_usage,
 };
 use crate::settings::{LimitSettings, RedisSettings};
 
@@ -123,6 +124,9 @@ struct Pending {
     /// Whether its batch must be acknowledged by the replicas before it is
     /// answered (it may set a send mark).
     wait: bool,
+    /// The overrides' rule sets its shape names (numbered after the
+    /// configured ones): sent with its batch.
+    sets: Vec<(usize, Arc<RuleSet>)>,
     reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
@@ -180,6 +184,15 @@ impl RedisLedger {
         }
         let batching = if spread { ONE_BY_ONE } else { BATCHED };
         let (queue, rx) = mpsc::channel(4 * batching.max_batch.max(batching.max_in_flight));
+        // The overrides in force from the start; then polled.
+        refresh_overrides(&conn, &keys)
+            .await
+            .map_err(|e| LedgerError::Unfit(format!("reading the overrides: {e}")))?;
+        tokio::spawn(poll_overrides(
+            queue.downgrade(),
+            conn.clone(),
+            keys.clone(),
+        ));
         tokio::spawn(dispatch(
             rx,
             conn.clone(),
@@ -215,6 +228,29 @@ impl RedisLedger {
         answered(self.enqueue(clock, args, keys, wait).await?).await
     }
 
+    /// [`Self::submit`] of an admission whose shape names the overrides'
+    /// rule sets `sets`.
+    async fn submit_judged(
+        &self,
+        clock: Clock,
+        item: (Vec<String>, Vec<String>),
+        wait: bool,
+        sets: Vec<(usize, Arc<RuleSet>)>,
+    ) -> Result<Reply, LedgerError> {
+        let (reply, rx) = oneshot::channel();
+        let (args, keys) = item;
+        let pending = Pending {
+            clock: Some(clock),
+            args,
+            keys,
+            wait,
+            sets,
+            reply,
+        };
+        self.queue.send(pending).await.map_err(|_| stopped())?;
+        answered(rx).await
+    }
+
     /// Queues one item for the next batch; its answer arrives on the
     /// receiver (so that several items can be queued before any is awaited).
     async fn enqueue(
@@ -230,6 +266,7 @@ impl RedisLedger {
             args,
             keys,
             wait,
+            sets: Vec::new(),
             reply,
         };
         self.queue.send(pending).await.map_err(|_| stopped())?;
@@ -402,9 +439,15 @@ async fn run_batch(
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
     let (mut item_keys, mut args) = (Vec::new(), Vec::new());
+    let mut sets: Vec<(usize, Arc<RuleSet>)> = Vec::new();
     for p in batch {
         item_keys.extend(p.keys.iter().map(String::as_str));
         args.extend(p.args.iter().map(String::as_str));
+        for (index, set) in &p.sets {
+            if !sets.iter().any(|(i, _)| i == index) {
+                sets.push((*index, set.clone()));
+            }
+        }
     }
     let mut eval = redis::cmd("EVALSHA");
     eval.arg(SCRIPT.get_hash())
@@ -414,7 +457,7 @@ async fn run_batch(
         .arg(clock_arg(clock))
         .arg(keys.dedup_ms())
         .arg(keys.lease_ms())
-        .arg(keys.rule_set_args())
+        .arg(keys.rule_set_args(&sets))
         .arg(&args);
     let wait = batch.iter().any(|p| p.wait);
     let (reply, unreplicated) = eval_waiting(conn, &SCRIPT, eval, replication, wait).await?;
@@ -497,36 +540,35 @@ async fn eval_waiting(
 
 /// The rule a script names by its 1-based scope (`scopes`: the scope and
 /// rule set of each of the request's scope keys) and 1-based place in that
-/// scope's rule set; `None` if there is no such rule.
+/// scope's rule set, `wait` its wait; `None` if there is no such rule. A
+/// deny is named as a rule of max 0 whose window is the wait.
 fn rule_named(
-    keys: &Keyspace,
-    scopes: &[(Scope, usize)],
+    scopes: &[(Scope, Arc<RuleSet>)],
     scope: i64,
     rule: i64,
+    wait: u64,
 ) -> Option<RuleRef> {
-    let (scope, set) = *scopes.get(usize::try_from(scope - 1).ok()?)?;
-    let rule = keys
-        .sets
-        .get(set)?
-        .rules
-        .get(usize::try_from(rule - 1).ok()?)?;
-    Some(RuleRef::of(scope, rule))
+    let (scope, set) = scopes.get(usize::try_from(scope - 1).ok()?)?;
+    if set.deny_until_ms.is_some() {
+        return Some(RuleRef {
+            scope: *scope,
+            window_ms: wait,
+            max: 0,
+        });
+    }
+    let rule = set.rules.get(usize::try_from(rule - 1).ok()?)?;
+    Some(RuleRef::of(*scope, rule))
 }
 
 /// The room a script names for its 1-based scope `scope` (`scopes` as for
 /// [`rule_named`]): `[rule, remaining, reset_ms]`; `None` for a scope with
 /// no enforced rule (rule 0) or values that make no sense.
-fn room_named(
-    keys: &Keyspace,
-    scopes: &[(Scope, usize)],
-    scope: i64,
-    room: &[i64],
-) -> Option<Room> {
+fn room_named(scopes: &[(Scope, Arc<RuleSet>)], scope: i64, room: &[i64]) -> Option<Room> {
     let [rule, remaining, reset_ms] = *room else {
         return None;
     };
     Some(Room {
-        rule: rule_named(keys, scopes, scope, rule)?,
+        rule: rule_named(scopes, scope, rule, 0)?,
         remaining: u32::try_from(remaining).ok()?,
         reset_ms: u64::try_from(reset_ms).ok()?,
     })
@@ -534,14 +576,14 @@ fn room_named(
 
 /// An admission's reply values as a [`Verdict`] (`scopes`: the scope
 /// and rule set of each of its scope keys); `None` if they make no sense.
-fn verdict(keys: &Keyspace, scopes: &[(Scope, usize)], r: &[i64; REPLY_WIDTH]) -> Option<Verdict> {
+fn verdict(scopes: &[(Scope, Arc<RuleSet>)], r: &[i64; REPLY_WIDTH]) -> Option<Verdict> {
     let num = |i: usize| u64::try_from(r[i]).ok();
     let flag = |i: usize| r[i] == 1;
     let (code, _) = CODES.iter().find(|(c, _)| *c as i64 == r[0])?;
     Some(match code {
         Code::Rejected => Verdict::Rejected {
             retry_after_ms: num(1)?,
-            rule: rule_named(keys, scopes, r[2], r[3])?,
+            rule: rule_named(scopes, r[2], r[3], num(1)?)?,
         },
         Code::Admitted => Verdict::Admitted,
         Code::Expired => Verdict::Expired,
@@ -576,15 +618,19 @@ impl Ledger for RedisLedger {
             return self.admit_spread(entry, clock).await;
         }
         let job = &entry.job;
-        let applicable = self.keys.applicable(&job.request);
+        let (applicable, by_override) = self.keys.applicable_by(&job.request);
         let mut keys = Vec::with_capacity(1 + applicable.len());
         keys.push(self.keys.record_key(job.request.id));
         let mut shape = String::with_capacity(2 * applicable.len());
         let mut scopes = Vec::with_capacity(applicable.len());
-        for (scope, key, set) in applicable {
-            push_shape(&mut shape, set);
-            keys.push(key);
-            scopes.push((scope, set));
+        let mut sets = Vec::new();
+        for a in applicable {
+            push_shape(&mut shape, a.index);
+            keys.push(a.key);
+            if a.index >= self.keys.sets.len() {
+                sets.push((a.index, a.set.clone()));
+            }
+            scopes.push((a.scope, a.set));
         }
         let mut args = admission_args("admit", entry, shape);
         if let Some(latest) = self.keys.latest_key(&job.request) {
@@ -596,8 +642,10 @@ impl Ledger for RedisLedger {
                     .map_or_else(|| "n".to_owned(), |ms| ms.to_string());
             }
         }
-        let reply = self.submit(Some(clock), args, keys, entry.send_now).await?;
-        self.decided(entry, &scopes, reply).await
+        let reply = (self.submit_judged(clock, (args, keys), entry.send_now, sets)).await?;
+        let mut admission = self.decided(entry, &scopes, reply).await?;
+        admission.by_override = by_override;
+        Ok(admission)
     }
 
     async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
@@ -643,7 +691,7 @@ impl Ledger for RedisLedger {
                 .keys
                 .applicable(&job.request)
                 .into_iter()
-                .map(|(_, key, _)| key)
+                .map(|a| a.key)
                 .collect(),
             _ => Vec::new(),
         };
@@ -749,6 +797,90 @@ impl RedisLedger {
     }
 }
 
+/// Puts the overrides stored in Redis in force if their version changed;
+/// whether it did.
+async fn refresh_overrides(conn: &Conn, keys: &Keyspace) -> Result<bool, OverrideError> {
+    let version = overrides::version(conn, &keys.prefix).await?;
+    if version.is_some() && version == keys.overrides_version() {
+        return Ok(false);
+    }
+    let (all, version) = overrides::read(conn, &overrides::hash_key(&keys.prefix)).await?;
+    let now = crate::domain::now_ms();
+    let live: Vec<Override> = (all.into_iter())
+        .map(|(_, o)| o)
+        .filter(|o| o.live(now))
+        .collect();
+    let n = keys.install(live, version);
+    tracing::info!(overrides = n, "overrides in force");
+    Ok(true)
+}
+
+/// Polls the overrides every [`overrides::POLL`] until the ledger is
+/// dropped (`alive` no longer upgrades). A failed poll is logged and the
+/// overrides in force stay.
+async fn poll_overrides(alive: mpsc::WeakSender<Pending>, conn: Conn, keys: Arc<Keyspace>) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(overrides::POLL).await;
+        if alive.upgrade().is_none() {
+            return;
+        }
+        match refresh_overrides(&conn, &keys).await {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!("reading the overrides works again");
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "cannot read the overrides; those in force stay");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+impl RedisLedger {
+    /// Stores `ov`, replacing any override of the same subject; every
+    /// worker applies it within [`overrides::POLL`].
+    pub async fn add_override(&self, ov: &Override) -> Result<(), OverrideError> {
+        let now = crate::domain::now_ms();
+        overrides::add(
+            &self.conn,
+            &self.keys.prefix,
+            &self.keys.limits.normalize,
+            ov,
+            now,
+        )
+        .await
+    }
+
+    /// Reads the overrides now rather than at the next poll; whether they
+    /// changed.
+    pub async fn reload_overrides(&self) -> Result<bool, OverrideError> {
+        refresh_overrides(&self.conn, &self.keys).await
+    }
+
+    /// Removes the override of `target`; whether there was one.
+    pub async fn remove_override(&self, target: &Target) -> Result<bool, OverrideError> {
+        overrides::remove(
+            &self.conn,
+            &self.keys.prefix,
+            &self.keys.limits.normalize,
+            target,
+        )
+        .await
+    }
+
+    /// Every stored override, expired ones too (an expired one is no longer
+    /// in force; the next change drops it).
+    pub async fn list_overrides(&self) -> Result<Vec<Override>, OverrideError> {
+        let key = overrides::hash_key(&self.keys.prefix);
+        let (all, _) = overrides::read(&self.conn, &key).await?;
+        Ok(all.into_iter().map(|(_, o)| o).collect())
+    }
+}
+
 /// The answer to a queued item.
 type Answer = oneshot::Receiver<Result<Reply, LedgerError>>;
 
@@ -760,10 +892,10 @@ impl RedisLedger {
     async fn decided(
         &self,
         entry: &Entry<'_>,
-        scopes: &[(Scope, usize)],
+        scopes: &[(Scope, Arc<RuleSet>)],
         reply: Reply,
     ) -> Result<Admission, LedgerError> {
-        let verdict = verdict(&self.keys, scopes, &reply.values).ok_or_else(|| {
+        let verdict = verdict(scopes, &reply.values).ok_or_else(|| {
             LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
         })?;
         // Admitted as sending: the mark must reach the replicas first.
@@ -780,13 +912,13 @@ impl RedisLedger {
         // An admission names the shadow rule that would have rejected it
         // (0: none; a "create" never names one: its scopes answered it).
         let shadow = match (verdict, reply.values[2]) {
-            (Verdict::Admitted, s) if s > 0 => rule_named(&self.keys, scopes, s, reply.values[3]),
+            (Verdict::Admitted, s) if s > 0 => rule_named(scopes, s, reply.values[3], 0),
             _ => None,
         };
         let mut admission = Admission::at(reply.now_ms, verdict);
         admission.shadow = shadow;
         for (s, room) in (1..).zip(reply.rooms.chunks_exact(3)) {
-            if let Some(room) = room_named(&self.keys, scopes, s, room) {
+            if let Some(room) = room_named(scopes, s, room) {
                 admission.rooms.set(room);
             }
         }

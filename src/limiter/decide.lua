@@ -25,14 +25,19 @@ t_N + W, where t_N is that N-th newest time; retry_after is the largest such
 wait over all rules, and the first rule (scope order, then rule order) with
 that wait is the binding one.
 
-Rule sets travel in ARGV (written by limiter::Keyspace::push_rule_sets):
+Rule sets travel in ARGV (written by limiter::Keyspace::rule_set_args):
   R, the number of rule sets; then for each: r, the number of its rules;
   keep_ms, how long its keys keep admissions (the longest window of any rule
   set of the same scope, since keys are shared across purposes, plus a
   minute of slack for a clock that steps back); then r
   pairs (window_ms, max), max negative for a shadow rule: judged like the
   others over the same log, it never rejects; the one that would have
-  bound is answered beside the decision.
+  bound is answered beside the decision. Then E, the number of extra sets
+  (the overrides' sets a call names), each its 1-based number (after the
+  R) and the set. A deny (an override) is a set of one rule (until, 0):
+  every request is rejected until the ms `until` (0: for good, answered as
+  a wait of MAX_PERIOD_MS); it reads no log and records nothing, so it
+  stands beside the key's own set.
 A request's "shape" names the rule set of each of its scope keys: two
 characters per key, the 1-based rule set in base 64 with '0' as the digit
 zero, high digit first ("0102": two keys, the first judged by set 1, the
@@ -79,7 +84,22 @@ local function rule_sets(a)
   if not count then return nil, 'rule set count' end
   local sets = {}
   a = a + 1
-  for i = 1, count do
+  local i, extra = 0, nil
+  while true do
+    if i == count and not extra then
+      -- The extra sets: their count, then each one's number and set.
+      extra = tonumber(ARGV[a])
+      if not extra or extra < 0 then return nil, 'extra rule set count' end
+      count, a = count + extra, a + 1
+    end
+    if i == count then break end
+    i = i + 1
+    local at = i
+    if extra then
+      at = tonumber(ARGV[a])
+      if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
+      a = a + 1
+    end
     local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     if not n or not keep or keep < 1 or keep > MAX_KEEP_MS then return nil, 'rule set ' .. i end
     -- fetch: how many of a log's newest entries one read gets: the largest
@@ -87,25 +107,28 @@ local function rule_sets(a)
     -- its N-th newest entry on its own, only when the log is at least as
     -- long as that first read (so a domain's 50 per 10 minutes costs one
     -- read, not a read of 16 and then one more).
-    local set = {n = n, w = {}, max = {}, rank = {}, shadow = {}, keep = keep, keep_s = ARGV[a + 1]}
+    local set = {n = n, w = {}, max = {}, rank = {}, shadow = {}, deny = {}, keep = keep,
+      keep_s = ARGV[a + 1]}
     local top, least = 1, math.huge
     for r = 1, n do
       local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
       local w, m = tonumber(w_s), tonumber(m_s)
-      if not w or not m or w < 1 or w > MAX_PERIOD_MS or m == 0 or m ~= math.floor(m) then
+      local deny = m == 0 and n == 1
+      if not w or not m or m ~= math.floor(m) or (m == 0 and not deny)
+        or (deny and w < 0) or (not deny and (w < 1 or w > MAX_PERIOD_MS)) then
         return nil, 'rule ' .. r .. ' of set ' .. i
       end
-      set.shadow[r] = m < 0
+      set.shadow[r], set.deny[r], set.denies = m < 0, deny, deny
       m = math.abs(m)
       set.w[r], set.max[r], set.rank[r] = w, m, '-' .. int(m)
-      top, least = math.max(top, m), math.min(least, m)
+      if not deny then top, least = math.max(top, m), math.min(least, m) end
     end
     set.fetch = least > 16 and 0 or math.min(top, 16)
     set.fetch_s = '-' .. set.fetch
     -- The newest entries that can fill a rule, up to 16 (what scope.lua
     -- looks through for a copy of the job).
     set.top_s = '-' .. math.min(top, 16)
-    sets[i] = set
+    sets[at] = set
     a = a + 2 + 2 * n
   end
   return sets, a
@@ -146,7 +169,11 @@ local function judge(first, shape, sets, now, logs)
       local n = set.max[r]
       local i = len - n + 1
       local t_n
-      if i == len then
+      if set.deny[r] then
+        -- Rejected while the deny lasts (for good: the longest wait).
+        local d = set.w[r] == 0 and MAX_PERIOD_MS or set.w[r] - now
+        if d > best_d then best_d, best_s, best_r = d, s, r end
+      elseif i == len then
         t_n = newest
       elseif i > 0 then
         t_n = time_of(log[i])
@@ -186,7 +213,7 @@ local function room(first, shape, sets, now, logs, out)
     local len = #log
     local best_r, best_left, best_reset = 0, 0, 0
     for r = 1, set.n do
-      if not set.shadow[r] then
+      if not set.shadow[r] and not set.deny[r] then
         local w = set.w[r]
         local since = now - w
         local c = 0
@@ -221,10 +248,13 @@ end
 local function record(first, shape, sets, now, now_s, member)
   for s = 1, #shape / 2 do
     local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
-    -- Forget what no rule can see any more, so memory stays bounded.
-    call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
-    call('ZADD', key, now_s, member)
-    call('PEXPIRE', key, set.keep_s)
+    -- A deny records nothing (its key's own set does).
+    if not set.denies then
+      -- Forget what no rule can see any more, so memory stays bounded.
+      call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
+      call('ZADD', key, now_s, member)
+      call('PEXPIRE', key, set.keep_s)
+    end
   end
 end
 

@@ -1,7 +1,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{Keyspace, Rooms, RuleRef, Scope, Subject, Usage, binding_rule, room_of, usage_of};
+use super::{Applied, Keyspace, Rooms, RuleRef, Subject, Usage, binding_rule, room_of, usage_of};
 use crate::domain::Name;
 
 /// The limiter's logs in this process: the same semantics as the Redis logs
@@ -53,15 +53,26 @@ impl MemoryLogs {
     /// Which enforced rule binds `scopes` (as [`Keyspace::applicable`]
     /// lists them) at `now`, and after how long (`None` if each has room);
     /// then the same of the shadow rules.
-    pub fn judge(
-        &mut self,
-        scopes: &[(Scope, String, usize)],
-        now: u64,
-    ) -> [Option<(u64, RuleRef)>; 2] {
+    pub fn judge(&mut self, scopes: &[Applied], now: u64) -> [Option<(u64, RuleRef)>; 2] {
         let mut best: [Option<(u64, RuleRef)>; 2] = [None, None];
         let mut times = Vec::new();
-        for (scope, key, set) in scopes {
-            let set = &self.keys.sets[*set];
+        for Applied {
+            scope, key, set, ..
+        } in scopes
+        {
+            // A deny: rejected while it lasts (a rule of max 0, its window
+            // the wait).
+            if let Some(d) = set.deny_wait(now) {
+                if best[0].is_none_or(|(bd, _)| d > bd) {
+                    let rule = RuleRef {
+                        scope: *scope,
+                        window_ms: d,
+                        max: 0,
+                    };
+                    best[0] = Some((d, rule));
+                }
+                continue;
+            }
             times.clear();
             if let Some(log) = self.logs.get_mut(key) {
                 log.keep_ms = set.keep_ms;
@@ -81,11 +92,13 @@ impl MemoryLogs {
 
     /// What is left of each of `scopes`' quota once an admission at `now`
     /// is recorded (asked before [`MemoryLogs::record`]).
-    pub fn rooms(&self, scopes: &[(Scope, String, usize)], now: u64) -> Rooms {
+    pub fn rooms(&self, scopes: &[Applied], now: u64) -> Rooms {
         let mut rooms = Rooms::default();
         let mut times = Vec::new();
-        for (scope, key, set) in scopes {
-            let set = &self.keys.sets[*set];
+        for Applied {
+            scope, key, set, ..
+        } in scopes
+        {
             times.clear();
             if let Some(log) = self.logs.get(key) {
                 times.extend(log.entries.iter().map(|(t, _)| *t));
@@ -98,10 +111,11 @@ impl MemoryLogs {
     }
 
     /// Records job `id`'s admission at `now` in each of `scopes`.
-    pub fn record(&mut self, scopes: &[(Scope, String, usize)], now: u64, id: &str) {
+    pub fn record(&mut self, scopes: &[Applied], now: u64, id: &str) {
         let id: Arc<str> = Arc::from(id);
-        for (_, key, set) in scopes {
-            let keep_ms = self.keys.sets[*set].keep_ms;
+        // A deny's entry records nothing: its scope's own entry does.
+        for Applied { key, set, .. } in scopes.iter().filter(|a| a.set.deny_until_ms.is_none()) {
+            let keep_ms = set.keep_ms;
             let log = self.logs.entry(key.clone()).or_insert_with(|| Log {
                 entries: VecDeque::new(),
                 keep_ms,
@@ -115,8 +129,8 @@ impl MemoryLogs {
     /// Removes job `id`'s admission made at `at` from `scopes` (a refund).
     /// An admission of the same id at another time (made after an earlier
     /// record of the id was forgotten) stays.
-    pub fn forget(&mut self, scopes: &[(Scope, String, usize)], at: u64, id: &str) {
-        for (_, key, _) in scopes {
+    pub fn forget(&mut self, scopes: &[Applied], at: u64, id: &str) {
+        for Applied { key, .. } in scopes {
             if let Some(log) = self.logs.get_mut(key) {
                 log.entries
                     .retain(|(t, member)| *t != at || **member != *id);
@@ -129,14 +143,22 @@ impl MemoryLogs {
 
     /// See [`super::Quotas::usage`].
     pub fn usage(&self, subject: Subject<'_>, purpose: Option<&Name>, now: u64) -> Usage {
-        let (key, set) = self.keys.lookup(subject, purpose);
+        let (key, set, hit) = self.keys.lookup(subject, purpose);
         let times: Vec<u64> = self
             .logs
             .get(&key)
             .map(|log| log.entries.iter().map(|(t, _)| *t).collect())
             .unwrap_or_default();
         let exempt = self.keys.exempts(subject);
-        usage_of(key, subject.scope(), &set.rules, &times, now, exempt)
+        usage_of(
+            key,
+            subject.scope(),
+            &set,
+            hit.as_ref(),
+            &times,
+            now,
+            exempt,
+        )
     }
 
     /// See [`super::Quotas::reset`].

@@ -29,6 +29,7 @@
 
 mod conn;
 mod memory;
+pub mod overrides;
 mod redis;
 
 use std::fmt;
@@ -224,11 +225,35 @@ pub(crate) const CLOCK_SLACK_MS: u64 = 60_000;
 
 /// One list of rules for one scope, and how long that scope's keys keep an
 /// admission: the longest window of *any* rule set of the scope, because a
-/// mailbox's log is shared by every purpose, plus [`CLOCK_SLACK_MS`].
+/// mailbox's log is shared by every purpose, plus [`CLOCK_SLACK_MS`]. Or a
+/// deny (an override): no rules, and every request rejected until
+/// `deny_until_ms` (0: for good); a deny's set never records anything.
 #[derive(Debug, Clone)]
 pub(crate) struct RuleSet {
     pub rules: Vec<Rule>,
     pub keep_ms: u64,
+    pub deny_until_ms: Option<u64>,
+}
+
+impl RuleSet {
+    /// A deny's wait at `now` (`None` once it has passed, and for rules).
+    pub fn deny_wait(&self, now: u64) -> Option<u64> {
+        match self.deny_until_ms? {
+            0 => Some(crate::settings::MAX_PERIOD.as_millis() as u64),
+            until => (until > now).then(|| until - now),
+        }
+    }
+}
+
+/// One scope that applies to a request: its scope, its key, and the rule
+/// set it is judged by (with its number among all rule sets, as shapes
+/// name it).
+#[derive(Debug, Clone)]
+pub(crate) struct Applied {
+    pub scope: Scope,
+    pub key: String,
+    pub index: usize,
+    pub set: std::sync::Arc<RuleSet>,
 }
 
 /// Key naming and policy lookup shared by both backends, so a mailbox or
@@ -238,17 +263,20 @@ pub(crate) struct Keyspace {
     pub prefix: String,
     pub limits: LimitSettings,
     /// The defaults of each scope in [`Scope::ALL`] order, then each
-    /// purpose override.
-    pub sets: Vec<RuleSet>,
-    /// purpose → its override set per scope ([`Scope::ALL`] order), if any.
-    overrides: std::collections::HashMap<String, [Option<usize>; 3]>,
+    /// purpose's own; the overrides' sets are numbered after them.
+    pub sets: Vec<std::sync::Arc<RuleSet>>,
+    /// purpose → its own set per scope ([`Scope::ALL`] order), if any.
+    purposes: std::collections::HashMap<String, [Option<usize>; 3]>,
     /// Registrable domains the domain scope does not count.
     exempt: std::collections::HashSet<RegistrableDomain>,
+    /// The overrides in force (shared by clones: swapped as they change).
+    table: std::sync::Arc<arc_swap::ArcSwap<overrides::Table>>,
 }
 
 impl Keyspace {
     pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
         let set = |scope: Scope, rules: &[Rule]| RuleSet {
+            deny_until_ms: None,
             rules: rules.to_vec(),
             keep_ms: (limits.rule_lists(scope.index()).flatten())
                 .map(Rule::window_ms)
@@ -258,28 +286,51 @@ impl Keyspace {
                 .saturating_add(CLOCK_SLACK_MS),
         };
         let defaults = limits.scope_rules();
-        let mut sets: Vec<RuleSet> = Scope::ALL
+        let mut sets: Vec<std::sync::Arc<RuleSet>> = Scope::ALL
             .iter()
-            .map(|&scope| set(scope, defaults[scope.index()]))
+            .map(|&scope| std::sync::Arc::new(set(scope, defaults[scope.index()])))
             .collect();
-        let mut overrides = std::collections::HashMap::new();
+        let mut purposes = std::collections::HashMap::new();
         for purpose in limits.purpose.keys() {
             let mut idx = [None; 3];
             for scope in Scope::ALL {
                 if let Some(rules) = limits.purpose_rules(purpose, scope.index()) {
                     idx[scope.index()] = Some(sets.len());
-                    sets.push(set(scope, rules));
+                    sets.push(std::sync::Arc::new(set(scope, rules)));
                 }
             }
-            overrides.insert(purpose.clone(), idx);
+            purposes.insert(purpose.clone(), idx);
         }
         Self {
             prefix: prefix.to_owned(),
             limits: limits.clone(),
             sets,
-            overrides,
+            purposes,
             exempt: limits.domain.exempt.iter().cloned().collect(),
+            table: Default::default(),
         }
+    }
+
+    /// Puts `overrides` in force (as read at `version` of their hash);
+    /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
+    pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<i64>) -> usize {
+        let keep = |scope: Scope| self.sets[scope.index()].keep_ms;
+        let mut table = overrides::Table::new(
+            overrides,
+            |e| self.key_of(Subject::Email(e)),
+            |d| self.key_of(Subject::Domain(d)),
+            self.sets.len(),
+            keep,
+        );
+        table.version = version;
+        let n = table.len();
+        self.table.store(std::sync::Arc::new(table));
+        n
+    }
+
+    /// The version of the overrides' hash in force, if any was read.
+    pub fn overrides_version(&self) -> Option<i64> {
+        self.table.load().version
     }
 
     /// The key of job `id`'s ledger record.
@@ -293,37 +344,61 @@ impl Keyspace {
 
     /// The rule sets as `decide.lua` reads them from ARGV: their count, then
     /// for each its number of rules, how long its keys keep admissions, and
-    /// each rule's `(window_ms, max)`.
-    pub fn rule_set_args(&self) -> Vec<i64> {
-        let mut args = vec![i64::try_from(self.sets.len()).unwrap_or(i64::MAX)];
+    /// each rule's `(window_ms, max)`; then the overrides' sets `extra`
+    /// names (their count, then each one's number and set).
+    pub fn rule_set_args(&self, extra: &[(usize, std::sync::Arc<RuleSet>)]) -> Vec<i64> {
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut args = vec![int(self.sets.len())];
         for set in &self.sets {
+            push_rule_set(set, &mut args);
+        }
+        args.push(int(extra.len()));
+        for (index, set) in extra {
+            args.push(int(index + 1));
             push_rule_set(set, &mut args);
         }
         args
     }
 
     /// Rule set `set` alone, as `decide.lua` reads rule sets (a count of 1,
-    /// then the set).
-    pub fn one_rule_set_args(&self, set: usize) -> Vec<i64> {
+    /// then the set, and no extra ones).
+    pub fn one_rule_set_args(set: &RuleSet) -> Vec<i64> {
         let mut args = vec![1];
-        if let Some(set) = self.sets.get(set) {
-            push_rule_set(set, &mut args);
-        }
+        push_rule_set(set, &mut args);
+        args.push(0);
         args
     }
 
-    /// The rule set a scope uses for a purpose: its override, else the default.
-    pub fn set_for(&self, scope: Scope, purpose: Option<&Name>) -> usize {
+    /// The rule set a scope uses for a purpose: its own, else the default.
+    fn set_for(&self, scope: Scope, purpose: Option<&Name>) -> usize {
         purpose
-            .and_then(|p| self.overrides.get(p.as_str()))
+            .and_then(|p| self.purposes.get(p.as_str()))
             .and_then(|o| o[scope.index()])
             .unwrap_or(scope.index())
     }
 
-    /// A subject's key and the rules it is judged by under `purpose`.
-    pub fn lookup(&self, subject: Subject<'_>, purpose: Option<&Name>) -> (String, &RuleSet) {
-        let set = &self.sets[self.set_for(subject.scope(), purpose)];
-        (self.key_of(subject), set)
+    /// A subject's key, the rules it is judged by under `purpose`, and the
+    /// override in force for it, if any (its rules, or a deny, replace the
+    /// scope's; an allow leaves it unlimited by the scope).
+    pub fn lookup(
+        &self,
+        subject: Subject<'_>,
+        purpose: Option<&Name>,
+    ) -> (String, std::sync::Arc<RuleSet>, Option<overrides::Hit>) {
+        let key = self.key_of(subject);
+        let table = self.table.load();
+        let now = crate::domain::now_ms();
+        let hit = match subject {
+            Subject::Email(_) => table.email(&key, now),
+            Subject::Domain(_) => table.domain(&key, now),
+            Subject::Ip(ip) => table.ip(ip.addr(), now),
+        }
+        .cloned();
+        let set = match hit.as_ref().and_then(|h| h.set.as_ref()) {
+            Some((_, set)) => set.clone(),
+            None => self.sets[self.set_for(subject.scope(), purpose)].clone(),
+        };
+        (key, set, hit)
     }
 
     /// The key of a subject's log.
@@ -346,25 +421,87 @@ impl Keyspace {
         }
     }
 
-    /// `(scope, key, rule set)` for each scope that applies to `req` and has
-    /// rules, in decision order. The domain scope does not count exempt
-    /// domains.
-    pub fn applicable(&self, req: &Request<'_>) -> Vec<(Scope, String, usize)> {
-        let mut out = Vec::with_capacity(3);
-        let domain = self.counted_domain(req);
-        let subjects = [
-            Some(Subject::Email(req.email)),
-            req.ip.map(Subject::Ip),
-            domain.as_ref().map(Subject::Domain),
+    /// Each scope that applies to `req`, in decision order: the scopes with
+    /// rules, as the overrides in force change them (see
+    /// [`overrides`]); the domain scope does not count exempt domains.
+    pub fn applicable(&self, req: &Request<'_>) -> Vec<Applied> {
+        self.applicable_by(req).0
+    }
+
+    /// [`Keyspace::applicable`], and the kind of the override that changed
+    /// them, if one did (the deny, else the allow, else rules).
+    pub fn applicable_by(&self, req: &Request<'_>) -> (Vec<Applied>, Option<&'static str>) {
+        use overrides::Action;
+        let table = self.table.load();
+        let now = crate::domain::now_ms();
+        let email = self.key_of(Subject::Email(req.email));
+        let ip = req.ip.map(|ip| (self.key_of(Subject::Ip(ip)), ip));
+        // The domain is worked out only if something counts it.
+        let domain_set = self.set_for(Scope::Domain, req.purpose);
+        let domain = (!self.sets[domain_set].rules.is_empty() || table.has_domains())
+            .then(|| RegistrableDomain::of(req.email, &self.limits.normalize));
+        let hits = [
+            table.email(&email, now),
+            ip.as_ref().and_then(|(_, ip)| table.ip(ip.addr(), now)),
+            None,
         ];
-        for subject in subjects.into_iter().flatten() {
-            let scope = subject.scope();
-            let set = self.set_for(scope, req.purpose);
-            if !self.sets[set].rules.is_empty() {
-                out.push((scope, self.key_of(subject), set));
+        let domain_key = domain.as_ref().map(|d| self.key_of(Subject::Domain(d)));
+        let hits = [
+            hits[0],
+            hits[1],
+            domain_key.as_deref().and_then(|k| table.domain(k, now)),
+        ];
+        let keys = [Some(email), ip.map(|(k, _)| k), domain_key];
+        let mut out = Vec::with_capacity(4);
+        let mut by = None;
+        // A deny beats everything: judged first, beside the usual scopes
+        // (which may set a longer wait).
+        for (scope, hit) in Scope::ALL.into_iter().zip(&hits) {
+            if let (Some(h), Some(key)) = (hit, &keys[scope.index()])
+                && let (Action::Deny, Some((index, set))) = (&h.ov.action, &h.set)
+            {
+                by = Some("deny");
+                out.push(Applied {
+                    scope,
+                    key: key.clone(),
+                    index: *index,
+                    set: set.clone(),
+                });
             }
         }
-        out
+        // A mailbox's allow: nobody else is mailed, nothing is limited.
+        if by.is_none() && hits[0].is_some_and(|h| h.ov.action == Action::Allow) {
+            return (out, Some("allow"));
+        }
+        for (scope, (hit, key)) in Scope::ALL.into_iter().zip(hits.iter().zip(keys)) {
+            let Some(key) = key else { continue };
+            let (index, set) = match hit.map(|h| (&h.ov.action, &h.set)) {
+                Some((Action::Allow, _)) => {
+                    by = by.or(Some("allow"));
+                    continue;
+                }
+                Some((Action::Rules(_), Some((index, set)))) => {
+                    by = by.or(Some("rules"));
+                    (*index, set.clone())
+                }
+                _ => {
+                    let index = self.set_for(scope, req.purpose);
+                    let exempt = scope == Scope::Domain
+                        && domain.as_ref().is_some_and(|d| self.exempt.contains(d));
+                    if exempt || self.sets[index].rules.is_empty() {
+                        continue;
+                    }
+                    (index, self.sets[index].clone())
+                }
+            };
+            out.push(Applied {
+                scope,
+                key,
+                index,
+                set,
+            });
+        }
+        (out, by)
     }
 
     /// The key naming the newest job admitted for `req`'s mailbox and
@@ -382,17 +519,6 @@ impl Keyspace {
         key.push(':');
         req.email.push_mailbox_key(&self.limits.normalize, &mut key);
         Some(key)
-    }
-
-    /// The registrable domain `req` counts against, if the domain scope has
-    /// rules for its purpose and does not exempt it.
-    fn counted_domain(&self, req: &Request<'_>) -> Option<RegistrableDomain> {
-        let set = self.set_for(Scope::Domain, req.purpose);
-        if self.sets[set].rules.is_empty() {
-            return None;
-        }
-        let domain = RegistrableDomain::of(req.email, &self.limits.normalize);
-        (!self.exempt.contains(&domain)).then_some(domain)
     }
 
     /// Whether `subject` is left uncounted (a domain `limits.domain.exempt`
@@ -420,6 +546,11 @@ impl Keyspace {
 /// and a day, so every value fits.)
 fn push_rule_set(set: &RuleSet, args: &mut Vec<i64>) {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    if let Some(until) = set.deny_until_ms {
+        // One rule: (until, 0), a deny (0: for good).
+        args.extend([1, 1, int(until), 0]);
+        return;
+    }
     args.push(int(set.rules.len() as u64));
     args.push(int(set.keep_ms));
     for rule in &set.rules {
@@ -465,9 +596,35 @@ pub struct Usage {
     /// (0: now). Another scope may still reject it.
     pub retry_after_ms: u64,
     /// The scope does not count this subject (a domain in
-    /// `limits.domain.exempt`): its requests pass this scope whatever the
-    /// log holds.
+    /// `limits.domain.exempt`, or an override's allow): its requests pass
+    /// this scope whatever the log holds.
     pub exempt: bool,
+    /// The override in force for the subject, if any.
+    pub by_override: Option<InForce>,
+}
+
+/// An override in force, as support tools show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InForce {
+    /// What it matches (`email:…`, `domain:…`, `ip:…`).
+    pub target: String,
+    /// `allow`, `deny` or `rules`.
+    pub kind: &'static str,
+    /// Why it exists.
+    pub reason: String,
+    /// When it ends, ms since the epoch (`None`: when removed).
+    pub expires_at_ms: Option<u64>,
+}
+
+impl From<&overrides::Hit> for InForce {
+    fn from(hit: &overrides::Hit) -> Self {
+        Self {
+            target: hit.ov.target.to_string(),
+            kind: hit.ov.action.kind(),
+            reason: hit.ov.reason.clone(),
+            expires_at_ms: hit.ov.expires_at_ms,
+        }
+    }
 }
 
 /// One rule's use.
@@ -484,19 +641,22 @@ pub struct RuleUsage {
     pub retry_after_ms: u64,
 }
 
-/// Usage of `rules` by a log with admission `times` (ascending) at `now`;
-/// an `exempt` subject never waits.
+/// Usage of `set` by a log with admission `times` (ascending) at `now`,
+/// with the override `hit` in force; an `exempt` subject (or one an
+/// override allows) never waits, a denied one waits for the deny.
 pub(crate) fn usage_of(
     key: String,
     scope: Scope,
-    rules: &[Rule],
+    set: &RuleSet,
+    hit: Option<&overrides::Hit>,
     times: &[u64],
     now: u64,
     exempt: bool,
 ) -> Usage {
+    let allowed = hit.is_some_and(|h| h.ov.action == overrides::Action::Allow);
+    let exempt = exempt || allowed;
     let hi = times.len();
-    let rules: Vec<RuleUsage> = rules
-        .iter()
+    let rules: Vec<RuleUsage> = (set.rules.iter())
         .map(|r| {
             let lo = times.partition_point(|&t| t.saturating_add(r.window_ms()) <= now);
             let count = hi.saturating_sub(lo);
@@ -513,6 +673,7 @@ pub(crate) fn usage_of(
         true => 0,
         false => (rules.iter().filter(|r| r.enforce))
             .map(|r| r.retry_after_ms)
+            .chain(set.deny_wait(now))
             .max()
             .unwrap_or(0),
     };
@@ -522,6 +683,7 @@ pub(crate) fn usage_of(
         rules,
         retry_after_ms,
         exempt,
+        by_override: hit.map(InForce::from),
     }
 }
 

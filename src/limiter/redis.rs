@@ -17,7 +17,7 @@ pub(crate) async fn usage(
     purpose: Option<&Name>,
     clock: Clock,
 ) -> Result<Usage, LimitError> {
-    let (key, set) = keys.lookup(subject, purpose);
+    let (key, set, hit) = keys.lookup(subject, purpose);
     let reply: Vec<i64> = TOOLS
         .key(&key)
         .arg("peek")
@@ -36,7 +36,8 @@ pub(crate) async fn usage(
     Ok(usage_of(
         key,
         subject.scope(),
-        &set.rules,
+        &set,
+        hit.as_ref(),
         &times,
         now,
         exempt,

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mailgate::domain::{EmailAddress, IpKey, JobId, Name, Ticket};
 use mailgate::ledger::{Admission, Entry, JobRef, Ledger, MemoryLedger, RedisLedger, Verdict};
+use mailgate::limiter::overrides::Override;
 use mailgate::limiter::{Clock, Quotas, Request};
 use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
 
@@ -45,9 +46,33 @@ pub struct Built<L> {
     _cleanup: Option<RedisCleanup>,
 }
 
+/// A ledger whose overrides a test sets.
+pub trait Overridable {
+    /// Puts exactly `ovs` in force.
+    async fn put_overrides(&self, ovs: Vec<Override>);
+}
+
+impl Overridable for RedisLedger {
+    async fn put_overrides(&self, ovs: Vec<Override>) {
+        for old in self.list_overrides().await.expect("list") {
+            self.remove_override(&old.target).await.expect("remove");
+        }
+        for ov in &ovs {
+            self.add_override(ov).await.expect("add");
+        }
+        self.reload_overrides().await.expect("reload");
+    }
+}
+
+impl Overridable for MemoryLedger {
+    async fn put_overrides(&self, ovs: Vec<Override>) {
+        self.set_overrides(ovs);
+    }
+}
+
 /// Builds a fresh, empty ledger of one backend.
 pub trait Make {
-    type L: Ledger + Quotas + Clone + 'static;
+    type L: Ledger + Quotas + Overridable + Clone + 'static;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<Self::L>;
 }
 

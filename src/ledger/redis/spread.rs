@@ -18,7 +18,9 @@ use super::{
 };
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{Clock, DECIDE_LUA, Request, Rooms, RuleRef, SCOPE_LUA, Scope, Subject};
+use crate::limiter::{
+    Applied, Clock, DECIDE_LUA, Keyspace, Request, Rooms, RuleRef, SCOPE_LUA, Scope, Subject,
+};
 
 /// The scope script: the limiter's decision chunk, then `scope.lua` (whose
 /// header documents its KEYS and ARGV).
@@ -68,7 +70,7 @@ impl RedisLedger {
         clock: Clock,
     ) -> Result<Admission, LedgerError> {
         let record = self.keys.record_key(entry.job.request.id);
-        let scopes = self.keys.applicable(&entry.job.request);
+        let (scopes, by_override) = self.keys.applicable_by(&entry.job.request);
         let args = admission_args("look", entry, String::new());
         let look = self
             .enqueue(Some(clock), args, vec![record.clone()], entry.send_now)
@@ -81,7 +83,10 @@ impl RedisLedger {
         }
         match self.gather(&scopes, peeks, None).await? {
             Reservations::Held(..) => {}
-            Reservations::Rejected(rejection) => return Ok(rejection),
+            Reservations::Rejected(mut rejection) => {
+                rejection.by_override = by_override;
+                return Ok(rejection);
+            }
             Reservations::Copy => return self.look_again(entry, clock, &record).await,
         }
         // Unique per reservation: two copies of one job reserving in the same
@@ -146,6 +151,7 @@ impl RedisLedger {
         if admission.verdict == Verdict::Admitted {
             admission.shadow = shadow.map(|(_, rule)| rule);
             admission.rooms = rooms;
+            admission.by_override = by_override;
         }
         Ok(admission)
     }
@@ -157,12 +163,12 @@ impl RedisLedger {
     async fn each_scope(
         &self,
         clock: Clock,
-        scopes: &[(Scope, String, usize)],
+        scopes: &[Applied],
         id: &str,
         nonce: Option<u32>,
     ) -> Vec<Result<Reply, LedgerError>> {
-        let calls = scopes.iter().map(|(_, key, set)| {
-            let mut args: Vec<String> = (self.keys.one_rule_set_args(*set).iter())
+        let calls = scopes.iter().map(|Applied { key, set, .. }| {
+            let mut args: Vec<String> = (Keyspace::one_rule_set_args(set).iter())
                 .map(i64::to_string)
                 .collect();
             args.push(id.to_owned());
@@ -251,13 +257,20 @@ impl RedisLedger {
     /// reservations of `suffix` made are given back.
     async fn gather(
         &self,
-        scopes: &[(Scope, String, usize)],
+        scopes: &[Applied],
         replies: Vec<Result<Reply, LedgerError>>,
         suffix: Option<&str>,
     ) -> Result<Reservations, LedgerError> {
         let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
         let (mut copy, mut shadow, mut rooms) = (false, None, Rooms::default());
-        for ((scope, key, set), reply) in scopes.iter().zip(replies) {
+        for (
+            Applied {
+                scope, key, set, ..
+            },
+            reply,
+        ) in scopes.iter().zip(replies)
+        {
+            let one = [(*scope, set.clone())];
             let reply = match reply {
                 Ok(reply) => reply,
                 // A reserve whose reply was lost may have reserved: that one
@@ -275,11 +288,12 @@ impl RedisLedger {
             if reply.values[0] == 1 {
                 held.push((*scope, key.clone(), reply.now_ms));
                 let [_, wait, rule, ..] = reply.values;
-                let would_bind = u64::try_from(wait).ok().filter(|d| *d > 0).and_then(|d| {
-                    rule_named(&self.keys, &[(*scope, *set)], 1, rule).map(|rule| (d, rule))
-                });
+                let would_bind = u64::try_from(wait)
+                    .ok()
+                    .filter(|d| *d > 0)
+                    .and_then(|d| rule_named(&one, 1, rule, d).map(|rule| (d, rule)));
                 shadow = longer(shadow, would_bind);
-                if let Some(room) = room_named(&self.keys, &[(*scope, *set)], 1, &reply.rooms) {
+                if let Some(room) = room_named(&one, 1, &reply.rooms) {
                     rooms.set(room);
                 }
                 if let Some(acked) = reply.unreplicated {
@@ -304,7 +318,7 @@ impl RedisLedger {
                 Verdict::Rejected { retry_after_ms, .. } => retry_after_ms,
                 _ => 0,
             };
-            match verdict(&self.keys, &[(*scope, *set)], &values) {
+            match verdict(&one, &values) {
                 Some(verdict @ Verdict::Rejected { retry_after_ms, .. })
                     if rejected.as_ref().is_none_or(|r| retry_after_ms > wait(r)) =>
                 {

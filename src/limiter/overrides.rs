@@ -1,0 +1,605 @@
+//! Overrides: exceptions to the configured limits that support staff and
+//! operators add, list and remove at run time (`mailgate overrides`),
+//! without a redeploy.
+//!
+//! An override names one subject (an exact mailbox, a registrable domain,
+//! or an IP network) and says what happens to requests that match it:
+//! - `allow`: a mailbox's requests are not limited at all (a QA account, a
+//!   monitoring probe: nobody else is mailed through it); a domain's or a
+//!   network's are not limited by that scope (the mailboxes and the other
+//!   scopes still are, so an allowed network cannot mail-bomb a victim);
+//! - `deny`: rejected, with `retry_after_ms` the override's remaining
+//!   lifetime (or what the other rules say, if longer);
+//! - rules of its own, which replace the scope's for that subject (for
+//!   every purpose).
+//!
+//! A deny beats everything; a mailbox's allow beats the other scopes'
+//! rules. Each override has a required reason and an optional expiry.
+//!
+//! They live in one Redis hash, `<prefix>overrides`: one field per subject
+//! (a new one replaces the old), its JSON as the value, and a `~version`
+//! field bumped by each change, which every worker polls (every
+//! [`POLL`]), so a change applies within a few seconds everywhere. Expired
+//! overrides are ignored at once, and dropped from the hash by the next
+//! change.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::{CLOCK_SLACK_MS, Conn, RuleSet, Scope};
+use crate::domain::Normalization;
+use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
+use crate::settings::{MAX_PERIOD, Rule};
+
+/// How often a worker asks Redis whether the overrides changed: a change
+/// applies everywhere within this (and the poll's round trip).
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// At most this many overrides are kept: each one with rules of its own is
+/// a rule set a script call may name (`decide.lua` numbers sets with two
+/// base-64 digits, 4095 at most, and settings use up to 303).
+pub const MAX_OVERRIDES: usize = 3_000;
+
+/// The hash field holding the version.
+const VERSION: &str = "~version";
+
+/// What an override matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One mailbox, as the limiter normalizes it.
+    Email(EmailAddress),
+    /// A registrable domain (the domain scope's subject).
+    Domain(RegistrableDomain),
+    /// An IP network: every client address in it.
+    Net(IpNet),
+}
+
+impl Target {
+    /// Parses `email:<mailbox>`, `domain:<registrable domain>` or
+    /// `ip:<address or network>`.
+    pub fn parse(input: &str) -> Result<Self, OverrideError> {
+        let bad = |why: String| OverrideError::Invalid(why);
+        let (kind, value) = input
+            .split_once(':')
+            .ok_or_else(|| bad(format!("{input:?}: give email:…, domain:… or ip:…")))?;
+        match kind {
+            "email" => EmailAddress::parse(value)
+                .map(Target::Email)
+                .map_err(|e| bad(format!("email {value:?}: {e}"))),
+            "domain" => RegistrableDomain::parse_exact(value)
+                .map(Target::Domain)
+                .map_err(|e| bad(format!("domain {value:?}: {e}"))),
+            "ip" => {
+                let net = match value.parse::<IpNet>() {
+                    Ok(net) => net,
+                    Err(_) => IpKey::parse(value)
+                        .map(|ip| IpNet::from(ip.addr()))
+                        .map_err(|_| bad(format!("ip {value:?}: not an address or a network")))?,
+                };
+                // A v4-mapped v6 network is the v4 network (as client
+                // addresses are).
+                Ok(Target::Net(canonical(net)))
+            }
+            _ => Err(bad(format!(
+                "{kind:?}: an override matches email:…, domain:… or ip:…"
+            ))),
+        }
+    }
+
+    /// The scope whose subject it names.
+    pub fn scope(&self) -> Scope {
+        match self {
+            Target::Email(_) => Scope::Email,
+            Target::Domain(_) => Scope::Domain,
+            Target::Net(_) => Scope::Ip,
+        }
+    }
+
+    /// Its field in the hash, one per subject: the same mailbox spelled
+    /// twice is one field.
+    fn field(&self, norm: &Normalization) -> String {
+        match self {
+            Target::Email(e) => format!("email:{}", e.mailbox_key(norm)),
+            Target::Domain(d) => format!("domain:{d}"),
+            Target::Net(n) => format!("ip:{}", n.trunc()),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Email(e) => write!(f, "email:{e}"),
+            Target::Domain(d) => write!(f, "domain:{d}"),
+            Target::Net(n) => write!(f, "ip:{}", n.trunc()),
+        }
+    }
+}
+
+/// A network of IPv4-mapped IPv6 addresses as the IPv4 network.
+fn canonical(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
+    }
+}
+
+/// What an override does to the requests it matches.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Not limited (by any scope for a mailbox; by its own scope for a
+    /// domain or a network).
+    Allow,
+    /// Always rejected while it lasts.
+    Deny,
+    /// Judged by these rules instead of the scope's.
+    Rules(Vec<Rule>),
+}
+
+impl Action {
+    /// `allow`, `deny` or `rules`: the kind, as metrics and `list` name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+            Action::Rules(_) => "rules",
+        }
+    }
+}
+
+/// One override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// What it matches.
+    pub target: Target,
+    /// What it does.
+    pub action: Action,
+    /// Why it exists (required: whoever finds it later must know).
+    pub reason: String,
+    /// When it ends, ms since the epoch; `None`: when removed.
+    pub expires_at_ms: Option<u64>,
+    /// When it was added, ms since the epoch.
+    pub added_at_ms: u64,
+}
+
+impl Override {
+    /// Checks what the CLI cannot: a reason, rules that settings would
+    /// accept, an expiry in the future.
+    pub fn check(&self, now_ms: u64) -> Result<(), OverrideError> {
+        let bad = |why: &str| Err(OverrideError::Invalid(why.to_owned()));
+        if self.reason.trim().is_empty() || self.reason.len() > 500 {
+            return bad("an override needs a reason (1 to 500 bytes)");
+        }
+        if self.expires_at_ms.is_some_and(|t| t <= now_ms) {
+            return bad("the expiry is in the past");
+        }
+        if let Action::Rules(rules) = &self.action {
+            if rules.is_empty() || rules.len() > 16 {
+                return bad("give 1 to 16 rules");
+            }
+            if rules
+                .iter()
+                .any(|r| r.max == 0 || r.window.is_zero() || r.window > MAX_PERIOD)
+            {
+                return bad("each rule needs a max of at least 1 and a window of 1ms to 366 days");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether it still holds at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_none_or(|t| t > now_ms)
+    }
+}
+
+/// Why an override could not be read, stored or applied.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OverrideError {
+    /// What was asked makes no sense (the message says why).
+    #[error("{0}")]
+    Invalid(String),
+    /// Redis could not be reached or refused.
+    #[error("redis: {0}")]
+    Redis(Arc<::redis::RedisError>),
+}
+
+impl From<::redis::RedisError> for OverrideError {
+    fn from(e: ::redis::RedisError) -> Self {
+        OverrideError::Redis(Arc::new(e))
+    }
+}
+
+/// An override as stored in the hash.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    target: String,
+    action: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rules: Vec<StoredRule>,
+    reason: String,
+    expires_at_ms: Option<u64>,
+    added_at_ms: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredRule {
+    window_ms: u64,
+    max: u32,
+    #[serde(default = "yes")]
+    enforce: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl From<&Override> for Stored {
+    fn from(o: &Override) -> Self {
+        let rules = match &o.action {
+            Action::Rules(rules) => (rules.iter())
+                .map(|r| StoredRule {
+                    window_ms: r.window_ms(),
+                    max: r.max,
+                    enforce: r.enforce,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Stored {
+            target: o.target.to_string(),
+            action: o.action.kind().to_owned(),
+            rules,
+            reason: o.reason.clone(),
+            expires_at_ms: o.expires_at_ms,
+            added_at_ms: o.added_at_ms,
+        }
+    }
+}
+
+impl TryFrom<Stored> for Override {
+    type Error = OverrideError;
+
+    fn try_from(s: Stored) -> Result<Self, OverrideError> {
+        let action = match s.action.as_str() {
+            "allow" => Action::Allow,
+            "deny" => Action::Deny,
+            "rules" => Action::Rules(
+                (s.rules.iter())
+                    .map(|r| Rule {
+                        enforce: r.enforce,
+                        ..Rule::new(Duration::from_millis(r.window_ms), r.max)
+                    })
+                    .collect(),
+            ),
+            other => return Err(OverrideError::Invalid(format!("unknown action {other:?}"))),
+        };
+        Ok(Override {
+            target: Target::parse(&s.target)?,
+            action,
+            reason: s.reason,
+            expires_at_ms: s.expires_at_ms,
+            added_at_ms: s.added_at_ms,
+        })
+    }
+}
+
+/// What applies to one subject: the override, and the rule set it judges
+/// by (rules of its own, or a deny).
+#[derive(Debug, Clone)]
+pub(crate) struct Hit {
+    pub ov: Arc<Override>,
+    /// For rules and denies: the set, and its number among all rule sets.
+    pub set: Option<(usize, Arc<RuleSet>)>,
+}
+
+/// The overrides in force, indexed for lookups on every admission.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    /// Full email scope key → its override.
+    emails: HashMap<String, Hit>,
+    /// Full domain scope key → its override.
+    domains: HashMap<String, Hit>,
+    /// Networks, by prefix length, longest first: (length, masked net → hit).
+    nets: Vec<(u8, bool, HashMap<IpNet, Hit>)>,
+    /// How many there are.
+    len: usize,
+    /// The version of the hash this was built from.
+    pub version: Option<i64>,
+}
+
+impl Table {
+    /// Indexes `overrides` (the first of two for one subject wins).
+    /// `email_key` and `domain_key` name a subject's scope key; rule sets
+    /// are numbered from `first_set`, and a scope's keys keep admissions
+    /// for at least `keep_ms` of that scope (its longest window).
+    pub fn new(
+        overrides: Vec<Override>,
+        email_key: impl Fn(&EmailAddress) -> String,
+        domain_key: impl Fn(&RegistrableDomain) -> String,
+        first_set: usize,
+        keep_ms: impl Fn(Scope) -> u64,
+    ) -> Self {
+        let mut table = Table::default();
+        let mut next_set = first_set;
+        for ov in overrides.into_iter().take(MAX_OVERRIDES) {
+            let set = match &ov.action {
+                Action::Allow => None,
+                Action::Deny => Some(RuleSet {
+                    rules: Vec::new(),
+                    keep_ms: 1,
+                    deny_until_ms: Some(ov.expires_at_ms.unwrap_or(0)),
+                }),
+                Action::Rules(rules) => Some(RuleSet {
+                    rules: rules.clone(),
+                    keep_ms: (rules.iter().map(Rule::window_ms))
+                        .max()
+                        .unwrap_or(1)
+                        .saturating_add(CLOCK_SLACK_MS)
+                        .max(keep_ms(ov.target.scope())),
+                    deny_until_ms: None,
+                }),
+            };
+            let set = set.map(|s| {
+                next_set += 1;
+                (next_set - 1, Arc::new(s))
+            });
+            let target = ov.target.clone();
+            let hit = Hit {
+                ov: Arc::new(ov),
+                set,
+            };
+            let fresh = match target {
+                Target::Email(e) => table.emails.try_insert_hit(email_key(&e), hit),
+                Target::Domain(d) => table.domains.try_insert_hit(domain_key(&d), hit),
+                Target::Net(net) => {
+                    let (len, v4) = (net.prefix_len(), matches!(net, IpNet::V4(_)));
+                    let at = match table
+                        .nets
+                        .iter()
+                        .position(|(l, f, _)| *l == len && *f == v4)
+                    {
+                        Some(at) => at,
+                        None => {
+                            table.nets.push((len, v4, HashMap::new()));
+                            table.nets.sort_by_key(|n| std::cmp::Reverse(n.0));
+                            (table.nets.iter())
+                                .position(|(l, f, _)| *l == len && *f == v4)
+                                .unwrap_or(0)
+                        }
+                    };
+                    table.nets[at].2.try_insert_hit(net.trunc(), hit)
+                }
+            };
+            table.len += usize::from(fresh);
+        }
+        table
+    }
+
+    /// How many overrides it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether any override names a domain (else the domain of a request
+    /// need not be worked out for them).
+    pub fn has_domains(&self) -> bool {
+        !self.domains.is_empty()
+    }
+
+    /// The override of a mailbox (by its full email scope key) live at
+    /// `now_ms`.
+    pub fn email(&self, key: &str, now_ms: u64) -> Option<&Hit> {
+        self.emails.get(key).filter(|h| h.ov.live(now_ms))
+    }
+
+    /// The override of a domain (by its full domain scope key) live at
+    /// `now_ms`.
+    pub fn domain(&self, key: &str, now_ms: u64) -> Option<&Hit> {
+        self.domains.get(key).filter(|h| h.ov.live(now_ms))
+    }
+
+    /// The override of the narrowest network holding `ip` live at `now_ms`.
+    pub fn ip(&self, ip: IpAddr, now_ms: u64) -> Option<&Hit> {
+        let v4 = ip.is_ipv4();
+        self.nets
+            .iter()
+            .filter(|(_, f, _)| *f == v4)
+            .find_map(|(len, _, nets)| {
+                let net = IpNet::new(ip, *len).ok()?.trunc();
+                nets.get(&net).filter(|h| h.ov.live(now_ms))
+            })
+    }
+}
+
+trait TryInsertHit<K> {
+    /// Inserts unless the key holds one already; whether it did.
+    fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool;
+}
+
+impl<K: std::hash::Hash + Eq> TryInsertHit<K> for HashMap<K, Hit> {
+    fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool {
+        match self.entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(hit);
+                true
+            }
+        }
+    }
+}
+
+/// The overrides' hash key.
+pub(crate) fn hash_key(prefix: &str) -> String {
+    format!("{prefix}overrides")
+}
+
+/// Stores `ov` (replacing any override of the same subject), drops expired
+/// ones, and bumps the version, atomically.
+pub(crate) async fn add(
+    conn: &Conn,
+    prefix: &str,
+    norm: &Normalization,
+    ov: &Override,
+    now_ms: u64,
+) -> Result<(), OverrideError> {
+    ov.check(now_ms)?;
+    let key = hash_key(prefix);
+    let (current, _) = read(conn, &key).await?;
+    let field = ov.target.field(norm);
+    let live = current
+        .iter()
+        .filter(|(f, o)| o.live(now_ms) && *f != field)
+        .count();
+    if live >= MAX_OVERRIDES {
+        return Err(OverrideError::Invalid(format!(
+            "{MAX_OVERRIDES} overrides are in force: remove some first"
+        )));
+    }
+    let json = serde_json::to_string(&Stored::from(ov))
+        .map_err(|e| OverrideError::Invalid(e.to_string()))?;
+    let mut pipe = ::redis::pipe();
+    pipe.atomic().hset(&key, &field, json).ignore();
+    for (f, o) in &current {
+        if !o.live(now_ms) {
+            pipe.hdel(&key, f).ignore();
+        }
+    }
+    pipe.hincr(&key, VERSION, 1).ignore();
+    let () = pipe.query_async(&mut conn.clone()).await?;
+    Ok(())
+}
+
+/// Removes the override of `target`; whether there was one.
+pub(crate) async fn remove(
+    conn: &Conn,
+    prefix: &str,
+    norm: &Normalization,
+    target: &Target,
+) -> Result<bool, OverrideError> {
+    let key = hash_key(prefix);
+    let (removed, _): (i64, i64) = ::redis::pipe()
+        .atomic()
+        .hdel(&key, target.field(norm))
+        .hincr(&key, VERSION, 1)
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(removed > 0)
+}
+
+/// Every stored override (expired ones too), and the version.
+pub(crate) async fn read(
+    conn: &Conn,
+    key: &str,
+) -> Result<(Vec<(String, Override)>, Option<i64>), OverrideError> {
+    let all: HashMap<String, String> = ::redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(&mut conn.clone())
+        .await?;
+    let mut version = None;
+    let mut out = Vec::with_capacity(all.len());
+    for (field, json) in all {
+        if field == VERSION {
+            version = json.parse().ok();
+            continue;
+        }
+        let parsed = serde_json::from_str::<Stored>(&json)
+            .map_err(|e| OverrideError::Invalid(e.to_string()))
+            .and_then(Override::try_from);
+        match parsed {
+            Ok(ov) => out.push((field, ov)),
+            // One unreadable entry (written by hand, or by a later
+            // version) must not take the others down.
+            Err(e) => tracing::warn!(field, error = %e, "an override cannot be read; ignored"),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((out, version))
+}
+
+/// The version, if the hash exists.
+pub(crate) async fn version(conn: &Conn, prefix: &str) -> Result<Option<i64>, OverrideError> {
+    let v: Option<i64> = ::redis::cmd("HGET")
+        .arg(hash_key(prefix))
+        .arg(VERSION)
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_name_one_field_per_subject() {
+        let norm = Normalization::default();
+        let a = Target::parse("email:J.o.h.n+x@GMail.com").unwrap();
+        let b = Target::parse("email:john@gmail.com").unwrap();
+        assert_eq!(a.field(&norm), b.field(&norm));
+        let n = Target::parse("ip:10.1.2.3/8").unwrap();
+        assert_eq!(n.to_string(), "ip:10.0.0.0/8");
+        assert_eq!(
+            Target::parse("ip:::ffff:10.0.0.0/104").unwrap(),
+            Target::parse("ip:10.0.0.0/8").unwrap()
+        );
+        assert_eq!(
+            Target::parse("ip:2001:db8::1").unwrap().to_string(),
+            "ip:2001:db8::1/128"
+        );
+        assert!(
+            Target::parse("domain:a.b.example.co.uk").is_err(),
+            "registrable only"
+        );
+        assert!(Target::parse("domain:example.co.uk").is_ok());
+        for bad in ["x", "user:a@b.c", "ip:10.0.0.300", "email:nope"] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_narrowest_live_network_matches() {
+        let ov = |t: &str, expires: Option<u64>| Override {
+            target: Target::parse(t).unwrap(),
+            action: Action::Allow,
+            reason: "r".into(),
+            expires_at_ms: expires,
+            added_at_ms: 0,
+        };
+        let table = Table::new(
+            vec![
+                ov("ip:10.0.0.0/8", None),
+                ov("ip:10.1.0.0/16", Some(100)),
+                ov("ip:2001:db8::/32", None),
+            ],
+            |e| e.to_string(),
+            |d| d.to_string(),
+            3,
+            |_| 1,
+        );
+        let at = |ip: &str, now| {
+            table
+                .ip(ip.parse().unwrap(), now)
+                .map(|h| h.ov.target.to_string())
+        };
+        assert_eq!(at("10.1.2.3", 50).as_deref(), Some("ip:10.1.0.0/16"));
+        assert_eq!(
+            at("10.1.2.3", 100).as_deref(),
+            Some("ip:10.0.0.0/8"),
+            "expired"
+        );
+        assert_eq!(at("11.0.0.1", 50), None);
+        assert_eq!(at("2001:db8:1::9", 50).as_deref(), Some("ip:2001:db8::/32"));
+        assert_eq!(table.len(), 3);
+    }
+}
