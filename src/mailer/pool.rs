@@ -132,6 +132,13 @@ impl SmtpPool {
         idle.pop().map(|p| p.conn)
     }
 
+    /// Closes every parked connection (the relay's circuit opened: they
+    /// are most likely dead, and would cost the next sends a failed MAIL
+    /// FROM each once it closes).
+    pub(super) fn clear_idle(&self) {
+        lock(&self.idle).clear();
+    }
+
     fn park(&self, conn: Connection) {
         let since = Instant::now();
         lock(&self.idle).push(Parked { conn, since });

@@ -468,6 +468,7 @@ impl Relays {
                 "the SMTP relay's circuit opens: no mail goes to it until a probe succeeds"
             );
             telemetry::smtp_relay_circuit(&relay.name, state.gauge());
+            relay.pool.clear_idle();
             self.spawn_probe(i);
         }
         self.publish();
