@@ -113,7 +113,11 @@ impl Settings {
             .iter()
             .map(|u| ("amqp.url", *u))
             .chain([("redis.url", self.redis.url.as_str())])
-            .chain([("smtp.url", self.smtp.url.as_str())])
+            .chain(
+                url_list(&self.smtp.url)
+                    .into_iter()
+                    .map(|u| ("smtp.url", u)),
+            )
         {
             check_userinfo(key, url)?;
         }
@@ -405,9 +409,10 @@ fn default_amqp_timeout() -> Duration {
 pub struct SmtpSettings {
     /// `smtp://host:port` (STARTTLS when offered; `?tls=required` insists),
     /// `smtps://host:port` (implicit TLS), optional `user:pass@`; or
-    /// `file://DIR` to write `.eml` files instead of sending. The one-relay
-    /// shorthand for `[[smtp.relays]]`; empty when the relays are listed
-    /// there (setting both is refused).
+    /// `file://DIR` to write `.eml` files instead of sending. The shorthand
+    /// for `[[smtp.relays]]`: one relay, or several SMTP URLs separated by
+    /// commas, in order of preference, each named `host:port`; empty when
+    /// the relays are listed there (setting both is refused).
     #[serde(default)]
     pub url: String,
     /// `[[smtp.relays]]`: several relays, in order of preference, each with
@@ -505,8 +510,8 @@ impl std::fmt::Debug for Relay {
 pub const MAX_RELAYS: usize = 16;
 
 impl SmtpSettings {
-    /// The relays in order of preference: `[[smtp.relays]]`, or `smtp.url`
-    /// as the only one (named `host:port`; a `file://` URL is named
+    /// The relays in order of preference: `[[smtp.relays]]`, or those of
+    /// `smtp.url` (named `host:port`; a `file://` URL, alone, is named
     /// `outbox`). Checks what [`Settings::validate`] checks for them.
     pub fn relay_list(&self) -> Result<Vec<Relay>, SettingsError> {
         let invalid = |m: String| Err(SettingsError::Invalid(m));
@@ -527,16 +532,46 @@ impl SmtpSettings {
                 );
             }
             (false, true) => {
-                check_userinfo("smtp.url", &self.url)?;
-                let name = if self.url.starts_with("file:") {
-                    "outbox".to_owned()
-                } else {
-                    relay_address(&self.url).unwrap_or_else(|_| "smtp".to_owned())
-                };
-                return Ok(vec![Relay {
-                    name,
-                    url: self.url.clone(),
-                }]);
+                let urls = url_list(&self.url);
+                if let [url] = urls[..] {
+                    check_userinfo("smtp.url", url)?;
+                    let name = if url.starts_with("file:") {
+                        "outbox".to_owned()
+                    } else {
+                        relay_address(url).unwrap_or_else(|_| "smtp".to_owned())
+                    };
+                    return Ok(vec![Relay {
+                        name,
+                        url: url.to_owned(),
+                    }]);
+                }
+                // Several URLs separated by commas: relays in order of
+                // preference, named host:port (the way to keep every
+                // relay's credentials in MAILGATE__SMTP__URL).
+                if urls.len() > MAX_RELAYS {
+                    return invalid(format!(
+                        "smtp.url lists {} relays; at most {MAX_RELAYS}",
+                        urls.len()
+                    ));
+                }
+                let mut out: Vec<Relay> = Vec::with_capacity(urls.len());
+                for url in urls {
+                    check_userinfo("smtp.url", url)?;
+                    let name = relay_address(url).map_err(|why| {
+                        SettingsError::Invalid(format!("smtp.url {}: {why}", redact_url(url)))
+                    })?;
+                    if out.iter().any(|o| o.name == name) {
+                        return invalid(format!(
+                            "smtp.url lists {name} twice; to reach one host:port two ways, \
+                             name each under [[smtp.relays]]"
+                        ));
+                    }
+                    out.push(Relay {
+                        name,
+                        url: url.to_owned(),
+                    });
+                }
+                return Ok(out);
             }
             (true, false) => {}
         }

@@ -445,6 +445,20 @@ fn relay_settings_are_checked_and_never_show_a_password() {
         (5, Duration::from_secs(30))
     );
 
+    // Several relays in smtp.url, separated by commas: so that every
+    // relay's credentials can stay in MAILGATE__SMTP__URL.
+    let s = load(
+        "list",
+        "url = \"smtp://u:Zq8pXk2m@mx1.example.com:587?tls=required,smtps://v:Zq8pXk2m@mx2.example.com\"",
+    )
+    .unwrap();
+    let relays = s.smtp.relay_list().unwrap();
+    let names: Vec<&str> = relays.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["mx1.example.com:587", "mx2.example.com:465"]);
+    assert!(relays[1].url.starts_with("smtps://v:"));
+    assert!(!format!("{s:?} {relays:?}").contains("Zq8pXk2m"));
+    assert!(mailgate::mailer::Mailer::new(&s.smtp).is_ok());
+
     let refused = |name: &str, smtp: &str, says: &[&str]| {
         let e = load(name, smtp).expect_err(smtp);
         for s in says {
@@ -488,6 +502,16 @@ fn relay_settings_are_checked_and_never_show_a_password() {
         "[[smtp.relays]]\nurl = \"smtp://u:Zq8pXk2m@a.example.com\"\n\
          [[smtp.relays]]\nurl = \"smtp://v:Zq8pXk2m@a.example.com:25\"",
         &["both named \"a.example.com:25\""],
+    );
+    refused(
+        "list-twice",
+        "url = \"smtp://u:Zq8pXk2m@a.example.com,smtp://a.example.com:25\"",
+        &["smtp.url lists a.example.com:25 twice"],
+    );
+    refused(
+        "list-file",
+        "url = \"smtp://a.example.com,file://outbox\"",
+        &["smtp.url", "file://"],
     );
     refused(
         "password-name",

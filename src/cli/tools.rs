@@ -505,7 +505,8 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         anyhow::Ok(())
     };
     report("redis", redis.await);
-    if settings.smtp.relays.is_empty() {
+    let several = settings.smtp.relay_list().is_ok_and(|r| r.len() > 1);
+    if !several {
         report(
             "smtp",
             mailer.check().await.with_context(|| {
@@ -521,7 +522,7 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         for (name, r) in mailer.check_each().await {
             report(
                 &format!("smtp relay {name}"),
-                r.context("set its url under [[smtp.relays]]"),
+                r.context("set its url under [[smtp.relays]] or in smtp.url"),
             );
         }
     }

@@ -161,6 +161,7 @@ impl Mailer {
                 format!("smtp.relays[{i}].url")
             }
         };
+        let several = relays.len() > 1;
         let mut pools = Vec::with_capacity(relays.len());
         let mut file = None;
         for (i, relay) in relays.into_iter().enumerate() {
@@ -168,6 +169,12 @@ impl Mailer {
                 .map_err(|e| MailError::Config(format!("{}: {e}", key(i))))?;
             match url.scheme() {
                 // Only as the one relay (settings refuse it in a list).
+                "file" if several => {
+                    return Err(MailError::Config(format!(
+                        "{}: file:// cannot be one of several relays",
+                        key(i)
+                    )));
+                }
                 "file" => {
                     // `file://outbox` names ./outbox; `file:///var/mail` an absolute path.
                     let dir =
