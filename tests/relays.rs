@@ -530,3 +530,84 @@ fn relay_settings_are_checked_and_never_show_a_password() {
     );
     assert!(Path::new("config/default.toml").exists());
 }
+
+/// Only a failure before anything of the mail was handed over moves a
+/// send to the next relay: a deferred (4xx) or refused (5xx) recipient is
+/// the mail's answer, and a mail whose final dot got no reply is never
+/// offered to another relay. A 421 mid-transaction is not failed over but
+/// counts against the relay's circuit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_relay_level_failure_fails_over() {
+    use mailgate::domain::EmailAddress;
+    use mailgate::mailer::{MailError, Mailer, Outgoing};
+    let (one, two) = (SmtpSink::start(), SmtpSink::start());
+    let smtp = |failures| mailgate::settings::SmtpSettings {
+        url: String::new(),
+        relays: vec![relay(one.url(), "one"), relay(two.url(), "two")],
+        circuit: CircuitSettings {
+            failures,
+            cool_down: Duration::from_secs(60),
+        },
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(1),
+    };
+    let send = |m: Mailer, to: &'static str| async move {
+        let to = EmailAddress::parse(to).unwrap();
+        let out = Outgoing {
+            to: &to,
+            subject: "s",
+            text: "t",
+            html: None,
+        };
+        let mail = m.compose(&out).unwrap();
+        let slot = m.reserve().await;
+        m.send(slot, mail).await
+    };
+    let m = Mailer::new(&smtp(5)).unwrap();
+    assert!(send(m.clone(), "a@example.com").await.is_ok());
+    assert_eq!(
+        (one.mails().len(), two.mails().len()),
+        (1, 0),
+        "the first is preferred"
+    );
+
+    // Deferred or refused at RCPT: the mail's answer, not the relay's.
+    one.reply_with(&[451]);
+    let r = send(m.clone(), "b@example.com").await;
+    assert!(matches!(r, Err(MailError::Transient(_))), "{r:?}");
+    one.refuse("c@", 550);
+    let r = send(m.clone(), "c@example.com").await;
+    assert!(matches!(r, Err(MailError::Permanent(_))), "{r:?}");
+    assert!(two.mails().is_empty(), "nothing offered to the second");
+
+    // The final dot written and no reply within the deadline: delivery
+    // unknown, never sent again, by either relay.
+    one.set_delay(Duration::from_millis(1_500));
+    let r = send(m.clone(), "d@example.com").await;
+    assert!(matches!(r, Err(MailError::Unknown(_))), "{r:?}");
+    assert!(two.mails().is_empty());
+    one.set_delay(Duration::ZERO);
+    one.wait_for(2, Duration::from_secs(5));
+
+    // The first refuses the session (421 to EHLO, and to MAIL FROM on its
+    // parked connection): the same send goes on to the second.
+    one.set_down(true);
+    assert!(send(m.clone(), "e@example.com").await.is_ok());
+    assert_eq!(two.mails_to("e@").len(), 1);
+    assert!(one.mails_to("e@").is_empty());
+    assert_eq!(m.relay_health(), Ok(()), "the second works");
+    one.set_down(false);
+
+    // A 421 to RCPT (the server closing the session mid-transaction): not
+    // failed over, but it counts against the circuit (here 1 opens it), so
+    // the next mail goes to the second.
+    let m = Mailer::new(&smtp(1)).unwrap();
+    one.reply_with(&[421]);
+    let r = send(m.clone(), "f@example.com").await;
+    assert!(matches!(r, Err(MailError::Transient(_))), "{r:?}");
+    assert!(two.mails_to("f@").is_empty());
+    assert!(send(m.clone(), "g@example.com").await.is_ok());
+    assert_eq!(two.mails_to("g@").len(), 1);
+    assert!(one.mails_to("g@").is_empty());
+}
