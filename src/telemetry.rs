@@ -207,8 +207,8 @@ pub fn smtp_relay_up(up: bool) {
 /// so they show before its first mail.
 pub fn smtp_relay_registered(relay: &str) {
     let r = relay.to_owned();
-    metrics::counter!("mailgate_smtp_relay_sends_total", "relay" => r.clone()).absolute(0);
-    metrics::counter!("mailgate_smtp_relay_failures_total", "relay" => r.clone()).absolute(0);
+    metrics::counter!("mailgate_smtp_relay_sends_total", "relay" => r.clone()).increment(0);
+    metrics::counter!("mailgate_smtp_relay_failures_total", "relay" => r.clone()).increment(0);
     metrics::gauge!("mailgate_smtp_relay_circuit", "relay" => r).set(0.0);
 }
 
