@@ -119,7 +119,11 @@ impl Settings {
             .iter()
             .map(|u| ("amqp.url", *u))
             .chain([("redis.url", self.redis.url.as_str())])
-            .chain([("smtp.url", self.smtp.url.as_str())])
+            .chain(
+                url_list(&self.smtp.url)
+                    .into_iter()
+                    .map(|u| ("smtp.url", u)),
+            )
         {
             check_userinfo(key, url)?;
         }
@@ -191,6 +195,7 @@ impl Settings {
                 ));
             }
         }
+        self.smtp.validate()?;
         if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
             return invalid("smtp.pool_size must be 1 to 1000".into());
         }
@@ -410,8 +415,19 @@ fn default_amqp_timeout() -> Duration {
 pub struct SmtpSettings {
     /// `smtp://host:port` (STARTTLS when offered; `?tls=required` insists),
     /// `smtps://host:port` (implicit TLS), optional `user:pass@`; or
-    /// `file://DIR` to write `.eml` files instead of sending.
+    /// `file://DIR` to write `.eml` files instead of sending. The shorthand
+    /// for `[[smtp.relays]]`: one relay, or several SMTP URLs separated by
+    /// commas, in order of preference, each named `host:port`; empty when
+    /// the relays are listed there (setting both is refused).
+    #[serde(default)]
     pub url: String,
+    /// `[[smtp.relays]]`: several relays, in order of preference, each with
+    /// a circuit breaker (see [`CircuitSettings`]). Empty when `url` is set.
+    #[serde(default)]
+    pub relays: Vec<RelaySettings>,
+    /// When a relay's circuit opens, and for how long.
+    #[serde(default)]
+    pub circuit: CircuitSettings,
     /// The `From` of every mail, e.g. `Example <no-reply@example.com>`.
     pub from: String,
     /// Most SMTP connections kept open and used at once.
@@ -426,10 +442,249 @@ impl std::fmt::Debug for SmtpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SmtpSettings")
             .field("url", &redact_url(&self.url))
+            .field("relays", &self.relays)
+            .field("circuit", &self.circuit)
             .field("from", &self.from)
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
             .finish()
+    }
+}
+
+/// One `[[smtp.relays]]` entry.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySettings {
+    /// `smtp://` or `smtps://`, as `smtp.url` (not `file://`).
+    pub url: String,
+    /// The relay's name in metrics (label `relay`), logs and `/readyz`;
+    /// `host:port` by default (never the credentials).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl std::fmt::Debug for RelaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelaySettings")
+            .field("url", &redact_url(&self.url))
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// `[smtp.circuit]`: after `failures` relay-level failures in a row a
+/// relay's circuit opens for `cool_down`; then one probe (a session and
+/// NOOP) closes it again, or opens it for another `cool_down`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CircuitSettings {
+    /// Consecutive relay-level failures that open a relay's circuit.
+    pub failures: u32,
+    /// How long an open circuit waits before its probe.
+    #[serde(deserialize_with = "human_duration")]
+    pub cool_down: Duration,
+}
+
+impl Default for CircuitSettings {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cool_down: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A relay as the mailer uses it: its name and URL, checked.
+#[derive(Clone)]
+pub struct Relay {
+    /// Unique among the relays; safe to show (no credentials).
+    pub name: String,
+    /// The URL, credentials and all: never show it without [`redact_url`].
+    pub url: String,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
+}
+
+/// Most `[[smtp.relays]]`.
+pub const MAX_RELAYS: usize = 16;
+
+impl SmtpSettings {
+    /// The relays in order of preference: `[[smtp.relays]]`, or those of
+    /// `smtp.url` (named `host:port`; a `file://` URL, alone, is named
+    /// `outbox`). Checks what [`Settings::validate`] checks for them.
+    pub fn relay_list(&self) -> Result<Vec<Relay>, SettingsError> {
+        let invalid = |m: String| Err(SettingsError::Invalid(m));
+        match (self.url.is_empty(), self.relays.is_empty()) {
+            (false, false) => {
+                return invalid(
+                    "smtp.url and [[smtp.relays]] are both set; smtp.url is the shorthand for \
+                     one relay: list every relay under [[smtp.relays]] and remove smtp.url \
+                     (and MAILGATE__SMTP__URL), or keep only smtp.url"
+                        .into(),
+                );
+            }
+            (true, true) => {
+                return invalid(
+                    "no SMTP relay: set smtp.url (MAILGATE__SMTP__URL) or list relays under \
+                     [[smtp.relays]]"
+                        .into(),
+                );
+            }
+            (false, true) => {
+                let urls = url_list(&self.url);
+                if let [url] = urls[..] {
+                    check_userinfo("smtp.url", url)?;
+                    let name = if url.starts_with("file:") {
+                        "outbox".to_owned()
+                    } else {
+                        relay_address(url).unwrap_or_else(|_| "smtp".to_owned())
+                    };
+                    return Ok(vec![Relay {
+                        name,
+                        url: url.to_owned(),
+                    }]);
+                }
+                // Several URLs separated by commas: relays in order of
+                // preference, named host:port (the way to keep every
+                // relay's credentials in MAILGATE__SMTP__URL).
+                if urls.len() > MAX_RELAYS {
+                    return invalid(format!(
+                        "smtp.url lists {} relays; at most {MAX_RELAYS}",
+                        urls.len()
+                    ));
+                }
+                let mut out: Vec<Relay> = Vec::with_capacity(urls.len());
+                for url in urls {
+                    check_userinfo("smtp.url", url)?;
+                    let name = relay_address(url).map_err(|why| {
+                        SettingsError::Invalid(format!("smtp.url {}: {why}", redact_url(url)))
+                    })?;
+                    if out.iter().any(|o| o.name == name) {
+                        return invalid(format!(
+                            "smtp.url lists {name} twice; to reach one host:port two ways, \
+                             name each under [[smtp.relays]]"
+                        ));
+                    }
+                    out.push(Relay {
+                        name,
+                        url: url.to_owned(),
+                    });
+                }
+                return Ok(out);
+            }
+            (true, false) => {}
+        }
+        if self.relays.len() > MAX_RELAYS {
+            return invalid(format!(
+                "[[smtp.relays]] lists {} relays; at most {MAX_RELAYS}",
+                self.relays.len()
+            ));
+        }
+        let mut out: Vec<Relay> = Vec::with_capacity(self.relays.len());
+        for (i, r) in self.relays.iter().enumerate() {
+            let key = format!("smtp.relays[{i}].url");
+            check_userinfo(&key, &r.url)?;
+            let address = relay_address(&r.url).map_err(|why| {
+                SettingsError::Invalid(format!("{key} {}: {why}", redact_url(&r.url)))
+            })?;
+            let name = match &r.name {
+                None => address,
+                Some(name) => {
+                    let fit = !name.is_empty()
+                        && name.len() <= 64
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._-:[]".contains(c));
+                    if !fit {
+                        return invalid(format!(
+                            "smtp.relays[{i}].name {name:?}: 1 to 64 characters of letters, \
+                             digits and . _ - : [ ] (it is a metric label)"
+                        ));
+                    }
+                    // A name is shown everywhere: never the relay's password.
+                    let password = url::Url::parse(&r.url)
+                        .ok()
+                        .and_then(|u| u.password().map(str::to_owned))
+                        .filter(|p| p.len() >= 3);
+                    if password.is_some_and(|p| name.contains(&p)) {
+                        return invalid(format!(
+                            "smtp.relays[{i}].name holds the relay's password; names are \
+                             shown in metrics, logs and /readyz"
+                        ));
+                    }
+                    name.clone()
+                }
+            };
+            if let Some(j) = out.iter().position(|o| o.name == name) {
+                return invalid(format!(
+                    "smtp.relays[{j}] and smtp.relays[{i}] are both named {name:?}; give each \
+                     relay a name of its own (name = \"...\")"
+                ));
+            }
+            out.push(Relay {
+                name,
+                url: r.url.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Checks the relays and the circuit settings.
+    fn validate(&self) -> Result<(), SettingsError> {
+        self.relay_list()?;
+        let c = &self.circuit;
+        if !(1..=1_000).contains(&c.failures) {
+            return Err(SettingsError::Invalid(format!(
+                "smtp.circuit.failures is {}; it must be 1 to 1000 (relay-level failures in a \
+                 row that open a relay's circuit)",
+                c.failures
+            )));
+        }
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(3600));
+        if !(min..=max).contains(&c.cool_down) {
+            return Err(SettingsError::Invalid(format!(
+                "smtp.circuit.cool_down is {}; it must be {} to {}",
+                humantime::format_duration(c.cool_down),
+                humantime::format_duration(min),
+                humantime::format_duration(max),
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A relay URL's `host:port` (`[v6]:port`), with the scheme's default
+/// port (25, 587 with `?tls=required`, 465 for `smtps://`), or why it is
+/// not an SMTP relay URL. Never holds the credentials.
+fn relay_address(url: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
+    let required = parsed
+        .query_pairs()
+        .any(|(k, v)| k == "tls" && v == "required");
+    let default_port = match parsed.scheme() {
+        "smtps" => 465,
+        "smtp" if required => 587,
+        "smtp" => 25,
+        "file" => {
+            return Err(
+                "file:// cannot be one of several relays; use smtp.url = \"file://DIR\" alone"
+                    .into(),
+            );
+        }
+        other => return Err(format!("{other}:// is not smtp:// or smtps://")),
+    };
+    let port = parsed.port().unwrap_or(default_port);
+    match parsed.host() {
+        Some(url::Host::Ipv6(ip)) => Ok(format!("[{ip}]:{port}")),
+        Some(host) => Ok(format!("{host}:{port}")),
+        None => Err("no host".into()),
     }
 }
 

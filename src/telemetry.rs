@@ -12,7 +12,10 @@
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent`, `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
-//! | `mailgate_smtp_relay_up` | gauge | 1 while the SMTP relay works, 0 after a relay failure (connect, TLS, AUTH, greeting, MAIL FROM) until the next successful session setup or send |
+//! | `mailgate_smtp_relay_up` | gauge | 1 while some relay's circuit is closed and its latest send or session setup worked; 0 after a relay failure (connect, TLS, AUTH, greeting, MAIL FROM) on every relay, until the next successful session setup or send |
+//! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
+//! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
+//! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -201,10 +204,35 @@ pub fn mask_emails(text: &str) -> String {
     out
 }
 
-/// Whether the SMTP relay works, as [`crate::mailer::Mailer::relay_health`]
+/// Whether some SMTP relay works, as [`crate::mailer::Mailer::relay_health`]
 /// says: `mailgate_smtp_relay_up` is 1 or 0.
 pub fn smtp_relay_up(up: bool) {
     metrics::gauge!("mailgate_smtp_relay_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// A relay is set up: its counters and circuit gauge start at 0 (closed),
+/// so they show before its first mail.
+pub fn smtp_relay_registered(relay: &str) {
+    let r = relay.to_owned();
+    metrics::counter!("mailgate_smtp_relay_sends_total", "relay" => r.clone()).increment(0);
+    metrics::counter!("mailgate_smtp_relay_failures_total", "relay" => r.clone()).increment(0);
+    metrics::gauge!("mailgate_smtp_relay_circuit", "relay" => r).set(0.0);
+}
+
+/// `relay` accepted a mail.
+pub fn smtp_relay_sent(relay: &str) {
+    metrics::counter!("mailgate_smtp_relay_sends_total", "relay" => relay.to_owned()).increment(1);
+}
+
+/// `relay` failed at relay level (counted against its circuit).
+pub fn smtp_relay_failed(relay: &str) {
+    metrics::counter!("mailgate_smtp_relay_failures_total", "relay" => relay.to_owned())
+        .increment(1);
+}
+
+/// `relay`'s circuit: 0 closed, 1 half-open, 2 open.
+pub fn smtp_relay_circuit(relay: &str, state: f64) {
+    metrics::gauge!("mailgate_smtp_relay_circuit", "relay" => relay.to_owned()).set(state);
 }
 
 #[cfg(test)]

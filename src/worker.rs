@@ -287,10 +287,17 @@ impl<L: Ledger + 'static> Worker<L> {
             this.amqp_up.store(true, Ordering::Relaxed);
             this.set_broker(Some(broker.clone()));
             let up_since = Instant::now();
+            let mailer = this.pipeline.mailer();
             let stop = loop {
+                // While every SMTP relay's circuit is open no job is taken
+                // (they wait in RabbitMQ, or unacknowledged in this
+                // consumer's prefetch): taking them would only burn their
+                // attempts. A probe that closes a circuit resumes.
+                let can_send = mailer.can_send();
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
-                    next = consumers.jobs.next() => match next {
+                    () = mailer.until_can_send(), if !can_send => {}
+                    next = consumers.jobs.next(), if can_send => match next {
                         Some(Ok(delivery)) => {
                             // Finished tasks are reaped here, not as each
                             // finishes: waiting on the set would wake this
@@ -302,7 +309,7 @@ impl<L: Ledger + 'static> Worker<L> {
                         Some(Err(e)) => break lost(&e),
                         None => break closed(),
                     },
-                    next = consumers.redelivered.next() => match next {
+                    next = consumers.redelivered.next(), if can_send => match next {
                         Some(Ok(delivery)) => {
                             while tasks.try_join_next().is_some() {}
                             let (this, broker) = (this.clone(), broker.clone());
@@ -371,15 +378,36 @@ impl<L: Ledger + 'static> Worker<L> {
 
     /// Waits for jobs in flight until `deadline`. Jobs still running then
     /// are abandoned unacknowledged: closing the connection hands them back
-    /// to RabbitMQ.
+    /// to RabbitMQ. So are they at once when every job left is waiting for
+    /// an SMTP relay to take mail (every circuit open): none of them is
+    /// sending, and none would finish before a probe closes a circuit.
     async fn drain(&self, tasks: &mut JoinSet<()>, deadline: tokio::time::Instant) {
         let n = tasks.len();
         if n == 0 {
             return;
         }
         tracing::info!(in_flight = n, "finishing jobs in flight");
-        let all = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout_at(deadline, all).await.is_err() {
+        let mailer = self.pipeline.mailer();
+        let all = async {
+            loop {
+                tokio::select! {
+                    next = tasks.join_next() => if next.is_none() { return true },
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {
+                        if !mailer.can_send() && tasks.len() <= mailer.waiting_for_relay() {
+                            return false;
+                        }
+                    }
+                }
+            }
+        };
+        let finished = tokio::time::timeout_at(deadline, all).await;
+        if finished == Ok(false) {
+            tracing::info!(
+                left = tasks.len(),
+                "every job left waits for an SMTP relay: handing them back to rabbitmq"
+            );
+            tasks.abort_all();
+        } else if finished.is_err() {
             tracing::warn!(
                 left = tasks.len(),
                 timeout = ?self.settings.worker.shutdown_timeout,

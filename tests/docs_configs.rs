@@ -179,3 +179,81 @@ fn compose_pins_patched_images() {
     );
     assert!(version("rabbitmq")[0] >= 4);
 }
+
+/// The `[[smtp.relays]]` example commented in config/default.toml, and the
+/// ones in the README and the contract, are accepted in place of
+/// `smtp.url`.
+#[test]
+fn the_documented_relay_lists_are_accepted() {
+    let default = std::fs::read_to_string("config/default.toml").expect("config/default.toml");
+    // Uncomment the example and comment out `url` instead.
+    let mut in_example = false;
+    let mut lines = Vec::new();
+    for line in default.lines() {
+        if line.starts_with("# [[smtp.relays]]") {
+            in_example = true;
+        } else if !line.starts_with("# ") {
+            in_example = false;
+        }
+        if in_example {
+            lines.push(line.trim_start_matches("# ").to_owned());
+        } else if line.starts_with("url = \"file://") {
+            lines.push(format!("# {line}"));
+        } else {
+            lines.push(line.to_owned());
+        }
+    }
+    let with_relays = lines.join("\n");
+    assert!(
+        with_relays.contains("\n[[smtp.relays]]\nurl = "),
+        "{with_relays}"
+    );
+    let mut configs = vec![with_relays];
+    // The docs' TOML blocks that list relays, in the default file's place.
+    for doc in ["README.md", "docs/contract.md"] {
+        let text = std::fs::read_to_string(doc).expect("a doc");
+        let blocks: Vec<&str> = text
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|b| b.split("```").next())
+            .filter(|b| b.contains("[[smtp.relays]]"))
+            .collect();
+        assert!(!blocks.is_empty(), "{doc} shows [[smtp.relays]]");
+        for block in blocks {
+            // Indented in a list item: dedent.
+            let block: String = block
+                .lines()
+                .map(|l| format!("{}\n", l.trim_start()))
+                .collect();
+            let mut base = default.replace("url = \"file://outbox\"", "# (relays below)");
+            if block.contains("[smtp.circuit]") {
+                // The block's own circuit settings replace the file's.
+                base = base
+                    .lines()
+                    .filter(|l| {
+                        !(l.starts_with("[smtp.circuit]")
+                            || l.starts_with("failures =")
+                            || l.starts_with("cool_down ="))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+            }
+            // Appended after the last section, the block's tables stand alone.
+            configs.push(format!("{base}\n{block}"));
+        }
+    }
+    for (i, config) in configs.iter().enumerate() {
+        let path = std::env::temp_dir().join(format!(
+            "mailgate-docs-relays-{i}-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, config).unwrap();
+        let out = check_config(&[], path.to_str().unwrap());
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            out.status.success(),
+            "{config}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

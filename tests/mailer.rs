@@ -15,6 +15,8 @@ use mailgate::settings::SmtpSettings;
 fn mailer(url: &str, pool_size: u32, timeout: Duration) -> Mailer {
     Mailer::new(&SmtpSettings {
         url: url.into(),
+        relays: Vec::new(),
+        circuit: Default::default(),
         from: "Test <no-reply@example.com>".into(),
         pool_size,
         timeout,

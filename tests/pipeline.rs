@@ -92,6 +92,8 @@ impl Env {
             redis: RedisSettings::new("memory://", ""),
             smtp: SmtpSettings {
                 url: format!("file://{}", mails.display()),
+                relays: Vec::new(),
+                circuit: Default::default(),
                 from: "Acme <no-reply@acme.example>".into(),
                 pool_size: 4,
                 timeout: Duration::from_secs(5),

@@ -632,15 +632,27 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         anyhow::Ok(())
     };
     report("redis", redis.await);
-    report(
-        "smtp",
-        mailer.check().await.with_context(|| {
-            format!(
-                "SMTP at {} (set [smtp] url or MAILGATE__SMTP__URL)",
-                redact_url(&settings.smtp.url)
-            )
-        }),
-    );
+    let several = settings.smtp.relay_list().is_ok_and(|r| r.len() > 1);
+    if !several {
+        report(
+            "smtp",
+            mailer.check().await.with_context(|| {
+                format!(
+                    "SMTP at {} (set [smtp] url or MAILGATE__SMTP__URL)",
+                    redact_url(&settings.smtp.url)
+                )
+            }),
+        );
+    } else {
+        // Every relay on its own: a standby that does not work is worth
+        // knowing before it is needed.
+        for (name, r) in mailer.check_each().await {
+            report(
+                &format!("smtp relay {name}"),
+                r.context("set its url under [[smtp.relays]] or in smtp.url"),
+            );
+        }
+    }
     Ok(ok)
 }
 

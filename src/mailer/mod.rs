@@ -1,6 +1,11 @@
 //! Building and sending mail over SMTP (pooled connections, TLS via
 //! rustls), or into a folder of `.eml` files for development.
 //!
+//! Mail goes to one relay (`smtp.url`) or to several in order of
+//! preference (`[[smtp.relays]]`), each with its own connections and a
+//! circuit breaker ([`relays`]): a send fails over to the next relay only
+//! while nothing of the mail was handed over.
+//!
 //! Addresses are parsed by lettre and headers are written by lettre, never
 //! spliced as text, so no field can add a header. Every send has one deadline
 //! for the whole SMTP transaction. Failures are classified by the SMTP phase
@@ -8,6 +13,7 @@
 //! fully successful transaction ([`pool`], [`smtp`]).
 
 mod pool;
+mod relays;
 mod smtp;
 
 use std::path::PathBuf;
@@ -36,7 +42,8 @@ pub enum MailError {
     Address(String),
     /// The relay or the session is failing, whatever the mail: the
     /// connection, TLS, STARTTLS, AUTH, the greeting or EHLO (incl. 421),
-    /// MAIL FROM refused, or the deadline or an I/O error before RCPT.
+    /// MAIL FROM refused, or the deadline or an I/O error before RCPT; or
+    /// no relay's circuit is closed. Nothing of the mail was handed over.
     /// Retry later; [`Mailer::relay_health`] reports it too.
     #[error("{0}")]
     Relay(String),
@@ -87,7 +94,7 @@ pub struct Outgoing<'a> {
 
 #[derive(Clone)]
 enum Transport {
-    Smtp(Arc<pool::SmtpPool>),
+    Smtp(Arc<relays::Relays>),
     File(AsyncFileTransport<Tokio1Executor>, PathBuf),
 }
 
@@ -143,50 +150,132 @@ impl Mailer {
             .from
             .parse()
             .map_err(|e| MailError::Config(format!("smtp.from {:?}: {e}", settings.from)))?;
-        let url = url::Url::parse(&settings.url)
-            .map_err(|e| MailError::Config(format!("smtp.url: {e}")))?;
-        let transport = match url.scheme() {
-            "file" => {
-                // `file://outbox` names ./outbox; `file:///var/mail` an absolute path.
-                let dir = PathBuf::from(format!("{}{}", url.host_str().unwrap_or(""), url.path()));
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    MailError::Config(format!("smtp.url: cannot create {}: {e}", dir.display()))
-                })?;
-                Transport::File(AsyncFileTransport::new(&dir), dir)
+        let relays = settings
+            .relay_list()
+            .map_err(|e| MailError::Config(e.to_string()))?;
+        let slots = Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize));
+        let key = |i: usize| {
+            if settings.relays.is_empty() {
+                "smtp.url".to_owned()
+            } else {
+                format!("smtp.relays[{i}].url")
             }
-            "smtp" | "smtps" => {
-                let endpoint = smtp::Endpoint::from_url(&url, settings.timeout)?;
-                Transport::Smtp(Arc::new(pool::SmtpPool::new(endpoint)))
+        };
+        let several = relays.len() > 1;
+        let mut pools = Vec::with_capacity(relays.len());
+        let mut file = None;
+        for (i, relay) in relays.into_iter().enumerate() {
+            let url = url::Url::parse(&relay.url)
+                .map_err(|e| MailError::Config(format!("{}: {e}", key(i))))?;
+            match url.scheme() {
+                // Only as the one relay (settings refuse it in a list).
+                "file" if several => {
+                    return Err(MailError::Config(format!(
+                        "{}: file:// cannot be one of several relays",
+                        key(i)
+                    )));
+                }
+                "file" => {
+                    // `file://outbox` names ./outbox; `file:///var/mail` an absolute path.
+                    let dir =
+                        PathBuf::from(format!("{}{}", url.host_str().unwrap_or(""), url.path()));
+                    std::fs::create_dir_all(&dir).map_err(|e| {
+                        MailError::Config(format!(
+                            "{}: cannot create {}: {e}",
+                            key(i),
+                            dir.display()
+                        ))
+                    })?;
+                    file = Some(Transport::File(AsyncFileTransport::new(&dir), dir));
+                }
+                "smtp" | "smtps" => {
+                    let endpoint =
+                        smtp::Endpoint::from_url(&url, settings.timeout).map_err(|e| match e {
+                            MailError::Config(t) if !settings.relays.is_empty() => {
+                                MailError::Config(t.replace("smtp.url", &key(i)))
+                            }
+                            other => other,
+                        })?;
+                    pools.push((relay.name, pool::SmtpPool::new(endpoint)));
+                }
+                other => {
+                    return Err(MailError::Config(format!(
+                        "{}: unknown scheme {other:?} (smtp://, smtps:// or file://)",
+                        key(i)
+                    )));
+                }
             }
-            other => {
-                return Err(MailError::Config(format!(
-                    "smtp.url: unknown scheme {other:?} (smtp://, smtps:// or file://)"
-                )));
-            }
+        }
+        let transport = match file {
+            Some(file) => file,
+            None => Transport::Smtp(relays::Relays::new(
+                pools,
+                &settings.circuit,
+                settings.timeout,
+                slots.clone(),
+            )),
         };
         Ok(Self {
             transport,
             deadline: settings.timeout,
-            slots: Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize)),
+            slots,
             ids: Arc::new(MessageIds::new(&from)),
             from,
         })
     }
 
-    /// Waits until one of the `pool_size` connections is free. The caller
-    /// then records that its send begins and calls [`Mailer::send`], which
-    /// starts the SMTP transaction at once instead of queueing for the pool.
+    /// Waits until one of the `pool_size` connections is free and some
+    /// relay takes mail (its circuit is closed). The caller then records
+    /// that its send begins and calls [`Mailer::send`], which starts the
+    /// SMTP transaction at once instead of queueing for the pool.
     pub async fn reserve(&self) -> Slot {
-        let permit = self.slots.clone().acquire_owned().await;
-        // Acquiring fails only on a closed semaphore, and this one is never
-        // closed (no code calls `close`).
-        Slot(permit.expect("cannot fail: the slot semaphore is never closed"))
+        loop {
+            let permit = self.slots.clone().acquire_owned().await;
+            // Acquiring fails only on a closed semaphore, and this one is
+            // never closed (no code calls `close`).
+            let permit = permit.expect("cannot fail: the slot semaphore is never closed");
+            if self.can_send() {
+                return Slot(permit);
+            }
+            // Every circuit is open: wait without holding a slot (a probe
+            // needs one).
+            drop(permit);
+            self.until_can_send().await;
+        }
     }
 
-    /// A slot if one is free right now, without waiting: whether an SMTP
-    /// connection is free at this moment.
+    /// A slot if one is free right now and some relay takes mail, without
+    /// waiting: whether a send could start at this moment.
     pub fn try_reserve(&self) -> Option<Slot> {
+        if !self.can_send() {
+            return None;
+        }
         self.slots.clone().try_acquire_owned().ok().map(Slot)
+    }
+
+    /// Whether some relay takes mail: `false` while every relay's circuit
+    /// is open (always `true` for `file://`).
+    pub fn can_send(&self) -> bool {
+        match &self.transport {
+            Transport::Smtp(relays) => relays.available(),
+            Transport::File(..) => true,
+        }
+    }
+
+    /// Waits until [`Mailer::can_send`]: a probe closed a circuit.
+    pub async fn until_can_send(&self) {
+        if let Transport::Smtp(relays) = &self.transport {
+            relays.until_available().await;
+        }
+    }
+
+    /// How many [`Mailer::reserve`] calls (or others) are waiting for a
+    /// relay to take mail right now, as opposed to sending.
+    pub fn waiting_for_relay(&self) -> usize {
+        match &self.transport {
+            Transport::Smtp(relays) => relays.waiting(),
+            Transport::File(..) => 0,
+        }
     }
 
     /// Where mail goes when it is written to files instead of sent.
@@ -242,14 +331,16 @@ impl Mailer {
     }
 
     /// Sends one message on a reserved slot, within `smtp.timeout` for the
-    /// whole send (connect included). Dropping the returned future closes
-    /// the connection it was using.
+    /// whole send (connect included, every relay tried included): by the
+    /// first relay whose circuit is closed, then the next after a
+    /// relay-level failure ([`MailError::Relay`]), never after any other.
+    /// Dropping the returned future closes the connection it was using.
     pub async fn send(&self, _slot: Slot, message: Message) -> Result<(), MailError> {
         let deadline = Instant::now() + self.deadline;
         match &self.transport {
-            Transport::Smtp(pool) => {
+            Transport::Smtp(relays) => {
                 let bytes = message.formatted();
-                pool.send(message.envelope(), &bytes, deadline).await
+                relays.send(message.envelope(), &bytes, deadline).await
             }
             Transport::File(t, _) => match tokio::time::timeout_at(deadline, t.send(message)).await
             {
@@ -263,18 +354,20 @@ impl Mailer {
         }
     }
 
-    /// Whether the SMTP relay answers (or the outbox is writable), for
-    /// readiness checks: opens a new connection (the whole session setup),
+    /// Whether an SMTP relay answers (or the outbox is writable), for
+    /// readiness checks: opens a new connection (the whole session setup)
+    /// to the first relay whose circuit is closed (the next if it fails),
     /// sends NOOP and quits; every SMTP failure is [`MailError::Relay`]. The
     /// connection takes a slot, so it never exceeds `pool_size`; when every
-    /// slot is busy sending, the answer is [`Mailer::relay_health`] instead.
+    /// slot is busy sending, or no circuit is closed, the answer is
+    /// [`Mailer::relay_health`] instead.
     pub async fn check(&self) -> Result<(), MailError> {
         match &self.transport {
-            Transport::Smtp(pool) => {
+            Transport::Smtp(relays) => {
                 let Some(_slot) = self.try_reserve() else {
                     return self.relay_health().map_err(MailError::Relay);
                 };
-                pool.check(Instant::now() + self.deadline).await
+                relays.check(Instant::now() + self.deadline).await
             }
             Transport::File(_, dir) => {
                 let meta = std::fs::metadata(dir)
@@ -290,13 +383,24 @@ impl Mailer {
         }
     }
 
-    /// Whether the relay is failing, without any I/O: `Err(why)` after a
-    /// relay failure (see [`MailError::Relay`]), `Ok` from the start and
-    /// again after the next successful session setup or send. Always `Ok`
-    /// for `file://`. Also exported as the gauge `mailgate_smtp_relay_up`.
+    /// Each relay checked on its own (a session and NOOP), whatever its
+    /// circuit, by name: for `check-config --connect`. Empty for `file://`.
+    pub async fn check_each(&self) -> Vec<(String, Result<(), MailError>)> {
+        match &self.transport {
+            Transport::Smtp(relays) => relays.check_each().await,
+            Transport::File(..) => Vec::new(),
+        }
+    }
+
+    /// Whether mail can go out, without any I/O: `Ok` while some relay's
+    /// circuit is closed and its latest send or session setup worked (from
+    /// the start, and again after a successful one); else `Err` with why
+    /// (one relay: its failure; several: each one's state and failure).
+    /// Always `Ok` for `file://`. Also exported as the gauge
+    /// `mailgate_smtp_relay_up`.
     pub fn relay_health(&self) -> Result<(), String> {
         match &self.transport {
-            Transport::Smtp(pool) => pool.health(),
+            Transport::Smtp(relays) => relays.health(),
             Transport::File(..) => Ok(()),
         }
     }
@@ -309,6 +413,8 @@ mod tests {
     fn settings(url: &str) -> SmtpSettings {
         SmtpSettings {
             url: url.into(),
+            relays: Vec::new(),
+            circuit: Default::default(),
             from: "Example <no-reply@example.com>".into(),
             pool_size: 2,
             timeout: Duration::from_secs(5),

@@ -1,5 +1,4 @@
-//! The SMTP connections kept open between mails, and what the latest
-//! session setups said about the relay's health.
+//! The SMTP connections kept open between mails to one relay.
 //!
 //! How many connections exist is bounded by the caller: every send holds one
 //! of the mailer's `pool_size` slots, opens a connection only when none is
@@ -15,25 +14,31 @@ use tokio::time::Instant;
 
 use super::MailError;
 use super::smtp::{self, Connection, Endpoint, Failed};
-use crate::telemetry;
 
 /// A parked connection idle for longer than this is closed instead of
 /// reused: servers drop idle clients after a while (often 60 s–5 min), and
 /// an old connection would likely cost a failed MAIL FROM and a retry.
 const MAX_IDLE: Duration = Duration::from_secs(60);
 
-/// Idle connections to one relay, and its health.
+/// Idle connections to one relay.
 pub(super) struct SmtpPool {
     endpoint: Endpoint,
     /// Parked connections, oldest first.
     idle: Mutex<Vec<Parked>>,
-    /// `Err(why)` after a relay failure, `Ok` after a successful setup or send.
-    health: Mutex<Result<(), String>>,
 }
 
 struct Parked {
     conn: Connection,
     since: Instant,
+}
+
+/// A send or probe that failed: the error for the caller, and whether it
+/// says something about the relay rather than the mail (see
+/// [`Failed::is_relay_fault`]), so it counts against the relay's circuit.
+#[derive(Debug, Clone)]
+pub(super) struct Failure {
+    pub(super) error: MailError,
+    pub(super) relay_fault: bool,
 }
 
 /// Poisoning cannot leave these values half-updated (each update is one
@@ -43,25 +48,27 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SmtpPool {
-    /// An empty pool; the relay counts as up until a failure says otherwise.
+    /// An empty pool.
     pub(super) fn new(endpoint: Endpoint) -> Self {
-        telemetry::smtp_relay_up(true);
         Self {
             endpoint,
             idle: Mutex::new(Vec::new()),
-            health: Mutex::new(Ok(())),
         }
     }
 
     /// Sends one mail within `deadline`, on a parked connection if there is
-    /// one, else on a new one. A parked connection found dead at MAIL FROM
-    /// (nothing was accepted yet) is replaced once by a new connection.
+    /// one, else on a new one, whose session must be set up by `open_by`
+    /// (at most `deadline`: a relay that is not the last one to try gets
+    /// part of the time, so a silent one leaves time for the next). A
+    /// parked connection found dead at MAIL FROM (nothing was accepted yet)
+    /// is replaced once by a new connection.
     pub(super) async fn send(
         &self,
         envelope: &Envelope,
         message: &[u8],
+        open_by: Instant,
         deadline: Instant,
-    ) -> Result<(), MailError> {
+    ) -> Result<(), Failure> {
         let reused = match self.take_idle() {
             Some(conn) => match smtp::transaction(conn, envelope, message, deadline).await {
                 Err(failed) if failed.is_stale_connection() => {
@@ -75,13 +82,12 @@ impl SmtpPool {
         let done = match reused {
             Some(done) => done,
             None => {
-                let conn = self.open(deadline).await?;
+                let conn = self.open(open_by.min(deadline)).await?;
                 smtp::transaction(conn, envelope, message, deadline).await
             }
         };
         match done {
             Ok(conn) => {
-                self.set_health(Ok(()));
                 self.park(conn);
                 Ok(())
             }
@@ -90,7 +96,7 @@ impl SmtpPool {
     }
 
     /// Opens a new session (connect, greeting, EHLO, NOOP), then QUIT.
-    pub(super) async fn check(&self, deadline: Instant) -> Result<(), MailError> {
+    pub(super) async fn check(&self, deadline: Instant) -> Result<(), Failure> {
         let mut conn = self.open(deadline).await?;
         if let Err(failed) = smtp::noop(&mut conn, deadline).await {
             return Err(self.failed(&failed));
@@ -99,44 +105,18 @@ impl SmtpPool {
         Ok(())
     }
 
-    /// The relay's health: `Err(why)` if the latest session setup (or a
-    /// later relay-level step such as MAIL FROM) failed.
-    pub(super) fn health(&self) -> Result<(), String> {
-        lock(&self.health).clone()
+    async fn open(&self, deadline: Instant) -> Result<Connection, Failure> {
+        self.endpoint
+            .open(deadline)
+            .await
+            .map_err(|failed| self.failed(&failed))
     }
 
-    async fn open(&self, deadline: Instant) -> Result<Connection, MailError> {
-        match self.endpoint.open(deadline).await {
-            Ok(conn) => {
-                self.set_health(Ok(()));
-                Ok(conn)
-            }
-            Err(failed) => Err(self.failed(&failed)),
+    fn failed(&self, failed: &Failed) -> Failure {
+        Failure {
+            error: failed.classify(&self.endpoint),
+            relay_fault: failed.is_relay_fault(),
         }
-    }
-
-    /// Classifies a failure; a relay failure also marks the relay down.
-    fn failed(&self, failed: &Failed) -> MailError {
-        let error = failed.classify(&self.endpoint);
-        if let MailError::Relay(why) = &error {
-            self.set_health(Err(why.clone()));
-        }
-        error
-    }
-
-    fn set_health(&self, now: Result<(), String>) {
-        let mut health = lock(&self.health);
-        if *health == now {
-            return;
-        }
-        match &now {
-            Ok(()) => tracing::info!("the SMTP relay works again"),
-            Err(why) => {
-                tracing::warn!(error = %telemetry::mask_emails(why), "the SMTP relay is failing")
-            }
-        }
-        telemetry::smtp_relay_up(now.is_ok());
-        *health = now;
     }
 
     /// The most recently parked connection, closing those idle too long.
@@ -150,6 +130,13 @@ impl SmtpPool {
         // Dropping closes them; they are not worth a QUIT round trip.
         idle.drain(..fresh);
         idle.pop().map(|p| p.conn)
+    }
+
+    /// Closes every parked connection (the relay's circuit opened: they
+    /// are most likely dead, and would cost the next sends a failed MAIL
+    /// FROM each once it closes).
+    pub(super) fn clear_idle(&self) {
+        lock(&self.idle).clear();
     }
 
     fn park(&self, conn: Connection) {

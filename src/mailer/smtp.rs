@@ -474,6 +474,22 @@ impl Failed {
             && matches!(self.fault, Fault::Broken(_) | Fault::Reply(421, _))
     }
 
+    /// Whether this failure is the relay's rather than the mail's, so it
+    /// counts against the relay's circuit: every [`MailError::Relay`]
+    /// (session setup, MAIL FROM), and, later in the transaction, a 421
+    /// (the server is closing the session: it is going down, whatever the
+    /// mail) or a connection that broke or went silent (I/O error, EOF, the
+    /// deadline), before or after the final dot. A 4xx or 5xx reply to RCPT,
+    /// DATA or the message other than 421 is about the mail and does not
+    /// count; nor does a mail this server cannot take (SMTPUTF8, 8BITMIME).
+    pub(super) fn is_relay_fault(&self) -> bool {
+        self.phase <= Phase::MailFrom
+            || matches!(
+                self.fault,
+                Fault::Broken(_) | Fault::Deadline | Fault::Reply(421, _)
+            )
+    }
+
     /// The error for the caller, by phase:
     ///
     /// | phase | 4xx | 5xx | I/O, EOF, deadline | unsupported |
@@ -618,6 +634,27 @@ mod tests {
             tls.classify(&e).to_string(),
             "relay: STARTTLS required but not offered by mail.example.com:587"
         );
+    }
+
+    #[test]
+    fn relay_faults_are_the_sessions_never_the_mails() {
+        use Phase::*;
+        let f = |phase, fault| Failed { phase, fault }.is_relay_fault();
+        for phase in [Connect, StartTls, Auth, Noop, MailFrom] {
+            assert!(f(phase, Fault::Reply(550, "x".into())), "{phase:?}");
+            assert!(f(phase, Fault::Unsupported("x".into())), "{phase:?}");
+        }
+        for phase in [Rcpt, Data, EndOfData] {
+            assert!(!f(phase, Fault::Reply(451, "x".into())), "{phase:?}");
+            assert!(!f(phase, Fault::Reply(550, "x".into())), "{phase:?}");
+            assert!(f(phase, Fault::Reply(421, "x".into())), "{phase:?}");
+        }
+        for phase in [Rcpt, Data, Message, EndOfData] {
+            assert!(f(phase, Fault::Broken("eof".into())), "{phase:?}");
+            assert!(f(phase, Fault::Deadline), "{phase:?}");
+        }
+        assert!(!f(Rcpt, Fault::Unsupported("SMTPUTF8".into())));
+        assert!(!f(Data, Fault::Unsupported("8BITMIME".into())));
     }
 
     #[test]

@@ -97,6 +97,8 @@ impl Harness {
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {
                 url: sink.url(),
+                relays: Vec::new(),
+                circuit: Default::default(),
                 from: "Acme <no-reply@acme.example>".into(),
                 pool_size: 4,
                 timeout: Duration::from_secs(5),

@@ -31,6 +31,10 @@ struct State {
     /// How long to take before answering the end of DATA.
     delay: Duration,
     transactions: u64,
+    /// Going down: EHLO and MAIL FROM are answered 421 (the server is
+    /// closing the session), so no new transaction begins; those past MAIL
+    /// FROM finish.
+    down: bool,
 }
 
 #[derive(Clone)]
@@ -42,7 +46,17 @@ struct Session {
 }
 
 impl Handler for Session {
+    fn helo(&mut self, _ip: IpAddr, _domain: &str) -> Response {
+        if self.state.lock().unwrap().down {
+            return Response::custom(421, "going down (the test)".to_owned());
+        }
+        response::OK
+    }
+
     fn mail(&mut self, _ip: IpAddr, _domain: &str, from: &str) -> Response {
+        if self.state.lock().unwrap().down {
+            return Response::custom(421, "going down (the test)".to_owned());
+        }
         self.from = from.to_owned();
         self.to.clear();
         self.data.clear();
@@ -133,6 +147,12 @@ impl SmtpSink {
             .unwrap()
             .refuse_rcpt
             .push((needle.to_owned(), code));
+    }
+
+    /// Down (`true`): every new session and transaction is refused with
+    /// 421, as by a server shutting down; back up with `false`.
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().unwrap().down = down;
     }
 
     /// Each mail takes this long to accept.

@@ -1,0 +1,613 @@
+//! Several SMTP relays with a circuit breaker (`[[smtp.relays]]`), against
+//! real in-process SMTP servers: failover when the preferred relay dies
+//! mid-load, no job taken while every relay's circuit is open, and the
+//! settings that describe them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::harness::{Harness, http_get};
+use common::smtp::{ProxyMode, SmtpProxy, SmtpSink};
+use mailgate::settings::{CircuitSettings, RelaySettings, Settings};
+use serde_json::{Value, json};
+
+fn relay(url: String, name: &str) -> RelaySettings {
+    RelaySettings {
+        url: format!("{url}?tls=none"),
+        name: Some(name.to_owned()),
+    }
+}
+
+/// A relay that can die and come back on the same port: a proxy (which
+/// refuses new connections while dead) in front of a sink (which answers
+/// 421 on the connections it already has).
+struct Mortal {
+    sink: SmtpSink,
+    proxy: SmtpProxy,
+}
+
+impl Mortal {
+    fn start() -> Self {
+        let sink = SmtpSink::start();
+        let proxy = SmtpProxy::start(sink.port);
+        Self { sink, proxy }
+    }
+
+    fn url(&self) -> String {
+        self.proxy.url()
+    }
+
+    fn die(&self) {
+        self.proxy.set(ProxyMode::Refuse);
+        self.sink.set_down(true);
+    }
+
+    fn revive(&self) {
+        self.sink.set_down(false);
+        self.proxy.set(ProxyMode::Forward);
+    }
+}
+
+/// Every result for `ids` (all of them, within `timeout`), then any late
+/// repeat within a second, by id.
+async fn results_for(
+    h: &Harness,
+    ids: &[String],
+    timeout: Duration,
+) -> BTreeMap<String, Vec<Value>> {
+    let deadline = Instant::now() + timeout;
+    let mut by_id: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let q = h.settings.amqp.results_queue.clone();
+    let mut quiet_until = None;
+    loop {
+        let missing = ids.iter().filter(|i| !by_id.contains_key(*i)).count();
+        if missing == 0 {
+            let until = *quiet_until.get_or_insert_with(|| Instant::now() + Duration::from_secs(1));
+            if Instant::now() >= until {
+                return by_id;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            missing == 0 || !left.is_zero(),
+            "results missing for {:?}",
+            ids.iter()
+                .filter(|i| !by_id.contains_key(*i))
+                .collect::<Vec<_>>()
+        );
+        if let Some((body, _)) = h.next_on(&q, Duration::from_millis(200)).await {
+            let r: Value = serde_json::from_slice(&body).unwrap();
+            by_id
+                .entry(r["id"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(r);
+        }
+    }
+}
+
+/// The value of the sample `name` (labels included) on `/metrics`.
+async fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until `cond` holds, or panics with `what` after `timeout`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + timeout;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn job(id: &str, n: usize) -> Value {
+    // A domain per mailbox: the domain scope's 50 per 10 min stays out of it.
+    json!({"id": id, "email": format!("u{n}@example{n}.com"), "code": "1"})
+}
+
+fn mailbox(n: usize) -> String {
+    format!("u{n}@example{n}.com")
+}
+
+/// The issue's test: two relays, the preferred one dies mid-load. Every job
+/// is answered `sent` once and mailed once, by one of them; the first
+/// relay's circuit opens and the second takes the load; the first comes
+/// back, a probe closes its circuit, and it gets the traffic again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_relay_dies_mid_load_and_every_job_is_sent_once_by_one_of_them() {
+    let first = Mortal::start();
+    let second = SmtpSink::start();
+    let (first_url, second_url) = (first.url(), second.url());
+    let h = Harness::with("relays-failover", |s| {
+        s.smtp.url = String::new();
+        s.smtp.relays = vec![relay(first_url, "first"), relay(second_url, "second")];
+        s.smtp.circuit = CircuitSettings {
+            failures: 3,
+            cool_down: Duration::from_millis(500),
+        };
+        s.amqp.prefetch = 32;
+    })
+    .await;
+    // Slow enough that the load is still running when the first dies.
+    first.sink.set_delay(Duration::from_millis(10));
+    second.set_delay(Duration::from_millis(10));
+    let w = h.start_worker().await;
+    let n = 200;
+    let ids: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        h.publish(&job(id, i)).await;
+    }
+    first.sink.wait_for(40, Duration::from_secs(30));
+    first.die();
+    let died_with = first.sink.mails().len();
+    let results = results_for(&h, &ids, Duration::from_secs(60)).await;
+    let mut attempts = BTreeMap::new();
+    for (id, rs) in &results {
+        assert_eq!(rs.len(), 1, "{id}: one result, {rs:?}");
+        assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
+        *attempts
+            .entry(rs[0]["attempts"].as_u64().unwrap())
+            .or_insert(0) += 1;
+    }
+    for i in 0..n {
+        let (a, b) = (
+            first.sink.mails_to(&mailbox(i)).len(),
+            second.mails_to(&mailbox(i)).len(),
+        );
+        assert_eq!(
+            a + b,
+            1,
+            "{}: {a} mails by the first, {b} by the second",
+            mailbox(i)
+        );
+    }
+    let (by_first, by_second) = (first.sink.mails().len(), second.mails().len());
+    assert!(by_first < n && by_second > 0, "{by_first} and {by_second}");
+    let (_, metrics) = http_get(w.http, "/metrics").await;
+    let m = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+    };
+    assert_eq!(
+        m(r#"mailgate_smtp_relay_sends_total{relay="second"}"#),
+        Some(by_second as f64),
+        "{metrics}"
+    );
+    assert_eq!(
+        m(r#"mailgate_smtp_relay_sends_total{relay="first"}"#),
+        Some(by_first as f64)
+    );
+    assert!(m(r#"mailgate_smtp_relay_failures_total{relay="first"}"#) >= Some(3.0));
+    assert_ne!(
+        m(r#"mailgate_smtp_relay_circuit{relay="first"}"#),
+        Some(0.0),
+        "the first's circuit is open or half-open"
+    );
+    assert_eq!(
+        m(r#"mailgate_smtp_relay_circuit{relay="second"}"#),
+        Some(0.0)
+    );
+    assert_eq!(m("mailgate_smtp_relay_up"), Some(1.0));
+    // Ready: the second takes mail.
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    eprintln!(
+        "RELAYS failover jobs={n} lost=0 mailed_twice=0 first={by_first} (died with \
+         {died_with}) second={by_second} attempts={attempts:?}"
+    );
+
+    // The first comes back: a probe closes its circuit, and, preferred, it
+    // takes the next jobs.
+    first.revive();
+    eventually(
+        "the first relay's circuit closes",
+        Duration::from_secs(10),
+        || async {
+            metric(w.http, r#"mailgate_smtp_relay_circuit{relay="first"}"#).await == Some(0.0)
+        },
+    )
+    .await;
+    let later: Vec<String> = (n..n + 20).map(|i| format!("f{i}")).collect();
+    for (i, id) in later.iter().enumerate() {
+        h.publish(&job(id, n + i)).await;
+    }
+    let results = results_for(&h, &later, Duration::from_secs(30)).await;
+    assert!(
+        results
+            .values()
+            .all(|rs| rs.len() == 1 && rs[0]["status"] == "sent"),
+        "{results:?}"
+    );
+    for i in n..n + 20 {
+        assert_eq!(
+            first.sink.mails_to(&mailbox(i)).len(),
+            1,
+            "{} went to the first relay again",
+            mailbox(i)
+        );
+        assert!(second.mails_to(&mailbox(i)).is_empty());
+    }
+    w.stop().await.unwrap();
+}
+
+/// Every relay down: the sends that find them failing open their circuits,
+/// after which the worker takes no job: none is answered `failed`, only
+/// the sends that found the relays failing used an attempt (one each),
+/// and `/readyz` says why. One relay comes back, a probe closes its
+/// circuit, and the worker resumes on its own: every job sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_relay_down_no_job_is_failed_and_the_worker_resumes_on_its_own() {
+    let (a, b) = (Mortal::start(), Mortal::start());
+    a.die();
+    b.die();
+    let (a_url, b_url) = (a.url(), b.url());
+    let h = Harness::with("relays-alldown", |s| {
+        s.smtp.url = String::new();
+        s.smtp.relays = vec![relay(a_url, "a"), relay(b_url, "b")];
+        s.smtp.circuit = CircuitSettings {
+            failures: 2,
+            cool_down: Duration::from_millis(500),
+        };
+        // Three attempts: a job whose attempts were burned would be
+        // answered `failed` within the outage.
+        s.retry.max_attempts = 3;
+    })
+    .await;
+    let w = h.start_worker().await;
+    let n = 30;
+    let ids: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        h.publish(&job(id, i)).await;
+    }
+    eventually("both circuits open", Duration::from_secs(10), || async {
+        metric(w.http, r#"mailgate_smtp_relay_circuit{relay="a"}"#).await == Some(2.0)
+            && metric(w.http, r#"mailgate_smtp_relay_circuit{relay="b"}"#).await == Some(2.0)
+    })
+    .await;
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("smtp: no SMTP relay takes mail")
+            && body.contains("a (circuit open")
+            && body.contains("b (circuit open"),
+        "{body}"
+    );
+    assert_eq!(metric(w.http, "mailgate_smtp_relay_up").await, Some(0.0));
+    // A few seconds of outage (several cool-downs, several failed probes):
+    // nothing is answered.
+    h.no_more_results(Duration::from_secs(3)).await;
+    let probes = metric(w.http, r#"mailgate_smtp_relay_failures_total{relay="b"}"#)
+        .await
+        .unwrap();
+    assert!(probes >= 3.0, "the probes keep trying: {probes}");
+
+    b.revive();
+    let back = Instant::now();
+    let results = results_for(&h, &ids, Duration::from_secs(60)).await;
+    let recovery = back.elapsed();
+    let mut burned = 0;
+    for (id, rs) in &results {
+        assert_eq!(rs.len(), 1, "{id}: {rs:?}");
+        assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
+        let attempts = rs[0]["attempts"].as_u64().unwrap();
+        assert!(attempts <= 2, "{id}: {attempts} attempts");
+        burned += attempts - 1;
+    }
+    // Only the sends that found the relays failing burned an attempt: the
+    // last relay's `failures` that opened its circuit, at most, and those
+    // under way on the other connections of the pool then.
+    let bound = h.settings.smtp.circuit.failures + h.settings.smtp.pool_size - 1;
+    assert!(burned <= u64::from(bound), "{burned} attempts burned");
+    for i in 0..n {
+        assert_eq!(b.sink.mails_to(&mailbox(i)).len(), 1, "{}", mailbox(i));
+    }
+    assert!(a.sink.mails().is_empty());
+    let (status, body) = http_get(w.http, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    eprintln!(
+        "RELAYS all-down jobs={n} lost=0 mailed_twice=0 failed=0 attempts_burned={burned} \
+         recovery_ms={}",
+        recovery.as_millis()
+    );
+    w.stop().await.unwrap();
+}
+
+/// A worker stopped while every relay's circuit is open returns at once
+/// (not after `worker.shutdown_timeout`): the jobs waiting for a relay are
+/// handed back unacknowledged, and the next worker sends each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_for_a_relay_stops_at_once_and_loses_no_job() {
+    let a = Mortal::start();
+    a.die();
+    let url = a.url();
+    let h = Harness::with("relays-stop", |s| {
+        s.smtp.url = String::new();
+        s.smtp.relays = vec![relay(url, "a")];
+        s.smtp.circuit = CircuitSettings {
+            failures: 1,
+            cool_down: Duration::from_secs(60),
+        };
+        s.worker.shutdown_timeout = Duration::from_secs(20);
+        // Jobs admitted and handed back are taken over once it lapses.
+        s.limits.send_lease = Duration::from_secs(11);
+    })
+    .await;
+    let w = h.start_worker().await;
+    let n = 10;
+    let ids: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        h.publish(&job(id, i)).await;
+    }
+    eventually("the circuit opens", Duration::from_secs(10), || async {
+        metric(w.http, r#"mailgate_smtp_relay_circuit{relay="a"}"#).await == Some(2.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopping = Instant::now();
+    w.stop().await.unwrap();
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(5), "stopped in {took:?}");
+    h.no_more_results(Duration::from_millis(500)).await;
+
+    // The relay is back; a new worker (a fresh circuit) sends them all.
+    a.revive();
+    let w = h.start_worker().await;
+    let results = results_for(&h, &ids, Duration::from_secs(60)).await;
+    for (id, rs) in &results {
+        assert_eq!(rs.len(), 1, "{id}: {rs:?}");
+        assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
+    }
+    for i in 0..n {
+        assert_eq!(a.sink.mails_to(&mailbox(i)).len(), 1, "{}", mailbox(i));
+    }
+    eprintln!(
+        "RELAYS stop-while-open jobs={n} lost=0 mailed_twice=0 stopped_ms={}",
+        took.as_millis()
+    );
+    w.stop().await.unwrap();
+}
+
+/// A config file under the system's temporary directory.
+struct TempConfig(PathBuf);
+
+impl TempConfig {
+    fn new(name: &str, smtp: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "mailgate-relays-{name}-{}.toml",
+            std::process::id()
+        ));
+        let text = format!(
+            "[amqp]\nurl = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n\
+             [redis]\nurl = \"memory://\"\n\
+             [smtp]\nfrom = \"Example <no-reply@example.com>\"\n{smtp}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn load(&self) -> Result<Settings, String> {
+        Settings::load(&self.0).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn load(name: &str, smtp: &str) -> Result<Settings, String> {
+    TempConfig::new(name, smtp).load()
+}
+
+#[test]
+fn relay_settings_are_checked_and_never_show_a_password() {
+    // Two relays: names default to host:port, never the credentials.
+    let s = load(
+        "ok",
+        "[[smtp.relays]]\nurl = \"smtp://user:Zq8pXk2m@mx1.example.com:2525?tls=required\"\n\
+         [[smtp.relays]]\nurl = \"smtps://user:Zq8pXk2m@[2001:db8::1]\"\n\
+         [[smtp.relays]]\nurl = \"smtp://mx3.example.com?tls=required\"\nname = \"backup\"\n\
+         [smtp.circuit]\nfailures = 3\ncool_down = \"10s\"\n",
+    )
+    .expect("loads");
+    let relays = s.smtp.relay_list().unwrap();
+    let names: Vec<&str> = relays.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["mx1.example.com:2525", "[2001:db8::1]:465", "backup"]
+    );
+    assert_eq!(s.smtp.circuit.failures, 3);
+    assert_eq!(s.smtp.circuit.cool_down, Duration::from_secs(10));
+    let shown = format!("{s:?} {relays:?}");
+    assert!(!shown.contains("Zq8pXk2m"), "{shown}");
+    assert!(
+        shown.contains("smtp://user:***@mx1.example.com:2525"),
+        "{shown}"
+    );
+
+    // The one-relay shorthand still works, with default circuit settings.
+    let s = load("short", "url = \"smtp://u:Zq8pXk2m@mail.example.com\"").unwrap();
+    let relays = s.smtp.relay_list().unwrap();
+    assert_eq!(relays.len(), 1);
+    assert_eq!(relays[0].name, "mail.example.com:25");
+    assert_eq!(
+        (s.smtp.circuit.failures, s.smtp.circuit.cool_down),
+        (5, Duration::from_secs(30))
+    );
+
+    // Several relays in smtp.url, separated by commas: so that every
+    // relay's credentials can stay in MAILGATE__SMTP__URL.
+    let s = load(
+        "list",
+        "url = \"smtp://u:Zq8pXk2m@mx1.example.com:587?tls=required,smtps://v:Zq8pXk2m@mx2.example.com\"",
+    )
+    .unwrap();
+    let relays = s.smtp.relay_list().unwrap();
+    let names: Vec<&str> = relays.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["mx1.example.com:587", "mx2.example.com:465"]);
+    assert!(relays[1].url.starts_with("smtps://v:"));
+    assert!(!format!("{s:?} {relays:?}").contains("Zq8pXk2m"));
+    assert!(mailgate::mailer::Mailer::new(&s.smtp).is_ok());
+
+    let refused = |name: &str, smtp: &str, says: &[&str]| {
+        let e = load(name, smtp).expect_err(smtp);
+        for s in says {
+            assert!(e.contains(s), "{smtp}: {e}");
+        }
+        assert!(!e.contains("Zq8pXk2m"), "{e}");
+    };
+    refused(
+        "both",
+        "url = \"smtp://a.example.com\"\n[[smtp.relays]]\nurl = \"smtp://b.example.com\"",
+        &["smtp.url and [[smtp.relays]] are both set"],
+    );
+    refused("neither", "", &["smtp.url", "[[smtp.relays]]"]);
+    refused(
+        "failures",
+        "url = \"smtp://a.example.com\"\n[smtp.circuit]\nfailures = 0",
+        &["smtp.circuit.failures is 0"],
+    );
+    refused(
+        "cooldown",
+        "url = \"smtp://a.example.com\"\n[smtp.circuit]\ncool_down = \"10ms\"",
+        &["smtp.circuit.cool_down is 10ms"],
+    );
+    refused(
+        "cooldown-unknown",
+        "url = \"smtp://a.example.com\"\n[smtp.circuit]\nopen_for = \"1s\"",
+        &["open_for"],
+    );
+    refused(
+        "file",
+        "[[smtp.relays]]\nurl = \"file://outbox\"",
+        &["smtp.relays[0].url", "file://"],
+    );
+    refused(
+        "scheme",
+        "[[smtp.relays]]\nurl = \"http://u:Zq8pXk2m@a.example.com\"",
+        &["smtp.relays[0].url", "http://"],
+    );
+    refused(
+        "dup",
+        "[[smtp.relays]]\nurl = \"smtp://u:Zq8pXk2m@a.example.com\"\n\
+         [[smtp.relays]]\nurl = \"smtp://v:Zq8pXk2m@a.example.com:25\"",
+        &["both named \"a.example.com:25\""],
+    );
+    refused(
+        "list-twice",
+        "url = \"smtp://u:Zq8pXk2m@a.example.com,smtp://a.example.com:25\"",
+        &["smtp.url lists a.example.com:25 twice"],
+    );
+    refused(
+        "list-file",
+        "url = \"smtp://a.example.com,file://outbox\"",
+        &["smtp.url", "file://"],
+    );
+    refused(
+        "password-name",
+        "[[smtp.relays]]\nurl = \"smtp://u:Zq8pXk2m@a.example.com\"\nname = \"a-Zq8pXk2m\"",
+        &["smtp.relays[0].name holds the relay's password"],
+    );
+    refused(
+        "bad-name",
+        "[[smtp.relays]]\nurl = \"smtp://a.example.com\"\nname = \"a b\"",
+        &["smtp.relays[0].name"],
+    );
+    refused(
+        "userinfo",
+        "[[smtp.relays]]\nurl = \"smtp://u:Zq8p/Xk2m@a.example.com\"",
+        &["smtp.relays[0].url", "percent-encode"],
+    );
+    assert!(Path::new("config/default.toml").exists());
+}
+
+/// Only a failure before anything of the mail was handed over moves a
+/// send to the next relay: a deferred (4xx) or refused (5xx) recipient is
+/// the mail's answer, and a mail whose final dot got no reply is never
+/// offered to another relay. A 421 mid-transaction is not failed over but
+/// counts against the relay's circuit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_relay_level_failure_fails_over() {
+    use mailgate::domain::EmailAddress;
+    use mailgate::mailer::{MailError, Mailer, Outgoing};
+    let (one, two) = (SmtpSink::start(), SmtpSink::start());
+    let smtp = |failures| mailgate::settings::SmtpSettings {
+        url: String::new(),
+        relays: vec![relay(one.url(), "one"), relay(two.url(), "two")],
+        circuit: CircuitSettings {
+            failures,
+            cool_down: Duration::from_secs(60),
+        },
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(1),
+    };
+    let send = |m: Mailer, to: &'static str| async move {
+        let to = EmailAddress::parse(to).unwrap();
+        let out = Outgoing {
+            to: &to,
+            subject: "s",
+            text: "t",
+            html: None,
+        };
+        let mail = m.compose(&out).unwrap();
+        let slot = m.reserve().await;
+        m.send(slot, mail).await
+    };
+    let m = Mailer::new(&smtp(5)).unwrap();
+    assert!(send(m.clone(), "a@example.com").await.is_ok());
+    assert_eq!(
+        (one.mails().len(), two.mails().len()),
+        (1, 0),
+        "the first is preferred"
+    );
+
+    // Deferred or refused at RCPT: the mail's answer, not the relay's.
+    one.reply_with(&[451]);
+    let r = send(m.clone(), "b@example.com").await;
+    assert!(matches!(r, Err(MailError::Transient(_))), "{r:?}");
+    one.refuse("c@", 550);
+    let r = send(m.clone(), "c@example.com").await;
+    assert!(matches!(r, Err(MailError::Permanent(_))), "{r:?}");
+    assert!(two.mails().is_empty(), "nothing offered to the second");
+
+    // The final dot written and no reply within the deadline: delivery
+    // unknown, never sent again, by either relay.
+    one.set_delay(Duration::from_millis(1_500));
+    let r = send(m.clone(), "d@example.com").await;
+    assert!(matches!(r, Err(MailError::Unknown(_))), "{r:?}");
+    assert!(two.mails().is_empty());
+    one.set_delay(Duration::ZERO);
+    one.wait_for(2, Duration::from_secs(5));
+
+    // The first refuses the session (421 to EHLO, and to MAIL FROM on its
+    // parked connection): the same send goes on to the second.
+    one.set_down(true);
+    assert!(send(m.clone(), "e@example.com").await.is_ok());
+    assert_eq!(two.mails_to("e@").len(), 1);
+    assert!(one.mails_to("e@").is_empty());
+    assert_eq!(m.relay_health(), Ok(()), "the second works");
+    one.set_down(false);
+
+    // A 421 to RCPT (the server closing the session mid-transaction): not
+    // failed over, but it counts against the circuit (here 1 opens it), so
+    // the next mail goes to the second.
+    let m = Mailer::new(&smtp(1)).unwrap();
+    one.reply_with(&[421]);
+    let r = send(m.clone(), "f@example.com").await;
+    assert!(matches!(r, Err(MailError::Transient(_))), "{r:?}");
+    assert!(two.mails_to("f@").is_empty());
+    assert!(send(m.clone(), "g@example.com").await.is_ok());
+    assert_eq!(two.mails_to("g@").len(), 1);
+    assert!(one.mails_to("g@").is_empty());
+}
