@@ -28,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mailgate::domain::{EmailAddress, IpKey, JobId, Ticket};
 use mailgate::ledger::{Entry, JobRef, Ledger, RedisLedger, Verdict};
+use mailgate::limiter::overrides::{Action, Override, Target};
 use mailgate::limiter::{Clock, Request};
 use mailgate::settings::{LimitSettings, RedisSettings};
 use redis::aio::ConnectionManager;
@@ -54,6 +55,40 @@ fn with_domain_scope() -> LimitSettings {
         },
         ..LimitSettings::default()
     }
+}
+
+/// 1 000 overrides, as a busy support team might hold: 400 QA mailboxes
+/// allowed, 300 networks and 200 domains with rules of their own, none of
+/// which the workload sends to; and 100 of the workload's networks (one
+/// in ten) with rules of their own, the defaults again, so the decisions
+/// stay those of the plain arm while batches carry override sets.
+fn thousand_overrides() -> Vec<Override> {
+    let now = mailgate::domain::now_ms();
+    let ov = |target: String, action: Action| Override {
+        target: Target::parse(&target).expect("target"),
+        action,
+        reason: "bench".into(),
+        expires_at_ms: None,
+        added_at_ms: now,
+    };
+    let rules = |rs: &[(u64, u32)]| {
+        Action::Rules(
+            rs.iter()
+                .map(|&(s, n)| mailgate::settings::Rule::new(Duration::from_secs(s), n))
+                .collect(),
+        )
+    };
+    let mut all = Vec::with_capacity(1000);
+    all.extend((0..400).map(|i| ov(format!("email:qa{i}@qa.example"), Action::Allow)));
+    all.extend((0..300).map(|i| ov(format!("ip:172.16.{i}.0/24"), rules(&[(3600, 500)]))));
+    all.extend((0..200).map(|i| ov(format!("domain:o{i}.example"), rules(&[(600, 5)]))));
+    // The workload's networks 10.<i/250>.<i%250>.1: one in ten.
+    all.extend((0..100).map(|k| {
+        let i = k * 10;
+        let net = format!("ip:10.{}.{}.0/24", i / 250, i % 250);
+        ov(net, rules(&[(60, 5), (600, 30), (3600, 50)]))
+    }));
+    all
 }
 
 /// Article 003's script as published, except `oldestTimestamp` is checked for
@@ -330,9 +365,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (ours, with_domain, theirs) = rt.block_on(async {
+    let (ours, with_domain, with_overrides, theirs) = rt.block_on(async {
         let pool = Arc::new(Pool::new());
-        let (mut ours, mut with_domain, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ours, mut with_domain, mut with_overrides, mut theirs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for run in 0..rounds {
             // Each round starts from empty key spaces, so every round sees the same mix.
             let round_prefix = format!("{prefix}{run}:");
@@ -367,22 +403,42 @@ fn main() {
                 std::slice::from_ref(&conn),
             )
             .await;
+            let ov_settings = RedisSettings::new(url.clone(), format!("{round_prefix}o:"));
+            let ov_ledger = RedisLedger::connect(&ov_settings, &LimitSettings::default())
+                .await
+                .expect("Redis must answer at BENCH_REDIS_URL");
+            (ov_ledger.add_overrides(&thousand_overrides()))
+                .await
+                .expect("overrides");
+            ov_ledger.reload_overrides().await.expect("overrides");
+            let ov_round = round_mailgate(
+                &ov_ledger,
+                &pool,
+                run as u64,
+                secs,
+                std::slice::from_ref(&conn),
+            )
+            .await;
             eprintln!(
                 "round {}: mailgate {:.0}/s ({:.1} us Redis CPU each), with the domain scope \
-                 {:.0}/s ({:.1} us), article {:.0}/s ({:.1} us)",
+                 {:.0}/s ({:.1} us), with 1000 overrides {:.0}/s ({:.1} us), article {:.0}/s \
+                 ({:.1} us)",
                 run + 1,
                 ours_round.rate,
                 ours_round.redis_us,
                 domain_round.rate,
                 domain_round.redis_us,
+                ov_round.rate,
+                ov_round.redis_us,
                 theirs_round.rate,
                 theirs_round.redis_us
             );
             ours.push(ours_round);
             with_domain.push(domain_round);
+            with_overrides.push(ov_round);
             theirs.push(theirs_round);
         }
-        (ours, with_domain, theirs)
+        (ours, with_domain, with_overrides, theirs)
     });
     cleanup(&url, &prefix);
     let med = |rs: &[Round], f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
@@ -397,6 +453,7 @@ fn main() {
         )
     };
     let (ratio, domain_ratio) = (ratio_of(&ours), ratio_of(&with_domain));
+    let overrides_ratio = ratio_of(&with_overrides);
     println!();
     println!(
         "limiter decisions/s, {CALLERS} concurrent callers, {rounds} rounds of {secs}s, medians"
@@ -420,6 +477,12 @@ fn main() {
         med(&with_domain, |r| r.rate),
         med(&with_domain, |r| r.redis_us),
         med(&with_domain, |r| r.admitted) * 100.0,
+    );
+    println!(
+        "| mailgate admission, 1 000 overrides loaded | as the first mailgate row; one network in ten judged by an override's rules | {:.0} | {:.1} µs | {:.1} % | {overrides_ratio:.2} |",
+        med(&with_overrides, |r| r.rate),
+        med(&with_overrides, |r| r.redis_us),
+        med(&with_overrides, |r| r.admitted) * 100.0,
     );
     println!("(ratio: median over rounds of mailgate / article decisions/s in the same round)");
     rt.block_on(replica_rounds(secs, rounds));

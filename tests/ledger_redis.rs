@@ -870,3 +870,62 @@ async fn send_now(
     };
     l.admit(&entry, Clock::Server).await
 }
+
+/// An expired override is no longer in force at once, and the next change
+/// drops it from Redis; removing one takes it out of force at the next
+/// reload.
+#[tokio::test]
+async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    let prefix = unique_prefix("ov-expiry");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &limits(&[(HOUR, 1)], &[]))
+        .await
+        .unwrap();
+    let now = mailgate::domain::now_ms();
+    let ov = |t: &str, lasts: Option<u64>| Override {
+        target: Target::parse(t).unwrap(),
+        action: Action::Deny,
+        reason: "r".into(),
+        expires_at_ms: lasts.map(|ms| now + ms),
+        added_at_ms: now,
+    };
+    l.add_override(&ov("email:a@example.com", Some(300)))
+        .await
+        .unwrap();
+    l.reload_overrides().await.unwrap();
+    let denied = TestJob::new("j1", "a@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert!(
+        matches!(denied, Verdict::Rejected { rule, .. } if rule.max == 0),
+        "{denied:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let v = TestJob::new("j2", "a@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert_eq!(v, Verdict::Admitted, "expired: no longer in force");
+    assert_eq!(l.list_overrides().await.unwrap().len(), 1);
+    l.add_override(&ov("email:b@example.com", None))
+        .await
+        .unwrap();
+    let left: Vec<String> = (l.list_overrides().await.unwrap().iter())
+        .map(|o| o.target.to_string())
+        .collect();
+    assert_eq!(left, ["email:b@example.com"]);
+    assert!(
+        l.remove_override(&Target::parse("email:b@example.com").unwrap())
+            .await
+            .unwrap()
+    );
+    assert!(l.reload_overrides().await.unwrap());
+    assert_eq!(
+        TestJob::new("j3", "b@example.com", None)
+            .admit(&l, &Ticket::new(), Clock::Server)
+            .await,
+        Verdict::Admitted
+    );
+}

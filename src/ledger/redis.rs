@@ -844,15 +844,14 @@ impl RedisLedger {
     /// Stores `ov`, replacing any override of the same subject; every
     /// worker applies it within [`overrides::POLL`].
     pub async fn add_override(&self, ov: &Override) -> Result<(), OverrideError> {
+        self.add_overrides(std::slice::from_ref(ov)).await
+    }
+
+    /// Stores `ovs` at once (as [`Self::add_override`] does one).
+    pub async fn add_overrides(&self, ovs: &[Override]) -> Result<(), OverrideError> {
         let now = crate::domain::now_ms();
-        overrides::add(
-            &self.conn,
-            &self.keys.prefix,
-            &self.keys.limits.normalize,
-            ov,
-            now,
-        )
-        .await
+        let norm = &self.keys.limits.normalize;
+        overrides::add(&self.conn, &self.keys.prefix, norm, ovs, now).await
     }
 
     /// Reads the overrides now rather than at the next poll; whether they

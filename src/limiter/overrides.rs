@@ -439,41 +439,71 @@ impl<K: std::hash::Hash + Eq> TryInsertHit<K> for HashMap<K, Hit> {
     }
 }
 
+/// Drops the overrides whose expiry passed, atomically (an `add` that
+/// read them first and deleted them after could delete one re-added in
+/// between).
+/// KEYS[1] the overrides' hash; ARGV[1] now, ms. Bumps the version if it
+/// dropped any; returns how many.
+static PRUNE: std::sync::LazyLock<::redis::Script> = std::sync::LazyLock::new(|| {
+    ::redis::Script::new(
+        r"
+        if #KEYS ~= 1 or #ARGV ~= 1 or not tonumber(ARGV[1]) then
+          return redis.error_reply('mailgate overrides prune: takes 1 key and a time')
+        end
+        local now, all, n = tonumber(ARGV[1]), redis.call('HGETALL', KEYS[1]), 0
+        for i = 1, #all, 2 do
+          local ok, o = pcall(cjson.decode, all[i + 1])
+          if all[i] ~= '~version' and ok and type(o) == 'table'
+            and type(o.expires_at_ms) == 'number' and o.expires_at_ms <= now then
+            redis.call('HDEL', KEYS[1], all[i])
+            n = n + 1
+          end
+        end
+        if n > 0 then redis.call('HINCRBY', KEYS[1], '~version', 1) end
+        return n
+        ",
+    )
+});
+
 /// The overrides' hash key.
 pub(crate) fn hash_key(prefix: &str) -> String {
     format!("{prefix}overrides")
 }
 
-/// Stores `ov` (replacing any override of the same subject), drops expired
-/// ones, and bumps the version, atomically.
+/// Drops expired overrides, then stores `ovs` (each replacing any override
+/// of the same subject) and bumps the version, atomically.
 pub(crate) async fn add(
     conn: &Conn,
     prefix: &str,
     norm: &Normalization,
-    ov: &Override,
+    ovs: &[Override],
     now_ms: u64,
 ) -> Result<(), OverrideError> {
-    ov.check(now_ms)?;
     let key = hash_key(prefix);
+    let _: i64 = PRUNE
+        .key(&key)
+        .arg(now_ms)
+        .invoke_async(&mut conn.clone())
+        .await?;
     let (current, _) = read(conn, &key).await?;
-    let field = ov.target.field(norm);
-    let live = current
-        .iter()
-        .filter(|(f, o)| o.live(now_ms) && *f != field)
-        .count();
-    if live >= MAX_OVERRIDES {
-        return Err(OverrideError::Invalid(format!(
-            "{MAX_OVERRIDES} overrides are in force: remove some first"
-        )));
-    }
-    let json = serde_json::to_string(&Stored::from(ov))
-        .map_err(|e| OverrideError::Invalid(e.to_string()))?;
+    let mut fields = std::collections::HashSet::new();
     let mut pipe = ::redis::pipe();
-    pipe.atomic().hset(&key, &field, json).ignore();
-    for (f, o) in &current {
-        if !o.live(now_ms) {
-            pipe.hdel(&key, f).ignore();
-        }
+    pipe.atomic();
+    for ov in ovs {
+        ov.check(now_ms)?;
+        let field = ov.target.field(norm);
+        let json = serde_json::to_string(&Stored::from(ov))
+            .map_err(|e| OverrideError::Invalid(e.to_string()))?;
+        pipe.hset(&key, &field, json).ignore();
+        fields.insert(field);
+    }
+    let kept = (current.iter())
+        .filter(|(f, o)| o.live(now_ms) && !fields.contains(f))
+        .count();
+    if kept + fields.len() > MAX_OVERRIDES {
+        return Err(OverrideError::Invalid(format!(
+            "at most {MAX_OVERRIDES} overrides can be in force: remove some first"
+        )));
     }
     pipe.hincr(&key, VERSION, 1).ignore();
     let () = pipe.query_async(&mut conn.clone()).await?;
