@@ -98,9 +98,15 @@ impl Settings {
         let invalid = |m: String| Err(SettingsError::Invalid(m));
         if self.limits.any_supersede() && self.redis.spreads_keys() {
             return invalid(
-                "limits.supersede needs every key of mailgate's in one slot of the Redis                  Cluster: give redis.prefix a hash tag (e.g. \"{mailgate}:\"); with the keys                  spread over the shards a job and the newer job that supersedes it are judged                  on different shards"
+                "limits.supersede needs every key of mailgate's in one slot of the Redis \
+                 Cluster: give redis.key_prefix a hash tag (e.g. \"{mailgate}:\"); with the \
+                 keys spread over the shards a job and the newer job that supersedes it are \
+                 judged on different shards"
                     .into(),
             );
+        }
+        if self.limits.supersede_skew > Duration::from_secs(3600) {
+            return invalid("limits.supersede_skew must be at most 1h".into());
         }
         if self.amqp.prefetch == 0 {
             return invalid("amqp.prefetch must be at least 1".into());
@@ -1407,6 +1413,12 @@ pub struct LimitSettings {
     /// for sending, never mailed, its quota refunded. For purposes without
     /// a `supersede` of their own; default false.
     pub supersede: bool,
+    /// How far apart two jobs' made times (`created_at`, else the publish
+    /// time) must be for the times to say which is the newer; closer, the
+    /// later admission is. Producers' clocks disagree, and the AMQP
+    /// timestamp has whole seconds. Default 2 s, at most an hour.
+    #[serde(deserialize_with = "human_duration")]
+    pub supersede_skew: Duration,
 }
 
 impl Default for LimitSettings {
@@ -1428,6 +1440,7 @@ impl Default for LimitSettings {
             send_lease: Duration::from_secs(30),
             purpose: std::collections::BTreeMap::new(),
             supersede: false,
+            supersede_skew: Duration::from_secs(2),
         }
     }
 }

@@ -47,7 +47,10 @@ struct JobWire {
     /// turn big or exotic ones into floats).
     vars: Option<std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>>,
     expires_at: Option<String>,
-    created_at: Option<String>,
+    /// Read leniently: producers may already send a `created_at` of their
+    /// own making (a number, a local time), which must not make their jobs
+    /// invalid; only an RFC 3339 timestamp is used.
+    created_at: Option<Value>,
 }
 
 /// Parses a message body into a job. The id is found first, so that every
@@ -131,7 +134,10 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
             .transpose()
     };
     let expires_at = timestamp("expires_at", w.expires_at)?;
-    let created_at = timestamp("created_at", w.created_at)?;
+    let created_at = match w.created_at {
+        Some(Value::String(s)) => s.parse::<jiff::Timestamp>().ok(),
+        _ => None,
+    };
     Ok(Job {
         id,
         email,
@@ -322,9 +328,26 @@ mod tests {
             invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
                 .contains("expires_at")
         );
-        assert!(
-            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","created_at":"1 May"}"#)
-                .contains("created_at is not an RFC 3339 timestamp")
+        // A producer's own `created_at` that is not RFC 3339 is ignored,
+        // never a reason to refuse the job.
+        for created in [
+            r#""1 May""#,
+            "1764064800",
+            r#""2026-11-25 10:00:00""#,
+            "null",
+            "{}",
+        ] {
+            let body = format!(
+                r#"{{"id":"j1","email":"a@example.com","code":"1","created_at":{created}}}"#
+            );
+            let job = decode(body.as_bytes()).expect(&body);
+            assert_eq!(job.created_at, None, "{body}");
+        }
+        let body = r#"{"id":"j1","email":"a@example.com","code":"1","created_at":"2026-11-25T10:00:00.5Z"}"#;
+        let job = decode(body.as_bytes()).unwrap();
+        assert_eq!(
+            job.created_at.map(|t| t.as_millisecond()),
+            Some(1_795_600_800_500)
         );
         let big = format!(
             r#"{{"id":"j1","email":"a@example.com","code":"1","pad":"{}"}}"#,

@@ -882,9 +882,10 @@ mod cases {
         );
     }
 
-    /// A job made before the newest admitted one, but arriving after it
-    /// (it waited in a queue), is superseded without counting anything; one
-    /// made at the same instant is not (a tie supersedes nothing).
+    /// A job made before the newest admitted one (by more than
+    /// `supersede_skew`), but arriving after it (it waited in a queue), is
+    /// superseded without counting anything; one made within the skew is
+    /// the newer by its later admission.
     pub async fn an_older_job_coming_after_a_newer_one_is_superseded_uncounted<M: Make>(m: M) {
         let b = m.make("supersede-late", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
@@ -894,7 +895,7 @@ mod cases {
             Verdict::Admitted
         );
         assert_eq!(
-            made(l, &job("old"), &t, T0 + 1, Some(T0 - 1)).await,
+            made(l, &job("old"), &t, T0 + 1, Some(T0 - 5 * SEC)).await,
             Verdict::Superseded { refunded: false }
         );
         assert_eq!(
@@ -929,6 +930,58 @@ mod cases {
         );
         assert_eq!(
             made(l, &ahead, &a, T0 + 6, Some(T0 + HOUR)).await,
+            Verdict::Superseded { refunded: true }
+        );
+    }
+
+    /// Found by review: the newest job refunded, a newer job than the
+    /// older one between them still supersedes it (the stale code was
+    /// mailed after the newer one).
+    pub async fn a_refunded_newest_job_leaves_the_one_before_it_superseding<M: Make>(m: M) {
+        let b = m
+            .make("supersede-middle", superseding(per_hour(5, 5)))
+            .await;
+        let l = &b.ledger;
+        let (o, n, newest) = (job("o"), job("n"), job("m"));
+        let (a, b2, c) = (Ticket::new(), Ticket::new(), Ticket::new());
+        assert_eq!(made(l, &o, &a, T0, Some(T0)).await, Verdict::Admitted);
+        assert!(release(l, &o, &a).await);
+        assert_eq!(
+            made(l, &n, &b2, T0 + MIN, Some(T0 + MIN)).await,
+            Verdict::Admitted
+        );
+        assert!(sending(l, &n, &b2, T0 + MIN + 1).await);
+        assert!(settle(l, &n, &b2, Ending::Sent, true).await);
+        assert_eq!(
+            made(l, &newest, &c, T0 + 2 * MIN, Some(T0 + 2 * MIN)).await,
+            Verdict::Admitted
+        );
+        assert!(settle(l, &newest, &c, Ending::Refund(Refund::Failed), true).await);
+        assert_eq!(
+            made(l, &o, &a, T0 + 3 * MIN, Some(T0)).await,
+            Verdict::Superseded { refunded: true }
+        );
+    }
+
+    /// Found by review: a newer job from a producer whose clock is behind
+    /// (within `supersede_skew`) is the newer by its later admission: it is
+    /// admitted, and the older one's retry is superseded.
+    pub async fn a_newer_job_from_a_slow_clock_is_the_newer<M: Make>(m: M) {
+        let b = m.make("supersede-slow", superseding(per_hour(5, 5))).await;
+        let l = &b.ledger;
+        let (o, n) = (job("o"), job("n"));
+        let (a, b2) = (Ticket::new(), Ticket::new());
+        assert_eq!(
+            made(l, &o, &a, T0 + 900, Some(T0 + 900)).await,
+            Verdict::Admitted
+        );
+        assert!(release(l, &o, &a).await);
+        assert_eq!(
+            made(l, &n, &b2, T0 + 1500, Some(T0)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &o, &a, T0 + 2000, Some(T0 + 900)).await,
             Verdict::Superseded { refunded: true }
         );
     }
@@ -1082,6 +1135,8 @@ conformance!(
     a_refunded_newer_job_supersedes_nothing,
     without_made_at_the_order_of_admissions_decides,
     a_send_begun_is_never_superseded,
+    a_refunded_newest_job_leaves_the_one_before_it_superseding,
+    a_newer_job_from_a_slow_clock_is_the_newer,
 );
 
 /// Tickets come from headers: only a ticket's shape is accepted.

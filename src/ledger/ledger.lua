@@ -40,9 +40,10 @@ write (ARGV), so an id is never mailed twice within that period:
          had none; records of earlier versions lack t_domain);
          its member in scope log s is member_of(t_s, id .. ':' .. nonce)
 
-Latest KEYS <prefix>latest:<purpose>:<mailbox>, a string
-"<made ms>:<job id>": the newest job admitted for a mailbox and purpose
-whose purpose supersedes older jobs; lives dedup_ms after it is written.
+Latest KEYS <prefix>latest:<purpose>:<mailbox>, a sorted set: the newest
+16 jobs admitted for a mailbox and purpose whose purpose supersedes older
+jobs, member the job id, score when it was made (ms); lives dedup_ms after
+its last write.
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
 ]]
@@ -123,18 +124,21 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     caller marks "sending" later),
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules),
-  made: '' if the job's purpose does not supersede older jobs; else when
-    the job was made (ms; a time after its admission counts as the
-    admission's), or 'n' if
-    unknown (its admission time stands in: the order of admissions).
+  made: '' if the job's purpose does not supersede older jobs; else
+    "<made>,<skew>": when the job was made (ms; empty if unknown, and a
+    time after its admission counts as the admission's: its admission
+    time stands in) and how far apart (ms) two jobs' made times must be
+    for them to say which is newer (producers' clocks disagree, and the
+    AMQP timestamp has whole seconds).
   KEYS: the record, then one scope key per key the shape names (two
   characters each), then, with made, the latest key of the job's mailbox
   and purpose.
-  Superseding: a job whose latest key names another job, made strictly
-  later and not refunded (its record's st), is answered `superseded`
-  where it would be admitted (nothing is counted) or resumed (its unsent
-  admission is refunded, fin 'p'): its code is stale, and a newer one is
-  on its way. A job admitted now becomes its mailbox's latest. A job
+  Superseding: another job of the latest key is newer if it was made more
+  than skew later, or (made within skew of each other) admitted later. A
+  job with a newer one whose record is not refunded is answered
+  `superseded` where it would be admitted (nothing is counted) or resumed
+  (its unsent admission is refunded, fin 'p'): its code is stale, and a
+  newer one is on its way. A job admitted now joins its latest key. A job
   whose send began is never superseded.
 
 items "look" and "create" -- the same decision when the scope keys live on
@@ -168,7 +172,7 @@ end
 
 local function admit_ok(a, sets, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  local made_ok = made == '' or (kind == 'admit' and (made == 'n' or string.match(made, '^%d+$')))
+  local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
   if kind == 'admit' then
@@ -183,17 +187,26 @@ local function admit_ok(a, sets, kind)
     and string.match(flag or '', '^[01]:%x+$') ~= nil
 end
 
--- Whether a job made at `made` (ms) is superseded: the latest key names
--- another job, made strictly later, whose record is not refunded (a
--- refunded newer job mails nothing). `record`: this job's record key,
--- whose prefix the other's shares.
-local function superseded(latest, made, id, record)
-  local v = call('GET', latest)
-  if not v then return false end
-  local t, other = string.match(v, '^(%d+):(.+)$')
-  if not t or other == id or tonumber(t) <= made then return false end
-  local st = call('HGET', sub(record, 1, #record - #id) .. other, 'st')
-  return st ~= false and st ~= 'r'
+-- Whether job `id`, made at `made` and admitted at `at` (ms), is
+-- superseded: its latest key holds another job that is newer (made more
+-- than `skew` later, or made within `skew` and admitted later) and whose
+-- record is not refunded (a refunded job mails nothing). `record`: this
+-- job's record key, whose prefix the others' share.
+local function superseded(latest, made, at, skew, id, record)
+  local others = call('ZREVRANGEBYSCORE', latest, '+inf', int(made - skew), 'WITHSCORES', 'LIMIT',
+    0, 16)
+  local prefix = sub(record, 1, #record - #id)
+  for i = 1, #others, 2 do
+    local other, t = others[i], tonumber(others[i + 1])
+    if other ~= id then
+      local rec = call('HMGET', prefix .. other, 'st', 'at')
+      local other_at = tonumber(rec[2])
+      if rec[1] and rec[1] ~= 'r' and (t > made + skew or (other_at and other_at > at)) then
+        return true
+      end
+    end
+  end
+  return false
 end
 
 local function admit(k, a, b, kind)
@@ -208,7 +221,8 @@ local function admit(k, a, b, kind)
   -- A time after its admission (a producer's clock ahead) counts as the
   -- admission's, so one such job cannot supersede every later one for as
   -- long.
-  local made = tonumber(ARGV[a + 7])
+  local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
+  local made, skew = tonumber(made_s), tonumber(skew_s)
   local now, dedup_s, sets = b.now, b.dedup_s, b.sets
   local expired = expires ~= nil and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
@@ -249,7 +263,8 @@ local function admit(k, a, b, kind)
     -- Another message of the job, and too late for it; the owner's own
     -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
-  elseif fp and st == 'a' and latest and superseded(latest, math.min(made or at, at), id, key) then
+  elseif fp and st == 'a' and latest
+    and superseded(latest, math.min(made or at, at), at, skew, id, key) then
     -- Its code is stale: refunded unsent, and answered by the caller.
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
@@ -269,14 +284,20 @@ local function admit(k, a, b, kind)
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
     made = math.min(made or now, now)
-    if latest and superseded(latest, made, id, key) then return CODE.superseded, 0 end
+    if latest and superseded(latest, made, now, skew, id, key) then
+      return CODE.superseded, 0
+    end
     local d, s, rule, shadow_d
     local logs = {}
     d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = room(first, shape, sets, now, logs, b.rooms)
     record(first, shape, sets, now, b.now_s, member_of(now, id))
-    if latest then call('SET', latest, int(made) .. ':' .. id, 'PX', dedup_s) end
+    if latest then
+      call('ZADD', latest, int(made), id)
+      call('ZREMRANGEBYRANK', latest, 0, -17)
+      call('PEXPIRE', latest, dedup_s)
+    end
   end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,

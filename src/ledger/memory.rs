@@ -30,9 +30,9 @@ struct State {
     /// Job id → its record.
     records: HashMap<String, Record>,
     /// Latest key (a mailbox and a purpose that supersedes) → the newest
-    /// job admitted for it: when it was made, its id, and until when this
-    /// is kept (as `ledger.lua`'s latest keys).
-    latest: HashMap<String, (u64, String, u64)>,
+    /// 16 jobs admitted for it, each when it was made and its id, and
+    /// until when they are kept (as `ledger.lua`'s latest keys).
+    latest: HashMap<String, (Vec<(u64, String)>, u64)>,
     admissions: u64,
     /// The latest time any call was made at: the clock of the calls that
     /// take none (their records' lives are counted from it).
@@ -108,21 +108,26 @@ impl State {
     fn sweep(&mut self, now: u64) {
         self.logs.sweep(now);
         self.records.retain(|_, r| r.until > now);
-        self.latest.retain(|_, (_, _, until)| *until > now);
+        self.latest.retain(|_, (_, until)| *until > now);
     }
 
-    /// Whether a job `id` made at `made` is superseded: `latest` names
-    /// another job made strictly later whose live record is not refunded
-    /// (see `ledger.lua`'s "admit").
-    fn superseded(&self, latest: &str, made: u64, id: &str, now: u64) -> bool {
-        let Some((t, other, until)) = self.latest.get(latest) else {
+    /// Whether job `id`, made at `made` and admitted at `at`, is
+    /// superseded: `latest` holds another job that is newer (made more than
+    /// `skew` later, or made within `skew` and admitted later) whose live
+    /// record is not refunded (see `ledger.lua`'s "admit").
+    fn superseded(&self, latest: &str, made: u64, at: u64, skew: u64, id: &str, now: u64) -> bool {
+        let Some((jobs, _)) = self.latest.get(latest).filter(|(_, until)| *until > now) else {
             return false;
         };
-        *until > now
-            && other != id
-            && *t > made
-            && (self.records.get(other.as_str()))
-                .is_some_and(|r| r.until > now && !matches!(r.state, JobState::Refunded(_)))
+        jobs.iter().any(|(t, other)| {
+            let rec = (self.records.get(other.as_str())).filter(|r| r.until > now);
+            other != id
+                && t.saturating_add(skew) >= made
+                && rec.is_some_and(|r| {
+                    !matches!(r.state, JobState::Refunded(_))
+                        && (*t > made.saturating_add(skew) || r.admitted_at > at)
+                })
+        })
     }
 
     /// The live record of `id` at `now`, if any.
@@ -155,14 +160,15 @@ impl State {
         let id = job.request.id.as_str();
         let attempt = (job.attempt.max(1), job.holder);
         let latest = keys.latest_key(&job.request);
-        let stale = |state: &Self, made: u64| {
-            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, id, now))
+        let skew = keys.supersede_skew_ms();
+        let stale = |state: &Self, made: u64, at: u64| {
+            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, at, skew, id, now))
         };
         let admitted_at = self.record(id, now).map(|rec| rec.admitted_at);
         // A time after the admission (a producer's clock ahead) counts as
         // the admission's.
-        let stale_admission =
-            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at))));
+        let stale_admission = admitted_at
+            .is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at)), at));
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
             let answered = rec.answered;
@@ -237,7 +243,7 @@ impl State {
             return Verdict::Expired;
         }
         let made = entry.made_at_ms.map_or(now, |m| m.min(now));
-        if stale(self, made) {
+        if stale(self, made, now) {
             return Verdict::Superseded { refunded: false };
         }
         let [binding, would_bind] = self.logs.judge(&scopes, now);
@@ -251,8 +257,13 @@ impl State {
         found.rooms = self.logs.rooms(&scopes, now);
         self.logs.record(&scopes, now, id);
         if let Some(latest) = latest {
-            let until = now.saturating_add(dedup);
-            self.latest.insert(latest, (made, id.to_owned(), until));
+            let (jobs, until) = self.latest.entry(latest).or_default();
+            jobs.retain(|(_, other)| other != id);
+            jobs.push((made, id.to_owned()));
+            // The newest 16 by when they were made.
+            jobs.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+            jobs.truncate(16);
+            *until = now.saturating_add(dedup);
         }
         self.records.insert(
             id.to_owned(),

@@ -179,7 +179,8 @@ impl RedisLedger {
             // Settings refuse it too; a ledger built without them must not
             // quietly never supersede.
             return Err(LedgerError::Unfit(
-                "limits.supersede needs every key in one slot: give redis.prefix a hash tag".into(),
+                "limits.supersede needs every key in one slot: give redis.key_prefix a hash tag"
+                    .into(),
             ));
         }
         let batching = if spread { ONE_BY_ONE } else { BATCHED };
@@ -635,11 +636,11 @@ impl Ledger for RedisLedger {
         let mut args = admission_args("admit", entry, shape);
         if let Some(latest) = self.keys.latest_key(&job.request) {
             keys.push(latest);
-            // The admission's `made`: when the job was made, or 'n'.
+            // The admission's `made`: when the job was made (if known),
+            // and the skew.
             if let Some(made) = args.last_mut() {
-                *made = entry
-                    .made_at_ms
-                    .map_or_else(|| "n".to_owned(), |ms| ms.to_string());
+                let at = (entry.made_at_ms.map(|ms| ms.to_string())).unwrap_or_default();
+                *made = format!("{at},{}", self.keys.supersede_skew_ms());
             }
         }
         let reply = (self.submit_judged(clock, (args, keys), entry.send_now, sets)).await?;

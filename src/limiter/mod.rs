@@ -527,6 +527,11 @@ impl Keyspace {
         matches!(subject, Subject::Domain(d) if self.exempt.contains(d))
     }
 
+    /// `limits.supersede_skew` in ms.
+    pub fn supersede_skew_ms(&self) -> u64 {
+        u64::try_from(self.limits.supersede_skew.as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub fn lease_ms(&self) -> u64 {
         u64::try_from(self.limits.send_lease.as_millis())
             .unwrap_or(u64::MAX)
