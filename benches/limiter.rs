@@ -80,7 +80,12 @@ fn thousand_overrides() -> Vec<Override> {
     };
     let mut all = Vec::with_capacity(1000);
     all.extend((0..400).map(|i| ov(format!("email:qa{i}@qa.example"), Action::Allow)));
-    all.extend((0..300).map(|i| ov(format!("ip:172.16.{i}.0/24"), rules(&[(3600, 500)]))));
+    all.extend((0..300).map(|i| {
+        ov(
+            format!("ip:172.{}.{}.0/24", 16 + i / 250, i % 250),
+            rules(&[(3600, 500)]),
+        )
+    }));
     all.extend((0..200).map(|i| ov(format!("domain:o{i}.example"), rules(&[(600, 5)]))));
     // The workload's networks 10.<i/250>.<i%250>.1: one in ten.
     all.extend((0..100).map(|k| {

@@ -929,3 +929,95 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
         Verdict::Admitted
     );
 }
+
+/// An override written by hand that the CLI would refuse (a window under a
+/// millisecond, no rules, no reason) is ignored, never sent to the script,
+/// where it would fail every batch it rode in (found by review); and a
+/// version number is never reused, so a hash deleted and written again is
+/// reloaded (found by review: a counter that started over hid the change).
+#[tokio::test]
+async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    let prefix = unique_prefix("ov-bad");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &limits(&[(HOUR, 5)], &[]))
+        .await
+        .unwrap();
+    let mut conn = sync_redis();
+    let key = format!("{prefix}overrides");
+    for (field, json) in [
+        (
+            "ip:203.0.113.9/32",
+            r#"{"target":"ip:203.0.113.9","action":"rules","rules":[{"window_ms":0,"max":5}],"reason":"r","expires_at_ms":null,"added_at_ms":0}"#,
+        ),
+        (
+            "ip:203.0.113.8/32",
+            r#"{"target":"ip:203.0.113.8","action":"rules","rules":[],"reason":"r","expires_at_ms":null,"added_at_ms":0}"#,
+        ),
+        (
+            "email:c@example.com",
+            r#"{"target":"email:c@example.com","action":"deny","reason":"","expires_at_ms":null,"added_at_ms":0}"#,
+        ),
+        ("~version", "7"),
+    ] {
+        let () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(field)
+            .arg(json)
+            .query(&mut conn)
+            .unwrap();
+    }
+    l.reload_overrides().await.unwrap();
+    for (n, (mail, ip)) in [
+        ("a@example.com", "203.0.113.9"),
+        ("b@example.com", "203.0.113.8"),
+        ("c@example.com", "192.0.2.1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let v = TestJob::new(&format!("j{n}"), mail, Some(ip))
+            .admit(&l, &Ticket::new(), Clock::Server)
+            .await;
+        assert_eq!(v, Verdict::Admitted, "{mail}");
+    }
+    // The CLI's own check refuses a sub-millisecond window.
+    let now = mailgate::domain::now_ms();
+    let sub_ms = Override {
+        target: Target::parse("ip:203.0.113.7").unwrap(),
+        action: Action::Rules(vec![mailgate::settings::Rule::new(
+            Duration::from_micros(500),
+            5,
+        )]),
+        reason: "r".into(),
+        expires_at_ms: None,
+        added_at_ms: now,
+    };
+    assert!(l.add_override(&sub_ms).await.is_err());
+    // A deny, then the hash deleted and written again: reloaded.
+    let deny = |t: &str| Override {
+        target: Target::parse(t).unwrap(),
+        action: Action::Deny,
+        reason: "r".into(),
+        expires_at_ms: None,
+        added_at_ms: now,
+    };
+    l.add_override(&deny("email:d@example.com")).await.unwrap();
+    assert!(l.reload_overrides().await.unwrap());
+    let () = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    l.add_override(&deny("email:e@example.com")).await.unwrap();
+    assert!(l.reload_overrides().await.unwrap(), "a new version");
+    let v = TestJob::new("j8", "d@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert_eq!(v, Verdict::Admitted, "the old deny is gone");
+    let v = TestJob::new("j9", "e@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert!(
+        matches!(v, Verdict::Rejected { .. }),
+        "the new deny holds: {v:?}"
+    );
+}

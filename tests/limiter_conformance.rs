@@ -846,16 +846,18 @@ mod cases {
         }
     }
 
-    /// A mailbox's allow lifts every limit for its requests (nothing is
-    /// counted); removed, the rules apply again.
-    pub async fn a_mailbox_allow_lifts_every_limit<M: Make>(m: M) {
-        let b = m.make("ov-allow", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
+    /// A mailbox's allow lifts its own scope's limit (nothing is counted
+    /// there); the client's limit still applies (found by review: lifting
+    /// it let one client spend the relay's quota through a QA mailbox);
+    /// removed, the mailbox's rules apply again.
+    pub async fn a_mailbox_allow_lifts_its_own_limit<M: Make>(m: M) {
+        let b = m.make("ov-allow", limits(&[(MIN, 1)], &[(MIN, 2)])).await;
         let l = &b.ledger;
         l.put_overrides(vec![ov("email:qa@example.com", Action::Allow, None)])
             .await;
         let t = now_ms();
         for n in 0..3 {
-            let a = TestJob::new(&format!("qa{n}"), "QA@example.com", Some("198.51.100.1"))
+            let a = TestJob::new(&format!("qa{n}"), "QA@example.com", None)
                 .admission(l, &Ticket::new(), Clock::At(t + n))
                 .await;
             assert_eq!(
@@ -863,14 +865,22 @@ mod cases {
                 (Verdict::Admitted, Some("allow"))
             );
         }
-        // The client's other mailboxes are still limited by its rule.
-        assert_eq!(
-            check(l, "x1", "x@example.com", Some("198.51.100.1"), t + 5).await,
-            Verdict::Admitted
-        );
+        let from = Some("198.51.100.1");
+        for n in 0..2 {
+            assert_eq!(
+                check(l, &format!("c{n}"), "qa@example.com", from, t + 3 + n).await,
+                Verdict::Admitted
+            );
+        }
         assert!(matches!(
-            check(l, "x2", "y@example.com", Some("198.51.100.1"), t + 6).await,
-            Verdict::Rejected { .. }
+            check(l, "c9", "qa@example.com", from, t + 5).await,
+            Verdict::Rejected {
+                rule: RuleRef {
+                    scope: Scope::Ip,
+                    ..
+                },
+                ..
+            }
         ));
         let mailbox = email("qa@example.com");
         let u = l
@@ -889,6 +899,41 @@ mod cases {
             check(l, "qa10", "qa@example.com", None, t + 9).await,
             Verdict::Rejected { .. }
         ));
+    }
+
+    /// An address override narrower than the IP scope's grouping covers
+    /// its whole group, whose clients share one log (found by review: a
+    /// deny of one IPv6 address was passed from the same /64).
+    pub async fn an_address_override_covers_its_clients_group<M: Make>(m: M) {
+        let b = m.make("ov-group", limits(&[(MIN, 5)], &[(MIN, 5)])).await;
+        let l = &b.ledger;
+        l.put_overrides(vec![ov("ip:2001:db8:1:2::1", Action::Deny, Some(HOUR))])
+            .await;
+        let t = now_ms();
+        for (n, from) in [
+            "2001:db8:1:2::1",
+            "2001:db8:1:2::99",
+            "2001:db8:1:2:ffff::5",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mail = format!("u{n}@example.com");
+            assert!(
+                matches!(
+                    check(l, &format!("g{n}"), &mail, Some(from), t).await,
+                    Verdict::Rejected {
+                        rule: RuleRef { max: 0, .. },
+                        ..
+                    }
+                ),
+                "{from}"
+            );
+        }
+        assert_eq!(
+            check(l, "g9", "u9@example.com", Some("2001:db8:1:3::1"), t).await,
+            Verdict::Admitted
+        );
     }
 
     /// A network's deny rejects every client in it, with the deny's
@@ -1080,7 +1125,8 @@ conformance!(
     a_purpose_has_its_own_domain_rules,
     a_shadow_rule_never_rejects_and_names_itself,
     an_admission_says_what_is_left_of_each_scope,
-    a_mailbox_allow_lifts_every_limit,
+    a_mailbox_allow_lifts_its_own_limit,
+    an_address_override_covers_its_clients_group,
     a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit,
     a_domain_override_brings_its_own_rules,
     a_deny_for_good_waits_the_longest,

@@ -507,8 +507,14 @@ pub async fn overrides(
                 expires_at_ms,
                 added_at_ms: now,
             };
-            ledger.add_override(&ov).await?;
-            println!("added: {}", render_override(&ov, now));
+            let stored = ledger.add_override(&ov).await?;
+            if stored.target != ov.target {
+                println!(
+                    "{} counts as {}: the limiter counts that subject so",
+                    ov.target, stored.target
+                );
+            }
+            println!("added: {}", render_override(&stored, now));
             Ok(true)
         }
         super::OverridesAction::List { json } => {

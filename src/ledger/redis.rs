@@ -124,8 +124,9 @@ struct Pending {
     /// Whether its batch must be acknowledged by the replicas before it is
     /// answered (it may set a send mark).
     wait: bool,
-    /// The overrides' rule sets its shape names (numbered after the
-    /// configured ones): sent with its batch.
+    /// The overrides' rule sets its shape names, by their place in the
+    /// shape: each batch numbers them after the configured sets itself (a
+    /// batch may hold items built before and after the overrides changed).
     sets: Vec<(usize, Arc<RuleSet>)>,
     reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
@@ -440,14 +441,35 @@ async fn run_batch(
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
     let (mut item_keys, mut args) = (Vec::new(), Vec::new());
+    // The overrides' sets, numbered for this batch after the configured
+    // ones, and the shapes that name them rewritten so.
     let mut sets: Vec<(usize, Arc<RuleSet>)> = Vec::new();
+    let mut shapes: Vec<String> = Vec::new();
+    for p in batch {
+        let mut shape = None;
+        for (at, set) in &p.sets {
+            let index = match sets.iter().find(|(_, s)| Arc::ptr_eq(s, set)) {
+                Some((index, _)) => *index,
+                None => {
+                    let index = keys.sets.len() + sets.len();
+                    sets.push((index, set.clone()));
+                    index
+                }
+            };
+            let shape = shape.get_or_insert_with(|| p.args[SHAPE_ARG].clone());
+            put_shape(shape, *at, index);
+        }
+        shapes.extend(shape);
+    }
+    let mut rewritten = shapes.iter();
     for p in batch {
         item_keys.extend(p.keys.iter().map(String::as_str));
-        args.extend(p.args.iter().map(String::as_str));
-        for (index, set) in &p.sets {
-            if !sets.iter().any(|(i, _)| i == index) {
-                sets.push((*index, set.clone()));
-            }
+        for (i, arg) in p.args.iter().enumerate() {
+            let arg = match (i, p.sets.is_empty()) {
+                (SHAPE_ARG, false) => rewritten.next().map_or(arg.as_str(), String::as_str),
+                _ => arg.as_str(),
+            };
+            args.push(arg);
         }
     }
     let mut eval = redis::cmd("EVALSHA");
@@ -625,11 +647,12 @@ impl Ledger for RedisLedger {
         let mut shape = String::with_capacity(2 * applicable.len());
         let mut scopes = Vec::with_capacity(applicable.len());
         let mut sets = Vec::new();
-        for a in applicable {
+        for (at, a) in applicable.into_iter().enumerate() {
             push_shape(&mut shape, a.index);
             keys.push(a.key);
             if a.index >= self.keys.sets.len() {
-                sets.push((a.index, a.set.clone()));
+                // Numbered by its batch.
+                sets.push((at, a.set.clone()));
             }
             scopes.push((a.scope, a.set));
         }
@@ -844,15 +867,22 @@ async fn poll_overrides(alive: mpsc::WeakSender<Pending>, conn: Conn, keys: Arc<
 impl RedisLedger {
     /// Stores `ov`, replacing any override of the same subject; every
     /// worker applies it within [`overrides::POLL`].
-    pub async fn add_override(&self, ov: &Override) -> Result<(), OverrideError> {
-        self.add_overrides(std::slice::from_ref(ov)).await
+    pub async fn add_override(&self, ov: &Override) -> Result<Override, OverrideError> {
+        let mut stored = self.add_overrides(std::slice::from_ref(ov)).await?;
+        stored
+            .pop()
+            .ok_or_else(|| OverrideError::Invalid("nothing stored".into()))
     }
 
     /// Stores `ovs` at once (as [`Self::add_override`] does one).
-    pub async fn add_overrides(&self, ovs: &[Override]) -> Result<(), OverrideError> {
+    /// Each is stored as the limiter counts its subject
+    /// ([`Keyspace::counted`]); returns them so.
+    pub async fn add_overrides(&self, ovs: &[Override]) -> Result<Vec<Override>, OverrideError> {
         let now = crate::domain::now_ms();
         let norm = &self.keys.limits.normalize;
-        overrides::add(&self.conn, &self.keys.prefix, norm, ovs, now).await
+        let ovs: Vec<Override> = ovs.iter().map(|o| self.keys.counted(o.clone())).collect();
+        overrides::add(&self.conn, &self.keys.prefix, norm, &ovs, now).await?;
+        Ok(ovs)
     }
 
     /// Reads the overrides now rather than at the next poll; whether they
@@ -861,8 +891,17 @@ impl RedisLedger {
         refresh_overrides(&self.conn, &self.keys).await
     }
 
-    /// Removes the override of `target`; whether there was one.
+    /// Removes the override of `target` (as the limiter counts it);
+    /// whether there was one.
     pub async fn remove_override(&self, target: &Target) -> Result<bool, OverrideError> {
+        let probe = Override {
+            target: target.clone(),
+            action: overrides::Action::Allow,
+            reason: String::new(),
+            expires_at_ms: None,
+            added_at_ms: 0,
+        };
+        let target = &self.keys.counted(probe).target;
         overrides::remove(
             &self.conn,
             &self.keys.prefix,
@@ -957,6 +996,18 @@ fn push_shape(shape: &mut String, set: usize) {
     let n = (set + 1).min(4095);
     shape.push(char::from(b'0' + (n / 64) as u8));
     shape.push(char::from(b'0' + (n % 64) as u8));
+}
+
+/// Where an "admit" item's shape is among its kind and values.
+const SHAPE_ARG: usize = 7;
+
+/// Sets the rule set of a shape's `at`-th key (0-based) to `set`.
+fn put_shape(shape: &mut String, at: usize, set: usize) {
+    let mut two = String::with_capacity(2);
+    push_shape(&mut two, set);
+    if shape.len() >= 2 * at + 2 {
+        shape.replace_range(2 * at..2 * at + 2, &two);
+    }
 }
 
 impl Quotas for RedisLedger {

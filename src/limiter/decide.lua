@@ -171,7 +171,7 @@ local function judge(first, shape, sets, now, logs)
       local t_n
       if set.deny[r] then
         -- Rejected while the deny lasts (for good: the longest wait).
-        local d = set.w[r] == 0 and MAX_PERIOD_MS or set.w[r] - now
+        local d = set.w[r] == 0 and MAX_PERIOD_MS or math.min(set.w[r] - now, MAX_PERIOD_MS)
         if d > best_d then best_d, best_s, best_r = d, s, r end
       elseif i == len then
         t_n = newest

@@ -238,9 +238,10 @@ pub(crate) struct RuleSet {
 impl RuleSet {
     /// A deny's wait at `now` (`None` once it has passed, and for rules).
     pub fn deny_wait(&self, now: u64) -> Option<u64> {
+        let longest = crate::settings::MAX_PERIOD.as_millis() as u64;
         match self.deny_until_ms? {
-            0 => Some(crate::settings::MAX_PERIOD.as_millis() as u64),
-            until => (until > now).then(|| until - now),
+            0 => Some(longest),
+            until => (until > now).then(|| (until - now).min(longest)),
         }
     }
 }
@@ -311,10 +312,43 @@ impl Keyspace {
         }
     }
 
+    /// An override as the limiter counts its subject (found by review): a
+    /// network narrower than the IP scope's grouping (`ipv4_prefix`,
+    /// `ipv6_prefix`) widened to it, since the clients of one group share
+    /// one log; `googlemail.com` as `gmail.com` where mailboxes are
+    /// normalized so.
+    pub fn counted(&self, mut ov: overrides::Override) -> overrides::Override {
+        use overrides::Target;
+        let l = &self.limits;
+        match &mut ov.target {
+            Target::Net(net) => {
+                let group = match net {
+                    ipnet::IpNet::V4(_) => l.ipv4_prefix.min(32),
+                    ipnet::IpNet::V6(_) => l.ipv6_prefix.min(128),
+                };
+                if net.prefix_len() > group
+                    && let Ok(wide) = ipnet::IpNet::new(net.addr(), group)
+                {
+                    *net = wide.trunc();
+                }
+            }
+            Target::Domain(d)
+                if l.normalize.googlemail_alias && d.to_string() == "googlemail.com" =>
+            {
+                if let Ok(gmail) = RegistrableDomain::parse_exact("gmail.com") {
+                    *d = gmail;
+                }
+            }
+            _ => {}
+        }
+        ov
+    }
+
     /// Puts `overrides` in force (as read at `version` of their hash);
     /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
-    pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<i64>) -> usize {
+    pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<String>) -> usize {
         let keep = |scope: Scope| self.sets[scope.index()].keep_ms;
+        let overrides = overrides.into_iter().map(|o| self.counted(o)).collect();
         let mut table = overrides::Table::new(
             overrides,
             |e| self.key_of(Subject::Email(e)),
@@ -329,8 +363,8 @@ impl Keyspace {
     }
 
     /// The version of the overrides' hash in force, if any was read.
-    pub fn overrides_version(&self) -> Option<i64> {
-        self.table.load().version
+    pub fn overrides_version(&self) -> Option<String> {
+        self.table.load().version.clone()
     }
 
     /// The key of job `id`'s ledger record.
@@ -468,10 +502,6 @@ impl Keyspace {
                     set: set.clone(),
                 });
             }
-        }
-        // A mailbox's allow: nobody else is mailed, nothing is limited.
-        if by.is_none() && hits[0].is_some_and(|h| h.ov.action == Action::Allow) {
-            return (out, Some("allow"));
         }
         for (scope, (hit, key)) in Scope::ALL.into_iter().zip(hits.iter().zip(keys)) {
             let Some(key) = key else { continue };

@@ -4,17 +4,18 @@
 //!
 //! An override names one subject (an exact mailbox, a registrable domain,
 //! or an IP network) and says what happens to requests that match it:
-//! - `allow`: a mailbox's requests are not limited at all (a QA account, a
-//!   monitoring probe: nobody else is mailed through it); a domain's or a
-//!   network's are not limited by that scope (the mailboxes and the other
-//!   scopes still are, so an allowed network cannot mail-bomb a victim);
+//! - `allow`: not limited or counted by the subject's own scope (a QA
+//!   mailbox, a monitoring network, a big provider's domain); the other
+//!   scopes still judge the request, so an allowed network cannot
+//!   mail-bomb a victim, nor can anyone spend the relay's quota through an
+//!   allowed mailbox from one client (found by review);
 //! - `deny`: rejected, with `retry_after_ms` the override's remaining
 //!   lifetime (or what the other rules say, if longer);
 //! - rules of its own, which replace the scope's for that subject (for
 //!   every purpose).
 //!
-//! A deny beats everything; a mailbox's allow beats the other scopes'
-//! rules. Each override has a required reason and an optional expiry.
+//! A deny beats everything. Each override has a required reason and an
+//! optional expiry (at most 366 days).
 //!
 //! They live in one Redis hash, `<prefix>overrides`: one field per subject
 //! (a new one replaces the old), its JSON as the value, and a `~version`
@@ -137,8 +138,7 @@ fn canonical(net: IpNet) -> IpNet {
 /// What an override does to the requests it matches.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Not limited (by any scope for a mailbox; by its own scope for a
-    /// domain or a network).
+    /// Not limited or counted by the subject's own scope.
     Allow,
     /// Always rejected while it lasts.
     Deny,
@@ -174,23 +174,35 @@ pub struct Override {
 
 impl Override {
     /// Checks what the CLI cannot: a reason, rules that settings would
-    /// accept, an expiry in the future.
+    /// accept (whole milliseconds: the limiter counts no finer), an expiry
+    /// in the future and at most [`MAX_PERIOD`] away.
     pub fn check(&self, now_ms: u64) -> Result<(), OverrideError> {
+        self.check_shape()?;
+        let max = u64::try_from(MAX_PERIOD.as_millis()).unwrap_or(u64::MAX);
+        match self.expires_at_ms {
+            Some(t) if t <= now_ms => {
+                Err(OverrideError::Invalid("the expiry is in the past".into()))
+            }
+            Some(t) if t - now_ms > max => Err(OverrideError::Invalid(
+                "an override lasts at most 366 days (or, without an expiry, until removed)".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// What every override must be, however it was written (a hand-made
+    /// entry in Redis is checked too, and ignored if it fails: one bad rule
+    /// set would fail every script call it rode in).
+    fn check_shape(&self) -> Result<(), OverrideError> {
         let bad = |why: &str| Err(OverrideError::Invalid(why.to_owned()));
         if self.reason.trim().is_empty() || self.reason.len() > 500 {
             return bad("an override needs a reason (1 to 500 bytes)");
-        }
-        if self.expires_at_ms.is_some_and(|t| t <= now_ms) {
-            return bad("the expiry is in the past");
         }
         if let Action::Rules(rules) = &self.action {
             if rules.is_empty() || rules.len() > 16 {
                 return bad("give 1 to 16 rules");
             }
-            if rules
-                .iter()
-                .any(|r| r.max == 0 || r.window.is_zero() || r.window > MAX_PERIOD)
-            {
+            if (rules.iter()).any(|r| r.max == 0 || r.window_ms() == 0 || r.window > MAX_PERIOD) {
                 return bad("each rule needs a max of at least 1 and a window of 1ms to 366 days");
             }
         }
@@ -284,13 +296,15 @@ impl TryFrom<Stored> for Override {
             ),
             other => return Err(OverrideError::Invalid(format!("unknown action {other:?}"))),
         };
-        Ok(Override {
+        let ov = Override {
             target: Target::parse(&s.target)?,
             action,
             reason: s.reason,
             expires_at_ms: s.expires_at_ms,
             added_at_ms: s.added_at_ms,
-        })
+        };
+        ov.check_shape()?;
+        Ok(ov)
     }
 }
 
@@ -315,7 +329,7 @@ pub(crate) struct Table {
     /// How many there are.
     len: usize,
     /// The version of the hash this was built from.
-    pub version: Option<i64>,
+    pub version: Option<String>,
 }
 
 impl Table {
@@ -442,13 +456,13 @@ impl<K: std::hash::Hash + Eq> TryInsertHit<K> for HashMap<K, Hit> {
 /// Drops the overrides whose expiry passed, atomically (an `add` that
 /// read them first and deleted them after could delete one re-added in
 /// between).
-/// KEYS[1] the overrides' hash; ARGV[1] now, ms. Bumps the version if it
-/// dropped any; returns how many.
+/// KEYS[1] the overrides' hash; ARGV[1] now, ms; ARGV[2] a new version,
+/// set if it dropped any; returns how many.
 static PRUNE: std::sync::LazyLock<::redis::Script> = std::sync::LazyLock::new(|| {
     ::redis::Script::new(
         r"
-        if #KEYS ~= 1 or #ARGV ~= 1 or not tonumber(ARGV[1]) then
-          return redis.error_reply('mailgate overrides prune: takes 1 key and a time')
+        if #KEYS ~= 1 or #ARGV ~= 2 or not tonumber(ARGV[1]) or ARGV[2] == '' then
+          return redis.error_reply('mailgate overrides prune: takes 1 key, a time and a version')
         end
         local now, all, n = tonumber(ARGV[1]), redis.call('HGETALL', KEYS[1]), 0
         for i = 1, #all, 2 do
@@ -459,11 +473,18 @@ static PRUNE: std::sync::LazyLock<::redis::Script> = std::sync::LazyLock::new(||
             n = n + 1
           end
         end
-        if n > 0 then redis.call('HINCRBY', KEYS[1], '~version', 1) end
+        if n > 0 then redis.call('HSET', KEYS[1], '~version', ARGV[2]) end
         return n
         ",
     )
 });
+
+/// A version no earlier one repeats (a counter would start again if the
+/// hash were deleted, and a worker holding that number would never see the
+/// change).
+fn new_version() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
 
 /// The overrides' hash key.
 pub(crate) fn hash_key(prefix: &str) -> String {
@@ -483,6 +504,7 @@ pub(crate) async fn add(
     let _: i64 = PRUNE
         .key(&key)
         .arg(now_ms)
+        .arg(new_version())
         .invoke_async(&mut conn.clone())
         .await?;
     let (current, _) = read(conn, &key).await?;
@@ -505,7 +527,7 @@ pub(crate) async fn add(
             "at most {MAX_OVERRIDES} overrides can be in force: remove some first"
         )));
     }
-    pipe.hincr(&key, VERSION, 1).ignore();
+    pipe.hset(&key, VERSION, new_version()).ignore();
     let () = pipe.query_async(&mut conn.clone()).await?;
     Ok(())
 }
@@ -521,7 +543,7 @@ pub(crate) async fn remove(
     let (removed, _): (i64, i64) = ::redis::pipe()
         .atomic()
         .hdel(&key, target.field(norm))
-        .hincr(&key, VERSION, 1)
+        .hset(&key, VERSION, new_version())
         .query_async(&mut conn.clone())
         .await?;
     Ok(removed > 0)
@@ -531,7 +553,7 @@ pub(crate) async fn remove(
 pub(crate) async fn read(
     conn: &Conn,
     key: &str,
-) -> Result<(Vec<(String, Override)>, Option<i64>), OverrideError> {
+) -> Result<(Vec<(String, Override)>, Option<String>), OverrideError> {
     let all: HashMap<String, String> = ::redis::cmd("HGETALL")
         .arg(key)
         .query_async(&mut conn.clone())
@@ -540,7 +562,7 @@ pub(crate) async fn read(
     let mut out = Vec::with_capacity(all.len());
     for (field, json) in all {
         if field == VERSION {
-            version = json.parse().ok();
+            version = Some(json);
             continue;
         }
         let parsed = serde_json::from_str::<Stored>(&json)
@@ -550,7 +572,10 @@ pub(crate) async fn read(
             Ok(ov) => out.push((field, ov)),
             // One unreadable entry (written by hand, or by a later
             // version) must not take the others down.
-            Err(e) => tracing::warn!(field, error = %e, "an override cannot be read; ignored"),
+            Err(e) => {
+                let kind = field.split(':').next().unwrap_or_default();
+                tracing::warn!(kind, error = %e, "an override cannot be read; ignored");
+            }
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -558,8 +583,8 @@ pub(crate) async fn read(
 }
 
 /// The version, if the hash exists.
-pub(crate) async fn version(conn: &Conn, prefix: &str) -> Result<Option<i64>, OverrideError> {
-    let v: Option<i64> = ::redis::cmd("HGET")
+pub(crate) async fn version(conn: &Conn, prefix: &str) -> Result<Option<String>, OverrideError> {
+    let v: Option<String> = ::redis::cmd("HGET")
         .arg(hash_key(prefix))
         .arg(VERSION)
         .query_async(&mut conn.clone())

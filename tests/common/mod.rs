@@ -423,7 +423,7 @@ impl Drop for RedisCleanup {
     }
 }
 
-fn sync_redis() -> redis::Connection {
+pub fn sync_redis() -> redis::Connection {
     redis::Client::open(redis_url())
         .and_then(|c| c.get_connection())
         .expect("the shared Redis must answer (see README: the test command starts it)")
