@@ -1021,3 +1021,101 @@ async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
         "the new deny holds: {v:?}"
     );
 }
+
+/// Found by review: overrides changing while requests are in flight (an
+/// override added and removed in a loop, so each table numbers the others'
+/// rule sets differently) never let a denied client through, nor deny a
+/// mailbox judged by its own rules: each batch numbers the sets it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let prefix = unique_prefix("ov-swap");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(
+        &redis_settings(&prefix),
+        &limits(&[(MIN, 1), (HOUR, 5)], &[(MIN, 5), (HOUR, 50)]),
+    )
+    .await
+    .unwrap();
+    let l = Arc::new(l);
+    let ov = |t: &str, action: Action| Override {
+        target: Target::parse(t).unwrap(),
+        action,
+        reason: "swap".into(),
+        expires_at_ms: None,
+        added_at_ms: mailgate::domain::now_ms(),
+    };
+    l.add_override(&ov("ip:198.51.100.66", Action::Deny))
+        .await
+        .unwrap();
+    l.reload_overrides().await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (l, stop) = (l.clone(), stop.clone());
+        let rules = ov(
+            "email:aaa@example.com",
+            Action::Rules(vec![mailgate::settings::Rule::new(
+                Duration::from_secs(60),
+                1000,
+            )]),
+        );
+        tokio::spawn(async move {
+            let mut swaps = 0;
+            while !stop.load(Ordering::Relaxed) {
+                l.add_override(&rules).await.unwrap();
+                l.reload_overrides().await.unwrap();
+                tokio::task::yield_now().await;
+                l.remove_override(&rules.target).await.unwrap();
+                l.reload_overrides().await.unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (through, wrongly_denied) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut tasks = Vec::new();
+    for w in 0..32 {
+        let (l, through, wrongly_denied) = (l.clone(), through.clone(), wrongly_denied.clone());
+        tasks.push(tokio::spawn(async move {
+            for k in 0..100 {
+                let i = w * 1000 + k;
+                let denied = i % 2 == 0;
+                let j = match denied {
+                    true => TestJob::new(&format!("d{i}"), &format!("m{i}@ex{i}.com"), Some("198.51.100.66")),
+                    false => TestJob::new(
+                        &format!("r{i}"),
+                        "aaa@example.com",
+                        Some(&format!("203.0.113.{}", i % 200)),
+                    ),
+                };
+                let v = j.admit(&*l, &Ticket::new(), Clock::Server).await;
+                if denied && v == Verdict::Admitted {
+                    through.fetch_add(1, Ordering::Relaxed);
+                }
+                if !denied && matches!(v, Verdict::Rejected { retry_after_ms, .. } if retry_after_ms > HOUR) {
+                    wrongly_denied.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.await.unwrap();
+    assert!(swaps > 0);
+    assert_eq!(
+        through.load(Ordering::Relaxed),
+        0,
+        "a denied client was admitted"
+    );
+    assert_eq!(
+        wrongly_denied.load(Ordering::Relaxed),
+        0,
+        "a mailbox was judged by a deny"
+    );
+}

@@ -611,3 +611,101 @@ async fn only_a_relay_level_failure_fails_over() {
     assert_eq!(two.mails_to("g@").len(), 1);
     assert!(one.mails_to("g@").is_empty());
 }
+
+/// Found by review: a relay that sets sessions up but refuses every sender
+/// (451 to MAIL FROM: out of quota, suspended) passed a NOOP probe, so its
+/// circuit flapped closed after each cool-down and every job burned its
+/// attempts to `failed`. The probe now offers the sender (MAIL FROM, then
+/// RSET): the circuit stays open, no job fails, and `/readyz` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refusing_every_sender_keeps_its_circuit_open() {
+    use common::script::{ScriptedSmtp, reply};
+    let scripted = ScriptedSmtp::start().await;
+    for _ in 0..10_000 {
+        scripted.on("MAIL", None, reply(451));
+    }
+    let url = scripted.url();
+    let h = Harness::with("relay-sender", |s| {
+        s.smtp.url = String::new();
+        s.smtp.relays = vec![relay(url, "only")];
+        s.smtp.circuit = CircuitSettings {
+            failures: 2,
+            cool_down: Duration::from_millis(300),
+        };
+        s.retry.max_attempts = 3;
+        s.retry.initial = Duration::from_millis(200);
+        s.retry.max = Duration::from_millis(400);
+    })
+    .await;
+    let w = h.start_worker().await;
+    for i in 0..20 {
+        h.publish(
+            &json!({"id": format!("s{i}"), "email": format!("u{i}@example{i}.com"),
+            "code": "123456"}),
+        )
+        .await;
+    }
+    let q = h.settings.amqp.results_queue.clone();
+    let started = Instant::now();
+    let mut ready_after_open = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        if let Some((body, _)) = h.next_on(&q, Duration::from_millis(100)).await {
+            let r: Value = serde_json::from_slice(&body).unwrap();
+            panic!("a job was answered while its relay refuses every sender: {r}");
+        }
+        let (status, _) = http_get(w.http, "/readyz").await;
+        if started.elapsed() > Duration::from_secs(2) && status == 200 {
+            ready_after_open += 1;
+        }
+    }
+    assert_eq!(
+        ready_after_open, 0,
+        "/readyz said ready while every sender was refused"
+    );
+    w.stop().await.unwrap();
+}
+
+/// Found by review: a preferred relay that sets sessions up but never
+/// answers MAIL FROM took the whole `smtp.timeout` of each send, and the
+/// healthy second relay was never tried. MAIL FROM now has the time a
+/// session setup has (half of what is left, when another relay could take
+/// the mail): every send goes out through the second relay in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_silent_at_mail_from_leaves_time_for_the_next() {
+    use common::script::{ScriptedSmtp, reply};
+    use mailgate::domain::EmailAddress;
+    use mailgate::mailer::{Mailer, Outgoing};
+    use mailgate::settings::SmtpSettings;
+    let silent = ScriptedSmtp::start().await;
+    for _ in 0..100 {
+        silent.on("MAIL", None, reply(250).after(Duration::from_secs(30)));
+    }
+    let healthy = SmtpSink::start();
+    let m = Mailer::new(&SmtpSettings {
+        url: String::new(),
+        relays: vec![relay(silent.url(), "a"), relay(healthy.url(), "b")],
+        circuit: CircuitSettings {
+            failures: 3,
+            cool_down: Duration::from_secs(60),
+        },
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 4,
+        timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    for n in 0..4 {
+        let to = EmailAddress::parse(&format!("x{n}@example.com")).unwrap();
+        let out = Outgoing {
+            to: &to,
+            subject: "s",
+            text: "t",
+            html: None,
+        };
+        let mail = m.compose(&out).unwrap();
+        let slot = m.reserve().await;
+        m.send(slot, mail)
+            .await
+            .expect("sent through the second relay");
+    }
+    assert_eq!(healthy.wait_for(4, Duration::from_secs(5)).len(), 4);
+}

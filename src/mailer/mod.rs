@@ -196,7 +196,8 @@ impl Mailer {
                             }
                             other => other,
                         })?;
-                    pools.push((relay.name, pool::SmtpPool::new(endpoint)));
+                    let sender = from.email.clone();
+                    pools.push((relay.name, pool::SmtpPool::new(endpoint, sender)));
                 }
                 other => {
                     return Err(MailError::Config(format!(

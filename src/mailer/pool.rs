@@ -9,6 +9,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use lettre::Address;
 use lettre::address::Envelope;
 use tokio::time::Instant;
 
@@ -23,6 +24,8 @@ const MAX_IDLE: Duration = Duration::from_secs(60);
 /// Idle connections to one relay.
 pub(super) struct SmtpPool {
     endpoint: Endpoint,
+    /// The envelope sender, offered by checks and probes.
+    from: Address,
     /// Parked connections, oldest first.
     idle: Mutex<Vec<Parked>>,
 }
@@ -49,9 +52,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl SmtpPool {
     /// An empty pool.
-    pub(super) fn new(endpoint: Endpoint) -> Self {
+    pub(super) fn new(endpoint: Endpoint, from: Address) -> Self {
         Self {
             endpoint,
+            from,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -70,7 +74,8 @@ impl SmtpPool {
         deadline: Instant,
     ) -> Result<(), Failure> {
         let reused = match self.take_idle() {
-            Some(conn) => match smtp::transaction(conn, envelope, message, deadline).await {
+            Some(conn) => match smtp::transaction(conn, envelope, message, open_by, deadline).await
+            {
                 Err(failed) if failed.is_stale_connection() => {
                     tracing::debug!(error = ?failed, "a parked SMTP connection was dead; retrying on a new one");
                     None
@@ -83,7 +88,7 @@ impl SmtpPool {
             Some(done) => done,
             None => {
                 let conn = self.open(open_by.min(deadline)).await?;
-                smtp::transaction(conn, envelope, message, deadline).await
+                smtp::transaction(conn, envelope, message, open_by, deadline).await
             }
         };
         match done {
@@ -95,10 +100,14 @@ impl SmtpPool {
         }
     }
 
-    /// Opens a new session (connect, greeting, EHLO, NOOP), then QUIT.
+    /// Opens a new session (connect, greeting, EHLO, NOOP), offers the
+    /// sender (MAIL FROM, then RSET: nothing is handed over), then QUIT.
     pub(super) async fn check(&self, deadline: Instant) -> Result<(), Failure> {
         let mut conn = self.open(deadline).await?;
         if let Err(failed) = smtp::noop(&mut conn, deadline).await {
+            return Err(self.failed(&failed));
+        }
+        if let Err(failed) = smtp::sender_taken(&mut conn, &self.from, deadline).await {
             return Err(self.failed(&failed));
         }
         smtp::quit(conn, deadline).await;

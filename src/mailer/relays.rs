@@ -679,7 +679,10 @@ mod tests {
             cool_down: Duration::from_millis(300),
         };
         let relays = Relays::new(
-            vec![("a".into(), SmtpPool::new(endpoint))],
+            vec![(
+                "a".into(),
+                SmtpPool::new(endpoint, "probe@example.com".parse().unwrap()),
+            )],
             &settings,
             Duration::from_secs(1),
             Arc::new(Semaphore::new(1)),

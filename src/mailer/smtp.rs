@@ -19,7 +19,7 @@ use lettre::Address;
 use lettre::address::Envelope;
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
-use lettre::transport::smtp::commands::{Data, Mail, Noop, Rcpt};
+use lettre::transport::smtp::commands::{Data, Mail, Noop, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Severity;
 use tokio::time::{Instant, timeout_at};
@@ -196,10 +196,12 @@ pub(super) async fn transaction(
     mut conn: Connection,
     envelope: &Envelope,
     message: &[u8],
+    mail_by: Instant,
     deadline: Instant,
 ) -> Result<Connection, Failed> {
     let pipelined = conn.server_info().supports_feature(Extension::Pipelining);
-    match transact(&mut conn, envelope, message, pipelined, deadline).await {
+    let mail_by = mail_by.min(deadline);
+    match transact(&mut conn, envelope, message, pipelined, (mail_by, deadline)).await {
         Ok(()) => Ok(conn),
         // A pipelined envelope that failed may have replies still unread,
         // or (from a server that accepts DATA without a recipient) be in
@@ -217,20 +219,24 @@ pub(super) async fn transaction(
     }
 }
 
+/// `by`: when MAIL FROM must be answered (a relay that is not the last one
+/// to try leaves time for the next: until then nothing is handed over),
+/// and the send's deadline.
 async fn transact(
     conn: &mut Connection,
     envelope: &Envelope,
     message: &[u8],
     pipelined: bool,
-    deadline: Instant,
+    by: (Instant, Instant),
 ) -> Result<(), Failed> {
+    let (mail_by, deadline) = by;
     let params = mail_parameters(conn, envelope, message)?;
     let from = Mail::new(envelope.from().cloned(), params);
     let rcpts = envelope.to().iter().map(|to| Rcpt::new(to.clone(), vec![]));
     if pipelined {
-        pipeline_envelope(conn, from, rcpts, deadline).await?;
+        pipeline_envelope(conn, from, rcpts, by).await?;
     } else {
-        step(deadline, Phase::MailFrom, conn.command(from)).await?;
+        step(mail_by, Phase::MailFrom, conn.command(from)).await?;
         for rcpt in rcpts {
             step(deadline, Phase::Rcpt, conn.command(rcpt)).await?;
         }
@@ -248,7 +254,7 @@ async fn pipeline_envelope(
     conn: &mut Connection,
     from: Mail,
     rcpts: impl Iterator<Item = Rcpt>,
-    deadline: Instant,
+    (mail_by, deadline): (Instant, Instant),
 ) -> Result<(), Failed> {
     use std::fmt::Write as _;
     let mut batch = from.to_string();
@@ -261,7 +267,7 @@ async fn pipeline_envelope(
     let _ = write!(batch, "{Data}");
     phases.push(Phase::Data);
     // `command` writes the batch and reads the first reply (MAIL FROM's).
-    step(deadline, Phase::MailFrom, conn.command(batch)).await?;
+    step(mail_by, Phase::MailFrom, conn.command(batch)).await?;
     for &phase in &phases[1..] {
         step(deadline, phase, conn.read_response()).await?;
     }
@@ -357,6 +363,22 @@ impl<'a> Iterator for DotTracker<'a> {
 /// NOOP, for health checks.
 pub(super) async fn noop(conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
     step(deadline, Phase::Noop, conn.command(Noop))
+        .await
+        .map(drop)
+}
+
+/// MAIL FROM `from`, then RSET, for probes (found by review: a relay that
+/// sets sessions up but refuses every sender, out of quota or suspended,
+/// passed a NOOP probe, and its circuit flapped closed, failing sends).
+/// The transaction is reset at once: nothing is handed over.
+pub(super) async fn sender_taken(
+    conn: &mut Connection,
+    from: &Address,
+    deadline: Instant,
+) -> Result<(), Failed> {
+    let mail = Mail::new(Some(from.clone()), Vec::new());
+    step(deadline, Phase::MailFrom, conn.command(mail)).await?;
+    step(deadline, Phase::Noop, conn.command(Rset))
         .await
         .map(drop)
 }
