@@ -278,7 +278,11 @@ async fn relay_failures_are_relay_errors_and_health_recovers() {
     assert_eq!(gauge().as_deref(), Some("mailgate_smtp_relay_up 1"));
     let before = server.connections();
     m.check().await.expect("check");
-    assert_eq!(server.verbs(before), verbs(&["EHLO", "NOOP", "QUIT"]));
+    // The check offers the sender too, then resets: nothing is handed over.
+    assert_eq!(
+        server.verbs(before),
+        verbs(&["EHLO", "NOOP", "MAIL", "RSET", "QUIT"])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -655,7 +655,7 @@ mod tests {
                 while let Ok(Some(line)) = lines.next_line().await {
                     let reply: &[u8] = match line.get(..4).map(str::to_ascii_uppercase).as_deref() {
                         Some("EHLO") => b"250 probe.test\r\n",
-                        Some("NOOP") => b"250 ok\r\n",
+                        Some("NOOP") | Some("MAIL") | Some("RSET") => b"250 ok\r\n",
                         Some("QUIT") => b"221 bye\r\n",
                         _ => b"502 no\r\n",
                     };
