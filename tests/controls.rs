@@ -201,7 +201,7 @@ async fn an_older_code_waiting_for_its_retry_is_superseded_by_a_newer_one() {
     h.sink.reply_with(&[451]);
     h.publish(
         &json!({"id": "older", "email": "a@example.com", "code": "111111",
-        "created_at": made(1_000)}),
+        "created_at": made(5_000)}),
     )
     .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -920,6 +920,7 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
         l.remove_override(&Target::parse("email:b@example.com").unwrap())
             .await
             .unwrap()
+            .is_some()
     );
     assert!(l.reload_overrides().await.unwrap());
     assert_eq!(
@@ -1118,4 +1119,68 @@ async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
         0,
         "a mailbox was judged by a deny"
     );
+}
+
+/// Found by re-review: two stored overrides that widen to one subject (a
+/// deny of one address and an allow of its network, read by a worker that
+/// groups clients by /24) resolve to the stronger, the deny, whatever
+/// their order; and `remove` deletes the entry stored for exactly what it
+/// is given first.
+#[tokio::test]
+async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
+    use mailgate::limiter::overrides::Target;
+    let prefix = unique_prefix("ov-widen");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let lim = LimitSettings {
+        ipv4_prefix: 24,
+        ..limits(&[(HOUR, 50)], &[(HOUR, 50)])
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &lim)
+        .await
+        .unwrap();
+    let mut conn = sync_redis();
+    let key = format!("{prefix}overrides");
+    for (field, json) in [
+        (
+            "ip:10.1.2.7/32",
+            r#"{"target":"ip:10.1.2.7/32","action":"deny","reason":"r","expires_at_ms":null,"added_at_ms":0}"#,
+        ),
+        (
+            "ip:10.1.2.0/24",
+            r#"{"target":"ip:10.1.2.0/24","action":"allow","reason":"r","expires_at_ms":null,"added_at_ms":0}"#,
+        ),
+        ("~version", "x"),
+    ] {
+        let () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(field)
+            .arg(json)
+            .query(&mut conn)
+            .unwrap();
+    }
+    l.reload_overrides().await.unwrap();
+    for (n, ip) in ["10.1.2.7", "10.1.2.99"].into_iter().enumerate() {
+        let v = TestJob::new(&format!("w{n}"), &format!("u{n}@example.com"), Some(ip))
+            .admit(&l, &Ticket::new(), Clock::Server)
+            .await;
+        assert!(
+            matches!(v, Verdict::Rejected { rule, .. } if rule.max == 0),
+            "{ip}: {v:?}"
+        );
+    }
+    let removed = l
+        .remove_override(&Target::parse("ip:10.1.2.7").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        removed.map(|t| t.to_string()).as_deref(),
+        Some("ip:10.1.2.7/32")
+    );
+    l.reload_overrides().await.unwrap();
+    let v = TestJob::new("w9", "u9@example.com", Some("10.1.2.7"))
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert_eq!(v, Verdict::Admitted, "the allow is left");
 }

@@ -530,8 +530,8 @@ pub async fn overrides(
         super::OverridesAction::Remove { target } => {
             let target = Target::parse(&target)?;
             match ledger.remove_override(&target).await? {
-                true => println!("removed the override of {target}"),
-                false => println!("{target} had no override"),
+                Some(removed) => println!("removed the override of {removed}"),
+                None => println!("{target} had no override"),
             }
             Ok(true)
         }

@@ -40,10 +40,12 @@ write (ARGV), so an id is never mailed twice within that period:
          had none; records of earlier versions lack t_domain);
          its member in scope log s is member_of(t_s, id .. ':' .. nonce)
 
-Latest KEYS <prefix>latest:<purpose>:<mailbox>, a sorted set: the newest
+Newest KEYS <prefix>newest:<purpose>:<mailbox>, a sorted set: the newest
 16 jobs admitted for a mailbox and purpose whose purpose supersedes older
-jobs, member the job id, score when it was made (ms); lives dedup_ms after
-its last write.
+jobs (by when they were made, then by id), member the job id, score when
+it was made (ms); lives dedup_ms after its last write. (An earlier version
+kept one job, as a string, under latest:…; the new name keeps the two
+versions from failing on each other's keys during an upgrade.)
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
 ]]
@@ -131,14 +133,15 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     for them to say which is newer (producers' clocks disagree, and the
     AMQP timestamp has whole seconds).
   KEYS: the record, then one scope key per key the shape names (two
-  characters each), then, with made, the latest key of the job's mailbox
+  characters each), then, with made, the newest key of the job's mailbox
   and purpose.
-  Superseding: another job of the latest key is newer if it was made more
-  than skew later, or (made within skew of each other) admitted later. A
-  job with a newer one whose record is not refunded is answered
+  Superseding: another job of the newest key is newer if it was made more
+  than skew later; made within skew of each other, neither is newer (which
+  was made first cannot be told: both are mailed). A job with a newer
+  one whose record is not refunded is answered
   `superseded` where it would be admitted (nothing is counted) or resumed
   (its unsent admission is refunded, fin 'p'): its code is stale, and a
-  newer one is on its way. A job admitted now joins its latest key. A job
+  newer one is on its way. A job admitted now joins its newest key. A job
   whose send began is never superseded.
 
 items "look" and "create" -- the same decision when the scope keys live on
@@ -187,23 +190,17 @@ local function admit_ok(a, sets, kind)
     and string.match(flag or '', '^[01]:%x+$') ~= nil
 end
 
--- Whether job `id`, made at `made` and admitted at `at` (ms), is
--- superseded: its latest key holds another job that is newer (made more
--- than `skew` later, or made within `skew` and admitted later) and whose
--- record is not refunded (a refunded job mails nothing). `record`: this
--- job's record key, whose prefix the others' share.
-local function superseded(latest, made, at, skew, id, record)
-  local others = call('ZREVRANGEBYSCORE', latest, '+inf', int(made - skew), 'WITHSCORES', 'LIMIT',
-    0, 16)
+-- Whether job `id`, made at `made` (ms), is superseded: its newest key
+-- holds another job made more than `skew` later whose record is not
+-- refunded (a refunded job mails nothing). `record`: this job's record
+-- key, whose prefix the others' share.
+local function superseded(newest, made, skew, id, record)
+  local others = call('ZRANGEBYSCORE', newest, '(' .. int(made + skew), '+inf')
   local prefix = sub(record, 1, #record - #id)
-  for i = 1, #others, 2 do
-    local other, t = others[i], tonumber(others[i + 1])
+  for _, other in ipairs(others) do
     if other ~= id then
-      local rec = call('HMGET', prefix .. other, 'st', 'at')
-      local other_at = tonumber(rec[2])
-      if rec[1] and rec[1] ~= 'r' and (t > made + skew or (other_at and other_at > at)) then
-        return true
-      end
+      local st = call('HGET', prefix .. other, 'st')
+      if st and st ~= 'r' then return true end
     end
   end
   return false
@@ -264,7 +261,7 @@ local function admit(k, a, b, kind)
     -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
   elseif fp and st == 'a' and latest
-    and superseded(latest, math.min(made or at, at), at, skew, id, key) then
+    and superseded(latest, math.min(made or at, at), skew, id, key) then
     -- Its code is stale: refunded unsent, and answered by the caller.
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
@@ -284,7 +281,7 @@ local function admit(k, a, b, kind)
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
     made = math.min(made or now, now)
-    if latest and superseded(latest, made, now, skew, id, key) then
+    if latest and superseded(latest, made, skew, id, key) then
       return CODE.superseded, 0
     end
     local d, s, rule, shadow_d

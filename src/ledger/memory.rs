@@ -111,22 +111,18 @@ impl State {
         self.latest.retain(|_, (_, until)| *until > now);
     }
 
-    /// Whether job `id`, made at `made` and admitted at `at`, is
-    /// superseded: `latest` holds another job that is newer (made more than
-    /// `skew` later, or made within `skew` and admitted later) whose live
-    /// record is not refunded (see `ledger.lua`'s "admit").
-    fn superseded(&self, latest: &str, made: u64, at: u64, skew: u64, id: &str, now: u64) -> bool {
+    /// Whether job `id`, made at `made`, is superseded: `latest` holds
+    /// another job made more than `skew` later whose live record is not
+    /// refunded (see `ledger.lua`'s "admit").
+    fn superseded(&self, latest: &str, made: u64, skew: u64, id: &str, now: u64) -> bool {
         let Some((jobs, _)) = self.latest.get(latest).filter(|(_, until)| *until > now) else {
             return false;
         };
         jobs.iter().any(|(t, other)| {
             let rec = (self.records.get(other.as_str())).filter(|r| r.until > now);
             other != id
-                && t.saturating_add(skew) >= made
-                && rec.is_some_and(|r| {
-                    !matches!(r.state, JobState::Refunded(_))
-                        && (*t > made.saturating_add(skew) || r.admitted_at > at)
-                })
+                && *t > made.saturating_add(skew)
+                && rec.is_some_and(|r| !matches!(r.state, JobState::Refunded(_)))
         })
     }
 
@@ -161,14 +157,14 @@ impl State {
         let attempt = (job.attempt.max(1), job.holder);
         let latest = keys.latest_key(&job.request);
         let skew = keys.supersede_skew_ms();
-        let stale = |state: &Self, made: u64, at: u64| {
-            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, at, skew, id, now))
+        let stale = |state: &Self, made: u64| {
+            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, skew, id, now))
         };
         let admitted_at = self.record(id, now).map(|rec| rec.admitted_at);
         // A time after the admission (a producer's clock ahead) counts as
         // the admission's.
-        let stale_admission = admitted_at
-            .is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at)), at));
+        let stale_admission =
+            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at))));
         if let Some(rec) = self.record(id, now) {
             let mine = rec.owner == *job.ticket;
             let answered = rec.answered;
@@ -243,7 +239,7 @@ impl State {
             return Verdict::Expired;
         }
         let made = entry.made_at_ms.map_or(now, |m| m.min(now));
-        if stale(self, made, now) {
+        if stale(self, made) {
             return Verdict::Superseded { refunded: false };
         }
         let [binding, would_bind] = self.logs.judge(&scopes, now);
@@ -260,8 +256,9 @@ impl State {
             let (jobs, until) = self.latest.entry(latest).or_default();
             jobs.retain(|(_, other)| other != id);
             jobs.push((made, id.to_owned()));
-            // The newest 16 by when they were made.
-            jobs.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+            // The newest 16 by when they were made, then by id (as a
+            // sorted set trims them).
+            jobs.sort_by(|a, b| b.cmp(a));
             jobs.truncate(16);
             *until = now.saturating_add(dedup);
         }

@@ -891,9 +891,10 @@ impl RedisLedger {
         refresh_overrides(&self.conn, &self.keys).await
     }
 
-    /// Removes the override of `target` (as the limiter counts it);
-    /// whether there was one.
-    pub async fn remove_override(&self, target: &Target) -> Result<bool, OverrideError> {
+    /// Removes the override stored for `target` exactly, else the one of
+    /// the subject as the limiter counts it ([`Keyspace::counted`]); which
+    /// one it removed, if any.
+    pub async fn remove_override(&self, target: &Target) -> Result<Option<Target>, OverrideError> {
         let probe = Override {
             target: target.clone(),
             action: overrides::Action::Allow,
@@ -901,14 +902,9 @@ impl RedisLedger {
             expires_at_ms: None,
             added_at_ms: 0,
         };
-        let target = &self.keys.counted(probe).target;
-        overrides::remove(
-            &self.conn,
-            &self.keys.prefix,
-            &self.keys.limits.normalize,
-            target,
-        )
-        .await
+        let counted = self.keys.counted(probe).target;
+        let norm = &self.keys.limits.normalize;
+        overrides::remove(&self.conn, &self.keys.prefix, norm, target, &counted).await
     }
 
     /// Every stored override, expired ones too (an expired one is no longer

@@ -544,7 +544,7 @@ impl Keyspace {
         }
         let mut key = String::with_capacity(self.prefix.len() + 8 + purpose.len() + 64);
         key.push_str(&self.prefix);
-        key.push_str("latest:");
+        key.push_str("newest:");
         key.push_str(purpose);
         key.push(':');
         req.email.push_mailbox_key(&self.limits.normalize, &mut key);

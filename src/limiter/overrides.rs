@@ -436,15 +436,32 @@ impl Table {
     }
 }
 
+/// How strongly an action holds when two overrides name one subject (two
+/// stored addresses widened to one group, found by review): a deny beats
+/// rules, rules beat an allow.
+fn strength(action: &Action) -> u8 {
+    match action {
+        Action::Deny => 2,
+        Action::Rules(_) => 1,
+        Action::Allow => 0,
+    }
+}
+
 trait TryInsertHit<K> {
-    /// Inserts unless the key holds one already; whether it did.
+    /// Inserts, or replaces a weaker one ([`strength`]); whether the key
+    /// was new.
     fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool;
 }
 
 impl<K: std::hash::Hash + Eq> TryInsertHit<K> for HashMap<K, Hit> {
     fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool {
         match self.entry(key) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                if strength(&hit.ov.action) > strength(&o.get().ov.action) {
+                    o.insert(hit);
+                }
+                false
+            }
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(hit);
                 true
@@ -532,21 +549,28 @@ pub(crate) async fn add(
     Ok(())
 }
 
-/// Removes the override of `target`; whether there was one.
+/// Removes the override stored for `target` exactly, else the one stored
+/// for `counted` (the subject as the limiter counts it); which one, if any.
 pub(crate) async fn remove(
     conn: &Conn,
     prefix: &str,
     norm: &Normalization,
     target: &Target,
-) -> Result<bool, OverrideError> {
+    counted: &Target,
+) -> Result<Option<Target>, OverrideError> {
     let key = hash_key(prefix);
-    let (removed, _): (i64, i64) = ::redis::pipe()
-        .atomic()
-        .hdel(&key, target.field(norm))
-        .hset(&key, VERSION, new_version())
-        .query_async(&mut conn.clone())
-        .await?;
-    Ok(removed > 0)
+    for t in [target, counted] {
+        let (removed, _): (i64, i64) = ::redis::pipe()
+            .atomic()
+            .hdel(&key, t.field(norm))
+            .hset(&key, VERSION, new_version())
+            .query_async(&mut conn.clone())
+            .await?;
+        if removed > 0 {
+            return Ok(Some(t.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// Every stored override (expired ones too), and the version.

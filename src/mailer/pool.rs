@@ -74,8 +74,7 @@ impl SmtpPool {
         deadline: Instant,
     ) -> Result<(), Failure> {
         let reused = match self.take_idle() {
-            Some(conn) => match smtp::transaction(conn, envelope, message, open_by, deadline).await
-            {
+            Some(conn) => match smtp::transaction(conn, envelope, message, deadline).await {
                 Err(failed) if failed.is_stale_connection() => {
                     tracing::debug!(error = ?failed, "a parked SMTP connection was dead; retrying on a new one");
                     None
@@ -88,7 +87,7 @@ impl SmtpPool {
             Some(done) => done,
             None => {
                 let conn = self.open(open_by.min(deadline)).await?;
-                smtp::transaction(conn, envelope, message, open_by, deadline).await
+                smtp::transaction(conn, envelope, message, deadline).await
             }
         };
         match done {

@@ -196,12 +196,10 @@ pub(super) async fn transaction(
     mut conn: Connection,
     envelope: &Envelope,
     message: &[u8],
-    mail_by: Instant,
     deadline: Instant,
 ) -> Result<Connection, Failed> {
     let pipelined = conn.server_info().supports_feature(Extension::Pipelining);
-    let mail_by = mail_by.min(deadline);
-    match transact(&mut conn, envelope, message, pipelined, (mail_by, deadline)).await {
+    match transact(&mut conn, envelope, message, pipelined, deadline).await {
         Ok(()) => Ok(conn),
         // A pipelined envelope that failed may have replies still unread,
         // or (from a server that accepts DATA without a recipient) be in
@@ -219,24 +217,20 @@ pub(super) async fn transaction(
     }
 }
 
-/// `by`: when MAIL FROM must be answered (a relay that is not the last one
-/// to try leaves time for the next: until then nothing is handed over),
-/// and the send's deadline.
 async fn transact(
     conn: &mut Connection,
     envelope: &Envelope,
     message: &[u8],
     pipelined: bool,
-    by: (Instant, Instant),
+    deadline: Instant,
 ) -> Result<(), Failed> {
-    let (mail_by, deadline) = by;
     let params = mail_parameters(conn, envelope, message)?;
     let from = Mail::new(envelope.from().cloned(), params);
     let rcpts = envelope.to().iter().map(|to| Rcpt::new(to.clone(), vec![]));
     if pipelined {
-        pipeline_envelope(conn, from, rcpts, by).await?;
+        pipeline_envelope(conn, from, rcpts, deadline).await?;
     } else {
-        step(mail_by, Phase::MailFrom, conn.command(from)).await?;
+        step(deadline, Phase::MailFrom, conn.command(from)).await?;
         for rcpt in rcpts {
             step(deadline, Phase::Rcpt, conn.command(rcpt)).await?;
         }
@@ -254,7 +248,7 @@ async fn pipeline_envelope(
     conn: &mut Connection,
     from: Mail,
     rcpts: impl Iterator<Item = Rcpt>,
-    (mail_by, deadline): (Instant, Instant),
+    deadline: Instant,
 ) -> Result<(), Failed> {
     use std::fmt::Write as _;
     let mut batch = from.to_string();
@@ -267,7 +261,7 @@ async fn pipeline_envelope(
     let _ = write!(batch, "{Data}");
     phases.push(Phase::Data);
     // `command` writes the batch and reads the first reply (MAIL FROM's).
-    step(mail_by, Phase::MailFrom, conn.command(batch)).await?;
+    step(deadline, Phase::MailFrom, conn.command(batch)).await?;
     for &phase in &phases[1..] {
         step(deadline, phase, conn.read_response()).await?;
     }
@@ -367,20 +361,27 @@ pub(super) async fn noop(conn: &mut Connection, deadline: Instant) -> Result<(),
         .map(drop)
 }
 
-/// MAIL FROM `from`, then RSET, for probes (found by review: a relay that
-/// sets sessions up but refuses every sender, out of quota or suspended,
-/// passed a NOOP probe, and its circuit flapped closed, failing sends).
-/// The transaction is reset at once: nothing is handed over.
+/// MAIL FROM `from` (with SMTPUTF8 for a non-ASCII sender, as a send
+/// has), then RSET, for probes (found by review: a relay that sets
+/// sessions up but refuses every sender, out of quota or suspended, passed
+/// a NOOP probe, and its circuit flapped closed, failing sends). The
+/// transaction is reset at once: nothing is handed over. Only MAIL FROM's
+/// answer counts: a relay that refuses RSET still takes mail (the caller
+/// quits the session either way).
 pub(super) async fn sender_taken(
     conn: &mut Connection,
     from: &Address,
     deadline: Instant,
 ) -> Result<(), Failed> {
-    let mail = Mail::new(Some(from.clone()), Vec::new());
+    let ascii = AsRef::<str>::as_ref(from).is_ascii();
+    let params = match ascii || !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
+        true => Vec::new(),
+        false => vec![MailParameter::SmtpUtfEight],
+    };
+    let mail = Mail::new(Some(from.clone()), params);
     step(deadline, Phase::MailFrom, conn.command(mail)).await?;
-    step(deadline, Phase::Noop, conn.command(Rset))
-        .await
-        .map(drop)
+    let _ = timeout_at(deadline, conn.command(Rset)).await;
+    Ok(())
 }
 
 /// QUIT within `deadline`, ignoring the outcome: the connection is done.
