@@ -1068,7 +1068,10 @@ mod cases {
         let (a, n) = (Ticket::new(), Ticket::new());
         assert_eq!(made(l, &old, &a, T0, None).await, Verdict::Admitted);
         assert!(release(l, &old, &a).await);
-        assert_eq!(made(l, &new, &n, T0 + 10 * SEC, None).await, Verdict::Admitted);
+        assert_eq!(
+            made(l, &new, &n, T0 + 10 * SEC, None).await,
+            Verdict::Admitted
+        );
         assert_eq!(
             made(l, &old, &a, T0 + 20 * SEC, None).await,
             Verdict::Superseded { refunded: true }
