@@ -664,3 +664,90 @@ async fn a_relay_refusing_every_sender_keeps_its_circuit_open() {
     );
     w.stop().await.unwrap();
 }
+
+/// Found by re-review: with a non-ASCII sender and a relay that does not
+/// offer SMTPUTF8 (which every send refuses), the probe offered the sender
+/// without it, the relay said 250, and the circuit kept closing onto sends
+/// that all failed. The probe now refuses as a send does: once the send
+/// opened the circuit, it stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
+    use common::script::ScriptedSmtp;
+    use mailgate::domain::EmailAddress;
+    use mailgate::mailer::{Mailer, Outgoing};
+    use mailgate::settings::SmtpSettings;
+    let scripted = ScriptedSmtp::start().await;
+    let m = Mailer::new(&SmtpSettings {
+        url: String::new(),
+        relays: vec![relay(scripted.url(), "only")],
+        circuit: CircuitSettings {
+            failures: 1,
+            cool_down: Duration::from_millis(200),
+        },
+        from: "Tëst <nöreply@example.com>".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    let to = EmailAddress::parse("u@example.com").unwrap();
+    let out = Outgoing {
+        to: &to,
+        subject: "s",
+        text: "t",
+        html: None,
+    };
+    let slot = tokio::time::timeout(Duration::from_secs(5), m.reserve())
+        .await
+        .expect("the circuit starts closed");
+    let sent = m.send(slot, m.compose(&out).unwrap()).await;
+    assert!(
+        matches!(&sent, Err(e) if e.to_string().contains("SMTPUTF8")),
+        "{sent:?}"
+    );
+    // Five cool-downs: the probes all fail, the circuit never closes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(m.relay_health().is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), m.until_can_send())
+            .await
+            .is_err(),
+        "the circuit closed onto a relay no send can use"
+    );
+}
+
+/// Found by re-review: the probe ignored RSET's outcome, so a relay that
+/// took MAIL FROM and then closed the session (421) passed. A refusal of
+/// RSET alone (502: the relay does not know it) still leaves a relay that
+/// takes mail; a 421 or silence past the deadline there fails the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
+    use common::script::{ScriptedSmtp, reply};
+    use mailgate::mailer::Mailer;
+    use mailgate::settings::SmtpSettings;
+    let scripted = ScriptedSmtp::start().await;
+    let m = Mailer::new(&SmtpSettings {
+        url: String::new(),
+        relays: vec![relay(scripted.url(), "only")],
+        circuit: CircuitSettings {
+            failures: 5,
+            cool_down: Duration::from_secs(30),
+        },
+        from: "noreply@example.com".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    scripted.on("RSET", None, reply(502));
+    let refused = m.check().await;
+    assert!(
+        refused.is_ok(),
+        "a 502 to RSET failed the check: {refused:?}"
+    );
+    scripted.on("RSET", None, reply(421).then_close());
+    let closing = m.check().await;
+    assert!(closing.is_err(), "a 421 to RSET passed the check");
+    scripted.on("RSET", None, reply(250).after(Duration::from_secs(3)));
+    let silent = m.check().await;
+    assert!(silent.is_err(), "a relay silent at RSET passed the check");
+    assert!(m.check().await.is_ok(), "a healthy relay failed the check");
+}

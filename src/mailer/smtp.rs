@@ -362,26 +362,32 @@ pub(super) async fn noop(conn: &mut Connection, deadline: Instant) -> Result<(),
 }
 
 /// MAIL FROM `from` (with SMTPUTF8 for a non-ASCII sender, as a send
-/// has), then RSET, for probes (found by review: a relay that sets
-/// sessions up but refuses every sender, out of quota or suspended, passed
-/// a NOOP probe, and its circuit flapped closed, failing sends). The
-/// transaction is reset at once: nothing is handed over. Only MAIL FROM's
-/// answer counts: a relay that refuses RSET still takes mail (the caller
-/// quits the session either way).
+/// has, and refused as a send is where the server does not offer it),
+/// then RSET, for probes (found by review: a relay that sets sessions up
+/// but refuses every sender, out of quota or suspended, passed a NOOP
+/// probe, and its circuit flapped closed, failing sends). The transaction
+/// is reset at once: nothing is handed over. A reply refusing RSET still
+/// leaves a relay that takes mail; a 421, a broken session or the deadline
+/// there fail the probe, as they would fail a send.
 pub(super) async fn sender_taken(
     conn: &mut Connection,
     from: &Address,
     deadline: Instant,
 ) -> Result<(), Failed> {
-    let ascii = AsRef::<str>::as_ref(from).is_ascii();
-    let params = match ascii || !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
-        true => Vec::new(),
-        false => vec![MailParameter::SmtpUtfEight],
-    };
+    let mut params = Vec::new();
+    if !AsRef::<str>::as_ref(from).is_ascii() {
+        if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
+            let why = "the sender address is not ASCII and the server does not offer SMTPUTF8";
+            return Err(Failed::unsupported(Phase::MailFrom, why.to_owned()));
+        }
+        params.push(MailParameter::SmtpUtfEight);
+    }
     let mail = Mail::new(Some(from.clone()), params);
     step(deadline, Phase::MailFrom, conn.command(mail)).await?;
-    let _ = timeout_at(deadline, conn.command(Rset)).await;
-    Ok(())
+    match step(deadline, Phase::Noop, conn.command(Rset)).await {
+        Err(f) if matches!(f.fault, Fault::Reply(code, _) if code != 421) => Ok(()),
+        done => done.map(drop),
+    }
 }
 
 /// QUIT within `deadline`, ignoring the outcome: the connection is done.
