@@ -916,12 +916,11 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
         .map(|o| o.target.to_string())
         .collect();
     assert_eq!(left, ["email:b@example.com"]);
-    assert!(
-        l.remove_override(&Target::parse("email:b@example.com").unwrap())
-            .await
-            .unwrap()
-            .is_some()
-    );
+    let done = l
+        .remove_override(&Target::parse("email:b@example.com").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(done.removed.len(), 1);
     assert!(l.reload_overrides().await.unwrap());
     assert_eq!(
         TestJob::new("j3", "b@example.com", None)
@@ -1125,7 +1124,8 @@ async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
 /// deny of one address and an allow of its network, read by a worker that
 /// groups clients by /24) resolve to the stronger, the deny, whatever
 /// their order; and `remove` deletes the entry stored for exactly what it
-/// is given first.
+/// is given and names the others still in force, or, with none stored
+/// exactly, every one its subject widens to.
 #[tokio::test]
 async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
     use mailgate::limiter::overrides::Target;
@@ -1170,17 +1170,29 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
             "{ip}: {v:?}"
         );
     }
-    let removed = l
+    let done = l
         .remove_override(&Target::parse("ip:10.1.2.7").unwrap())
         .await
         .unwrap();
+    let names = |ts: &[Target]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+    assert_eq!(names(&done.removed), ["ip:10.1.2.7/32"]);
     assert_eq!(
-        removed.map(|t| t.to_string()).as_deref(),
-        Some("ip:10.1.2.7/32")
+        names(&done.still),
+        ["ip:10.1.2.0/24"],
+        "named as still in force"
     );
     l.reload_overrides().await.unwrap();
     let v = TestJob::new("w9", "u9@example.com", Some("10.1.2.7"))
         .admit(&l, &Ticket::new(), Clock::Server)
         .await;
     assert_eq!(v, Verdict::Admitted, "the allow is left");
+    // An address with no override of its own reaches the one its group
+    // has (it said "no override" and left it in force).
+    let done = l
+        .remove_override(&Target::parse("ip:10.1.2.99").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(names(&done.removed), ["ip:10.1.2.0/24"]);
+    assert!(done.still.is_empty());
+    assert!(l.list_overrides().await.unwrap().is_empty());
 }

@@ -529,9 +529,15 @@ pub async fn overrides(
         }
         super::OverridesAction::Remove { target } => {
             let target = Target::parse(&target)?;
-            match ledger.remove_override(&target).await? {
-                Some(removed) => println!("removed the override of {removed}"),
-                None => println!("{target} had no override"),
+            let done = ledger.remove_override(&target).await?;
+            if done.removed.is_empty() {
+                println!("{target} had no override");
+            }
+            for t in done.removed {
+                println!("removed the override of {t}");
+            }
+            for t in done.still {
+                println!("still in force for the same subject: the override of {t}");
             }
             Ok(true)
         }

@@ -891,20 +891,45 @@ impl RedisLedger {
         refresh_overrides(&self.conn, &self.keys).await
     }
 
-    /// Removes the override stored for `target` exactly, else the one of
-    /// the subject as the limiter counts it ([`Keyspace::counted`]); which
-    /// one it removed, if any.
-    pub async fn remove_override(&self, target: &Target) -> Result<Option<Target>, OverrideError> {
-        let probe = Override {
-            target: target.clone(),
-            action: overrides::Action::Allow,
-            reason: String::new(),
-            expires_at_ms: None,
-            added_at_ms: 0,
-        };
-        let counted = self.keys.counted(probe).target;
+    /// Removes the override stored for exactly `target`; if there is
+    /// none, every override stored for a subject that widens to the same
+    /// one as the limiter counts it ([`Keyspace::counted`]; found by
+    /// review: removing the /24 a stored /32 widens to said "no override"
+    /// and left it in force). Says which it removed, and which others
+    /// still apply to that subject.
+    pub async fn remove_override(
+        &self,
+        target: &Target,
+    ) -> Result<overrides::Removal, OverrideError> {
         let norm = &self.keys.limits.normalize;
-        overrides::remove(&self.conn, &self.keys.prefix, norm, target, &counted).await
+        // A subject as the limiter counts it: the field of its widened
+        // target (one per mailbox however it is spelled).
+        let subject = |t: &Target| {
+            let probe = Override {
+                target: t.clone(),
+                action: overrides::Action::Allow,
+                reason: String::new(),
+                expires_at_ms: None,
+                added_at_ms: 0,
+            };
+            self.keys.counted(probe).target.field(norm)
+        };
+        let (wanted, exact_field) = (subject(target), target.field(norm));
+        let key = overrides::hash_key(&self.keys.prefix);
+        let (all, _) = overrides::read(&self.conn, &key).await?;
+        let (same, _): (Vec<_>, Vec<_>) =
+            (all.into_iter()).partition(|(_, ov)| subject(&ov.target) == wanted);
+        let exact = same.iter().any(|(field, _)| *field == exact_field);
+        let (gone, still): (Vec<_>, Vec<_>) =
+            (same.into_iter()).partition(|(field, _)| !exact || *field == exact_field);
+        if !gone.is_empty() {
+            let fields: Vec<String> = gone.iter().map(|(f, _)| f.clone()).collect();
+            overrides::remove(&self.conn, &self.keys.prefix, &fields).await?;
+        }
+        Ok(overrides::Removal {
+            removed: gone.into_iter().map(|(_, ov)| ov.target).collect(),
+            still: still.into_iter().map(|(_, ov)| ov.target).collect(),
+        })
     }
 
     /// Every stored override, expired ones too (an expired one is no longer

@@ -103,7 +103,7 @@ impl Target {
 
     /// Its field in the hash, one per subject: the same mailbox spelled
     /// twice is one field.
-    fn field(&self, norm: &Normalization) -> String {
+    pub(crate) fn field(&self, norm: &Normalization) -> String {
         match self {
             Target::Email(e) => format!("email:{}", e.mailbox_key(norm)),
             Target::Domain(d) => format!("domain:{d}"),
@@ -317,23 +317,31 @@ pub(crate) struct Hit {
     pub set: Option<(usize, Arc<RuleSet>)>,
 }
 
+/// The overrides of one subject, strongest first ([`precedence`]): two
+/// stored overrides can name one subject once widened as the limiter
+/// counts it (found by review). The first live one applies, so when the
+/// stronger expires the next one holds at once, on every worker alike.
+type Hits = Vec<Hit>;
+
 /// The overrides in force, indexed for lookups on every admission.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
-    /// Full email scope key → its override.
-    emails: HashMap<String, Hit>,
-    /// Full domain scope key → its override.
-    domains: HashMap<String, Hit>,
-    /// Networks, by prefix length, longest first: (length, masked net → hit).
-    nets: Vec<(u8, bool, HashMap<IpNet, Hit>)>,
-    /// How many there are.
+    /// Full email scope key → its overrides.
+    emails: HashMap<String, Hits>,
+    /// Full domain scope key → its overrides.
+    domains: HashMap<String, Hits>,
+    /// Networks, by prefix length, longest first: (length, masked net →
+    /// hits).
+    nets: Vec<(u8, bool, HashMap<IpNet, Hits>)>,
+    /// How many subjects have one.
     len: usize,
     /// The version of the hash this was built from.
     pub version: Option<String>,
 }
 
 impl Table {
-    /// Indexes `overrides` (the first of two for one subject wins).
+    /// Indexes `overrides` (several for one subject are kept in
+    /// [`precedence`] order).
     /// `email_key` and `domain_key` name a subject's scope key; rule sets
     /// are numbered from `first_set`, and a scope's keys keep admissions
     /// for at least `keep_ms` of that scope (its longest window).
@@ -374,8 +382,8 @@ impl Table {
                 set,
             };
             let fresh = match target {
-                Target::Email(e) => table.emails.try_insert_hit(email_key(&e), hit),
-                Target::Domain(d) => table.domains.try_insert_hit(domain_key(&d), hit),
+                Target::Email(e) => table.emails.insert_hit(email_key(&e), hit),
+                Target::Domain(d) => table.domains.insert_hit(domain_key(&d), hit),
                 Target::Net(net) => {
                     let (len, v4) = (net.prefix_len(), matches!(net, IpNet::V4(_)));
                     let at = match table
@@ -392,7 +400,7 @@ impl Table {
                                 .unwrap_or(0)
                         }
                     };
-                    table.nets[at].2.try_insert_hit(net.trunc(), hit)
+                    table.nets[at].2.insert_hit(net.trunc(), hit)
                 }
             };
             table.len += usize::from(fresh);
@@ -400,7 +408,7 @@ impl Table {
         table
     }
 
-    /// How many overrides it holds.
+    /// How many subjects have overrides.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -414,13 +422,13 @@ impl Table {
     /// The override of a mailbox (by its full email scope key) live at
     /// `now_ms`.
     pub fn email(&self, key: &str, now_ms: u64) -> Option<&Hit> {
-        self.emails.get(key).filter(|h| h.ov.live(now_ms))
+        first_live(self.emails.get(key), now_ms)
     }
 
     /// The override of a domain (by its full domain scope key) live at
     /// `now_ms`.
     pub fn domain(&self, key: &str, now_ms: u64) -> Option<&Hit> {
-        self.domains.get(key).filter(|h| h.ov.live(now_ms))
+        first_live(self.domains.get(key), now_ms)
     }
 
     /// The override of the narrowest network holding `ip` live at `now_ms`.
@@ -431,42 +439,58 @@ impl Table {
             .filter(|(_, f, _)| *f == v4)
             .find_map(|(len, _, nets)| {
                 let net = IpNet::new(ip, *len).ok()?.trunc();
-                nets.get(&net).filter(|h| h.ov.live(now_ms))
+                first_live(nets.get(&net), now_ms)
             })
     }
 }
 
-/// How strongly an action holds when two overrides name one subject (two
-/// stored addresses widened to one group, found by review): a deny beats
-/// rules, rules beat an allow.
-fn strength(action: &Action) -> u8 {
-    match action {
+/// The first override of `hits` live at `now_ms`.
+fn first_live(hits: Option<&Hits>, now_ms: u64) -> Option<&Hit> {
+    hits?.iter().find(|h| h.ov.live(now_ms))
+}
+
+/// Which of two overrides of one subject holds (found by review; two
+/// stored subjects can widen to one): a deny beats rules, rules beat an
+/// allow, and of two rule sets the tighter one holds: the one allowing
+/// the lowest rate in any of its windows (then the newer). Never the
+/// order fields happen to be read in.
+fn precedence(a: &Hit, b: &Hit) -> std::cmp::Ordering {
+    let strength = |h: &Hit| match &h.ov.action {
         Action::Deny => 2,
         Action::Rules(_) => 1,
         Action::Allow => 0,
-    }
+    };
+    // The lowest rate a rule set allows, as max per window (compared as
+    // max_a * window_b against max_b * window_a: exact in u128).
+    let lowest = |h: &Hit| match &h.ov.action {
+        Action::Rules(rules) => rules
+            .iter()
+            .filter(|r| r.enforce)
+            .map(|r| (u128::from(r.max), u128::from(r.window_ms())))
+            .min_by(|x, y| (x.0 * y.1).cmp(&(y.0 * x.1))),
+        _ => None,
+    };
+    strength(b)
+        .cmp(&strength(a))
+        .then_with(|| match (lowest(a), lowest(b)) {
+            (Some(x), Some(y)) => (x.0 * y.1).cmp(&(y.0 * x.1)),
+            _ => std::cmp::Ordering::Equal,
+        })
+        .then_with(|| b.ov.added_at_ms.cmp(&a.ov.added_at_ms))
 }
 
-trait TryInsertHit<K> {
-    /// Inserts, or replaces a weaker one ([`strength`]); whether the key
-    /// was new.
-    fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool;
+trait InsertHit<K> {
+    /// Adds `hit` to its subject's overrides, in [`precedence`] order;
+    /// whether the subject was new.
+    fn insert_hit(&mut self, key: K, hit: Hit) -> bool;
 }
 
-impl<K: std::hash::Hash + Eq> TryInsertHit<K> for HashMap<K, Hit> {
-    fn try_insert_hit(&mut self, key: K, hit: Hit) -> bool {
-        match self.entry(key) {
-            std::collections::hash_map::Entry::Occupied(mut o) => {
-                if strength(&hit.ov.action) > strength(&o.get().ov.action) {
-                    o.insert(hit);
-                }
-                false
-            }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(hit);
-                true
-            }
-        }
+impl<K: std::hash::Hash + Eq> InsertHit<K> for HashMap<K, Hits> {
+    fn insert_hit(&mut self, key: K, hit: Hit) -> bool {
+        let hits = self.entry(key).or_default();
+        let at = hits.partition_point(|h| precedence(h, &hit).is_le());
+        hits.insert(at, hit);
+        hits.len() == 1
     }
 }
 
@@ -549,28 +573,31 @@ pub(crate) async fn add(
     Ok(())
 }
 
-/// Removes the override stored for `target` exactly, else the one stored
-/// for `counted` (the subject as the limiter counts it); which one, if any.
+/// What `mailgate overrides remove` did.
+#[derive(Debug, Clone, Default)]
+pub struct Removal {
+    /// The stored overrides it removed (none: the subject had none).
+    pub removed: Vec<Target>,
+    /// Others stored for a subject the limiter counts as the same one,
+    /// left in force (only when one was stored for exactly the target).
+    pub still: Vec<Target>,
+}
+
+/// Removes the overrides stored under `fields`, bumping the version,
+/// atomically; how many there were.
 pub(crate) async fn remove(
     conn: &Conn,
     prefix: &str,
-    norm: &Normalization,
-    target: &Target,
-    counted: &Target,
-) -> Result<Option<Target>, OverrideError> {
+    fields: &[String],
+) -> Result<i64, OverrideError> {
     let key = hash_key(prefix);
-    for t in [target, counted] {
-        let (removed, _): (i64, i64) = ::redis::pipe()
-            .atomic()
-            .hdel(&key, t.field(norm))
-            .hset(&key, VERSION, new_version())
-            .query_async(&mut conn.clone())
-            .await?;
-        if removed > 0 {
-            return Ok(Some(t.clone()));
-        }
-    }
-    Ok(None)
+    let (removed, _): (i64, i64) = ::redis::pipe()
+        .atomic()
+        .hdel(&key, fields)
+        .hset(&key, VERSION, new_version())
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(removed)
 }
 
 /// Every stored override (expired ones too), and the version.
@@ -680,5 +707,48 @@ mod tests {
         assert_eq!(at("11.0.0.1", 50), None);
         assert_eq!(at("2001:db8:1::9", 50).as_deref(), Some("ip:2001:db8::/32"));
         assert_eq!(table.len(), 3);
+    }
+
+    /// Found by re-review: two overrides of one subject (stored apart,
+    /// widened to one) were resolved by the order their fields were read
+    /// in, and once the stronger expired the weaker stayed hidden until the
+    /// next change (while a worker started since applied it).
+    #[test]
+    fn of_two_overrides_of_one_subject_the_stronger_live_one_holds() {
+        use crate::settings::Rule;
+        use std::time::Duration;
+        let ov = |action: Action, expires: Option<u64>, added| Override {
+            target: Target::parse("ip:10.1.2.0/24").unwrap(),
+            action,
+            reason: "r".into(),
+            expires_at_ms: expires,
+            added_at_ms: added,
+        };
+        let rules = |s: u64, n: u32| Action::Rules(vec![Rule::new(Duration::from_secs(s), n)]);
+        let held = |ovs: Vec<Override>, now| {
+            let table = Table::new(ovs, |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
+            assert_eq!(table.len(), 1);
+            let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
+            hit.map(|h| h.ov.action.clone())
+        };
+        // 5 an hour is tighter than 100 a day (4.2 an hour), in either order.
+        for ovs in [
+            vec![ov(rules(3600, 5), None, 1), ov(rules(86400, 100), None, 2)],
+            vec![ov(rules(86400, 100), None, 2), ov(rules(3600, 5), None, 1)],
+        ] {
+            assert_eq!(held(ovs, 10), Some(rules(86400, 100)));
+        }
+        // A deny holds while it lasts; then the rules; then the allow.
+        let all = || {
+            vec![
+                ov(Action::Allow, None, 1),
+                ov(rules(60, 1), Some(200), 2),
+                ov(Action::Deny, Some(100), 3),
+            ]
+        };
+        assert_eq!(held(all(), 50), Some(Action::Deny));
+        assert_eq!(held(all(), 150), Some(rules(60, 1)));
+        assert_eq!(held(all(), 250), Some(Action::Allow));
+        assert_eq!(held(vec![ov(Action::Deny, Some(100), 3)], 150), None);
     }
 }
