@@ -46,6 +46,7 @@ second by set 2; "1@" is set 64 + 16 = 80). Up to 4095 sets: settings allow
 ]]
 
 local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
+local huge, mmin, mmax, floor = math.huge, math.min, math.max, math.floor
 
 -- The longest window, lease or dedup period accepted, in ms (a year and a
 -- day, as settings.rs's MAX_PERIOD): longer ones would overflow an expiry,
@@ -58,6 +59,11 @@ local MAX_KEEP_MS = MAX_PERIOD_MS + 60000
 local function int(x)
   return format('%.0f', x)
 end
+
+-- '-n' for a read of the newest n entries (n <= 16), as constants: Lua
+-- formats a number with sprintf, which costs Redis more than the read.
+local NEWEST = {'-1', '-2', '-3', '-4', '-5', '-6', '-7', '-8', '-9', '-10', '-11', '-12', '-13',
+  '-14', '-15', '-16'}
 
 -- The admission time a log member starts with: 12 hex digits of ms
 -- (parsed with strtoul; a decimal prefix would cost a slow strtod).
@@ -77,8 +83,10 @@ local function member_of(at, id)
   return format('%012x', at) .. ':' .. id
 end
 
--- Parses the rule sets starting at ARGV[a]. Returns the sets and the index
--- after them, or nil and why (before anything was written).
+-- Reads where each rule set starting at ARGV[a] lies; each is parsed when
+-- a request first names it (set_of), so a call parses only the sets its
+-- requests use (every purpose and override has its own). Returns them and
+-- the index after them, or nil and why (before anything was written).
 local function rule_sets(a)
   local count = tonumber(ARGV[a])
   if not count then return nil, 'rule set count' end
@@ -100,44 +108,60 @@ local function rule_sets(a)
       if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
       a = a + 1
     end
-    local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if not n or not keep or keep < 1 or keep > MAX_KEEP_MS then return nil, 'rule set ' .. i end
-    -- fetch: how many of a log's newest entries one read gets: the largest
-    -- N, at most 16; 0 if every N is larger. A rule with a larger N reads
-    -- its N-th newest entry on its own, only when the log is at least as
-    -- long as that first read (so a domain's 50 per 10 minutes costs one
-    -- read, not a read of 16 and then one more).
-    local set = {n = n, w = {}, max = {}, rank = {}, shadow = {}, deny = {}, keep = keep,
-      keep_s = ARGV[a + 1]}
-    local top, least = 1, math.huge
-    for r = 1, n do
-      local w_s, m_s = ARGV[a + 2 * r], ARGV[a + 2 * r + 1]
-      local w, m = tonumber(w_s), tonumber(m_s)
-      local deny = m == 0 and n == 1
-      if not w or not m or m ~= math.floor(m) or (m == 0 and not deny)
-        or (deny and w < 0) or (not deny and (w < 1 or w > MAX_PERIOD_MS)) then
-        return nil, 'rule ' .. r .. ' of set ' .. i
-      end
-      set.shadow[r], set.deny[r], set.denies = m < 0, deny, deny
-      m = math.abs(m)
-      set.w[r], set.max[r], set.rank[r] = w, m, '-' .. int(m)
-      if not deny then top, least = math.max(top, m), math.min(least, m) end
-    end
-    set.fetch = least > 16 and 0 or math.min(top, 16)
-    set.fetch_s = '-' .. set.fetch
-    -- The newest entries that can fill a rule, up to 16 (what scope.lua
-    -- looks through for a copy of the job).
-    set.top_s = '-' .. math.min(top, 16)
-    sets[at] = set
+    local n = tonumber(ARGV[a])
+    if not n or n < 0 or n ~= floor(n) then return nil, 'rule set ' .. i end
+    sets[at] = a
     a = a + 2 + 2 * n
   end
   return sets, a
 end
 
--- The rule set a shape names for its s-th key.
+-- Parses the rule set at ARGV[a]; nil if it is malformed.
+local function parse_set(a)
+  local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  if not keep or keep < 1 or keep > MAX_KEEP_MS then return nil end
+  -- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
+  -- (judged as -max), 0 for a deny (denies: the set's one rule).
+  -- rank[r]: '-max' of a rule with max > 16, made when first read.
+  -- fetch: how many of a log's newest entries one read gets: the largest
+  -- N, at most 16; 0 if every N is larger. A rule with a larger N reads
+  -- its N-th newest entry on its own, only when the log is at least as
+  -- long as that first read (so a domain's 50 per 10 minutes costs one
+  -- read, not a read of 16 and then one more). Built with as few tables
+  -- and formatted numbers as can be: this runs once per call, and a
+  -- call often decides one request.
+  local w, max = {}, {}
+  local top, least, denies = 1, huge, false
+  for r = 1, n do
+    local wr, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
+    local deny = m == 0 and n == 1
+    if not wr or not m or m ~= floor(m) or (m == 0 and not deny)
+      or (deny and wr < 0) or (not deny and (wr < 1 or wr > MAX_PERIOD_MS)) then
+      return nil
+    end
+    w[r], max[r], denies = wr, m, deny
+    if m < 0 then m = -m end
+    if not deny then top, least = mmax(top, m), mmin(least, m) end
+  end
+  local fetch = least > 16 and 0 or mmin(top, 16)
+  -- top_s: the newest entries that can fill a rule, up to 16 (what
+  -- scope.lua looks through for a copy of the job).
+  return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
+    keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
+end
+
+-- The rule set a shape names for its s-th key; nil if there is none or it
+-- is malformed (shape_ok, which every script runs before its first write,
+-- says so).
 local function set_of(shape, s, sets)
   local hi, lo = byte(shape, 2 * s - 1, 2 * s)
-  return sets[(hi - 48) * 64 + lo - 48]
+  local k = (hi - 48) * 64 + lo - 48
+  local set = sets[k]
+  if type(set) == 'number' then
+    set = parse_set(set) or false
+    sets[k] = set
+  end
+  return set or nil
 end
 
 -- Whether a shape names only rule sets that exist.
@@ -165,13 +189,16 @@ local function judge(first, shape, sets, now, logs)
     local len = #log
     if logs then logs[s] = log end
     local newest = len > 0 and time_of(log[len])
+    local w, max = set.w, set.max
     for r = 1, set.n do
-      local n = set.max[r]
+      local n = max[r]
+      local shadow = n < 0
+      if shadow then n = -n end
       local i = len - n + 1
       local t_n
-      if set.deny[r] then
+      if set.denies then
         -- Rejected while the deny lasts (for good: the longest wait).
-        local d = set.w[r] == 0 and MAX_PERIOD_MS or math.min(set.w[r] - now, MAX_PERIOD_MS)
+        local d = w[r] == 0 and MAX_PERIOD_MS or mmin(w[r] - now, MAX_PERIOD_MS)
         if d > best_d then best_d, best_s, best_r = d, s, r end
       elseif i == len then
         t_n = newest
@@ -180,13 +207,16 @@ local function judge(first, shape, sets, now, logs)
       elseif n > set.fetch and len == set.fetch then
         -- A large N and a log at least as long as one read: fetch just the
         -- N-th newest.
-        local m = call('ZRANGE', key, set.rank[r], set.rank[r])[1]
+        local rank = set.rank or {}
+        set.rank = rank
+        rank[r] = rank[r] or '-' .. int(n)
+        local m = call('ZRANGE', key, rank[r], rank[r])[1]
         t_n = m and time_of(m)
       end
       -- The rule is full iff d > 0; the largest d binds, the first on a tie.
       if t_n then
-        local d = t_n + set.w[r] - now
-        if set.shadow[r] then
+        local d = t_n + w[r] - now
+        if shadow then
           if d > sh_d then sh_d, sh_s, sh_r = d, s, r end
         elseif d > best_d then
           best_d, best_s, best_r = d, s, r
@@ -213,7 +243,9 @@ local function room(first, shape, sets, now, logs, out)
     local len = #log
     local best_r, best_left, best_reset = 0, 0, 0
     for r = 1, set.n do
-      if not set.shadow[r] and not set.deny[r] then
+      -- Enforced rules only (a shadow rule's max is negative, a deny's 0).
+      local max = set.max[r]
+      if max > 0 then
         local w = set.w[r]
         local since = now - w
         local c = 0
@@ -228,11 +260,11 @@ local function room(first, shape, sets, now, logs, out)
         elseif c > 0 then
           oldest = time_of(log[len - c + 1])
         end
-        local left = set.max[r] - c - 1
+        local left = max - c - 1
         if left < 0 then left = 0 end
         -- The admission at `now` may be the oldest (entries after `now`:
         -- the clock stepped back).
-        local reset = oldest and math.min(oldest, now) + w - now or w
+        local reset = oldest and mmin(oldest, now) + w - now or w
         if best_r == 0 or left < best_left or (left == best_left and reset > best_reset) then
           best_r, best_left, best_reset = r, left, reset
         end

@@ -67,7 +67,8 @@ local sets, a = rule_sets(3)
 if not sets then return fail(a) end
 local id, nonce = ARGV[a], ARGV[a + 1]
 local values = op == 'reserve' and 2 or 1
-if #sets ~= 1 or #ARGV ~= a - 1 + values or id == '' or (values == 2 and nonce == '') then
+if #sets ~= 1 or not shape_ok('01', sets) or #ARGV ~= a - 1 + values or id == ''
+  or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
 end
 if op == 'reserve' then
@@ -85,7 +86,7 @@ if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
   local mine, after = ':' .. id .. ':', 13 + #id + 2
-  for _, m in ipairs(call('ZRANGE', KEYS[1], sets[1].top_s, '-1')) do
+  for _, m in ipairs(call('ZRANGE', KEYS[1], set_of('01', 1, sets).top_s, '-1')) do
     if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
       return {now, 2, time_of(m), d, rule}
     end
