@@ -241,15 +241,25 @@ local function room(first, shape, sets, now, logs, out)
   for s = 1, #shape / 2 do
     local key, set, log = KEYS[first + s - 1], set_of(shape, s, sets), logs[s]
     local len = #log
-    local best_r, best_left, best_reset = 0, 0, 0
+    local best_r, best_left, best_reset, times = 0, 0, 0, {}
     for r = 1, set.n do
       -- Enforced rules only (a shadow rule's max is negative, a deny's 0).
       local max = set.max[r]
       if max > 0 then
         local w = set.w[r]
         local since = now - w
+        -- Count the read entries in the window, newest first; each entry's
+        -- time is parsed once per key, not once per rule.
         local c = 0
-        while c < len and time_of(log[len - c]) > since do c = c + 1 end
+        while c < len do
+          local t = times[len - c]
+          if not t then
+            t = time_of(log[len - c])
+            times[len - c] = t
+          end
+          if t <= since then break end
+          c = c + 1
+        end
         local oldest
         if c == len and len == set.fetch then
           -- Every entry read is in the window: there may be more.
