@@ -4,6 +4,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY benches benches
+# Two crates patched until upstream releases their fixes (Cargo.toml's
+# [patch.crates-io]).
+COPY vendor vendor
 RUN cargo build --release --locked --bin mailgate
 
 # Runtime stage: the binary, its config and templates, a non-root user.

@@ -327,7 +327,9 @@ fn shared_files(
 
 /// The names of the subdirectories of `dir` (symlinks to directories inside
 /// `root` included) that are valid purpose or locale names; anything else
-/// there is a layout error, so a typo does not vanish.
+/// there is a layout error, so a typo does not vanish. Hidden ones are
+/// skipped: a Kubernetes ConfigMap volume keeps its files in `..data` and
+/// `..<timestamp>` beside the links to them.
 fn subdirs(dir: &Path, root: &Path) -> Result<Vec<String>, TemplateError> {
     let read = |error| TemplateError::Read {
         path: dir.display().to_string(),
@@ -336,10 +338,10 @@ fn subdirs(dir: &Path, root: &Path) -> Result<Vec<String>, TemplateError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(read)? {
         let entry = entry.map_err(read)?;
-        if !inside(root, &entry.path())?.is_dir() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !inside(root, &entry.path())?.is_dir() {
             continue;
         }
-        let name = entry.file_name().to_string_lossy().into_owned();
         if Name::parse("template directory", &name).is_err() {
             return Err(TemplateError::Layout(format!(
                 "{}: directory names may hold only letters, digits, '-' and '_'",
@@ -528,5 +530,28 @@ mod tests {
         std::os::unix::fs::symlink(&outside.0, d.0.join("other")).unwrap();
         let err = Templates::load(&s).err().expect("escaping dir").to_string();
         assert!(err.contains("other") && err.contains("outside"), "{err}");
+    }
+
+    /// A ConfigMap volume (deploy/k8s/), as Kubernetes lays it out: the
+    /// files in a hidden `..<timestamp>` directory, `..data` linking to it,
+    /// and each top-level entry a link through `..data`. It loaded as a
+    /// layout error ("..data" is no purpose name).
+    #[test]
+    fn a_kubernetes_configmap_volume_loads() {
+        let (d, s) = set(OK);
+        let stamp = d.0.join("..2026_11_26_01_00_00.123");
+        std::fs::create_dir(&stamp).unwrap();
+        for entry in std::fs::read_dir(&d.0).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if !name.to_string_lossy().starts_with('.') {
+                std::fs::rename(entry.path(), stamp.join(&name)).unwrap();
+                let through = std::path::Path::new("..data").join(&name);
+                std::os::unix::fs::symlink(through, d.0.join(&name)).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("..2026_11_26_01_00_00.123", d.0.join("..data")).unwrap();
+        let t = Templates::load(&s).expect("a ConfigMap volume loads");
+        assert!(t.has_purpose(&Name::parse("purpose", "verify").unwrap()));
     }
 }
