@@ -16,6 +16,11 @@
 //! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
 //! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
 //! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
+//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed every 15 s and on each `/readyz` |
+//! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
+//!
+//! The counters and gauges dashboards and alerts read are registered at
+//! zero when the worker starts ([`register`]).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -114,6 +119,44 @@ pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Optio
         Verdict::Superseded { .. } => "superseded",
     };
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
+}
+
+/// Every counter and gauge `deploy/grafana` and `deploy/prometheus` read,
+/// registered at zero, so their queries have data from the first scrape: a
+/// rate over a series that does not exist yet is no data, and the first
+/// increment of a series born at 1 is lost to `increase` (an alert on dead
+/// letters would miss the first). Called once the recorder is installed.
+pub fn register() {
+    use Status::*;
+    for status in [
+        Sent, Rejected, Duplicate, Invalid, Expired, Failed, Superseded,
+    ] {
+        metrics::counter!("mailgate_jobs_total", "status" => status_label(status)).increment(0);
+    }
+    for reason in ["transient", "lease"] {
+        metrics::counter!("mailgate_retries_total", "reason" => reason).increment(0);
+    }
+    metrics::counter!("mailgate_dead_letters_total").increment(0);
+    metrics::counter!("mailgate_limiter_decisions_total", "verdict" => "admitted").increment(0);
+    metrics::gauge!("mailgate_jobs_in_flight").increment(0.0);
+    for dependency in ["rabbitmq", "redis", "smtp"] {
+        metrics::gauge!("mailgate_dependency_up", "dependency" => dependency).set(0.0);
+    }
+    metrics::gauge!("mailgate_jobs_queue_messages").set(0.0);
+}
+
+/// Whether `dependency` answers, as `/readyz` checks it.
+pub fn dependency_up(dependency: &'static str, up: bool) {
+    metrics::gauge!("mailgate_dependency_up", "dependency" => dependency).set(if up {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// How many jobs wait in the jobs queue.
+pub fn jobs_waiting(n: u32) {
+    metrics::gauge!("mailgate_jobs_queue_messages").set(f64::from(n));
 }
 
 /// A job goes to wait in RabbitMQ: `transient` for a retry, `lease` for

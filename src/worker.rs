@@ -35,6 +35,9 @@ use crate::wire::{JobResult, Status};
 /// victim, the jobs beside it only if they were beside it twice.
 const ISOLATE_FROM: u32 = 2;
 
+/// How often the dependency and backlog gauges are refreshed.
+const GAUGES_EVERY: Duration = Duration::from_secs(15);
+
 /// Everything a running worker shares between its jobs.
 pub struct Worker<L> {
     pipeline: Pipeline<L>,
@@ -162,6 +165,7 @@ impl Checked {
 pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     // Install the metrics recorder before anything is counted.
     crate::telemetry::prometheus();
+    crate::telemetry::register();
     let http = tokio::net::TcpListener::bind(settings.http.listen)
         .await
         .with_context(|| {
@@ -242,11 +246,37 @@ impl<L: Ledger + 'static> Worker<L> {
             // From now on `/readyz` asks the worker.
             let _ = e.starting.worker.set(this.clone());
         }
+        let gauges = tokio::spawn(this.clone().refresh_gauges());
         let result = this.clone().consume(shutdown).await;
+        gauges.abort();
         if let Some(e) = endpoint {
             e.stop().await;
         }
         result
+    }
+
+    /// Keeps the gauges of what `/readyz` checks and of the jobs waiting
+    /// fresh for dashboards and alerts, whether or not anything asks
+    /// `/readyz` (the checks are cached, so this adds no load when a
+    /// probe asks as often). Runs until aborted.
+    async fn refresh_gauges(self: Arc<Self>) {
+        let mut every = tokio::time::interval(GAUGES_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let _ = crate::http::Readiness::check(&*self).await;
+            let broker = self
+                .broker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if let Some(broker) = broker {
+                match broker.jobs_waiting().await {
+                    Ok(n) => telemetry::jobs_waiting(n),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the jobs queue's length"),
+                }
+            }
+        }
     }
 
     async fn consume(self: Arc<Self>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -660,7 +690,11 @@ impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
                 .get(async { mailer.check().await.map_err(|e| e.to_string()) })
                 .await
         };
-        vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)]
+        let checks = vec![("rabbitmq", amqp), ("redis", redis), ("smtp", smtp)];
+        for (dependency, r) in &checks {
+            telemetry::dependency_up(dependency, r.is_ok());
+        }
+        checks
     }
 }
 

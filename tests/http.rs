@@ -291,3 +291,124 @@ async fn healthz_answers_while_the_worker_starts() {
     assert!(status.success(), "{status:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }
+
+/// The metric names an expression or text uses: `mailgate_…` words.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("mailgate_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        // A word that merely contains it (e.g. `x_mailgate_y`) is not one.
+        let word_start =
+            at == 0 || !rest[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        if word_start {
+            names.insert(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Every metric `deploy/grafana/mailgate.json` and
+/// `deploy/prometheus/alerts.yml` read is one a real worker exports, once
+/// it has answered a sent, a rejected and an invalid job: a renamed metric
+/// breaks CI, not an on-call's night. (`promtool check rules` and `promtool
+/// test rules` run from scripts/test.) The gauges of what `/readyz` checks
+/// and of the backlog are there from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_and_alerts_read_is_exported() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("deploy/grafana/mailgate.json").unwrap())
+            .expect("the dashboard is JSON");
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(exprs.len() >= 7, "{exprs:?}");
+    let mut used = metric_names(&exprs.join("\n"));
+    used.extend(metric_names(
+        &std::fs::read_to_string("deploy/prometheus/alerts.yml").unwrap(),
+    ));
+    assert!(used.len() >= 10, "{used:?}");
+
+    let h = Harness::new("metric-names").await;
+    let w = h.start_worker().await;
+    let (_, before) = http_get(w.http, "/metrics").await;
+    for gauge in [
+        "mailgate_dependency_up{dependency=\"redis\"}",
+        "mailgate_jobs_queue_messages",
+        "mailgate_dead_letters_total",
+        "mailgate_jobs_total{status=\"failed\"}",
+    ] {
+        assert!(
+            before.contains(gauge),
+            "{gauge} is not there from the start:\n{before}"
+        );
+    }
+    assert_eq!(http_get(w.http, "/readyz").await.0, 200);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut headers = FieldTable::default();
+    headers.insert("timestamp_in_ms".into(), AMQPValue::LongLongInt(now_ms));
+    for (n, email) in ["a@example.com", "a@example.com"].iter().enumerate() {
+        let job = json!({"id": format!("n{n}"), "email": email, "code": "1"});
+        h.publish_raw(
+            job.to_string().as_bytes(),
+            BasicProperties::default().with_headers(headers.clone()),
+        )
+        .await;
+    }
+    h.publish(&json!({"id": "bad", "code": "1"})).await;
+    h.results(3).await;
+    let (_, m) = http_get(w.http, "/metrics").await;
+    let exported: std::collections::BTreeSet<String> = m
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect();
+    // A histogram named in prose is its series' base name.
+    let missing: Vec<&String> = (used.iter())
+        .filter(|n| !exported.contains(*n) && !exported.contains(&format!("{n}_bucket")))
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}\n{m}");
+    for dependency in ["rabbitmq", "redis", "smtp"] {
+        let series = format!("mailgate_dependency_up{{dependency=\"{dependency}\"}}");
+        assert_eq!(value(&m, &series), 1.0, "{series} after /readyz:\n{m}");
+    }
+    w.stop().await.unwrap();
+}
+
+/// The backlog gauge's source: the jobs waiting in the jobs queue, read
+/// without taking them (a passive declare on a channel of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_waiting_are_counted_without_taking_them() {
+    let h = Harness::new("jobs-waiting").await;
+    let broker = mailgate::broker::Broker::connect(&h.settings)
+        .await
+        .expect("broker");
+    assert_eq!(broker.jobs_waiting().await.unwrap(), 0);
+    for n in 0..3 {
+        h.publish(&json!({"id": format!("w{n}"), "email": "a@example.com", "code": "1"}))
+            .await;
+    }
+    let mut seen = 0;
+    for _ in 0..50 {
+        seen = broker.jobs_waiting().await.unwrap();
+        if seen == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, 3);
+    assert_eq!(broker.jobs_waiting().await.unwrap(), 3, "still there");
+    broker.close(std::time::Duration::from_secs(5)).await;
+}

@@ -744,6 +744,32 @@ impl Broker {
         self.conn.status().blocked()
     }
 
+    /// How many jobs wait in the jobs queue, ready and not yet handed to a
+    /// consumer (the backlog gauge). A passive declare, on a channel of its
+    /// own (a passive declare that fails closes its channel), within
+    /// `amqp.timeout`; it leaves the connection alone if it runs out.
+    pub async fn jobs_waiting(&self) -> Result<u32, BrokerError> {
+        let ask = async {
+            let channel = self.conn.create_channel().await?;
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let queue = channel
+                .queue_declare(
+                    self.topology.jobs.as_str().into(),
+                    passive,
+                    FieldTable::default(),
+                )
+                .await?;
+            let _ = channel.close(200, "done".into()).await;
+            Ok(queue.message_count())
+        };
+        tokio::time::timeout(self.timeout, ask)
+            .await
+            .unwrap_or(Err(BrokerError::Timeout(self.timeout)))
+    }
+
     /// Runs one broker operation within `amqp.timeout`. One that runs out
     /// closes the connection (in the background, itself bounded), so the
     /// deliveries it holds go back to the queue and the consumer ends.
