@@ -906,9 +906,207 @@ fn main() {
                 rounds_out.push((Some(ceilings), rows));
             }
         }
+        // The load sweep and its chart, after the rounds: admitted jobs at
+        // 10 % to 100 % of the median measured maximum.
+        let sweep_points = match rounds_out.first() {
+            Some((Some(_), _)) => Some(sweep(&run, &rounds_out, jobs).await),
+            _ => None,
+        };
         cleanup(&run).await;
         report(jobs, sink.accepted.load(Ordering::Relaxed), &rounds_out);
+        if let Some(points) = sweep_points {
+            report_sweep(&points, &rounds_out, benching);
+        }
     });
+}
+
+/// One step of the load sweep: what was offered, and what came of it.
+struct Point {
+    /// Offered, as a share of the measured maximum, and in jobs/s.
+    share: f64,
+    offered: f64,
+    out: Outcome,
+}
+
+/// Admitted jobs (mailed), paced at 10 %, 20 % … 100 % of the median of
+/// the rounds' maximum admitted rate ("adm"), one worker, a quarter of the
+/// jobs each.
+async fn sweep(run: &Run, rounds: &[(Option<Ceilings>, Vec<Row>)], jobs: u64) -> Vec<Point> {
+    let mut max: Vec<f64> = (rounds.iter())
+        .flat_map(|(_, rows)| rows.iter().filter(|r| r.key == "adm"))
+        .map(|r| r.out.rate())
+        .collect();
+    max.sort_by(f64::total_cmp);
+    let max = max.get(max.len() / 2).copied().unwrap_or(100.0);
+    let n = (jobs / 4).max(100);
+    eprintln!("load sweep: admitted jobs at 10-100 % of {max:.0}/s, {n} each");
+    let mut points = Vec::new();
+    for step in 1..=10 {
+        let share = f64::from(step) / 10.0;
+        let offered = max * share;
+        let row = scenario(
+            run,
+            "sweep",
+            Mix::Admitted,
+            n,
+            Some(offered),
+            1,
+            100 + step as usize,
+        )
+        .await;
+        points.push(Point {
+            share,
+            offered,
+            out: row.out,
+        });
+    }
+    points
+}
+
+/// Where the chart goes: `docs/e2e-load.svg` for a real run (BENCHMARKS.md
+/// embeds it), a scratch file for the smoke run, so tests never rewrite it.
+fn chart_path(benching: bool) -> std::path::PathBuf {
+    if benching {
+        std::path::PathBuf::from("docs/e2e-load.svg")
+    } else {
+        std::env::temp_dir().join(format!("mailgate-e2e-load-{}.svg", std::process::id()))
+    }
+}
+
+/// The sweep as a table, and as a chart: latency against offered load,
+/// and throughput against the same run's ceilings.
+fn report_sweep(points: &[Point], rounds: &[(Option<Ceilings>, Vec<Row>)], benching: bool) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(
+        o,
+        "\nload sweep, admitted jobs, one worker:\n| offered | offered jobs/s | jobs/s | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|"
+    );
+    for p in points {
+        let _ = writeln!(
+            o,
+            "| {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} |",
+            p.share * 100.0,
+            p.offered,
+            p.out.rate(),
+            p.out.pct(0.5),
+            p.out.pct(0.99)
+        );
+    }
+    let median = |f: fn(&Ceilings) -> f64| {
+        let mut v: Vec<f64> = rounds
+            .iter()
+            .filter_map(|(c, _)| c.map(|c| f(&c)))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let ceilings = [
+        ("(a) bare broker loop", median(|c| c.broker)),
+        ("(c) SMTP sink", median(|c| c.smtp)),
+    ];
+    let path = chart_path(benching);
+    match draw_sweep(&path, points, &ceilings) {
+        Ok(()) => {
+            let _ = writeln!(o, "\nchart: {}", path.display());
+        }
+        Err(e) => panic!("drawing {}: {e}", path.display()),
+    }
+    if !benching {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn draw_sweep(
+    path: &std::path::Path,
+    points: &[Point],
+    ceilings: &[(&str, f64)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(550);
+    let pct = |p: &Point| p.share * 100.0;
+
+    let top = points.iter().map(|p| p.out.pct(0.99)).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&left)
+        .caption(
+            "publish → result latency, admitted jobs",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0.0..105.0, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("offered load, % of the measured maximum")
+        .y_desc("ms")
+        .draw()?;
+    for (name, q, color) in [("p50", 0.5, BLUE), ("p99", 0.99, RED)] {
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (pct(p), p.out.pct(q))),
+                color.stroke_width(2),
+            ))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        chart.draw_series(
+            points
+                .iter()
+                .map(|p| Circle::new((pct(p), p.out.pct(q)), 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+
+    let top = ceilings.iter().map(|c| c.1).fold(
+        points.iter().map(|p| p.out.rate()).fold(1.0, f64::max),
+        f64::max,
+    ) * 1.1;
+    let mut chart = ChartBuilder::on(&right)
+        .caption("throughput against this run's ceilings", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..105.0, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("offered load, % of the measured maximum")
+        .y_desc("jobs/s")
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (pct(p), p.out.rate())),
+            BLUE.stroke_width(2),
+        ))?
+        .label("jobs/s answered")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (pct(p), p.offered)),
+            BLACK.mix(0.4).stroke_width(1),
+        ))?
+        .label("offered")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.4)));
+    for ((name, value), color) in ceilings.iter().zip([GREEN, MAGENTA]) {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, *value), (105.0, *value)],
+                color.stroke_width(1),
+            ))?
+            .label(format!("{name}: {value:.0}/s"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+    root.present()?;
+    Ok(())
 }
 
 /// Deletes every queue and key of the run.
