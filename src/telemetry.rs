@@ -16,7 +16,7 @@
 //! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
 //! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
 //! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
-//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed every 15 s and on each `/readyz` |
+//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection) |
 //! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
 //!
 //! The counters and gauges dashboards and alerts read are registered at

@@ -257,14 +257,13 @@ impl<L: Ledger + 'static> Worker<L> {
 
     /// Keeps the gauges of what `/readyz` checks and of the jobs waiting
     /// fresh for dashboards and alerts, whether or not anything asks
-    /// `/readyz` (the checks are cached, so this adds no load when a
-    /// probe asks as often). Runs until aborted.
+    /// `/readyz`. Runs until aborted.
     async fn refresh_gauges(self: Arc<Self>) {
         let mut every = tokio::time::interval(GAUGES_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            let _ = crate::http::Readiness::check(&*self).await;
+            self.refresh_dependency_gauges().await;
             let broker = self
                 .broker
                 .lock()
@@ -655,15 +654,17 @@ impl Outbox for Replies<'_> {
     }
 }
 
-impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
-    async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
+impl<L: Ledger + 'static> Worker<L> {
+    /// RabbitMQ as readiness sees it, without I/O: connected and consuming,
+    /// and not blocked by an alarm.
+    fn amqp_state(&self) -> Result<(), String> {
         let blocked = self
             .broker
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .is_some_and(Broker::blocked);
-        let amqp = if !self.amqp_up.load(Ordering::Relaxed) {
+        if !self.amqp_up.load(Ordering::Relaxed) {
             Err("not connected (reconnecting)".to_owned())
         } else if blocked {
             Err(
@@ -673,12 +674,34 @@ impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
             )
         } else {
             Ok(())
-        };
+        }
+    }
+
+    /// Redis as readiness sees it: a script call that writes, reused for a
+    /// second.
+    async fn redis_state(&self) -> Result<(), String> {
         let ledger = self.pipeline.ledger();
-        let redis = self
-            .redis_checked
+        self.redis_checked
             .get(async { ledger.health().await.map_err(|e| e.to_string()) })
-            .await;
+            .await
+    }
+
+    /// Refreshes the gauges of what readiness checks, for dashboards and
+    /// alerts: SMTP as the sends and the circuits see it, without opening
+    /// a connection (a probe every few seconds from every worker would
+    /// load the relay; `/readyz` itself still opens one).
+    async fn refresh_dependency_gauges(&self) {
+        telemetry::dependency_up("rabbitmq", self.amqp_state().is_ok());
+        telemetry::dependency_up("redis", self.redis_state().await.is_ok());
+        let relay = self.pipeline.mailer().relay_health();
+        telemetry::dependency_up("smtp", relay.is_ok());
+    }
+}
+
+impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
+    async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let amqp = self.amqp_state();
+        let redis = self.redis_state().await;
         // The relay's health as the sends see it, at once; otherwise a probe
         // connection, at most every few seconds.
         let relay = self.pipeline.mailer().relay_health();
