@@ -603,6 +603,17 @@ async fn malformed_calls_write_nothing() {
             ]
             .concat(),
         ),
+        // A malformed rule set no item names (found by review: parsing sets
+        // when first named let it through, and the item was written).
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &["2", "1", "60000", "60000", "1", "1", "0", "60000", "1", "0"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
         // A deny (max 0) among other rules.
         (
             vec!["t:job:a", "t:email:a"],
@@ -1195,4 +1206,113 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
     assert_eq!(names(&done.removed), ["ip:10.1.2.0/24"]);
     assert!(done.still.is_empty());
     assert!(l.list_overrides().await.unwrap().is_empty());
+}
+
+/// Found by review I: adding an override that widens or normalizes to the
+/// subject of one in force replaced it silently, so an allow of one
+/// address lifted the deny of its network, and an allow of
+/// `V.I.C.T.I.M+qa@googlemail.com` the deny of `victim@gmail.com`. A
+/// loosening is refused unless asked for, and what is replaced is said.
+/// `remove` of a target with no entry of its own takes the one entry its
+/// subject counts as, refuses to guess among several, and always deletes
+/// an exact entry, even one it cannot read.
+#[tokio::test]
+async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    let prefix = unique_prefix("ov-loosen");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let lim = LimitSettings {
+        ipv4_prefix: 24,
+        ..limits(&[(HOUR, 50)], &[(HOUR, 50)])
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &lim)
+        .await
+        .unwrap();
+    let ov = |target: &str, action: Action| Override {
+        target: Target::parse(target).unwrap(),
+        action,
+        reason: "r".into(),
+        expires_at_ms: None,
+        added_at_ms: mailgate::domain::now_ms(),
+    };
+    for (deny, allow) in [
+        ("ip:198.51.100.0/24", "ip:198.51.100.9"),
+        (
+            "email:victim@gmail.com",
+            "email:V.I.C.T.I.M+qa@googlemail.com",
+        ),
+    ] {
+        l.add_override(&ov(deny, Action::Deny)).await.unwrap();
+        let refused = l.add_override(&ov(allow, Action::Allow)).await;
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("--replace")),
+            "{refused:?}"
+        );
+        let kinds: Vec<&str> = (l.list_overrides().await.unwrap().iter())
+            .filter(|o| o.target.scope() == Target::parse(deny).unwrap().scope())
+            .map(|o| o.action.kind())
+            .collect();
+        assert_eq!(kinds, ["deny"], "{deny} is still denied");
+        // Asked for: replaced, and said so.
+        let (_, replaced) = l
+            .store_overrides(&[ov(allow, Action::Allow)], true)
+            .await
+            .unwrap();
+        assert_eq!(replaced.len(), 1);
+        assert_eq!(replaced[0].action, Action::Deny);
+        // A stronger one needs no asking.
+        let (_, replaced) = l
+            .store_overrides(&[ov(deny, Action::Deny)], false)
+            .await
+            .unwrap();
+        assert_eq!(replaced[0].action, Action::Allow);
+    }
+
+    // An entry a later version wrote, which this one cannot read: removed
+    // by its exact target all the same.
+    let mut conn = sync_redis();
+    let key = format!("{prefix}overrides");
+    let () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("ip:10.9.9.0/24")
+        .arg(r#"{"target":"ip:10.9.9.0/24","action":"throttle","reason":"r","added_at_ms":0}"#)
+        .query(&mut conn)
+        .unwrap();
+    let done = l
+        .remove_override(&Target::parse("ip:10.9.9.0/24").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(done.removed.len(), 1);
+    let left: bool = redis::cmd("HEXISTS")
+        .arg(&key)
+        .arg("ip:10.9.9.0/24")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!left, "the unreadable entry is gone");
+
+    // Two stored addresses a /24 grouping counts as one subject (written
+    // as a worker grouping by /32 would): removing a third address of
+    // that group names both and removes neither.
+    for field in ["ip:10.7.7.7/32", "ip:10.7.7.8/32"] {
+        let json = format!(
+            r#"{{"target":"{field}","action":"deny","reason":"r","expires_at_ms":null,"added_at_ms":0}}"#
+        );
+        let () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(field)
+            .arg(json)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let refused = l
+        .remove_override(&Target::parse("ip:10.7.7.9").unwrap())
+        .await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("10.7.7.7") && e.to_string().contains("10.7.7.8")),
+        "{refused:?}"
+    );
+    let n: usize = redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap();
+    assert!(n >= 3, "nothing was removed");
 }

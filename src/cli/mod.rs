@@ -184,6 +184,11 @@ pub enum OverridesAction {
         /// How long it lasts (e.g. `2h`, `30d`); without it, until removed.
         #[arg(long, value_parser = humantime::parse_duration)]
         expires_in: Option<std::time::Duration>,
+        /// Replace an override in force that this one loosens (a weaker
+        /// action, or other rules), for the same subject as the limiter
+        /// counts it; without it that is refused.
+        #[arg(long)]
+        replace: bool,
     },
     /// List the overrides stored (expired ones marked).
     List {

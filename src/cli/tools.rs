@@ -490,6 +490,7 @@ pub async fn overrides(
             rule,
             reason,
             expires_in,
+            replace,
         } => {
             let action = match (allow, deny) {
                 (true, _) => Action::Allow,
@@ -507,7 +508,15 @@ pub async fn overrides(
                 expires_at_ms,
                 added_at_ms: now,
             };
-            let stored = ledger.add_override(&ov).await?;
+            let (stored, replaced) = ledger
+                .store_overrides(std::slice::from_ref(&ov), replace)
+                .await?;
+            let Some(stored) = stored.into_iter().next() else {
+                bail!("nothing was stored");
+            };
+            for old in replaced {
+                println!("replaced: {}", render_override(&old, now));
+            }
             if stored.target != ov.target {
                 println!(
                     "{} counts as {}: the limiter counts that subject so",

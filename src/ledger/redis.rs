@@ -876,13 +876,27 @@ impl RedisLedger {
 
     /// Stores `ovs` at once (as [`Self::add_override`] does one).
     /// Each is stored as the limiter counts its subject
-    /// ([`Keyspace::counted`]); returns them so.
+    /// ([`Keyspace::counted`]); returns them so. One that would loosen an
+    /// override in force is refused ([`Self::store_overrides`]).
     pub async fn add_overrides(&self, ovs: &[Override]) -> Result<Vec<Override>, OverrideError> {
+        Ok(self.store_overrides(ovs, false).await?.0)
+    }
+
+    /// Stores `ovs` as the limiter counts their subjects; with `replace`,
+    /// even where one loosens an override in force (a weaker action, or
+    /// other rules: without it that is refused). Returns them as stored,
+    /// and the overrides in force they replaced.
+    pub async fn store_overrides(
+        &self,
+        ovs: &[Override],
+        replace: bool,
+    ) -> Result<(Vec<Override>, Vec<Override>), OverrideError> {
         let now = crate::domain::now_ms();
         let norm = &self.keys.limits.normalize;
         let ovs: Vec<Override> = ovs.iter().map(|o| self.keys.counted(o.clone())).collect();
-        overrides::add(&self.conn, &self.keys.prefix, norm, &ovs, now).await?;
-        Ok(ovs)
+        let replaced =
+            overrides::add(&self.conn, &self.keys.prefix, norm, &ovs, now, replace).await?;
+        Ok((ovs, replaced))
     }
 
     /// Reads the overrides now rather than at the next poll; whether they
@@ -891,12 +905,14 @@ impl RedisLedger {
         refresh_overrides(&self.conn, &self.keys).await
     }
 
-    /// Removes the override stored for exactly `target`; if there is
-    /// none, every override stored for a subject that widens to the same
-    /// one as the limiter counts it ([`Keyspace::counted`]; found by
-    /// review: removing the /24 a stored /32 widens to said "no override"
-    /// and left it in force). Says which it removed, and which others
-    /// still apply to that subject.
+    /// Removes the override stored for exactly `target` (its field, even
+    /// an entry this version cannot read); if there is none, the one
+    /// stored for a subject that widens to the same one as the limiter
+    /// counts it ([`Keyspace::counted`]; found by review: removing the /24
+    /// a stored /32 widens to said "no override" and left it in force).
+    /// Several such are refused, naming each (removing them all could take
+    /// a deny of another address with them). Says which it removed, and
+    /// which others in force still apply to that subject.
     pub async fn remove_override(
         &self,
         target: &Target,
@@ -914,22 +930,42 @@ impl RedisLedger {
             };
             self.keys.counted(probe).target.field(norm)
         };
-        let (wanted, exact_field) = (subject(target), target.field(norm));
+        let (wanted, exact) = (subject(target), target.field(norm));
         let key = overrides::hash_key(&self.keys.prefix);
         let (all, _) = overrides::read(&self.conn, &key).await?;
-        let (same, _): (Vec<_>, Vec<_>) =
-            (all.into_iter()).partition(|(_, ov)| subject(&ov.target) == wanted);
-        let exact = same.iter().any(|(field, _)| *field == exact_field);
-        let (gone, still): (Vec<_>, Vec<_>) =
-            (same.into_iter()).partition(|(field, _)| !exact || *field == exact_field);
-        if !gone.is_empty() {
-            let fields: Vec<String> = gone.iter().map(|(f, _)| f.clone()).collect();
-            overrides::remove(&self.conn, &self.keys.prefix, &fields).await?;
+        let now = crate::domain::now_ms();
+        let (same, _): (Vec<_>, Vec<_>) = (all.into_iter())
+            .filter(|(field, ov)| *field == exact || ov.live(now))
+            .partition(|(field, ov)| *field == exact || subject(&ov.target) == wanted);
+        let exact_stored =
+            overrides::remove(&self.conn, &self.keys.prefix, std::slice::from_ref(&exact)).await?;
+        if exact_stored > 0 {
+            return Ok(overrides::Removal {
+                removed: vec![target.clone()],
+                still: (same.into_iter())
+                    .filter(|(field, _)| *field != exact)
+                    .map(|(_, ov)| ov.target)
+                    .collect(),
+            });
         }
-        Ok(overrides::Removal {
-            removed: gone.into_iter().map(|(_, ov)| ov.target).collect(),
-            still: still.into_iter().map(|(_, ov)| ov.target).collect(),
-        })
+        match same.as_slice() {
+            [] => Ok(overrides::Removal::default()),
+            [(field, ov)] => {
+                overrides::remove(&self.conn, &self.keys.prefix, std::slice::from_ref(field))
+                    .await?;
+                Ok(overrides::Removal {
+                    removed: vec![ov.target.clone()],
+                    still: Vec::new(),
+                })
+            }
+            several => Err(OverrideError::Invalid(format!(
+                "{target} has no override of its own, and several count as its subject: \
+                 remove each by its target: {}",
+                (several.iter().map(|(_, ov)| ov.target.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
     }
 
     /// Every stored override, expired ones too (an expired one is no longer

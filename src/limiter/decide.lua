@@ -83,10 +83,29 @@ local function member_of(at, id)
   return format('%012x', at) .. ':' .. id
 end
 
--- Reads where each rule set starting at ARGV[a] lies; each is parsed when
--- a request first names it (set_of), so a call parses only the sets its
--- requests use (every purpose and override has its own). Returns them and
--- the index after them, or nil and why (before anything was written).
+-- Why the rule set at ARGV[a] (the i-th) is malformed, or nil.
+local function set_error(a, i)
+  local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  if not n or n < 0 or n ~= floor(n) or not keep or keep < 1 or keep > MAX_KEEP_MS then
+    return 'rule set ' .. i
+  end
+  for r = 1, n do
+    local w, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
+    local deny = m == 0 and n == 1
+    if not w or not m or m ~= floor(m) or (m == 0 and not deny)
+      or (deny and w < 0) or (not deny and (w < 1 or w > MAX_PERIOD_MS)) then
+      return 'rule ' .. r .. ' of set ' .. i
+    end
+  end
+  return nil
+end
+
+-- Checks the rule sets starting at ARGV[a] and notes where each lies; each
+-- is built into tables when a request first names it (set_of), so a call
+-- builds only the sets its requests use (every purpose and override has
+-- its own). Returns them and the index after them, or nil and why (before
+-- anything was written: a malformed set fails the call even if no request
+-- names it).
 local function rule_sets(a)
   local count = tonumber(ARGV[a])
   if not count then return nil, 'rule set count' end
@@ -108,18 +127,17 @@ local function rule_sets(a)
       if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
       a = a + 1
     end
-    local n = tonumber(ARGV[a])
-    if not n or n < 0 or n ~= floor(n) then return nil, 'rule set ' .. i end
+    local why = set_error(a, i)
+    if why then return nil, why end
     sets[at] = a
-    a = a + 2 + 2 * n
+    a = a + 2 + 2 * tonumber(ARGV[a])
   end
   return sets, a
 end
 
--- Parses the rule set at ARGV[a]; nil if it is malformed.
+-- Builds the rule set at ARGV[a] (checked by set_error).
 local function parse_set(a)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  if not keep or keep < 1 or keep > MAX_KEEP_MS then return nil end
   -- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
   -- (judged as -max), 0 for a deny (denies: the set's one rule).
   -- rank[r]: '-max' of a rule with max > 16, made when first read.
@@ -135,10 +153,6 @@ local function parse_set(a)
   for r = 1, n do
     local wr, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
     local deny = m == 0 and n == 1
-    if not wr or not m or m ~= floor(m) or (m == 0 and not deny)
-      or (deny and wr < 0) or (not deny and (wr < 1 or wr > MAX_PERIOD_MS)) then
-      return nil
-    end
     w[r], max[r], denies = wr, m, deny
     if m < 0 then m = -m end
     if not deny then top, least = mmax(top, m), mmin(least, m) end
@@ -150,18 +164,17 @@ local function parse_set(a)
     keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
 end
 
--- The rule set a shape names for its s-th key; nil if there is none or it
--- is malformed (shape_ok, which every script runs before its first write,
--- says so).
+-- The rule set a shape names for its s-th key; nil if there is none
+-- (shape_ok, which every script runs before its first write, says so).
 local function set_of(shape, s, sets)
   local hi, lo = byte(shape, 2 * s - 1, 2 * s)
   local k = (hi - 48) * 64 + lo - 48
   local set = sets[k]
   if type(set) == 'number' then
-    set = parse_set(set) or false
+    set = parse_set(set)
     sets[k] = set
   end
-  return set or nil
+  return set
 end
 
 -- Whether a shape names only rule sets that exist.

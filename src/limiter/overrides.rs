@@ -312,15 +312,26 @@ impl TryFrom<Stored> for Override {
 /// by (rules of its own, or a deny).
 #[derive(Debug, Clone)]
 pub(crate) struct Hit {
+    /// The override in force (for rules merged from several, one that
+    /// says so: their rules, reasons and first expiry).
     pub ov: Arc<Override>,
     /// For rules and denies: the set, and its number among all rule sets.
     pub set: Option<(usize, Arc<RuleSet>)>,
 }
 
-/// The overrides of one subject, strongest first ([`precedence`]): two
-/// stored overrides can name one subject once widened as the limiter
-/// counts it (found by review). The first live one applies, so when the
-/// stronger expires the next one holds at once, on every worker alike.
+impl Hit {
+    fn live(&self, now_ms: u64) -> bool {
+        self.ov.live(now_ms)
+    }
+}
+
+/// The overrides of one subject, in the order they hold: two stored
+/// overrides can name one subject once widened as the limiter counts it
+/// (an address and its group, found by review). The first live one
+/// applies, so when one expires the next holds at once, on every worker
+/// alike. Denies first, the longest-lasting first (so the wait answered is
+/// the longest); then rules: all live ones together (a request must pass
+/// each), as one set per how many are still live; then allows.
 type Hits = Vec<Hit>;
 
 /// The overrides in force, indexed for lookups on every admission.
@@ -339,12 +350,20 @@ pub(crate) struct Table {
     pub version: Option<String>,
 }
 
+/// A subject's place in the [`Table`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Place {
+    Email(String),
+    Domain(String),
+    Net(IpNet),
+}
+
 impl Table {
-    /// Indexes `overrides` (several for one subject are kept in
-    /// [`precedence`] order).
-    /// `email_key` and `domain_key` name a subject's scope key; rule sets
-    /// are numbered from `first_set`, and a scope's keys keep admissions
-    /// for at least `keep_ms` of that scope (its longest window).
+    /// Indexes `overrides` (several for one subject are kept in the order
+    /// they hold: [`Hits`]). `email_key` and `domain_key` name a subject's
+    /// scope key; rule sets are numbered from `first_set`, and a scope's
+    /// keys keep admissions for at least `keep_ms` of that scope (its
+    /// longest window).
     pub fn new(
         overrides: Vec<Override>,
         email_key: impl Fn(&EmailAddress) -> String,
@@ -352,46 +371,38 @@ impl Table {
         first_set: usize,
         keep_ms: impl Fn(Scope) -> u64,
     ) -> Self {
+        let mut subjects: Vec<(Place, Vec<Override>)> = Vec::new();
+        let mut at: HashMap<Place, usize> = HashMap::new();
+        for ov in overrides.into_iter().take(MAX_OVERRIDES) {
+            let place = match &ov.target {
+                Target::Email(e) => Place::Email(email_key(e)),
+                Target::Domain(d) => Place::Domain(domain_key(d)),
+                Target::Net(net) => Place::Net(net.trunc()),
+            };
+            match at.get(&place) {
+                Some(&i) => subjects[i].1.push(ov),
+                None => {
+                    at.insert(place.clone(), subjects.len());
+                    subjects.push((place, vec![ov]));
+                }
+            }
+        }
         let mut table = Table::default();
         let mut next_set = first_set;
-        for ov in overrides.into_iter().take(MAX_OVERRIDES) {
-            let set = match &ov.action {
-                Action::Allow => None,
-                Action::Deny => Some(RuleSet {
-                    rules: Vec::new(),
-                    keep_ms: 1,
-                    deny_until_ms: Some(ov.expires_at_ms.unwrap_or(0)),
-                }),
-                Action::Rules(rules) => Some(RuleSet {
-                    rules: rules.clone(),
-                    keep_ms: (rules.iter().map(Rule::window_ms))
-                        .max()
-                        .unwrap_or(1)
-                        .saturating_add(CLOCK_SLACK_MS)
-                        .max(keep_ms(ov.target.scope())),
-                    deny_until_ms: None,
-                }),
-            };
-            let set = set.map(|s| {
-                next_set += 1;
-                (next_set - 1, Arc::new(s))
-            });
-            let target = ov.target.clone();
-            let hit = Hit {
-                ov: Arc::new(ov),
-                set,
-            };
-            let fresh = match target {
-                Target::Email(e) => table.emails.insert_hit(email_key(&e), hit),
-                Target::Domain(d) => table.domains.insert_hit(domain_key(&d), hit),
-                Target::Net(net) => {
+        for (place, ovs) in subjects {
+            let hits = hits_of(ovs, &mut next_set, &keep_ms);
+            table.len += 1;
+            match place {
+                Place::Email(key) => {
+                    table.emails.insert(key, hits);
+                }
+                Place::Domain(key) => {
+                    table.domains.insert(key, hits);
+                }
+                Place::Net(net) => {
                     let (len, v4) = (net.prefix_len(), matches!(net, IpNet::V4(_)));
-                    let at = match table
-                        .nets
-                        .iter()
-                        .position(|(l, f, _)| *l == len && *f == v4)
-                    {
-                        Some(at) => at,
+                    let i = match (table.nets.iter()).position(|(l, f, _)| *l == len && *f == v4) {
+                        Some(i) => i,
                         None => {
                             table.nets.push((len, v4, HashMap::new()));
                             table.nets.sort_by_key(|n| std::cmp::Reverse(n.0));
@@ -400,10 +411,9 @@ impl Table {
                                 .unwrap_or(0)
                         }
                     };
-                    table.nets[at].2.insert_hit(net.trunc(), hit)
+                    table.nets[i].2.insert(net, hits);
                 }
-            };
-            table.len += usize::from(fresh);
+            }
         }
         table
     }
@@ -446,52 +456,81 @@ impl Table {
 
 /// The first override of `hits` live at `now_ms`.
 fn first_live(hits: Option<&Hits>, now_ms: u64) -> Option<&Hit> {
-    hits?.iter().find(|h| h.ov.live(now_ms))
+    hits?.iter().find(|h| h.live(now_ms))
 }
 
-/// Which of two overrides of one subject holds (found by review; two
-/// stored subjects can widen to one): a deny beats rules, rules beat an
-/// allow, and of two rule sets the tighter one holds: the one allowing
-/// the lowest rate in any of its windows (then the newer). Never the
-/// order fields happen to be read in.
-fn precedence(a: &Hit, b: &Hit) -> std::cmp::Ordering {
-    let strength = |h: &Hit| match &h.ov.action {
-        Action::Deny => 2,
-        Action::Rules(_) => 1,
-        Action::Allow => 0,
+/// The overrides of one subject as [`Hits`], their rule sets numbered from
+/// `next_set` on.
+fn hits_of(ovs: Vec<Override>, next_set: &mut usize, keep_ms: &impl Fn(Scope) -> u64) -> Hits {
+    let mut number = |set: RuleSet| {
+        *next_set += 1;
+        Some((*next_set - 1, Arc::new(set)))
     };
-    // The lowest rate a rule set allows, as max per window (compared as
-    // max_a * window_b against max_b * window_a: exact in u128).
-    let lowest = |h: &Hit| match &h.ov.action {
-        Action::Rules(rules) => rules
-            .iter()
-            .filter(|r| r.enforce)
-            .map(|r| (u128::from(r.max), u128::from(r.window_ms())))
-            .min_by(|x, y| (x.0 * y.1).cmp(&(y.0 * x.1))),
-        _ => None,
+    // Longest-lasting first: no expiry, then the latest.
+    let lasting = |o: &Override| std::cmp::Reverse(o.expires_at_ms.unwrap_or(u64::MAX));
+    let of = |kind: fn(&Action) -> bool| {
+        let mut v: Vec<Override> = ovs.iter().filter(|o| kind(&o.action)).cloned().collect();
+        v.sort_by_key(lasting);
+        v
     };
-    strength(b)
-        .cmp(&strength(a))
-        .then_with(|| match (lowest(a), lowest(b)) {
-            (Some(x), Some(y)) => (x.0 * y.1).cmp(&(y.0 * x.1)),
-            _ => std::cmp::Ordering::Equal,
-        })
-        .then_with(|| b.ov.added_at_ms.cmp(&a.ov.added_at_ms))
-}
-
-trait InsertHit<K> {
-    /// Adds `hit` to its subject's overrides, in [`precedence`] order;
-    /// whether the subject was new.
-    fn insert_hit(&mut self, key: K, hit: Hit) -> bool;
-}
-
-impl<K: std::hash::Hash + Eq> InsertHit<K> for HashMap<K, Hits> {
-    fn insert_hit(&mut self, key: K, hit: Hit) -> bool {
-        let hits = self.entry(key).or_default();
-        let at = hits.partition_point(|h| precedence(h, &hit).is_le());
-        hits.insert(at, hit);
-        hits.len() == 1
+    let denies = of(|a| matches!(a, Action::Deny));
+    let rules = of(|a| matches!(a, Action::Rules(_)));
+    let allows = of(|a| matches!(a, Action::Allow));
+    let mut hits = Vec::new();
+    for ov in denies {
+        let set = number(RuleSet {
+            rules: Vec::new(),
+            keep_ms: 1,
+            deny_until_ms: Some(ov.expires_at_ms.unwrap_or(0)),
+        });
+        hits.push(Hit {
+            ov: Arc::new(ov),
+            set,
+        });
     }
+    // rules[..j] are the ones live while rules[j - 1] is: all of their
+    // rules together, the most first.
+    for j in (1..=rules.len()).rev() {
+        let live = &rules[..j];
+        let all: Vec<Rule> = live
+            .iter()
+            .flat_map(|o| match &o.action {
+                Action::Rules(r) => r.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let scope = live[0].target.scope();
+        let set = number(RuleSet {
+            keep_ms: (all.iter().map(Rule::window_ms))
+                .max()
+                .unwrap_or(1)
+                .saturating_add(CLOCK_SLACK_MS)
+                .max(keep_ms(scope)),
+            rules: all.clone(),
+            deny_until_ms: None,
+        });
+        let ov = match live {
+            [one] => one.clone(),
+            several => Override {
+                target: several[0].target.clone(),
+                action: Action::Rules(all),
+                reason: (several.iter().map(|o| o.reason.as_str()))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                expires_at_ms: several[j - 1].expires_at_ms,
+                added_at_ms: several.iter().map(|o| o.added_at_ms).max().unwrap_or(0),
+            },
+        };
+        hits.push(Hit {
+            ov: Arc::new(ov),
+            set,
+        });
+    }
+    hits.extend(allows.into_iter().map(|ov| Hit {
+        ov: Arc::new(ov),
+        set: None,
+    }));
+    hits
 }
 
 /// Drops the overrides whose expiry passed, atomically (an `add` that
@@ -532,15 +571,33 @@ pub(crate) fn hash_key(prefix: &str) -> String {
     format!("{prefix}overrides")
 }
 
+/// Whether storing `new` over `old` (one field: the same subject as the
+/// limiter counts it) would loosen what holds: a weaker action (deny >
+/// rules > allow), or other rules. Found by review: an allow of one address
+/// silently replaced the deny of its network, to which it widened.
+fn loosens(old: &Action, new: &Action) -> bool {
+    let strength = |a: &Action| match a {
+        Action::Deny => 2,
+        Action::Rules(_) => 1,
+        Action::Allow => 0,
+    };
+    strength(new) < strength(old)
+        || matches!((old, new), (Action::Rules(a), Action::Rules(b)) if a != b)
+}
+
 /// Drops expired overrides, then stores `ovs` (each replacing any override
-/// of the same subject) and bumps the version, atomically.
+/// of the same subject) and bumps the version, atomically. A live override
+/// that one would loosen ([`loosens`]) is replaced only with `replace`;
+/// else nothing is stored and the error names it. Returns the live
+/// overrides replaced.
 pub(crate) async fn add(
     conn: &Conn,
     prefix: &str,
     norm: &Normalization,
     ovs: &[Override],
     now_ms: u64,
-) -> Result<(), OverrideError> {
+    replace: bool,
+) -> Result<Vec<Override>, OverrideError> {
     let key = hash_key(prefix);
     let _: i64 = PRUNE
         .key(&key)
@@ -549,12 +606,29 @@ pub(crate) async fn add(
         .invoke_async(&mut conn.clone())
         .await?;
     let (current, _) = read(conn, &key).await?;
+    let live: HashMap<&str, &Override> = (current.iter())
+        .filter(|(_, o)| o.live(now_ms))
+        .map(|(f, o)| (f.as_str(), o))
+        .collect();
     let mut fields = std::collections::HashSet::new();
+    let mut replaced = Vec::new();
     let mut pipe = ::redis::pipe();
     pipe.atomic();
     for ov in ovs {
         ov.check(now_ms)?;
         let field = ov.target.field(norm);
+        if let Some(old) = live.get(field.as_str()) {
+            if !replace && loosens(&old.action, &ov.action) {
+                return Err(OverrideError::Invalid(format!(
+                    "{} has an override in force that this would loosen: {} ({}); \
+                     give --replace to replace it",
+                    ov.target,
+                    old.action.kind(),
+                    old.reason
+                )));
+            }
+            replaced.push((*old).clone());
+        }
         let json = serde_json::to_string(&Stored::from(ov))
             .map_err(|e| OverrideError::Invalid(e.to_string()))?;
         pipe.hset(&key, &field, json).ignore();
@@ -570,7 +644,7 @@ pub(crate) async fn add(
     }
     pipe.hset(&key, VERSION, new_version()).ignore();
     let () = pipe.query_async(&mut conn.clone()).await?;
-    Ok(())
+    Ok(replaced)
 }
 
 /// What `mailgate overrides remove` did.
@@ -709,46 +783,68 @@ mod tests {
         assert_eq!(table.len(), 3);
     }
 
-    /// Found by re-review: two overrides of one subject (stored apart,
+    /// Found by reviews H and I: overrides of one subject (stored apart,
     /// widened to one) were resolved by the order their fields were read
-    /// in, and once the stronger expired the weaker stayed hidden until the
-    /// next change (while a worker started since applied it).
+    /// in, then by a "tighter" rule set that was not (1000 a day beat 1 a
+    /// minute), a newer, shorter deny hid a longer one, and once the
+    /// stronger expired the weaker stayed hidden until the next change.
     #[test]
-    fn of_two_overrides_of_one_subject_the_stronger_live_one_holds() {
+    fn overrides_of_one_subject_hold_together_in_order() {
         use crate::settings::Rule;
         use std::time::Duration;
         let ov = |action: Action, expires: Option<u64>, added| Override {
             target: Target::parse("ip:10.1.2.0/24").unwrap(),
             action,
-            reason: "r".into(),
+            reason: format!("r{added}"),
             expires_at_ms: expires,
             added_at_ms: added,
         };
-        let rules = |s: u64, n: u32| Action::Rules(vec![Rule::new(Duration::from_secs(s), n)]);
+        let rule = |s: u64, n: u32| Rule::new(Duration::from_secs(s), n);
         let held = |ovs: Vec<Override>, now| {
             let table = Table::new(ovs, |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
             assert_eq!(table.len(), 1);
             let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
-            hit.map(|h| h.ov.action.clone())
+            hit.map(|h| (h.ov.action.clone(), h.ov.expires_at_ms))
         };
-        // 5 an hour is tighter than 100 a day (4.2 an hour), in either order.
+        let rules_of = |held: Option<(Action, Option<u64>)>| match held {
+            Some((Action::Rules(mut r), _)) => {
+                r.sort_by_key(|r| (r.window, r.max));
+                r
+            }
+            other => panic!("{other:?}"),
+        };
+        // 1 a minute and 1000 a day both apply, in either order; when the
+        // first to expire does, the other alone.
         for ovs in [
-            vec![ov(rules(3600, 5), None, 1), ov(rules(86400, 100), None, 2)],
-            vec![ov(rules(86400, 100), None, 2), ov(rules(3600, 5), None, 1)],
+            vec![
+                ov(Action::Rules(vec![rule(60, 1)]), Some(100), 1),
+                ov(Action::Rules(vec![rule(86400, 1000)]), None, 2),
+            ],
+            vec![
+                ov(Action::Rules(vec![rule(86400, 1000)]), None, 2),
+                ov(Action::Rules(vec![rule(60, 1)]), Some(100), 1),
+            ],
         ] {
-            assert_eq!(held(ovs, 10), Some(rules(86400, 100)));
+            assert_eq!(
+                rules_of(held(ovs.clone(), 10)),
+                [rule(60, 1), rule(86400, 1000)]
+            );
+            assert_eq!(rules_of(held(ovs, 150)), [rule(86400, 1000)]);
         }
+        // Of two denies the longest-lasting holds, newer or not.
+        let denies = vec![ov(Action::Deny, None, 1), ov(Action::Deny, Some(100), 2)];
+        assert_eq!(held(denies, 10), Some((Action::Deny, None)));
         // A deny holds while it lasts; then the rules; then the allow.
         let all = || {
             vec![
                 ov(Action::Allow, None, 1),
-                ov(rules(60, 1), Some(200), 2),
+                ov(Action::Rules(vec![rule(60, 1)]), Some(200), 2),
                 ov(Action::Deny, Some(100), 3),
             ]
         };
-        assert_eq!(held(all(), 50), Some(Action::Deny));
-        assert_eq!(held(all(), 150), Some(rules(60, 1)));
-        assert_eq!(held(all(), 250), Some(Action::Allow));
+        assert_eq!(held(all(), 50), Some((Action::Deny, Some(100))));
+        assert_eq!(rules_of(held(all(), 150)), [rule(60, 1)]);
+        assert_eq!(held(all(), 250), Some((Action::Allow, None)));
         assert_eq!(held(vec![ov(Action::Deny, Some(100), 3)], 150), None);
     }
 }
