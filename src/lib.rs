@@ -20,5 +20,6 @@ pub mod pipeline;
 pub mod settings;
 pub mod telemetry;
 pub mod templates;
+pub mod traces;
 pub mod wire;
 pub mod worker;

@@ -33,7 +33,21 @@ fn main() -> ExitCode {
     } else {
         "warn,lapin=error"
     };
-    init_telemetry(cli.log_format, default_filter);
+    // The worker exports its spans where its settings say; a command, or
+    // settings that do not load (the command says why), exports none.
+    let otlp = match cli.command {
+        Command::Worker => mailgate::settings::Settings::load(&cli.config)
+            .ok()
+            .and_then(|s| s.telemetry.otlp_endpoint),
+        _ => None,
+    };
+    let traces = match init_telemetry(cli.log_format, default_filter, otlp.as_deref()) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(THREAD_STACK)
@@ -53,7 +67,12 @@ fn main() -> ExitCode {
         let shutdown = shutdown_signal();
         cli::run(&cli.config, cli.command, shutdown).await
     });
-    match runtime.block_on(run) {
+    let outcome = runtime.block_on(run);
+    // The last spans, before the process ends.
+    if let Some(traces) = traces {
+        mailgate::traces::shutdown(traces);
+    }
+    match outcome {
         Ok(Ok(true)) => ExitCode::SUCCESS,
         Ok(Ok(false)) => ExitCode::FAILURE,
         Ok(Err(e)) => {
@@ -104,8 +123,16 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-fn init_telemetry(format: LogFormat, default_filter: &str) {
-    use tracing_subscriber::EnvFilter;
+/// Logs to stderr (filtered by `RUST_LOG`), and, with `otlp`, mailgate's
+/// spans to OpenTelemetry whatever `RUST_LOG` says (see `mailgate::traces`).
+/// Returns the span pipeline, to shut down at the end.
+fn init_telemetry(
+    format: LogFormat,
+    default_filter: &str,
+    otlp: Option<&str>,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, mailgate::traces::TracesError> {
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
     let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     // lapin logs every message RabbitMQ returns, body and all (a result
@@ -115,11 +142,18 @@ fn init_telemetry(format: LogFormat, default_filter: &str) {
     if let Ok(quiet) = "lapin::returned_messages=off".parse() {
         filter = filter.add_directive(quiet);
     }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let provider = otlp.map(mailgate::traces::provider).transpose()?;
+    let spans = (provider.as_ref()).map(|p| {
+        mailgate::traces::layer(p)
+            .with_filter(Targets::new().with_target("mailgate", LevelFilter::INFO))
+    });
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(spans);
     match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Pretty => registry.with(fmt.with_filter(filter)).init(),
+        LogFormat::Json => registry
+            .with(fmt.json().flatten_event(true).with_filter(filter))
+            .init(),
     }
+    Ok(provider)
 }

@@ -24,6 +24,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, Retryable};
+use tracing::Instrument as _;
 
 use crate::domain::{Job, Ticket};
 use crate::ledger::{Admission, Ending, Entry, JobRef, Ledger, LedgerError, Refund, Verdict};
@@ -336,7 +337,13 @@ impl<L: Ledger> Pipeline<L> {
             shadow,
             rooms,
             by_override,
-        } = match self.ledger.admit(&entry, Clock::Server).await {
+        } = match (self.ledger.admit(&entry, Clock::Server))
+            .instrument(tracing::info_span!(
+                "limiter decision",
+                otel.kind = "client"
+            ))
+            .await
+        {
             Ok(a) => a,
             Err(e) => {
                 // The admission may have run and its reply been lost (a
@@ -475,7 +482,9 @@ impl<L: Ledger> Pipeline<L> {
             },
         };
         let started = std::time::Instant::now();
-        let sent = self.mailer.send(slot, mail).await;
+        let sent = (self.mailer.send(slot, mail))
+            .instrument(tracing::info_span!("smtp send", otel.kind = "client"))
+            .await;
         telemetry::smtp_send(
             match &sent {
                 Ok(()) => "ok",
@@ -494,6 +503,7 @@ impl<L: Ledger> Pipeline<L> {
 
     /// Renders and composes the job's mail.
     fn compose(&self, job: &Job) -> Result<lettre::Message, String> {
+        let _render = tracing::info_span!("render").entered();
         let r = self
             .templates
             .render(job, jiff::Timestamp::now())

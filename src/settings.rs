@@ -36,6 +36,19 @@ pub struct Settings {
     /// The rate-limit policy.
     #[serde(default)]
     pub limits: LimitSettings,
+    /// Where traces go.
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
+}
+
+/// Where traces go (`crate::traces`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// An OpenTelemetry collector's OTLP/HTTP base URL (`http://…:4318`):
+    /// spans are exported to `<url>/v1/traces` (JSON). None: nothing is
+    /// exported (results still carry a `traceparent`).
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Why settings could not be loaded.
@@ -96,6 +109,14 @@ impl Settings {
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.limits.validate()?;
         let invalid = |m: String| Err(SettingsError::Invalid(m));
+        if let Some(url) = &self.telemetry.otlp_endpoint
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return invalid(format!(
+                "telemetry.otlp_endpoint {}: an http:// or https:// URL (the collector's OTLP/HTTP port, 4318)",
+                redact_url(url)
+            ));
+        }
         if self.limits.any_supersede() && self.redis.spreads_keys() {
             return invalid(
                 "limits.supersede needs every key of mailgate's in one slot of the Redis \

@@ -474,7 +474,17 @@ impl<L: Ledger + 'static> Worker<L> {
     /// Runs one job through the pipeline and carries out the action.
     async fn process(&self, broker: &Broker, job: Incoming) {
         // The pipeline records the id once it has parsed the job.
-        let span = tracing::info_span!("job", id = tracing::field::Empty, attempt = job.attempt);
+        let queue = broker.topology().jobs.as_str();
+        let span = tracing::info_span!(
+            "job",
+            id = tracing::field::Empty,
+            attempt = job.attempt,
+            otel.name = format!("process {queue}"),
+            otel.kind = "consumer",
+        );
+        crate::traces::messaging(&span, "process", queue);
+        // The producer's trace, if it sent one (a retry's copy carries it).
+        crate::traces::continue_trace(&span, &job.trace);
         async {
             // One redelivery is a worker that died or lost its connection;
             // many are a job that takes every worker down with it.
@@ -623,11 +633,22 @@ struct Replies<'a> {
 
 impl Outbox for Replies<'_> {
     async fn publish(&self, result: &JobResult) -> Result<(), Unpublished> {
-        match self
+        let queue = (self.job.reply_to.as_deref()).unwrap_or(&self.broker.topology().results);
+        let span = tracing::info_span!(
+            "publish",
+            otel.name = format!("send {queue}"),
+            otel.kind = "producer",
+        );
+        crate::traces::messaging(&span, "send", queue);
+        // The result continues the job's trace (passes its context on,
+        // when no spans are made).
+        let trace = crate::traces::headers_of(&span).unwrap_or_else(|| self.job.trace.clone());
+        let published = self
             .broker
-            .publish_result(self.job, &result.to_json())
-            .await
-        {
+            .publish_result(self.job, &result.to_json(), &trace)
+            .instrument(span)
+            .await;
+        match published {
             Ok(()) => {
                 let since = self
                     .job

@@ -111,6 +111,7 @@ impl Env {
             worker: WorkerSettings::default(),
             // Per mailbox: 1 a minute (and more in longer windows).
             limits: LimitSettings::default(),
+            telemetry: Default::default(),
         };
         settings.validate().expect("test settings are valid");
         let ledger = MemoryLedger::new(&settings.limits);

@@ -443,6 +443,23 @@ pub struct Consumers {
     pub redelivered: Consumer,
 }
 
+/// The W3C trace context headers (<https://www.w3.org/TR/trace-context/>):
+/// read from a producer's job, carried on mailgate's copies of it, and
+/// written on its result.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// See [`TRACEPARENT_HEADER`].
+pub const TRACESTATE_HEADER: &str = "tracestate";
+
+/// A message's W3C trace context, as its headers carry it (checked by the
+/// propagator that reads it, `crate::traces`, not here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceHeaders {
+    /// `traceparent`: version, trace id, parent span id, flags.
+    pub traceparent: Option<String>,
+    /// `tracestate`: vendors' entries.
+    pub tracestate: Option<String>,
+}
+
 /// A job message as it arrived.
 pub struct Incoming {
     /// Where the producer wants the result, if not the results queue: the
@@ -469,6 +486,8 @@ pub struct Incoming {
     pub deliveries_before: u32,
     /// When the producer published it, ms since the epoch.
     pub published_at_ms: Option<u64>,
+    /// The producer's trace context, if it sent one.
+    pub trace: TraceHeaders,
     delivery: Delivery,
 }
 
@@ -518,6 +537,15 @@ impl Incoming {
                 .or_else(|| header(TIMESTAMP_MS_HEADER))
                 .and_then(as_u64)
                 .or_else(|| p.timestamp().map(|s| s.saturating_mul(1000))),
+            // Within the spec's lengths (55 and 512 characters), with room.
+            trace: TraceHeaders {
+                traceparent: header(TRACEPARENT_HEADER)
+                    .and_then(as_string)
+                    .filter(|s| s.len() <= 256),
+                tracestate: header(TRACESTATE_HEADER)
+                    .and_then(as_string)
+                    .filter(|s| s.len() <= 1024),
+            },
             delivery,
         }
     }
@@ -561,6 +589,8 @@ impl Incoming {
                 AMQPValue::LongLongInt(i64::try_from(ms).unwrap_or(i64::MAX)),
             );
         }
+        // A retry continues the producer's trace.
+        put_trace(&mut h, &self.trace);
         h
     }
 
@@ -669,6 +699,18 @@ fn as_u64(v: &AMQPValue) -> Option<u64> {
         _ => return None,
     };
     u64::try_from(n).ok()
+}
+
+/// Writes `trace`'s headers into `headers`.
+fn put_trace(headers: &mut FieldTable, trace: &TraceHeaders) {
+    for (name, value) in [
+        (TRACEPARENT_HEADER, &trace.traceparent),
+        (TRACESTATE_HEADER, &trace.tracestate),
+    ] {
+        if let Some(v) = value {
+            headers.insert(name.into(), AMQPValue::LongString(v.as_str().into()));
+        }
+    }
 }
 
 /// What became of a publish that RabbitMQ confirmed.
@@ -948,10 +990,18 @@ impl Broker {
     /// that takes it (and is not one of mailgate's other queues), else to the
     /// results queue (declared again if it is gone). Confirmed before returning. [`BrokerError::Refused`] means no
     /// queue would take it.
-    pub async fn publish_result(&self, job: &Incoming, body: &[u8]) -> Result<(), BrokerError> {
+    pub async fn publish_result(
+        &self,
+        job: &Incoming,
+        body: &[u8],
+        trace: &TraceHeaders,
+    ) -> Result<(), BrokerError> {
+        let mut headers = FieldTable::default();
+        put_trace(&mut headers, trace);
         let mut props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_timestamp(crate::domain::now_ms() / 1000);
+            .with_timestamp(crate::domain::now_ms() / 1000)
+            .with_headers(headers);
         if let Some(c) = &job.correlation_id {
             props = props.with_correlation_id(c.as_str().into());
         }

@@ -116,6 +116,7 @@ impl Harness {
                 shutdown_timeout: Duration::from_secs(10),
             },
             limits: LimitSettings::default(),
+            telemetry: Default::default(),
         };
         tweak(&mut settings);
         settings.validate().expect("test settings are valid");
