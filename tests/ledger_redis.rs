@@ -614,6 +614,42 @@ async fn malformed_calls_write_nothing() {
             ]
             .concat(),
         ),
+        // Numbers that are not (found by review: "nan" and "inf" passed
+        // checks written as what must not hold), in a set only the
+        // second item names, after a first that would be written.
+        (
+            vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
+            [
+                &head[..],
+                &[
+                    "2", "1", "60000", "60000", "1", "1", "nan", "60000", "1", "0",
+                ],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "b", "fp", "tk", "1:a", "0:c2", "", "02", ""],
+            ]
+            .concat(),
+        ),
+        (
+            vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
+            [
+                &head[..],
+                &[
+                    "2", "1", "60000", "60000", "1", "1", "60000", "60000", "inf", "0",
+                ],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "b", "fp", "tk", "1:a", "0:c2", "", "02", ""],
+            ]
+            .concat(),
+        ),
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &["1", "1", "60000", "nan", "1", "0"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
         // A deny (max 0) among other rules.
         (
             vec!["t:job:a", "t:email:a"],
@@ -1269,6 +1305,21 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
             .unwrap();
         assert_eq!(replaced[0].action, Action::Allow);
     }
+
+    // Found by re-review J: a deny of an alias that ends sooner replaced a
+    // permanent one.
+    l.add_override(&ov("email:victim2@gmail.com", Action::Deny))
+        .await
+        .unwrap();
+    let shorter = Override {
+        expires_at_ms: Some(mailgate::domain::now_ms() + 2_000),
+        ..ov("email:V.I.C.T.I.M.2+qa@googlemail.com", Action::Deny)
+    };
+    let refused = l.add_override(&shorter).await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("--replace")),
+        "{refused:?}"
+    );
 
     // An entry a later version wrote, which this one cannot read: removed
     // by its exact target all the same.

@@ -934,20 +934,32 @@ impl RedisLedger {
         let key = overrides::hash_key(&self.keys.prefix);
         let (all, _) = overrides::read(&self.conn, &key).await?;
         let now = crate::domain::now_ms();
+        // Its own entry: under the field this normalization gives, or
+        // stored for exactly this target under another (found by review:
+        // entries written with `strip_plus_tag = false` could not be
+        // removed at all).
+        let own = |field: &str, ov: &Override| field == exact || ov.target == *target;
         let (same, _): (Vec<_>, Vec<_>) = (all.into_iter())
-            .filter(|(field, ov)| *field == exact || ov.live(now))
-            .partition(|(field, ov)| *field == exact || subject(&ov.target) == wanted);
-        let exact_stored =
-            overrides::remove(&self.conn, &self.keys.prefix, std::slice::from_ref(&exact)).await?;
-        if exact_stored > 0 {
+            .filter(|(field, ov)| own(field, ov) || ov.live(now))
+            .partition(|(field, ov)| own(field, ov) || subject(&ov.target) == wanted);
+        let (mine, others): (Vec<_>, Vec<_>) = same.into_iter().partition(|(f, ov)| own(f, ov));
+        let mut fields: Vec<String> = mine.iter().map(|(f, _)| f.clone()).collect();
+        if !fields.contains(&exact) {
+            fields.push(exact.clone());
+        }
+        // The exact field even if this version cannot read its entry.
+        let removed = overrides::remove(&self.conn, &self.keys.prefix, &fields).await?;
+        if removed > 0 {
+            let mut removed: Vec<Target> = mine.into_iter().map(|(_, ov)| ov.target).collect();
+            if removed.is_empty() {
+                removed.push(target.clone());
+            }
             return Ok(overrides::Removal {
-                removed: vec![target.clone()],
-                still: (same.into_iter())
-                    .filter(|(field, _)| *field != exact)
-                    .map(|(_, ov)| ov.target)
-                    .collect(),
+                removed,
+                still: others.into_iter().map(|(_, ov)| ov.target).collect(),
             });
         }
+        let same = others;
         match same.as_slice() {
             [] => Ok(overrides::Removal::default()),
             [(field, ov)] => {

@@ -83,17 +83,21 @@ local function member_of(at, id)
   return format('%012x', at) .. ':' .. id
 end
 
--- Why the rule set at ARGV[a] (the i-th) is malformed, or nil.
+-- Why the rule set at ARGV[a] (the i-th) is malformed, or nil. Every
+-- check is written as what must hold, so NaN and infinities fail it
+-- (found by review: "nan" passed checks written as what must not).
 local function set_error(a, i)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  if not n or n < 0 or n ~= floor(n) or not keep or keep < 1 or keep > MAX_KEEP_MS then
+  if not (n and n >= 0 and n <= 4096 and n == floor(n)
+    and keep and keep >= 1 and keep <= MAX_KEEP_MS) then
     return 'rule set ' .. i
   end
   for r = 1, n do
     local w, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
     local deny = m == 0 and n == 1
-    if not w or not m or m ~= floor(m) or (m == 0 and not deny)
-      or (deny and w < 0) or (not deny and (w < 1 or w > MAX_PERIOD_MS)) then
+    if not (w and m and m == floor(m) and m >= -2147483648 and m <= 2147483647
+      and ((deny and w >= 0 and w <= 9007199254740992)
+        or (m ~= 0 and w >= 1 and w <= MAX_PERIOD_MS))) then
       return 'rule ' .. r .. ' of set ' .. i
     end
   end

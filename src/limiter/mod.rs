@@ -362,6 +362,21 @@ impl Keyspace {
         n
     }
 
+    /// The overrides in force at `now_ms`: built again first if one of
+    /// several merged for a subject expired ([`overrides::Table`]).
+    fn table_at(&self, now_ms: u64) -> std::sync::Arc<overrides::Table> {
+        let table = self.table.load_full();
+        if table.rebuild_at.is_none_or(|t| t > now_ms) {
+            return table;
+        }
+        let live = (table.all.iter())
+            .filter(|o| o.live(now_ms))
+            .cloned()
+            .collect();
+        self.install(live, table.version.clone());
+        self.table.load_full()
+    }
+
     /// The version of the overrides' hash in force, if any was read.
     pub fn overrides_version(&self) -> Option<String> {
         self.table.load().version.clone()
@@ -420,8 +435,8 @@ impl Keyspace {
         purpose: Option<&Name>,
     ) -> (String, std::sync::Arc<RuleSet>, Option<overrides::Hit>) {
         let key = self.key_of(subject);
-        let table = self.table.load();
         let now = crate::domain::now_ms();
+        let table = self.table_at(now);
         let hit = match subject {
             Subject::Email(_) => table.email(&key, now),
             Subject::Domain(_) => table.domain(&key, now),
@@ -466,8 +481,8 @@ impl Keyspace {
     /// them, if one did (the deny, else the allow, else rules).
     pub fn applicable_by(&self, req: &Request<'_>) -> (Vec<Applied>, Option<&'static str>) {
         use overrides::Action;
-        let table = self.table.load();
         let now = crate::domain::now_ms();
+        let table = self.table_at(now);
         let email = self.key_of(Subject::Email(req.email));
         let ip = req.ip.map(|ip| (self.key_of(Subject::Ip(ip)), ip));
         // The domain is worked out only if something counts it.

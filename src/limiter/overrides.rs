@@ -331,7 +331,9 @@ impl Hit {
 /// applies, so when one expires the next holds at once, on every worker
 /// alike. Denies first, the longest-lasting first (so the wait answered is
 /// the longest); then rules: all live ones together (a request must pass
-/// each), as one set per how many are still live; then allows.
+/// each), as one set holding the tightest max of each window; then allows.
+/// When one of several merged rules overrides expires, the table is built
+/// again ([`Table::rebuild_at`]).
 type Hits = Vec<Hit>;
 
 /// The overrides in force, indexed for lookups on every admission.
@@ -348,6 +350,12 @@ pub(crate) struct Table {
     len: usize,
     /// The version of the hash this was built from.
     pub version: Option<String>,
+    /// What it was built from.
+    pub all: Vec<Override>,
+    /// When one of several rules overrides merged for a subject expires:
+    /// the table must be built again then, without it (until then the
+    /// merged set holds, stricter, never looser).
+    pub rebuild_at: Option<u64>,
 }
 
 /// A subject's place in the [`Table`].
@@ -373,7 +381,8 @@ impl Table {
     ) -> Self {
         let mut subjects: Vec<(Place, Vec<Override>)> = Vec::new();
         let mut at: HashMap<Place, usize> = HashMap::new();
-        for ov in overrides.into_iter().take(MAX_OVERRIDES) {
+        let all: Vec<Override> = overrides.into_iter().take(MAX_OVERRIDES).collect();
+        for ov in all.iter().cloned() {
             let place = match &ov.target {
                 Target::Email(e) => Place::Email(email_key(e)),
                 Target::Domain(d) => Place::Domain(domain_key(d)),
@@ -390,7 +399,11 @@ impl Table {
         let mut table = Table::default();
         let mut next_set = first_set;
         for (place, ovs) in subjects {
-            let hits = hits_of(ovs, &mut next_set, &keep_ms);
+            let (hits, rebuild_at) = hits_of(ovs, &mut next_set, &keep_ms);
+            table.rebuild_at = match (table.rebuild_at, rebuild_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             table.len += 1;
             match place {
                 Place::Email(key) => {
@@ -415,6 +428,7 @@ impl Table {
                 }
             }
         }
+        table.all = all;
         table
     }
 
@@ -460,8 +474,13 @@ fn first_live(hits: Option<&Hits>, now_ms: u64) -> Option<&Hit> {
 }
 
 /// The overrides of one subject as [`Hits`], their rule sets numbered from
-/// `next_set` on.
-fn hits_of(ovs: Vec<Override>, next_set: &mut usize, keep_ms: &impl Fn(Scope) -> u64) -> Hits {
+/// `next_set` on; and, if several rules overrides were merged, when the
+/// first of them expires.
+fn hits_of(
+    ovs: Vec<Override>,
+    next_set: &mut usize,
+    keep_ms: &impl Fn(Scope) -> u64,
+) -> (Hits, Option<u64>) {
     let mut number = |set: RuleSet| {
         *next_set += 1;
         Some((*next_set - 1, Arc::new(set)))
@@ -488,38 +507,47 @@ fn hits_of(ovs: Vec<Override>, next_set: &mut usize, keep_ms: &impl Fn(Scope) ->
             set,
         });
     }
-    // rules[..j] are the ones live while rules[j - 1] is: all of their
-    // rules together, the most first.
-    for j in (1..=rules.len()).rev() {
-        let live = &rules[..j];
-        let all: Vec<Rule> = live
-            .iter()
-            .flat_map(|o| match &o.action {
-                Action::Rules(r) => r.clone(),
-                _ => Vec::new(),
-            })
-            .collect();
-        let scope = live[0].target.scope();
+    let mut rebuild_at = None;
+    if let Some(first) = rules.first() {
+        // Every rule of every one, the tightest max per window (and per
+        // shadow window): no more rules than there are windows, however
+        // many overrides (found by review: a set per combination grew
+        // quadratically).
+        let mut tightest: std::collections::BTreeMap<(u64, bool), Rule> = Default::default();
+        for o in &rules {
+            if let Action::Rules(rs) = &o.action {
+                for r in rs {
+                    let at = tightest.entry((r.window_ms(), r.enforce)).or_insert(*r);
+                    if r.max < at.max {
+                        *at = *r;
+                    }
+                }
+            }
+        }
+        let all: Vec<Rule> = tightest.into_values().collect();
         let set = number(RuleSet {
             keep_ms: (all.iter().map(Rule::window_ms))
                 .max()
                 .unwrap_or(1)
                 .saturating_add(CLOCK_SLACK_MS)
-                .max(keep_ms(scope)),
+                .max(keep_ms(first.target.scope())),
             rules: all.clone(),
             deny_until_ms: None,
         });
-        let ov = match live {
+        let ov = match rules.as_slice() {
             [one] => one.clone(),
-            several => Override {
-                target: several[0].target.clone(),
-                action: Action::Rules(all),
-                reason: (several.iter().map(|o| o.reason.as_str()))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-                expires_at_ms: several[j - 1].expires_at_ms,
-                added_at_ms: several.iter().map(|o| o.added_at_ms).max().unwrap_or(0),
-            },
+            several => {
+                rebuild_at = several.iter().filter_map(|o| o.expires_at_ms).min();
+                Override {
+                    target: first.target.clone(),
+                    action: Action::Rules(all),
+                    reason: format!("{} overrides at once: {}", several.len(), first.reason),
+                    // Live as long as one of them is; the table is built
+                    // again as each expires.
+                    expires_at_ms: first.expires_at_ms,
+                    added_at_ms: several.iter().map(|o| o.added_at_ms).max().unwrap_or(0),
+                }
+            }
         };
         hits.push(Hit {
             ov: Arc::new(ov),
@@ -530,7 +558,7 @@ fn hits_of(ovs: Vec<Override>, next_set: &mut usize, keep_ms: &impl Fn(Scope) ->
         ov: Arc::new(ov),
         set: None,
     }));
-    hits
+    (hits, rebuild_at)
 }
 
 /// Drops the overrides whose expiry passed, atomically (an `add` that
@@ -573,16 +601,19 @@ pub(crate) fn hash_key(prefix: &str) -> String {
 
 /// Whether storing `new` over `old` (one field: the same subject as the
 /// limiter counts it) would loosen what holds: a weaker action (deny >
-/// rules > allow), or other rules. Found by review: an allow of one address
-/// silently replaced the deny of its network, to which it widened.
-fn loosens(old: &Action, new: &Action) -> bool {
+/// rules > allow), other rules, or an earlier end. Found by reviews I and
+/// J: an allow of one address silently replaced the deny of its network,
+/// to which it widened, and a deny of an alias for 2 s a permanent one.
+fn loosens(old: &Override, new: &Override) -> bool {
     let strength = |a: &Action| match a {
         Action::Deny => 2,
         Action::Rules(_) => 1,
         Action::Allow => 0,
     };
-    strength(new) < strength(old)
-        || matches!((old, new), (Action::Rules(a), Action::Rules(b)) if a != b)
+    let end = |o: &Override| o.expires_at_ms.unwrap_or(u64::MAX);
+    strength(&new.action) < strength(&old.action)
+        || matches!((&old.action, &new.action), (Action::Rules(a), Action::Rules(b)) if a != b)
+        || (!matches!(old.action, Action::Allow) && end(new) < end(old))
 }
 
 /// Drops expired overrides, then stores `ovs` (each replacing any override
@@ -618,7 +649,7 @@ pub(crate) async fn add(
         ov.check(now_ms)?;
         let field = ov.target.field(norm);
         if let Some(old) = live.get(field.as_str()) {
-            if !replace && loosens(&old.action, &ov.action) {
+            if !replace && loosens(old, ov) {
                 return Err(OverrideError::Invalid(format!(
                     "{} has an override in force that this would loosen: {} ({}); \
                      give --replace to replace it",
@@ -800,9 +831,11 @@ mod tests {
             added_at_ms: added,
         };
         let rule = |s: u64, n: u32| Rule::new(Duration::from_secs(s), n);
+        // As the table is built again when a merged one expires.
         let held = |ovs: Vec<Override>, now| {
+            let ovs = ovs.into_iter().filter(|o| o.live(now)).collect();
             let table = Table::new(ovs, |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
-            assert_eq!(table.len(), 1);
+            assert!(table.len() <= 1);
             let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
             hit.map(|h| (h.ov.action.clone(), h.ov.expires_at_ms))
         };
@@ -831,6 +864,29 @@ mod tests {
             );
             assert_eq!(rules_of(held(ovs, 150)), [rule(86400, 1000)]);
         }
+        // However many, one set: the tightest max per window; built again
+        // when the first of them expires.
+        let many: Vec<Override> = (1..=1000)
+            .map(|i| {
+                ov(
+                    Action::Rules(vec![
+                        rule(60, 1001 - i),
+                        rule(3600 + u64::from(i % 3), 5000),
+                    ]),
+                    Some(1000 + u64::from(i)),
+                    i.into(),
+                )
+            })
+            .collect();
+        let table = Table::new(many.clone(), |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
+        assert_eq!(table.rebuild_at, Some(1001));
+        let hit = table.ip("10.1.2.3".parse().unwrap(), 10).unwrap();
+        let set = &hit.set.as_ref().unwrap().1;
+        assert_eq!(set.rules.len(), 4, "{:?}", set.rules);
+        assert!(
+            set.rules.contains(&rule(60, 1)),
+            "the tightest of the minute rules"
+        );
         // Of two denies the longest-lasting holds, newer or not.
         let denies = vec![ov(Action::Deny, None, 1), ov(Action::Deny, Some(100), 2)];
         assert_eq!(held(denies, 10), Some((Action::Deny, None)));
