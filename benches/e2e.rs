@@ -12,8 +12,12 @@
 //! measured maximum); 1 and 2 worker processes. Ceilings: (a) a bare broker
 //! loop (consume → publish a result with confirm → ack, same prefetch and
 //! message size), (b) the limiter's decisions/s at the same concurrency, (c)
-//! the SMTP sink with the same pool size. Queues and keys are the run's own
-//! and are deleted at the end.
+//! the SMTP sink with the same pool size. Then a load sweep: admitted jobs
+//! at 10 % to 100 % of the measured maximum, tabled and drawn (latency
+//! against offered load, throughput against the ceilings) to
+//! `docs/e2e-load.svg`, which BENCHMARKS.md embeds (the smoke run draws to
+//! a scratch file). Queues and keys are the run's own and are deleted at
+//! the end.
 
 use std::collections::HashMap;
 use std::io::Write as _;
