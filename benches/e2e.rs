@@ -1116,8 +1116,9 @@ fn draw_sweep(
 /// Deletes every queue and key of the run.
 async fn cleanup(run: &Run) {
     // The worker's defaults: 4 retry queues, lease waits in bands of
-    // 250 ms doubling (a missing queue deletes fine).
-    let topo_queues = ["jobs", "results", "jobs.dead"]
+    // 250 ms doubling (a missing queue deletes fine), and the lane of
+    // redelivered jobs (it was left behind by every run).
+    let topo_queues = ["jobs", "results", "jobs.dead", "jobs.redelivered"]
         .into_iter()
         .map(str::to_owned)
         .chain((1..5).map(|n| format!("jobs.retry.{n}")))
