@@ -42,7 +42,7 @@ pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, TracesError> {
         .with_service_name("mailgate")
         .build();
     let builder = SdkTracerProvider::builder().with_resource(resource);
-    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+    use opentelemetry_otlp::WithExportConfig as _;
     let url = match endpoint.trim_end_matches('/') {
         e if e.ends_with("/v1/traces") => e.to_owned(),
         e => format!("{e}/v1/traces"),
@@ -51,8 +51,9 @@ pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, TracesError> {
         .with_http()
         .with_protocol(opentelemetry_otlp::Protocol::HttpJson)
         .with_endpoint(url)
-        .with_timeout(std::time::Duration::from_secs(10))
-        .with_headers(Default::default())
+        // Short: the last export runs at shutdown, inside the grace period
+        // (deploy/k8s gives 15 s beyond worker.shutdown_timeout).
+        .with_timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(|e| TracesError::Exporter {
             endpoint: crate::settings::redact_url(endpoint),
