@@ -139,8 +139,16 @@ fn init_telemetry(
     // holds an address; a job, a code). mailgate handles returns and logs
     // them itself, without the body, so this target is off whatever RUST_LOG
     // says.
-    if let Ok(quiet) = "lapin::returned_messages=off".parse() {
-        filter = filter.add_directive(quiet);
+    // The HTTP client that exports spans logs the collector's URL, password
+    // and all, at trace (found by review): off too.
+    for quiet in [
+        "lapin::returned_messages=off",
+        "hyper_util=off",
+        "reqwest=off",
+    ] {
+        if let Ok(quiet) = quiet.parse() {
+            filter = filter.add_directive(quiet);
+        }
     }
     let provider = otlp.map(mailgate::traces::provider).transpose()?;
     let spans = (provider.as_ref()).map(|p| {

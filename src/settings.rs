@@ -109,11 +109,17 @@ impl Settings {
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.limits.validate()?;
         let invalid = |m: String| Err(SettingsError::Invalid(m));
+        // Parsed here, so a bad one is refused by check-config too, and
+        // named redacted (found by review: the exporter's own error quoted
+        // the password).
         if let Some(url) = &self.telemetry.otlp_endpoint
-            && !(url.starts_with("http://") || url.starts_with("https://"))
+            && (!(url.starts_with("http://") || url.starts_with("https://"))
+                || format!("{}/v1/traces", url.trim_end_matches('/'))
+                    .parse::<hyper::Uri>()
+                    .is_err())
         {
             return invalid(format!(
-                "telemetry.otlp_endpoint {}: an http:// or https:// URL (the collector's OTLP/HTTP port, 4318)",
+                "telemetry.otlp_endpoint {}: not an http:// or https:// URL (the collector's OTLP/HTTP port, 4318)",
                 redact_url(url)
             ));
         }

@@ -50,14 +50,17 @@ pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, TracesError> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(opentelemetry_otlp::Protocol::HttpJson)
-        .with_endpoint(url)
+        .with_endpoint(url.clone())
         // Short: the last export runs at shutdown, inside the grace period
         // (deploy/k8s gives 15 s beyond worker.shutdown_timeout).
         .with_timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(|e| TracesError::Exporter {
             endpoint: crate::settings::redact_url(endpoint),
-            why: e.to_string(),
+            // Its text may quote the URL, password and all.
+            why: e
+                .to_string()
+                .replace(&url, &crate::settings::redact_url(&url)),
         })?;
     Ok(builder.with_batch_exporter(exporter).build())
 }

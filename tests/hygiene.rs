@@ -199,3 +199,33 @@ fn the_docker_image_runs_as_a_user_other_than_root() {
         .unwrap_or_else(|_| panic!("USER {user:?} is not a numeric id"));
     assert_ne!(uid, 0, "the image runs as root");
 }
+
+/// Found by review K: an OTLP endpoint the exporter could not parse was
+/// named redacted, but the exporter's own error quoted it whole; and
+/// `check-config` accepted it. It is refused when settings load, redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_otlp_endpoint_is_refused_without_its_password() {
+    let h = Harness::new("hygiene-otlp").await;
+    for endpoint in [
+        "http://user:OtlpS3cret@[::1",
+        "http://user:Otlp S3cret@collector:4318",
+    ] {
+        for args in [&["check-config"][..], &["worker"]] {
+            let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), args);
+            c.env("MAILGATE__TELEMETRY__OTLP_ENDPOINT", endpoint);
+            let out = tokio::task::spawn_blocking(move || output(c))
+                .await
+                .unwrap();
+            let said = text(&out);
+            assert!(
+                !out.status.success(),
+                "{args:?} accepted {endpoint}: {said}"
+            );
+            assert!(said.contains("otlp_endpoint"), "{said}");
+            assert!(
+                !said.contains("S3cret"),
+                "{args:?} shows the password: {said}"
+            );
+        }
+    }
+}
