@@ -42,27 +42,6 @@ async fn run_async(c: Command) -> Output {
         .expect("the runner did not panic")
 }
 
-/// Sends `signal` (e.g. "-TERM") to `child` and waits for it to exit within
-/// `within`, returning its output (stderr piped by the caller). A child
-/// that outlives the wait is killed and the test fails.
-async fn signal_and_wait(child: std::process::Child, signal: &str, within: Duration) -> Output {
-    let pid = child.id().to_string();
-    let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
-    assert!(sent.success(), "kill {signal} {pid}");
-    let waited = tokio::time::timeout(
-        within,
-        tokio::task::spawn_blocking(move || child.wait_with_output()),
-    )
-    .await;
-    match waited {
-        Ok(out) => out.unwrap().unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            panic!("the process did not exit within {within:?} of {signal}");
-        }
-    }
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -375,7 +354,7 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     let props = lapin::BasicProperties::default().with_reply_to("cli-sigterm-no-such-queue".into());
     h.publish_raw(leaky, props).await;
     assert_eq!(h.result().await["id"], "sig2");
-    let out = signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
+    let out = common::signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
     let out = (out.status, text(&out.stderr));
     assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
     assert!(out.1.contains("shutdown requested"), "{}", out.1);
@@ -608,7 +587,7 @@ async fn a_broker_that_never_finishes_the_handshake_is_retried() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
+    let out = common::signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
     let out = (out.status, text(&out.stderr));
     assert!(out.0.success(), "{}", out.1);
     assert!(out.1.contains("did not answer within 300ms"), "{}", out.1);
@@ -639,7 +618,7 @@ async fn a_tool_stops_on_ctrl_c() {
     // By now it has published and waits for a result that never comes (if
     // not, it is interrupted earlier, which stops it just the same).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let out = signal_and_wait(child, "-INT", Duration::from_secs(10)).await;
+    let out = common::signal_and_wait(child, "-INT", Duration::from_secs(10)).await;
     let out = (out.status, text(&out.stderr));
     assert!(!out.0.success(), "{}", out.1);
     assert!(out.1.contains("interrupted"), "{}", out.1);

@@ -17,6 +17,22 @@ fn value(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Publishes a job to each of `emails` (ids `<prefix><n>`), stamped with
+/// a `timestamp_in_ms` header, so their results feed the latency histogram.
+async fn publish_timed(h: &Harness, prefix: &str, emails: &[&str]) {
+    let now_ms = mailgate::domain::now_ms() as i64;
+    let mut headers = FieldTable::default();
+    headers.insert("timestamp_in_ms".into(), AMQPValue::LongLongInt(now_ms));
+    for (n, email) in emails.iter().enumerate() {
+        let job = json!({"id": format!("{prefix}{n}"), "email": email, "code": "1"});
+        h.publish_raw(
+            job.to_string().as_bytes(),
+            BasicProperties::default().with_headers(headers.clone()),
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_the_jobs_and_health_answers() {
     let h = Harness::new("metrics").await;
@@ -29,23 +45,12 @@ async fn metrics_count_the_jobs_and_health_answers() {
         "{body}"
     );
 
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let mut headers = FieldTable::default();
-    headers.insert("timestamp_in_ms".into(), AMQPValue::LongLongInt(now_ms));
-    for (n, email) in ["a@example.com", "a@example.com", "b@example.com"]
-        .iter()
-        .enumerate()
-    {
-        let job = json!({"id": format!("m{n}"), "email": email, "code": "1"});
-        h.publish_raw(
-            job.to_string().as_bytes(),
-            BasicProperties::default().with_headers(headers.clone()),
-        )
-        .await;
-    }
+    publish_timed(
+        &h,
+        "m",
+        &["a@example.com", "a@example.com", "b@example.com"],
+    )
+    .await;
     h.publish(&json!({"id": "bad", "code": "1"})).await;
     h.results(4).await;
 
@@ -352,20 +357,7 @@ async fn every_metric_the_dashboard_and_alerts_read_is_exported() {
         );
     }
     assert_eq!(http_get(w.http, "/readyz").await.0, 200);
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let mut headers = FieldTable::default();
-    headers.insert("timestamp_in_ms".into(), AMQPValue::LongLongInt(now_ms));
-    for (n, email) in ["a@example.com", "a@example.com"].iter().enumerate() {
-        let job = json!({"id": format!("n{n}"), "email": email, "code": "1"});
-        h.publish_raw(
-            job.to_string().as_bytes(),
-            BasicProperties::default().with_headers(headers.clone()),
-        )
-        .await;
-    }
+    publish_timed(&h, "n", &["a@example.com", "a@example.com"]).await;
     h.publish(&json!({"id": "bad", "code": "1"})).await;
     h.results(3).await;
     let (_, m) = http_get(w.http, "/metrics").await;

@@ -93,12 +93,7 @@ async fn no_password_shows_in_logs_metrics_readiness_or_errors() {
     assert_no_secret(&metrics, "/metrics");
     // A few reconnection attempts, each logged.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let pid = child.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = common::signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
     let log = text(&out);
     assert!(
         log.contains("rabbitmq"),

@@ -73,6 +73,23 @@ impl Receiver {
     }
 }
 
+/// Publishes `job` with a `traceparent` (and a `tracestate`) header.
+async fn publish_traced(h: &Harness, job: &Value, traceparent: &str, tracestate: Option<&str>) {
+    let mut headers = FieldTable::default();
+    let mut put = |name: &str, v: &str| {
+        headers.insert(name.into(), AMQPValue::LongString(v.into()));
+    };
+    put("traceparent", traceparent);
+    if let Some(state) = tracestate {
+        put("tracestate", state);
+    }
+    h.publish_raw(
+        job.to_string().as_bytes(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+}
+
 /// The `traceparent` header of a result's properties.
 fn traceparent(props: &BasicProperties) -> Option<String> {
     props
@@ -108,21 +125,9 @@ async fn a_jobs_spans_join_its_producers_trace_and_the_result_carries_it() {
 
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
-    let mut headers = FieldTable::default();
-    headers.insert(
-        "traceparent".into(),
-        AMQPValue::LongString(format!("00-{trace}-{parent}-01").into()),
-    );
-    headers.insert(
-        "tracestate".into(),
-        AMQPValue::LongString("vendor=opaque".into()),
-    );
     let job = json!({"id": "traced", "email": "traced.user@example.com", "code": "123456"});
-    h.publish_raw(
-        job.to_string().as_bytes(),
-        BasicProperties::default().with_headers(headers),
-    )
-    .await;
+    let sent = format!("00-{trace}-{parent}-01");
+    publish_traced(&h, &job, &sent, Some("vendor=opaque")).await;
     let results = h.settings.amqp.results_queue.clone();
     let (body, props) = h
         .next_on(&results, Duration::from_secs(30))
@@ -147,15 +152,7 @@ async fn a_jobs_spans_join_its_producers_trace_and_the_result_carries_it() {
     assert_ne!(fresh_trace, "0".repeat(32));
 
     // SIGTERM: the worker exports what it has not yet, then exits.
-    let pid = child.id().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = common::signal_and_wait(child, "-TERM", Duration::from_secs(30)).await;
     assert!(
         out.status.success(),
         "{}",
@@ -218,14 +215,8 @@ async fn without_an_exporter_the_result_passes_the_trace_context_on() {
     let h = Harness::new("traces-off").await;
     let w = h.start_worker().await;
     let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let mut headers = FieldTable::default();
-    headers.insert("traceparent".into(), AMQPValue::LongString(sent.into()));
     let job = json!({"id": "passed", "email": "a@example.com", "code": "1"});
-    h.publish_raw(
-        job.to_string().as_bytes(),
-        BasicProperties::default().with_headers(headers),
-    )
-    .await;
+    publish_traced(&h, &job, sent, None).await;
     let results = h.settings.amqp.results_queue.clone();
     let (_, props) = h
         .next_on(&results, Duration::from_secs(30))

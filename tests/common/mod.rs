@@ -763,3 +763,33 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
         .expect("redis-cli runs");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// Sends `signal` (e.g. "-TERM") to `child` and waits for it to exit within
+/// `within`, returning its output (stderr piped by the caller). A child
+/// that outlives the wait is killed and the test fails.
+pub async fn signal_and_wait(
+    child: std::process::Child,
+    signal: &str,
+    within: Duration,
+) -> std::process::Output {
+    let pid = child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill {signal} {pid}");
+    let waited = tokio::time::timeout(
+        within,
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await;
+    match waited {
+        Ok(out) => out.unwrap().unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status();
+            panic!("the process did not exit within {within:?} of {signal}");
+        }
+    }
+}
