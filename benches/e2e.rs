@@ -689,6 +689,7 @@ async fn ceiling_smtp(port: u16, n: u64) -> f64 {
         from: "Bench <no-reply@example.com>".into(),
         pool_size: POOL,
         timeout: Duration::from_secs(30),
+        tls: Default::default(),
     })
     .expect("mailer");
     let to = EmailAddress::parse("user@example.com").expect("to");

@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod settings;
 pub mod telemetry;
 pub mod templates;
+pub mod tls;
 pub mod traces;
 pub mod wire;
 pub mod worker;

@@ -27,6 +27,8 @@ fn main() -> ExitCode {
     if std::env::var_os("RUST_MIN_STACK").is_none() {
         unsafe { std::env::set_var("RUST_MIN_STACK", THREAD_STACK.to_string()) };
     }
+    // One rustls crypto provider, chosen before any connection is made.
+    mailgate::tls::install_provider();
     let cli = Cli::parse();
     let default_filter = if matches!(cli.command, Command::Worker) {
         "info,lapin=warn"

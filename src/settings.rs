@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::domain::Normalization;
+use crate::tls::{LinkTls, TlsSettings};
 
 /// The whole configuration of a mailgate process.
 #[derive(Debug, Clone, Deserialize)]
@@ -103,6 +104,72 @@ impl Settings {
             bands.push(last.saturating_mul(2));
         }
         bands
+    }
+
+    /// What the links' settings leave unencrypted that an operator should
+    /// know of: one line per SMTP relay on another host whose mail may
+    /// travel in clear. Shown by `check-config` and logged at start-up.
+    pub fn transport_warnings(&self) -> Vec<String> {
+        self.smtp
+            .relay_list()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r.check_transport().ok().flatten())
+            .collect()
+    }
+
+    /// Every link's TLS settings load and go with a URL that uses TLS, and
+    /// no SMTP password can go out unencrypted.
+    fn check_transport(&self) -> Result<(), SettingsError> {
+        let invalid = |m: String| Err(SettingsError::Invalid(m));
+        if self.amqp.tls.is_set() {
+            let plain = self.amqp.urls().into_iter().find(|u| {
+                !u.trim_start()
+                    .get(..8)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
+            });
+            if let Some(url) = plain {
+                return invalid(format!(
+                    "[amqp.tls] is set but amqp.url {} does not use TLS; use amqps:// \
+                     (or remove [amqp.tls])",
+                    redact_url(url)
+                ));
+            }
+            self.amqp.link_tls()?;
+        }
+        // redis-rs reads a `#insecure` fragment as "do not verify the
+        // certificate": a typo or a copied example would quietly accept a
+        // man in the middle.
+        if self.redis.url.contains("#insecure") {
+            return invalid(format!(
+                "redis.url {}: #insecure would turn off certificate verification, which \
+                 mailgate does not allow; give the server's CA as [redis.tls] ca_file instead",
+                redact_url(&self.redis.url)
+            ));
+        }
+        if self.redis.tls.is_set() {
+            let tls = match self.redis.target() {
+                Ok(RedisTarget::Server(url)) => url.starts_with("rediss:"),
+                Ok(RedisTarget::Sentinel(t)) => t.tls,
+                Ok(RedisTarget::Cluster(t)) => t.tls,
+                _ => false,
+            };
+            if !tls {
+                return invalid(format!(
+                    "[redis.tls] is set but redis.url {} does not use TLS; use rediss://, \
+                     rediss+sentinel:// or rediss+cluster:// (or remove [redis.tls])",
+                    redact_url(&self.redis.url)
+                ));
+            }
+            self.redis.link_tls()?;
+        }
+        for relay in self.smtp.relay_list()? {
+            relay.check_transport()?;
+            if relay.tls.is_set() {
+                relay.link_tls()?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks what serde cannot see key by key, across sections.
@@ -229,6 +296,7 @@ impl Settings {
             }
         }
         self.smtp.validate()?;
+        self.check_transport()?;
         if self.smtp.pool_size == 0 || self.smtp.pool_size > 1_000 {
             return invalid("smtp.pool_size must be 1 to 1000".into());
         }
@@ -319,6 +387,10 @@ pub struct AmqpSettings {
     /// it means moving to new queues (see the README).
     #[serde(default)]
     pub queue_type: QueueType,
+    /// `[amqp.tls]`: the CA bundle and client certificate of `amqps://`
+    /// connections. Refused with an `amqp://` URL.
+    #[serde(default)]
+    pub tls: TlsSettings,
 }
 
 /// How mailgate's queues are replicated. New deployments get quorum queues;
@@ -348,6 +420,11 @@ impl QueueType {
 }
 
 impl AmqpSettings {
+    /// `[amqp.tls]`, loaded: what `amqps://` connections trust and show.
+    pub fn link_tls(&self) -> Result<LinkTls, SettingsError> {
+        load_tls(&self.tls, "amqp.tls")
+    }
+
     /// The URLs `url` lists, in order (one, or a cluster's nodes).
     pub fn urls(&self) -> Vec<&str> {
         url_list(&self.url)
@@ -421,6 +498,8 @@ impl std::fmt::Debug for AmqpSettings {
             .field("results_queue", &self.results_queue)
             .field("prefetch", &self.prefetch)
             .field("timeout", &self.timeout)
+            .field("queue_type", &self.queue_type)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -469,6 +548,10 @@ pub struct SmtpSettings {
     /// Deadline for one whole send (connect, TLS, the SMTP dialogue).
     #[serde(default = "default_smtp_timeout", deserialize_with = "human_duration")]
     pub timeout: Duration,
+    /// `[smtp.tls]`: the CA bundle every relay without a `tls` of its own
+    /// trusts (`ca_file` only: no client certificates for SMTP).
+    #[serde(default)]
+    pub tls: TlsSettings,
 }
 
 impl std::fmt::Debug for SmtpSettings {
@@ -480,6 +563,7 @@ impl std::fmt::Debug for SmtpSettings {
             .field("from", &self.from)
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -494,6 +578,10 @@ pub struct RelaySettings {
     /// `host:port` by default (never the credentials).
     #[serde(default)]
     pub name: Option<String>,
+    /// This relay's CA bundle (`tls = { ca_file = "…" }`), instead of
+    /// `[smtp.tls]`'s.
+    #[serde(default)]
+    pub tls: TlsSettings,
 }
 
 impl std::fmt::Debug for RelaySettings {
@@ -501,6 +589,7 @@ impl std::fmt::Debug for RelaySettings {
         f.debug_struct("RelaySettings")
             .field("url", &redact_url(&self.url))
             .field("name", &self.name)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -534,6 +623,83 @@ pub struct Relay {
     pub name: String,
     /// The URL, credentials and all: never show it without [`redact_url`].
     pub url: String,
+    /// Its TLS settings: its own, or `[smtp.tls]`'s.
+    pub tls: TlsSettings,
+    /// The settings key of [`Self::tls`] (`smtp.tls`, `smtp.relays[1].tls`),
+    /// for messages.
+    pub tls_key: String,
+}
+
+impl Relay {
+    /// [`Self::tls`], loaded: what its TLS trusts.
+    pub fn link_tls(&self) -> Result<LinkTls, SettingsError> {
+        load_tls(&self.tls, &self.tls_key)
+    }
+
+    /// Whether SMTP AUTH credentials (`user:pass@`) are in its URL.
+    pub fn has_credentials(&self) -> bool {
+        url::Url::parse(&self.url).is_ok_and(|u| u.password().is_some())
+    }
+
+    /// Checks that credentials can never go out unencrypted and that TLS
+    /// files go with a URL that uses TLS; `Ok(Some(warning))` when mail
+    /// to it may travel in clear (a relay on another host that is not
+    /// required to encrypt).
+    fn check_transport(&self) -> Result<Option<String>, SettingsError> {
+        let invalid = |m: String| Err(SettingsError::Invalid(m));
+        let Ok(url) = url::Url::parse(&self.url) else {
+            return Ok(None);
+        };
+        let shown = redact_url(&self.url);
+        let key = &self.tls_key;
+        if url.scheme() == "file" {
+            if self.tls.is_set() {
+                return invalid(format!("{key} is set but the mail goes to files ({shown})"));
+            }
+            return Ok(None);
+        }
+        if self.tls.client_cert.is_some() || self.tls.client_key.is_some() {
+            return invalid(format!(
+                "{key}.client_cert: SMTP relays take no client certificate; authenticate with \
+                 user:pass@ in the URL (over TLS)"
+            ));
+        }
+        let tls = url
+            .query_pairs()
+            .find(|(k, _)| k == "tls")
+            .map(|(_, v)| v.into_owned());
+        let local = url.host_str().is_some_and(crate::tls::is_loopback);
+        let credentials = url.password().is_some();
+        match (url.scheme(), tls.as_deref()) {
+            ("smtp", Some("none")) if credentials && !local => invalid(format!(
+                "{shown}: tls=none with credentials would send the password unencrypted; use \
+                 ?tls=required (STARTTLS) or smtps://, or drop the credentials (tls=none with \
+                 credentials is allowed only for a relay on a loopback address)"
+            )),
+            ("smtp", Some("none")) if self.tls.is_set() => invalid(format!(
+                "{key} is set but {shown} says tls=none; use ?tls=required or smtps://"
+            )),
+            ("smtp", Some("opportunistic")) if credentials => invalid(format!(
+                "{shown}: tls=opportunistic with credentials would send the password in clear \
+                 to anyone who strips STARTTLS from the relay's reply; credentials imply \
+                 tls=required: drop ?tls=opportunistic, or use smtps://"
+            )),
+            ("smtp", None | Some("opportunistic" | "none")) if !credentials && !local => {
+                Ok(Some(format!(
+                    "smtp relay {}: mail (and the codes in it) may travel unencrypted: \
+                     {shown} encrypts only when the relay offers STARTTLS, which anyone on \
+                     the path can strip; set ?tls=required or use smtps://",
+                    self.name
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn load_tls(tls: &TlsSettings, key: &str) -> Result<LinkTls, SettingsError> {
+    tls.load(key)
+        .map_err(|e| SettingsError::Invalid(e.to_string()))
 }
 
 impl std::fmt::Debug for Relay {
@@ -541,6 +707,7 @@ impl std::fmt::Debug for Relay {
         f.debug_struct("Relay")
             .field("name", &self.name)
             .field("url", &redact_url(&self.url))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -582,6 +749,8 @@ impl SmtpSettings {
                     return Ok(vec![Relay {
                         name,
                         url: url.to_owned(),
+                        tls: self.tls.clone(),
+                        tls_key: "smtp.tls".into(),
                     }]);
                 }
                 // Several URLs separated by commas: relays in order of
@@ -608,6 +777,8 @@ impl SmtpSettings {
                     out.push(Relay {
                         name,
                         url: url.to_owned(),
+                        tls: self.tls.clone(),
+                        tls_key: "smtp.tls".into(),
                     });
                 }
                 return Ok(out);
@@ -661,9 +832,16 @@ impl SmtpSettings {
                      relay a name of its own (name = \"...\")"
                 ));
             }
+            let (tls, tls_key) = if r.tls.is_set() {
+                (r.tls.clone(), format!("smtp.relays[{i}].tls"))
+            } else {
+                (self.tls.clone(), "smtp.tls".to_owned())
+            };
             out.push(Relay {
                 name,
                 url: r.url.clone(),
+                tls,
+                tls_key,
             });
         }
         Ok(out)
@@ -1019,6 +1197,11 @@ pub struct RedisSettings {
         deserialize_with = "human_duration"
     )]
     pub replica_ack_timeout: Duration,
+    /// `[redis.tls]`: the CA bundle and client certificate of `rediss://`
+    /// connections (to the servers, and to the Sentinels). Refused with a
+    /// URL without TLS.
+    #[serde(default)]
+    pub tls: TlsSettings,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -1029,6 +1212,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("allow_eviction", &self.allow_eviction)
             .field("min_replicas_acked", &self.min_replicas_acked)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -1043,7 +1227,13 @@ impl RedisSettings {
             allow_eviction: false,
             min_replicas_acked: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
+            tls: TlsSettings::default(),
         }
+    }
+
+    /// `[redis.tls]`, loaded: what TLS connections trust and show.
+    pub fn link_tls(&self) -> Result<LinkTls, SettingsError> {
+        load_tls(&self.tls, "redis.tls")
     }
 
     /// `url`, parsed: which kind of Redis it names. Errors name what is

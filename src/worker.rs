@@ -184,6 +184,9 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         )
     })?;
     let mailer = Mailer::new(&settings.smtp)?;
+    for warning in settings.transport_warnings() {
+        tracing::warn!("{warning}");
+    }
     if let Some(dir) = mailer.outbox() {
         tracing::warn!(outbox = %dir.display(), "mail is written to files, not sent (smtp.url is file://)");
     }
@@ -197,7 +200,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         .retry(reconnect_backoff())
         .when(|e| !matches!(e, LedgerError::Unfit(_)))
         .notify(|e, wait| {
-            tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)");
+            match crate::tls::explain(e, "redis.tls") {
+                Some(why) => tracing::warn!(error = why, ?wait, "cannot reach redis over TLS; retrying"),
+                None => tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)"),
+            }
         })
         .await
         .context("connecting to redis")?;
@@ -298,7 +304,10 @@ impl<L: Ledger + 'static> Worker<L> {
                     BrokerError::Refused { .. } => {
                         tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
                     }
-                    _ => tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"),
+                    _ => match crate::tls::explain(e, "amqp.tls") {
+                        Some(why) => tracing::warn!(error = why, ?wait, "cannot reach rabbitmq over TLS; retrying"),
+                        None => tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"),
+                    },
                 });
             let broker = tokio::select! {
                 b = connect => b.context("connecting to rabbitmq")?,

@@ -20,6 +20,7 @@ fn mailer(url: &str, pool_size: u32, timeout: Duration) -> Mailer {
         from: "Test <no-reply@example.com>".into(),
         pool_size,
         timeout,
+        tls: Default::default(),
     })
     .expect("mailer")
 }

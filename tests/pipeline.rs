@@ -88,6 +88,7 @@ impl Env {
                 prefetch: 4,
                 timeout: std::time::Duration::from_secs(1),
                 queue_type: Default::default(),
+                tls: Default::default(),
             },
             redis: RedisSettings::new("memory://", ""),
             smtp: SmtpSettings {
@@ -97,6 +98,7 @@ impl Env {
                 from: "Acme <no-reply@acme.example>".into(),
                 pool_size: 4,
                 timeout: Duration::from_secs(5),
+                tls: Default::default(),
             },
             http: HttpSettings::default(),
             templates: TemplateSettings {

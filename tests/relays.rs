@@ -18,6 +18,7 @@ fn relay(url: String, name: &str) -> RelaySettings {
     RelaySettings {
         url: format!("{url}?tls=none"),
         name: Some(name.to_owned()),
+        tls: Default::default(),
     }
 }
 
@@ -551,6 +552,7 @@ async fn only_a_relay_level_failure_fails_over() {
         from: "Test <no-reply@example.com>".into(),
         pool_size: 2,
         timeout: Duration::from_secs(1),
+        tls: Default::default(),
     };
     let send = |m: Mailer, to: &'static str| async move {
         let to = EmailAddress::parse(to).unwrap();
@@ -687,6 +689,7 @@ async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
         from: "Tëst <nöreply@example.com>".into(),
         pool_size: 2,
         timeout: Duration::from_secs(1),
+        tls: Default::default(),
     })
     .unwrap();
     let to = EmailAddress::parse("u@example.com").unwrap();
@@ -735,6 +738,7 @@ async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
         from: "noreply@example.com".into(),
         pool_size: 2,
         timeout: Duration::from_secs(1),
+        tls: Default::default(),
     })
     .unwrap();
     scripted.on("RSET", None, reply(502));

@@ -49,6 +49,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 
 use crate::domain::Ticket;
 use crate::settings::{AmqpSettings, QueueType, Settings, redact_url};
+use crate::tls::LinkTls;
 
 /// How many times a quorum jobs queue delivers a message before RabbitMQ
 /// dead-letters it: RabbitMQ 4's default. mailgate's own attempts never
@@ -120,6 +121,9 @@ pub enum BrokerError {
         /// What RabbitMQ said.
         why: String,
     },
+    /// `[amqp.tls]` cannot be used (a file went missing after start-up).
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Connects to one of `amqp.url`'s nodes: the first that answers, each
@@ -136,6 +140,9 @@ pub async fn connect_node(
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let urls = settings.urls();
     let n = urls.len();
+    let tls = settings
+        .link_tls()
+        .map_err(|e| BrokerError::Tls(e.to_string()))?;
     let first = NEXT.load(Ordering::Relaxed);
     let mut last = None;
     for i in (first..first + n).map(|i| i % n) {
@@ -149,7 +156,7 @@ pub async fn connect_node(
             last = Some(BrokerError::Timeout(settings.timeout));
             continue;
         }
-        let connect = Connection::connect(url, props.clone());
+        let connect = open(url, props.clone(), &tls);
         match tokio::time::timeout(settings.timeout, connect).await {
             Ok(Ok(conn)) => {
                 NEXT.store((i + 1) % n, Ordering::Relaxed);
@@ -159,7 +166,7 @@ pub async fn connect_node(
                 }
                 return Ok(conn);
             }
-            Ok(Err(e)) => last = Some(BrokerError::Amqp(e)),
+            Ok(Err(e)) => last = Some(e),
             Err(_) => {
                 mark_silent(url, true);
                 last = Some(BrokerError::Timeout(settings.timeout));
@@ -167,6 +174,49 @@ pub async fn connect_node(
         }
     }
     Err(last.unwrap_or(BrokerError::Timeout(settings.timeout)))
+}
+
+/// Connects to the node at `url`: over TLS for `amqps://`, verified against
+/// `tls`'s roots (lapin's own TLS would add the bundled roots to a
+/// `ca_file`, and could not use the system store), with its client
+/// certificate if one is set.
+async fn open(
+    url: &str,
+    props: ConnectionProperties,
+    tls: &LinkTls,
+) -> Result<Connection, BrokerError> {
+    use lapin::tcp::{AsyncTcpStream, RustlsConnector};
+    use lapin::uri::{AMQPScheme, AMQPUri};
+    let uri: AMQPUri = url
+        .parse()
+        .map_err(|e: String| lapin::Error::from(std::io::Error::other(e)))?;
+    let config = match uri.scheme {
+        AMQPScheme::AMQPS => Some(
+            tls.client_config()
+                .map_err(|e| BrokerError::Tls(format!("amqp.tls: {e}")))?,
+        ),
+        AMQPScheme::AMQP => None,
+    };
+    let runtime = lapin::runtime::default_runtime()?;
+    let connection = Connection::connector(
+        uri,
+        runtime,
+        async move |uri, runtime| {
+            let host = uri.authority.host.clone();
+            let addr = runtime.to_socket_addrs((host.clone(), uri.authority.port));
+            let plain = AsyncTcpStream::connect(&runtime, addr).await?;
+            Ok(match &config {
+                None => plain,
+                Some(config) => {
+                    plain
+                        .into_rustls(&RustlsConnector::from(config.clone()), &host)
+                        .await?
+                }
+            })
+        },
+        props,
+    );
+    Ok(connection.await?)
 }
 
 /// Nodes whose last connection attempt ran out of time: the URL, how many

@@ -25,13 +25,14 @@ use crate::templates::Templates;
 
 /// Connects to RabbitMQ with a hint on failure.
 async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
+    let url = redact_url(&settings.amqp.url);
     let conn = broker::connect_node(&settings.amqp, ConnectionProperties::default())
         .await
-        .with_context(|| {
-            format!(
-                "cannot reach RabbitMQ at {} (set [amqp] url or MAILGATE__AMQP__URL)",
-                redact_url(&settings.amqp.url)
-            )
+        .map_err(|e| match crate::tls::explain(&e, "amqp.tls") {
+            Some(why) => anyhow!("cannot reach RabbitMQ at {url}: {why}"),
+            None => anyhow::Error::new(e).context(format!(
+                "cannot reach RabbitMQ at {url} (set [amqp] url or MAILGATE__AMQP__URL)"
+            )),
         })?;
     let channel = conn
         .create_channel()
@@ -49,13 +50,14 @@ async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
              can reach them (use Redis to share them)"
         );
     }
+    let url = redact_url(&settings.redis.url);
     Backend::open(&settings.redis, &settings.limits)
         .await
-        .with_context(|| {
-            format!(
-                "cannot reach Redis at {} (set [redis] url or MAILGATE__REDIS__URL)",
-                redact_url(&settings.redis.url)
-            )
+        .map_err(|e| match crate::tls::explain(&e, "redis.tls") {
+            Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
+            None => anyhow::Error::new(e).context(format!(
+                "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
+            )),
         })
 }
 
@@ -630,6 +632,9 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         sets.join(", ")
     );
     let mailer = Mailer::new(&settings.smtp)?;
+    for warning in settings.transport_warnings() {
+        println!("warning: {warning}");
+    }
     if let Some(dir) = mailer.outbox() {
         println!(
             "warning: smtp.url is file://: mail is written to {} as .eml files, not sent",
@@ -657,11 +662,14 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
     if !several {
         report(
             "smtp",
-            mailer.check().await.with_context(|| {
-                format!(
-                    "SMTP at {} (set [smtp] url or MAILGATE__SMTP__URL)",
-                    redact_url(&settings.smtp.url)
-                )
+            mailer.check().await.map_err(|e| {
+                // A TLS failure says what to set itself.
+                let hint = match e.to_string().contains("tls") {
+                    true => "",
+                    false => " (set [smtp] url or MAILGATE__SMTP__URL)",
+                };
+                anyhow::Error::new(e)
+                    .context(format!("SMTP at {}{hint}", redact_url(&settings.smtp.url)))
             }),
         );
     } else {

@@ -18,6 +18,7 @@ use redis::{
 };
 
 use crate::settings::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
+use crate::tls::LinkTls;
 
 /// How long connecting, or one request, may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,6 +47,7 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
     let invalid = |e: String| {
         redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "redis.url", e))
     };
+    let certs = certificates(&redis.link_tls().map_err(|e| invalid(e.to_string()))?);
     match redis.target().map_err(invalid)? {
         RedisTarget::Memory => Err(invalid("memory:// has no connection".into())),
         RedisTarget::Server(url) => {
@@ -57,7 +59,10 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
             // yet) by up to its delayed-ACK timeout.
             let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
                 .set_tcp_settings(nodelay());
-            let client = redis::Client::open(info)?;
+            let client = match certs {
+                Some(certs) => redis::Client::build_with_tls(info, certs)?,
+                None => redis::Client::open(info)?,
+            };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(TIMEOUT))
                 .set_response_timeout(Some(TIMEOUT))
@@ -68,14 +73,16 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
         }
         RedisTarget::Sentinel(target) => {
             let followed = Followed {
-                sentinel: tokio::sync::Mutex::new(sentinel_client(&target)?),
+                sentinel: tokio::sync::Mutex::new(sentinel_client(&target, certs)?),
                 current: Mutex::default(),
             };
             followed.connection().await?;
             Ok(Conn::Sentinel(Arc::new(followed)))
         }
         RedisTarget::Cluster(target) => Ok(Conn::Cluster(
-            cluster_client(&target)?.get_async_connection().await?,
+            cluster_client(&target, certs)?
+                .get_async_connection()
+                .await?,
         )),
     }
 }
@@ -109,7 +116,28 @@ impl Conn {
     }
 }
 
-fn cluster_client(target: &ClusterTarget) -> RedisResult<redis::cluster::ClusterClient> {
+/// What redis-rs needs of a link's TLS: the CA bundle it trusts instead of
+/// the bundled roots, and the client certificate, as PEM. `None` when
+/// neither is set (the bundled roots, no client certificate).
+fn certificates(tls: &LinkTls) -> Option<redis::TlsCertificates> {
+    crate::tls::install_provider();
+    let root_cert = tls.roots_pem();
+    let client_tls = tls
+        .identity_pem()
+        .map(|(cert, key)| redis::ClientTlsConfig {
+            client_cert: cert.to_vec(),
+            client_key: key.to_vec(),
+        });
+    (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+fn cluster_client(
+    target: &ClusterTarget,
+    certs: Option<redis::TlsCertificates>,
+) -> RedisResult<redis::cluster::ClusterClient> {
     let scheme = if target.tls { "rediss" } else { "redis" };
     let nodes: Vec<String> = target
         .nodes
@@ -136,6 +164,9 @@ fn cluster_client(target: &ClusterTarget) -> RedisResult<redis::cluster::Cluster
     if let Some(pass) = &target.password {
         builder = builder.password(pass);
     }
+    if let Some(certs) = certs {
+        builder = builder.certs(certs);
+    }
     builder.build()
 }
 
@@ -143,7 +174,10 @@ fn nodelay() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
-fn sentinel_client(target: &SentinelTarget) -> RedisResult<SentinelClient> {
+fn sentinel_client(
+    target: &SentinelTarget,
+    certs: Option<redis::TlsCertificates>,
+) -> RedisResult<SentinelClient> {
     let sentinels = target.sentinels.iter().map(|(host, port)| {
         if target.tls {
             ConnectionAddr::TcpTls {
@@ -165,6 +199,13 @@ fn sentinel_client(target: &SentinelTarget) -> RedisResult<SentinelClient> {
         builder = builder
             .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
             .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+    }
+    // The Sentinels and the primary are one deployment: one CA, one
+    // client certificate.
+    if let Some(certs) = certs {
+        builder = builder
+            .set_client_to_redis_certificates(certs.clone())
+            .set_client_to_sentinel_certificates(certs);
     }
     if let Some(user) = &target.username {
         builder = builder.set_client_to_redis_username(user);

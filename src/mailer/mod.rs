@@ -189,8 +189,11 @@ impl Mailer {
                     file = Some(Transport::File(AsyncFileTransport::new(&dir), dir));
                 }
                 "smtp" | "smtps" => {
-                    let endpoint =
-                        smtp::Endpoint::from_url(&url, settings.timeout).map_err(|e| match e {
+                    let trust = relay
+                        .link_tls()
+                        .map_err(|e| MailError::Config(e.to_string()))?;
+                    let endpoint = smtp::Endpoint::from_url(&url, settings.timeout, &trust)
+                        .map_err(|e| match e {
                             MailError::Config(t) if !settings.relays.is_empty() => {
                                 MailError::Config(t.replace("smtp.url", &key(i)))
                             }
@@ -419,6 +422,7 @@ mod tests {
             from: "Example <no-reply@example.com>".into(),
             pool_size: 2,
             timeout: Duration::from_secs(5),
+            tls: Default::default(),
         }
     }
 

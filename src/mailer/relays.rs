@@ -672,8 +672,12 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         drop(listener);
         let url = url::Url::parse(&format!("smtp://127.0.0.1:{port}?tls=none")).unwrap();
-        let endpoint =
-            super::super::smtp::Endpoint::from_url(&url, Duration::from_secs(1)).unwrap();
+        let endpoint = super::super::smtp::Endpoint::from_url(
+            &url,
+            Duration::from_secs(1),
+            &crate::tls::LinkTls::bundled(),
+        )
+        .unwrap();
         let settings = crate::settings::CircuitSettings {
             failures: 2,
             cool_down: Duration::from_millis(300),

@@ -18,13 +18,16 @@ use std::time::Duration;
 use lettre::Address;
 use lettre::address::Envelope;
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
+use lettre::transport::smtp::client::{
+    AsyncSmtpConnection, Certificate, CertificateStore, Tls, TlsParameters,
+};
 use lettre::transport::smtp::commands::{Data, Mail, Noop, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Severity;
 use tokio::time::{Instant, timeout_at};
 
 use super::MailError;
+use crate::tls::LinkTls;
 
 /// An open SMTP session.
 pub(super) type Connection = AsyncSmtpConnection;
@@ -35,6 +38,9 @@ pub(super) struct Endpoint {
     port: u16,
     tls: Tls,
     credentials: Option<Credentials>,
+    /// The relay is this machine (`localhost`, a loopback address): the
+    /// only one credentials may go to unencrypted (`tls=none`).
+    local: bool,
     hello: ClientId,
     /// The send deadline, only to name it in error messages.
     timeout: Duration,
@@ -52,21 +58,30 @@ impl std::fmt::Display for Endpoint {
 
 impl Endpoint {
     /// Reads an `smtp://` or `smtps://` URL: `?tls=opportunistic` (the
-    /// default for `smtp://`), `required` or `none`; `user:pass@` credentials,
-    /// percent-decoded. Default ports: 25, 587 with `tls=required`, 465.
-    pub(super) fn from_url(url: &url::Url, timeout: Duration) -> Result<Self, MailError> {
+    /// default for `smtp://` without credentials; with them, it means
+    /// `required`), `required` or `none`; `user:pass@` credentials, percent-decoded.
+    /// Default ports: 25, 587 with `tls=required`, 465. Certificates are
+    /// verified against `trust`.
+    pub(super) fn from_url(
+        url: &url::Url,
+        timeout: Duration,
+        trust: &LinkTls,
+    ) -> Result<Self, MailError> {
         let host = match url.host() {
             Some(url::Host::Domain(d)) => d.to_owned(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
             None => return Err(MailError::Config("smtp.url has no host".into())),
         };
-        let (tls, default_port) = tls_mode(url, &host)?;
+        let local = crate::tls::is_loopback(&host);
+        let credentials = credentials(url)?;
+        let (tls, default_port) = tls_mode(url, &host, credentials.is_some(), trust)?;
         Ok(Self {
             port: url.port().unwrap_or(default_port),
             host,
             tls,
-            credentials: credentials(url)?,
+            credentials,
+            local,
             hello: ClientId::default(),
             timeout,
         })
@@ -127,6 +142,15 @@ impl Endpoint {
         let Some(credentials) = &self.credentials else {
             return Ok(());
         };
+        // Settings refuse every way to this, and `tls_mode` requires TLS
+        // with credentials; this is the last line: a password goes to a
+        // relay on another host only inside TLS.
+        if !conn.is_encrypted() && !self.local {
+            return Err(Failed::unsupported(
+                Phase::Auth,
+                format!("{self}: the session is not encrypted; the password is not sent"),
+            ));
+        }
         let offered = conn.server_info().get_auth_mechanism(DEFAULT_MECHANISMS);
         if offered.is_none() {
             return Err(Failed::unsupported(
@@ -141,16 +165,24 @@ impl Endpoint {
     }
 }
 
-fn tls_mode(url: &url::Url, host: &str) -> Result<(Tls, u16), MailError> {
+/// The TLS mode and default port. With credentials, TLS is required unless
+/// `tls=none` says otherwise (which settings allow only for this machine):
+/// opportunistic STARTTLS would hand the password to whoever strips
+/// STARTTLS from the relay's EHLO reply.
+fn tls_mode(
+    url: &url::Url,
+    host: &str,
+    credentials: bool,
+    trust: &LinkTls,
+) -> Result<(Tls, u16), MailError> {
     let tls_param = url
         .query_pairs()
         .find(|(k, _)| k == "tls")
         .map(|(_, v)| v.into_owned());
-    let params = || {
-        TlsParameters::new(host.to_owned()).map_err(|e| MailError::Config(format!("smtp TLS: {e}")))
-    };
+    let params = || tls_parameters(host, trust);
     Ok(match (url.scheme(), tls_param.as_deref()) {
         ("smtps", _) => (Tls::Wrapper(params()?), 465),
+        ("smtp", None | Some("opportunistic")) if credentials => (Tls::Required(params()?), 25),
         ("smtp", None | Some("opportunistic")) => (Tls::Opportunistic(params()?), 25),
         ("smtp", Some("required")) => (Tls::Required(params()?), 587),
         ("smtp", Some("none")) => (Tls::None, 25),
@@ -165,6 +197,27 @@ fn tls_mode(url: &url::Url, host: &str) -> Result<(Tls, u16), MailError> {
             )));
         }
     })
+}
+
+/// lettre's TLS parameters for `host`: its certificate must name `host`
+/// and chain to `trust`'s roots.
+fn tls_parameters(host: &str, trust: &LinkTls) -> Result<TlsParameters, MailError> {
+    let failed = |e: lettre::transport::smtp::Error| MailError::Config(format!("smtp TLS: {e}"));
+    crate::tls::install_provider();
+    let builder = TlsParameters::builder(host.to_owned());
+    let builder = match trust.roots_der() {
+        None => builder.certificate_store(CertificateStore::WebpkiRoots),
+        Some(roots) => {
+            let mut builder = builder.certificate_store(CertificateStore::None);
+            for root in roots {
+                builder = builder.add_root_certificate(
+                    Certificate::from_der(root.as_ref().to_vec()).map_err(failed)?,
+                );
+            }
+            builder
+        }
+    };
+    builder.build_rustls().map_err(failed)
 }
 
 fn credentials(url: &url::Url) -> Result<Option<Credentials>, MailError> {
@@ -473,9 +526,24 @@ impl From<&lettre::transport::smtp::Error> for Fault {
                 Fault::Reply(code.into(), text)
             }
             None if e.is_client() => Fault::Unsupported(e.to_string()),
-            None => Fault::Broken(e.to_string()),
+            None => Fault::Broken(
+                crate::tls::explain(e, "smtp.tls (or the relay's tls)")
+                    .unwrap_or_else(|| without_repeats(&e.to_string())),
+            ),
         }
     }
+}
+
+/// `text` without a part that repeats the one before it: lettre wraps a
+/// connection error in another ("Connection error: Connection error: …").
+fn without_repeats(text: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in text.split(": ") {
+        if parts.last() != Some(&part) {
+            parts.push(part);
+        }
+    }
+    parts.join(": ")
 }
 
 /// A failed session step: where, and what.
@@ -573,7 +641,12 @@ mod tests {
     use super::*;
 
     fn endpoint(url: &str) -> Endpoint {
-        Endpoint::from_url(&url::Url::parse(url).unwrap(), Duration::from_secs(1)).unwrap()
+        Endpoint::from_url(
+            &url::Url::parse(url).unwrap(),
+            Duration::from_secs(1),
+            &LinkTls::bundled(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -584,6 +657,10 @@ mod tests {
         let c = e.credentials.as_ref().unwrap();
         assert_eq!(c, &Credentials::new("u x".into(), "p@ss".into()));
         assert!(matches!(endpoint("smtp://h").tls, Tls::Opportunistic(_)));
+        // Credentials without tls= require TLS (never opportunistic).
+        let with_password = endpoint("smtp://u:p@h");
+        assert!(matches!(with_password.tls, Tls::Required(_)));
+        assert_eq!(with_password.port, 25);
         assert!(matches!(endpoint("smtp://h:2525?tls=none").tls, Tls::None));
         let s = endpoint("smtps://h");
         assert!(matches!(s.tls, Tls::Wrapper(_)));

@@ -93,6 +93,7 @@ impl Harness {
                 prefetch: 16,
                 timeout: Duration::from_secs(10),
                 queue_type: queue_type(),
+                tls: Default::default(),
             },
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {
@@ -102,6 +103,7 @@ impl Harness {
                 from: "Acme <no-reply@acme.example>".into(),
                 pool_size: 4,
                 timeout: Duration::from_secs(5),
+                tls: Default::default(),
             },
             http: HttpSettings {
                 listen: "127.0.0.1:0".parse().expect("an address"),

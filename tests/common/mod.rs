@@ -6,6 +6,7 @@ pub mod harness;
 pub mod model;
 pub mod script;
 pub mod smtp;
+pub mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

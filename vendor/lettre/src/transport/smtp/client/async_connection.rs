@@ -225,6 +225,12 @@ impl AsyncSmtpConnection {
     ) -> Result<(), Error> {
         if self.server_info.supports_feature(Extension::StartTls) {
             try_smtp!(self.command(Starttls).await, self);
+            // Whatever arrived after the reply to STARTTLS came in
+            // plaintext: a man in the middle can append replies there, and
+            // they would be read as the server's first replies inside TLS
+            // (STARTTLS response injection, as in CVE-2011-0411). Drop it.
+            let buffered = self.stream.buffer().len();
+            self.stream.consume_unpin(buffered);
             self.stream.get_mut().upgrade_tls(tls_parameters).await?;
             #[cfg(feature = "tracing")]
             tracing::debug!("connection encrypted");

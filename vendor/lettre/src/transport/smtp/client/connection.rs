@@ -148,6 +148,13 @@ impl SmtpConnection {
             #[cfg(any(feature = "native-tls", feature = "rustls", feature = "boring-tls"))]
             {
                 try_smtp!(self.command(Starttls), self);
+                // Whatever arrived after the reply to STARTTLS came in
+                // plaintext: a man in the middle can append replies there,
+                // and they would be read as the server's first replies
+                // inside TLS (STARTTLS response injection, as in
+                // CVE-2011-0411). Drop it.
+                let buffered = self.stream.buffer().len();
+                self.stream.consume(buffered);
                 self.stream.get_mut().upgrade_tls(tls_parameters)?;
                 #[cfg(feature = "tracing")]
                 tracing::debug!("connection encrypted");

@@ -1,0 +1,414 @@
+//! TLS for every link mailgate opens (RabbitMQ, Redis, the SMTP relays):
+//! which certificate authorities a link trusts, and the client certificate
+//! it shows.
+//!
+//! One rustls crypto provider is in the build, ring, installed once by
+//! [`install_provider`]. A link trusts the PEM bundle of its own `ca_file`
+//! and nothing else, or, without one, the roots its `roots` names:
+//! Mozilla's, compiled in (`bundled`, the default), or the operating
+//! system's store (`system`, read by rustls-native-certs, which honours
+//! `SSL_CERT_FILE` and `SSL_CERT_DIR`). Server names are always verified;
+//! no setting turns verification off.
+//!
+//! The files are read and checked when settings load ([`TlsSettings::load`]),
+//! so a missing file, a PEM without a certificate or a key that does not
+//! match its certificate stops the process at start-up with the key named.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+
+/// Installs ring as the process's rustls crypto provider. Idempotent; the
+/// first call wins. Every connection's TLS is built on it, so it must run
+/// before the first one; the binary calls it first thing, and each link's
+/// TLS setup calls it again, so a library user cannot forget it.
+pub fn install_provider() {
+    // Fails only when a provider is installed already: the same one, or
+    // one a host program chose, which is then kept.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Whether `host` (as a URL holds it: a name, an IPv4 address, or an IPv6
+/// address without brackets) is this machine: `localhost` or a loopback
+/// address. Traffic to it never crosses a network. An IPv4-mapped IPv6
+/// address is not counted, whatever it maps.
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Which certificate authorities a link without `ca_file` trusts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustRoots {
+    /// Mozilla's roots, compiled into the binary (webpki-roots): the same
+    /// on every host, and present in an image without a CA store.
+    #[default]
+    Bundled,
+    /// The operating system's store (`/etc/ssl/certs` on Debian), where a
+    /// company CA is usually installed; `SSL_CERT_FILE` and `SSL_CERT_DIR`
+    /// name other files.
+    System,
+}
+
+/// One link's TLS settings: `[amqp.tls]`, `[redis.tls]`, `[smtp.tls]`, or
+/// a relay's `tls`. All optional; files are read when settings load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The roots the link trusts when `ca_file` is not set.
+    pub roots: TrustRoots,
+    /// A PEM bundle of CA certificates: the link trusts these and no other
+    /// (not the bundled or system roots).
+    pub ca_file: Option<PathBuf>,
+    /// A PEM certificate chain the link shows the server (mutual TLS),
+    /// leaf first. Needs `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert`.
+    pub client_key: Option<PathBuf>,
+}
+
+/// Why a link's TLS files cannot be used. Each names the settings key.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("{key} {path}: cannot read it: {why}")]
+    Read {
+        /// The settings key that names the file.
+        key: String,
+        /// The file.
+        path: String,
+        /// The system's error.
+        why: std::io::Error,
+    },
+    /// A file was read but does not hold what its key needs.
+    #[error("{key} {path}: {why}")]
+    Content {
+        /// The settings key that names the file.
+        key: String,
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The settings make no sense together (a key without its pair, a store
+    /// without certificates).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What a link trusts and shows, read from its [`TlsFiles`] and `[tls]`.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct LinkTls {
+    roots: Roots,
+    identity: Option<Arc<Identity>>,
+}
+
+#[derive(Clone)]
+enum Roots {
+    /// webpki-roots, compiled in.
+    Bundled,
+    /// Certificates from the system store or from `ca_file`.
+    Listed(Arc<Vec<CertificateDer<'static>>>),
+}
+
+/// A client certificate chain and its key, in both the forms the clients
+/// take.
+struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    chain_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+impl TlsSettings {
+    /// Whether anything is set: the link then needs an encrypted URL.
+    pub fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// Reads and checks the files; `key` names this link's table in errors
+    /// (`amqp.tls`). A client certificate and key must come together and
+    /// match.
+    pub fn load(&self, key: &str) -> Result<LinkTls, TlsError> {
+        install_provider();
+        if self.ca_file.is_some() && self.roots != TrustRoots::default() {
+            return Err(TlsError::Invalid(format!(
+                "{key}.ca_file and {key}.roots are both set; a link with a ca_file trusts \
+                 that bundle alone: drop one"
+            )));
+        }
+        let roots = match &self.ca_file {
+            Some(path) => {
+                let key = format!("{key}.ca_file");
+                let pem = read(&key, path)?;
+                let certs = certificates(&key, path, &pem)?;
+                Roots::Listed(Arc::new(certs))
+            }
+            None => match self.roots {
+                TrustRoots::Bundled => Roots::Bundled,
+                TrustRoots::System => Roots::Listed(system_roots()?),
+            },
+        };
+        let identity = match (&self.client_cert, &self.client_key) {
+            (None, None) => None,
+            (Some(cert), Some(private)) => Some(Arc::new(identity(key, cert, private)?)),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(TlsError::Invalid(format!(
+                    "{key}.client_cert and {key}.client_key go together: set both (mutual TLS) \
+                     or neither"
+                )));
+            }
+        };
+        Ok(LinkTls { roots, identity })
+    }
+}
+
+impl LinkTls {
+    /// The compiled-in roots and no client certificate: what a link gets
+    /// with no TLS settings.
+    pub fn bundled() -> Self {
+        Self {
+            roots: Roots::Bundled,
+            identity: None,
+        }
+    }
+
+    /// A rustls client configuration for this link (TLS 1.2 and 1.3, the
+    /// server's name verified against these roots).
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        install_provider();
+        let mut store = rustls::RootCertStore::empty();
+        match &self.roots {
+            Roots::Bundled => store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            Roots::Listed(certs) => {
+                store.add_parsable_certificates(certs.iter().cloned());
+            }
+        }
+        let builder = rustls::ClientConfig::builder().with_root_certificates(store);
+        let config = match &self.identity {
+            None => builder.with_no_client_auth(),
+            Some(id) => builder
+                .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+                .map_err(|e| TlsError::Invalid(format!("client certificate: {e}")))?,
+        };
+        Ok(Arc::new(config))
+    }
+
+    /// The CA certificates this link trusts (DER), or `None` for the
+    /// compiled-in roots (every client has them built in).
+    pub fn roots_der(&self) -> Option<&[CertificateDer<'static>]> {
+        match &self.roots {
+            Roots::Bundled => None,
+            Roots::Listed(certs) => Some(certs),
+        }
+    }
+
+    /// [`Self::roots_der`] as one PEM bundle, for clients that take PEM.
+    pub fn roots_pem(&self) -> Option<Vec<u8>> {
+        self.roots_der().map(pem_bundle)
+    }
+
+    /// The client certificate chain and key, as PEM, if one is set.
+    pub fn identity_pem(&self) -> Option<(&[u8], &[u8])> {
+        self.identity
+            .as_deref()
+            .map(|id| (id.chain_pem.as_slice(), id.key_pem.as_slice()))
+    }
+
+    /// Whether a client certificate is set.
+    pub fn has_identity(&self) -> bool {
+        self.identity.is_some()
+    }
+}
+
+/// A TLS failure somewhere in `error`'s chain, said as one sentence that
+/// names what failed and what to set (`table` is the link's TLS table,
+/// e.g. `redis.tls`); `None` when the failure is not one of TLS. The
+/// clients wrap rustls's errors in their own (and some repeat them), so
+/// the chain's text is read, not its types.
+pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option<String> {
+    let mut text = String::new();
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        text.push_str(&e.to_string());
+        text.push('\n');
+        cause = e.source();
+    }
+    let detail = |marker: &str| {
+        let start = text.find(marker)?;
+        let rest = &text[start..];
+        Some(rest[..rest.find(['\n']).unwrap_or(rest.len())].to_owned())
+    };
+    if let Some(d) = detail("invalid peer certificate") {
+        let lower = d.to_ascii_lowercase();
+        let why = if d.contains("UnknownIssuer") || d.contains("BadSignature") {
+            format!(
+                "the server's certificate is not signed by a CA this link trusts ({d}); set \
+                 {table}.ca_file to the PEM of the CA that signed it"
+            )
+        } else if lower.contains("expired") {
+            format!("the server's certificate has expired ({d}); it must be renewed")
+        } else if lower.contains("not valid yet") || d.contains("NotValidYet") {
+            format!("the server's certificate is not valid yet ({d}); check both clocks")
+        } else if d.contains("NotValidForName") || lower.contains("not valid for name") {
+            format!(
+                "the server's certificate does not name the host in the URL ({d}); use a \
+                 host name the certificate holds"
+            )
+        } else {
+            format!("the server's certificate is refused ({d})")
+        };
+        return Some(why);
+    }
+    if let Some(d) = detail("received fatal alert") {
+        return Some(format!(
+            "the server refused the TLS handshake ({d}); if it requires a client \
+             certificate, set {table}.client_cert and {table}.client_key to one its CA signed"
+        ));
+    }
+    if let Some(d) = detail("InvalidContentType") {
+        return Some(format!(
+            "the server does not speak TLS on this port ({d}); use the server's TLS port, or \
+             a URL without TLS"
+        ));
+    }
+    detail("peer is incompatible").map(|d| format!("the TLS handshake failed ({d})"))
+}
+
+fn read(key: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|why| TlsError::Read {
+        key: key.to_owned(),
+        path: path.display().to_string(),
+        why,
+    })
+}
+
+fn content(key: &str, path: &Path, why: impl Into<String>) -> TlsError {
+    TlsError::Content {
+        key: key.to_owned(),
+        path: path.display().to_string(),
+        why: why.into(),
+    }
+}
+
+/// Every certificate in a PEM file; at least one, and each one parses.
+fn certificates(
+    key: &str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| content(key, path, format!("not a PEM file of certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(content(
+            key,
+            path,
+            "no certificate in it (a PEM file with -----BEGIN CERTIFICATE----- blocks)",
+        ));
+    }
+    // Each must parse as a trust anchor, or the link would fail later
+    // with a vaguer error.
+    let mut store = rustls::RootCertStore::empty();
+    for cert in &certs {
+        store
+            .add(cert.clone())
+            .map_err(|e| content(key, path, format!("a certificate does not parse: {e}")))?;
+    }
+    Ok(certs)
+}
+
+fn identity(key: &str, cert: &Path, private: &Path) -> Result<Identity, TlsError> {
+    let cert_key = format!("{key}.client_cert");
+    let key_key = format!("{key}.client_key");
+    let chain_pem = read(&cert_key, cert)?;
+    let chain = certificates(&cert_key, cert, &chain_pem)?;
+    let key_pem = read(&key_key, private)?;
+    let parsed = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        content(
+            &key_key,
+            private,
+            format!("no private key in it (PKCS#8, PKCS#1 or SEC1 PEM, unencrypted): {e}"),
+        )
+    })?;
+    // rustls checks that the key is one it can sign with, and that it
+    // belongs to the first certificate.
+    rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain.clone(), parsed.clone_key())
+        .map_err(|e| {
+            content(
+                &key_key,
+                private,
+                format!("does not go with {}: {e}", cert.display()),
+            )
+        })?;
+    Ok(Identity {
+        chain,
+        key: parsed,
+        chain_pem,
+        key_pem,
+    })
+}
+
+/// The system store, read once per process.
+fn system_roots() -> Result<Arc<Vec<CertificateDer<'static>>>, TlsError> {
+    static ROOTS: OnceLock<Result<Arc<Vec<CertificateDer<'static>>>, String>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty() {
+                let why = found
+                    .errors
+                    .first()
+                    .map_or("none found".to_owned(), ToString::to_string);
+                return Err(format!(
+                    "roots = \"system\": no CA certificate in the system store ({why}); \
+                     install the ca-certificates package, set SSL_CERT_FILE, or give the link \
+                     a ca_file"
+                ));
+            }
+            Ok(Arc::new(found.certs))
+        })
+        .clone()
+        .map_err(TlsError::Invalid)
+}
+
+fn pem_bundle(certs: &[CertificateDer<'static>]) -> Vec<u8> {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for cert in certs {
+        out.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        for line in b64.as_bytes().chunks(64) {
+            out.extend_from_slice(line);
+            out.push(b'\n');
+        }
+        out.extend_from_slice(b"-----END CERTIFICATE-----\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pem_bundle_reads_back_as_the_same_certificates() {
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        let der = ca.cert.der().clone();
+        let pem = pem_bundle(&[der.clone(), der.clone()]);
+        let back: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(back, vec![der.clone(), der]);
+    }
+}
