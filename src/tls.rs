@@ -274,13 +274,56 @@ pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option
              certificate, set {table}.client_cert and {table}.client_key to one its CA signed"
         ));
     }
-    if let Some(d) = detail("InvalidContentType") {
+    if let Some(d) = detail("received corrupt message of type InvalidContentType") {
         return Some(format!(
             "the server does not speak TLS on this port ({d}); use the server's TLS port, or \
              a URL without TLS"
         ));
     }
     detail("peer is incompatible").map(|d| format!("the TLS handshake failed ({d})"))
+}
+
+/// [`explain`] for a link to `url` with TLS settings `tls`: when the URL
+/// uses TLS and the link shows no client certificate, a connection the
+/// server closed during the handshake is said with its likely cause, a
+/// server that requires one (a TLS 1.3 server may reset the connection
+/// rather than send its alert).
+pub fn explain_url(
+    error: &(dyn std::error::Error + 'static),
+    table: &str,
+    url: &str,
+    tls: &TlsSettings,
+) -> Option<String> {
+    let scheme = url.trim_start().split_once("://").map_or("", |(s, _)| s);
+    let encrypted = scheme.eq_ignore_ascii_case("amqps") || scheme.starts_with("rediss");
+    explain(error, table).or_else(|| {
+        if !encrypted {
+            return None;
+        }
+        let text = error.to_string();
+        if text.contains("timed out") {
+            // A server that does not speak TLS waits for a command and
+            // never answers the handshake.
+            return Some(format!(
+                "no answer to the TLS handshake ({text}); if the server does not speak TLS on \
+                 this port, use its TLS port"
+            ));
+        }
+        let closed = [
+            "Connection reset by peer",
+            "UnexpectedEof",
+            "unexpected end of file",
+        ]
+        .iter()
+        .find(|m| text.contains(**m))?;
+        (tls.client_cert.is_none()).then(|| {
+            format!(
+                "the server closed the connection during the TLS handshake ({closed}); if it \
+                 requires a client certificate, set {table}.client_cert and \
+                 {table}.client_key to one its CA signed"
+            )
+        })
+    })
 }
 
 fn read(key: &str, path: &Path) -> Result<Vec<u8>, TlsError> {

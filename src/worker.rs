@@ -200,7 +200,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         .retry(reconnect_backoff())
         .when(|e| !matches!(e, LedgerError::Unfit(_)))
         .notify(|e, wait| {
-            match crate::tls::explain(e, "redis.tls") {
+            match crate::tls::explain_url(e, "redis.tls", &settings.redis.url, &settings.redis.tls) {
                 Some(why) => tracing::warn!(error = why, ?wait, "cannot reach redis over TLS; retrying"),
                 None => tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)"),
             }
@@ -304,7 +304,7 @@ impl<L: Ledger + 'static> Worker<L> {
                     BrokerError::Refused { .. } => {
                         tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
                     }
-                    _ => match crate::tls::explain(e, "amqp.tls") {
+                    _ => match crate::tls::explain_url(e, "amqp.tls", &this.settings.amqp.url, &this.settings.amqp.tls) {
                         Some(why) => tracing::warn!(error = why, ?wait, "cannot reach rabbitmq over TLS; retrying"),
                         None => tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"),
                     },

@@ -10,12 +10,15 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::PrivateRabbit;
+use common::harness::Harness;
 use common::script::ScriptedSmtp;
-use common::tls::{Pki, RelayMode, TlsRelay, Validity, server_config};
+use common::tls::{ClientCerts, Pki, RelayMode, TlsRedis, TlsRelay, Validity, server_config};
 use mailgate::domain::EmailAddress;
 use mailgate::mailer::{MailError, Mailer, Outgoing};
 use mailgate::settings::{Settings, SmtpSettings};
 use mailgate::tls::TlsSettings;
+use serde_json::{Value, json};
 
 fn trusting(ca: Option<&Path>) -> TlsSettings {
     TlsSettings {
@@ -266,4 +269,198 @@ async fn smtp_trusts_its_private_ca_and_nothing_else() {
             "no command to a bad certificate"
         );
     }
+}
+
+// ---- Redis: a server, Sentinel, a cluster --------------------------------
+
+fn job(id: &str) -> Value {
+    json!({"id": id, "email": format!("{id}@example.com"), "ip": "203.0.113.7", "code": "493817",
+           "vars": {"app_name": "Acme"}})
+}
+
+/// `mailgate check-config --connect` with the shipped config and `env`:
+/// its exit status and what it printed (both streams).
+fn check_config(env: &[(&str, String)]) -> (bool, String) {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_mailgate"));
+    c.args(["check-config", "--connect"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("check-config runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The line check-config printed about `link`.
+fn line<'a>(text: &'a str, link: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{link}:")))
+        .unwrap_or_else(|| panic!("no {link} line in {text}"))
+}
+
+fn mutual(pki: &Pki, who: &str) -> TlsSettings {
+    let client = pki.client(who);
+    TlsSettings {
+        ca_file: Some(pki.ca_file()),
+        client_cert: Some(client.cert),
+        client_key: Some(client.key),
+        ..TlsSettings::default()
+    }
+}
+
+/// The worker, with Redis at `url` reached as `tls` says, mails a job.
+async fn worker_mails_over(test: &str, url: &str, tls: &TlsSettings) {
+    let h = Harness::with(test, |s| {
+        s.redis.url = url.to_owned();
+        s.redis.tls = tls.clone();
+    })
+    .await;
+    let w = h.start_worker().await;
+    h.publish(&job(&format!("{test}-1"))).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "{r}");
+    w.stop().await.expect("the worker stops");
+}
+
+/// Defect 2: `rediss://` made the worker (and check-config) panic at
+/// start-up. Against a TLS-only Redis that requires client certificates,
+/// with its private CA and a client certificate, the worker mails a job;
+/// without the CA, or without the client certificate, check-config says
+/// in one line what to set, and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca_and_a_client_certificate() {
+    let pki = Pki::new("rediss");
+    let redis = TlsRedis::start(&pki, ClientCerts::Required, &[]);
+    let url = format!("rediss://127.0.0.1:{}/0", redis.port);
+    let tls = mutual(&pki, "worker");
+    worker_mails_over("rediss", &url, &tls).await;
+
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+    let ca = ("MAILGATE__REDIS__TLS__CA_FILE", path(&tls.ca_file));
+    let cert = ("MAILGATE__REDIS__TLS__CLIENT_CERT", path(&tls.client_cert));
+    let key = ("MAILGATE__REDIS__TLS__CLIENT_KEY", path(&tls.client_key));
+    let at = ("MAILGATE__REDIS__URL", url.clone());
+    let (ok, out) = check_config(&[at.clone(), ca.clone(), cert.clone(), key.clone()]);
+    assert!(ok && line(&out, "redis") == "redis: ok", "{out}");
+    for (env, says) in [
+        (vec![at.clone(), cert, key], "redis.tls.ca_file"),
+        (vec![at.clone(), ca], "redis.tls.client_cert"),
+    ] {
+        let (ok, out) = check_config(&env);
+        let redis = line(&out, "redis");
+        assert!(!ok && !out.contains("panicked"), "{out}");
+        assert!(redis.contains(says), "says what to set: {redis}");
+        assert!(redis.contains(&url), "names the server: {redis}");
+    }
+}
+
+/// Sentinel over TLS (`rediss+sentinel://`): the Sentinel and the primary
+/// it names both speak only TLS, with the private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_follows_a_tls_primary() {
+    let pki = Pki::new("rediss-sentinel");
+    let primary = TlsRedis::start(&pki, ClientCerts::Optional, &[]);
+    let sentinel = TlsRedis::sentinel(&pki, &primary);
+    let url = format!("rediss+sentinel://127.0.0.1:{}/mymaster/0", sentinel.port);
+    worker_mails_over("rediss-sentinel", &url, &mutual(&pki, "worker")).await;
+}
+
+/// A Redis Cluster over TLS (`rediss+cluster://`; one node holding every
+/// slot, which starts in a second where three take seven).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_over_tls() {
+    let pki = Pki::new("rediss-cluster");
+    let node = TlsRedis::cluster(&pki);
+    let url = format!("rediss+cluster://127.0.0.1:{}", node.port);
+    worker_mails_over("rediss-cluster", &url, &mutual(&pki, "worker")).await;
+}
+
+// ---- RabbitMQ ------------------------------------------------------------
+
+/// Defect 4: AMQP over TLS, against a private RabbitMQ node whose TLS
+/// listener requires a client certificate its private CA signed. The whole
+/// job path runs over it: a job is consumed and answered, one whose relay
+/// says 451 is retried through its retry queue and then sent, and a job
+/// that is not JSON is dead-lettered. Without the client certificate, or
+/// with another CA, check-config says in one line what to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_with_a_private_ca_and_a_client_certificate_runs_the_job_path() {
+    let pki = Pki::new("amqps");
+    let server = pki.server("rabbit");
+    let tls_port = common::free_port();
+    let rabbit = PrivateRabbit::start_with(&format!(
+        "listeners.ssl.default = {tls_port}\n\
+         ssl_options.cacertfile = {}\n\
+         ssl_options.certfile = {}\n\
+         ssl_options.keyfile = {}\n\
+         ssl_options.verify = verify_peer\n\
+         ssl_options.fail_if_no_peer_cert = true\n",
+        pki.ca_file().display(),
+        server.cert.display(),
+        server.key.display(),
+    ));
+    let url = format!("amqps://guest:guest@127.0.0.1:{tls_port}/%2f");
+    let tls = mutual(&pki, "worker");
+    let h = Harness::with("amqps", |s| {
+        s.amqp.url = url.clone();
+        s.amqp.tls = tls.clone();
+    })
+    .await;
+    let w = h.start_worker().await;
+    h.publish(&job("amqps-sent")).await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["id"].as_str(), r["status"].as_str()),
+        (Some("amqps-sent"), Some("sent")),
+        "{r}"
+    );
+    h.sink.reply_with(&[451]);
+    h.publish(&job("amqps-retried")).await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["id"].as_str(), r["status"].as_str()),
+        (Some("amqps-retried"), Some("sent")),
+        "{r}"
+    );
+    assert_eq!(
+        r["attempts"], 2,
+        "sent on its second attempt, after its retry queue: {r}"
+    );
+    h.publish_raw(b"not json", Default::default()).await;
+    let (body, _) = h.dead_letter().await;
+    assert_eq!(body, b"not json");
+    w.stop().await.expect("the worker stops");
+
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+    let other = Pki::new("amqps-other");
+    let at = ("MAILGATE__AMQP__URL", url.clone());
+    let ca = ("MAILGATE__AMQP__TLS__CA_FILE", path(&tls.ca_file));
+    let cert = ("MAILGATE__AMQP__TLS__CLIENT_CERT", path(&tls.client_cert));
+    let key = ("MAILGATE__AMQP__TLS__CLIENT_KEY", path(&tls.client_key));
+    let (ok, out) = check_config(&[at.clone(), ca.clone(), cert.clone(), key.clone()]);
+    assert!(ok && line(&out, "rabbitmq") == "rabbitmq: ok", "{out}");
+    let wrong_ca = (
+        "MAILGATE__AMQP__TLS__CA_FILE",
+        other.ca_file().display().to_string(),
+    );
+    for (env, says) in [
+        (vec![at.clone(), ca], "amqp.tls.client_cert"),
+        (vec![at.clone(), wrong_ca, cert, key], "amqp.tls.ca_file"),
+    ] {
+        let (ok, out) = check_config(&env);
+        let rabbitmq = line(&out, "rabbitmq");
+        assert!(!ok, "{out}");
+        assert!(rabbitmq.contains(says), "says what to set: {rabbitmq}");
+        assert!(
+            rabbitmq.contains(&format!("127.0.0.1:{tls_port}")),
+            "names the node: {rabbitmq}"
+        );
+        assert!(!rabbitmq.contains("guest:guest"), "{rabbitmq}");
+    }
+    drop(h);
+    drop(rabbit);
 }

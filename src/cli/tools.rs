@@ -28,11 +28,13 @@ async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
     let url = redact_url(&settings.amqp.url);
     let conn = broker::connect_node(&settings.amqp, ConnectionProperties::default())
         .await
-        .map_err(|e| match crate::tls::explain(&e, "amqp.tls") {
-            Some(why) => anyhow!("cannot reach RabbitMQ at {url}: {why}"),
-            None => anyhow::Error::new(e).context(format!(
-                "cannot reach RabbitMQ at {url} (set [amqp] url or MAILGATE__AMQP__URL)"
-            )),
+        .map_err(|e| {
+            match crate::tls::explain_url(&e, "amqp.tls", &settings.amqp.url, &settings.amqp.tls) {
+                Some(why) => anyhow!("cannot reach RabbitMQ at {url}: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "cannot reach RabbitMQ at {url} (set [amqp] url or MAILGATE__AMQP__URL)"
+                )),
+            }
         })?;
     let channel = conn
         .create_channel()
@@ -53,11 +55,14 @@ async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
     let url = redact_url(&settings.redis.url);
     Backend::open(&settings.redis, &settings.limits)
         .await
-        .map_err(|e| match crate::tls::explain(&e, "redis.tls") {
-            Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
-            None => anyhow::Error::new(e).context(format!(
-                "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
-            )),
+        .map_err(|e| {
+            match crate::tls::explain_url(&e, "redis.tls", &settings.redis.url, &settings.redis.tls)
+            {
+                Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
+                )),
+            }
         })
 }
 

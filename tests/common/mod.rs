@@ -575,6 +575,11 @@ pub struct PrivateRabbit {
 
 impl PrivateRabbit {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A node with these lines in its `rabbitmq.conf` (e.g. a TLS listener).
+    pub fn start_with(conf: &str) -> Self {
         let port = free_port();
         let dist = free_port();
         let node = format!("mgtest{}x{port}@localhost", std::process::id());
@@ -583,6 +588,7 @@ impl PrivateRabbit {
         std::fs::create_dir_all(dir.join("mnesia")).expect("a data dir");
         std::fs::create_dir_all(dir.join("log")).expect("a log dir");
         std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("no plugins");
+        std::fs::write(dir.join("rabbitmq.conf"), conf).expect("a config file");
         // rabbitmq-server drops to the rabbitmq user when started as root.
         let _ = std::process::Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
@@ -597,7 +603,7 @@ impl PrivateRabbit {
             .env("RABBITMQ_MNESIA_BASE", path("mnesia"))
             .env("RABBITMQ_LOG_BASE", path("log"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", path("enabled_plugins"))
-            .env("RABBITMQ_CONFIG_FILE", path("none"))
+            .env("RABBITMQ_CONFIG_FILE", path("rabbitmq.conf"))
             .env("RABBITMQ_PID_FILE", path("pid"))
             .env("RABBITMQ_FEATURE_FLAGS_FILE", path("feature_flags"))
             .status()

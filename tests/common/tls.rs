@@ -13,6 +13,8 @@ use rcgen::{
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
+use super::{KillOnDrop, free_port};
+
 /// A certificate authority of the test's own, and the files it issues, in
 /// a directory removed with it. Files are world-readable (a RabbitMQ node
 /// runs as its own user).
@@ -94,11 +96,16 @@ impl Pki {
             Validity::Expired => (now - day * 30, now - day),
         };
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![if client {
-            ExtendedKeyUsagePurpose::ClientAuth
+        // A server's certificate serves as its client certificate too (a
+        // Sentinel connecting to its primary).
+        params.extended_key_usages = if client {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
         } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
+        };
         let key = KeyPair::generate().expect("a key");
         let cert = params.signed_by(&key, &*self.ca).expect("a certificate");
         let issued = Issued {
@@ -258,4 +265,165 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("a file");
     path
+}
+
+/// What a TLS Redis asks of its clients.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    /// None.
+    Optional,
+    /// A certificate its CA signed (mutual TLS).
+    Required,
+}
+
+/// A `redis-server` of the test's own that speaks only TLS (no plaintext
+/// port), with a certificate `pki` signed for 127.0.0.1. Killed, and its
+/// files removed, when dropped.
+pub struct TlsRedis {
+    _child: KillOnDrop,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+/// The TLS arguments of a redis-server (or Sentinel) with `pki`'s
+/// certificate, asking clients for certificates as `certs` says.
+fn tls_args(pki: &Pki, port: u16, certs: ClientCerts) -> Vec<String> {
+    let server = pki.server(&format!("redis-{port}"));
+    let auth = match certs {
+        ClientCerts::Optional => "no",
+        ClientCerts::Required => "yes",
+    };
+    [
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--tls-cert-file",
+        &server.cert.display().to_string(),
+        "--tls-key-file",
+        &server.key.display().to_string(),
+        "--tls-ca-cert-file",
+        &pki.ca_file().display().to_string(),
+        "--tls-auth-clients",
+        auth,
+        "--tls-replication",
+        "yes",
+        "--tls-cluster",
+        "yes",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect()
+}
+
+impl TlsRedis {
+    /// A server on a free port, with these extra arguments.
+    pub fn start(pki: &Pki, certs: ClientCerts, extra: &[&str]) -> Self {
+        let port = free_port();
+        let dir = pki.dir.join(format!("redis-{port}"));
+        std::fs::create_dir_all(&dir).expect("a data dir");
+        let child = std::process::Command::new("redis-server")
+            .args(tls_args(pki, port, certs))
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&dir)
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (with TLS)");
+        let me = Self {
+            _child: KillOnDrop(child),
+            port,
+            dir,
+        };
+        me.until(|| me.cli(pki, &["ping"]) == "PONG");
+        me
+    }
+
+    /// A one-node Redis Cluster over TLS: every slot on this node.
+    pub fn cluster(pki: &Pki) -> Self {
+        let port = free_port();
+        let conf = format!("nodes-{port}.conf");
+        let me = Self::start(
+            pki,
+            ClientCerts::Optional,
+            &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
+        );
+        assert_eq!(
+            me.cli(pki, &["cluster", "addslotsrange", "0", "16383"]),
+            "OK"
+        );
+        me.until(|| {
+            me.cli(pki, &["cluster", "info"])
+                .contains("cluster_state:ok")
+        });
+        me
+    }
+
+    /// A Sentinel over TLS that monitors `primary` as `mymaster`.
+    pub fn sentinel(pki: &Pki, primary: &TlsRedis) -> Self {
+        let port = free_port();
+        let dir = pki.dir.join(format!("sentinel-{port}"));
+        std::fs::create_dir_all(&dir).expect("a sentinel dir");
+        let mut conf = String::new();
+        for pair in tls_args(pki, port, ClientCerts::Optional).chunks(2) {
+            conf.push_str(&format!(
+                "{} {}\n",
+                pair[0].trim_start_matches("--"),
+                pair[1]
+            ));
+        }
+        conf.push_str(&format!(
+            "sentinel monitor mymaster 127.0.0.1 {} 1\nsentinel down-after-milliseconds mymaster 5000\n",
+            primary.port
+        ));
+        let file = write(&dir, "sentinel.conf", &conf);
+        let child = std::process::Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let me = Self {
+            _child: KillOnDrop(child),
+            port,
+            dir,
+        };
+        me.until(|| {
+            me.cli(pki, &["sentinel", "get-master-addr-by-name", "mymaster"])
+                .contains(&primary.port.to_string())
+        });
+        me
+    }
+
+    /// `redis-cli` over TLS (as `pki`'s client) on this server.
+    pub fn cli(&self, pki: &Pki, args: &[&str]) -> String {
+        let client = pki.client("redis-cli");
+        let out = std::process::Command::new("redis-cli")
+            .args(["--tls", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("--cacert")
+            .arg(pki.ca_file())
+            .arg("--cert")
+            .arg(&client.cert)
+            .arg("--key")
+            .arg(&client.key)
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn until(&self, ready: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !ready() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the TLS redis on {} did not come up (logs in {})",
+                self.port,
+                self.dir.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
