@@ -11,6 +11,12 @@ RUN cargo build --release --locked --bin mailgate
 
 # Runtime stage: the binary, its config and templates, a non-root user.
 FROM debian:bookworm-slim
+# The system's CA store, for a link with roots = "system" (a company CA is
+# added with update-ca-certificates in a derived image, or named by
+# SSL_CERT_FILE); links without it use the roots compiled in.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --no-create-home mailgate
 COPY --from=build /src/target/release/mailgate /usr/local/bin/mailgate
 COPY config /etc/mailgate/config

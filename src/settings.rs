@@ -163,11 +163,29 @@ impl Settings {
             }
             self.redis.link_tls()?;
         }
-        for relay in self.smtp.relay_list()? {
+        let relays = self.smtp.relay_list()?;
+        for relay in &relays {
             relay.check_transport()?;
             if relay.tls.is_set() {
                 relay.link_tls()?;
             }
+        }
+        let plain = |r: &Relay| {
+            url::Url::parse(&r.url).is_ok_and(|u| {
+                u.scheme() == "file"
+                    || u.query_pairs()
+                        .find(|(k, _)| k == "tls")
+                        .is_some_and(|(_, v)| v == "none")
+            })
+        };
+        let shared_unused = relays.iter().all(|r| r.tls_key != "smtp.tls" || plain(r));
+        if self.smtp.tls.is_set() && shared_unused {
+            return invalid(
+                "[smtp.tls] is set but no relay that uses it encrypts (file://, tls=none, or \
+                 relays with a tls of their own); remove [smtp.tls], or use ?tls=required or \
+                 smtps://"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -652,10 +670,10 @@ impl Relay {
         };
         let shown = redact_url(&self.url);
         let key = &self.tls_key;
+        // A relay's own `tls` must be used; `[smtp.tls]` may be shared by
+        // relays of which some do not use TLS (Settings checks that one does).
+        let own = self.tls.is_set() && key != "smtp.tls";
         if url.scheme() == "file" {
-            if self.tls.is_set() {
-                return invalid(format!("{key} is set but the mail goes to files ({shown})"));
-            }
             return Ok(None);
         }
         if self.tls.client_cert.is_some() || self.tls.client_key.is_some() {
@@ -676,7 +694,7 @@ impl Relay {
                  ?tls=required (STARTTLS) or smtps://, or drop the credentials (tls=none with \
                  credentials is allowed only for a relay on a loopback address)"
             )),
-            ("smtp", Some("none")) if self.tls.is_set() => invalid(format!(
+            ("smtp", Some("none")) if own => invalid(format!(
                 "{key} is set but {shown} says tls=none; use ?tls=required or smtps://"
             )),
             ("smtp", Some("opportunistic")) if credentials => invalid(format!(

@@ -464,3 +464,102 @@ async fn amqps_with_a_private_ca_and_a_client_certificate_runs_the_job_path() {
     drop(h);
     drop(rabbit);
 }
+
+/// `roots = "system"` trusts the host's store, which `SSL_CERT_FILE` names
+/// here: the private CA is trusted with no `ca_file`; without it in the
+/// store the same server is refused.
+#[test]
+fn system_roots_honour_ssl_cert_file() {
+    let pki = Pki::new("system-roots");
+    let redis = TlsRedis::start(&pki, ClientCerts::Optional, &[]);
+    let env = vec![
+        (
+            "MAILGATE__REDIS__URL",
+            format!("rediss://127.0.0.1:{}/0", redis.port),
+        ),
+        ("MAILGATE__REDIS__TLS__ROOTS", "system".to_owned()),
+    ];
+    let mut with_ca = env.clone();
+    with_ca.push(("SSL_CERT_FILE", pki.ca_file().display().to_string()));
+    let (ok, out) = check_config(&with_ca);
+    assert!(ok && line(&out, "redis") == "redis: ok", "{out}");
+    let (ok, out) = check_config(&env);
+    assert!(!ok, "{out}");
+    assert!(
+        line(&out, "redis").contains("FAILED") || out.contains("system store"),
+        "{out}"
+    );
+}
+
+/// A TLS table on a link that does not use TLS, TLS files that cannot be
+/// used, and a verification switch are refused when settings load, each
+/// naming its key; `[smtp.tls]` shared by relays of which one is local and
+/// unencrypted is fine.
+#[test]
+fn tls_settings_that_cannot_hold_are_refused_at_load() {
+    let pki = Pki::new("settings");
+    let client = pki.client("client");
+    let not_pem = common::tls::write(&pki.dir, "not.pem", "hello\n");
+    let shipped = || Settings::load(Path::new("config/default.toml")).expect("shipped");
+    let ca = |path: &Path| trusting(Some(path));
+    let refused = |s: Settings, says: &str| {
+        let e = s.validate().expect_err(says).to_string();
+        assert!(e.contains(says), "expected {says:?} in: {e}");
+        assert!(!e.contains("guest:guest"), "{e}");
+    };
+    let mut s = shipped();
+    s.amqp.tls = ca(&pki.ca_file());
+    refused(s, "[amqp.tls] is set but amqp.url");
+    let mut s = shipped();
+    s.redis.tls = ca(&pki.ca_file());
+    refused(s, "[redis.tls] is set but redis.url");
+    let mut s = shipped();
+    s.redis.url = "rediss://127.0.0.1:6380/0#insecure".into();
+    refused(s, "#insecure");
+    let mut s = shipped();
+    s.smtp.tls = ca(&pki.ca_file());
+    refused(s, "[smtp.tls] is set but no relay");
+    let mut s = shipped();
+    s.redis.url = "rediss://127.0.0.1:6380/0".into();
+    s.redis.tls = TlsSettings {
+        client_cert: Some(client.cert.clone()),
+        ..TlsSettings::default()
+    };
+    refused(
+        s,
+        "redis.tls.client_cert and redis.tls.client_key go together",
+    );
+    let mut s = shipped();
+    s.redis.url = "rediss://127.0.0.1:6380/0".into();
+    s.redis.tls = TlsSettings {
+        client_cert: Some(client.cert.clone()),
+        client_key: Some(pki.server("other").key),
+        ..TlsSettings::default()
+    };
+    refused(s, "redis.tls.client_key");
+    let mut s = shipped();
+    s.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
+    s.amqp.tls = ca(&not_pem);
+    refused(s, "amqp.tls.ca_file");
+    let mut s = shipped();
+    s.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
+    s.amqp.tls = TlsSettings {
+        roots: mailgate::tls::TrustRoots::System,
+        ca_file: Some(pki.ca_file()),
+        ..TlsSettings::default()
+    };
+    refused(s, "both set");
+    let mut s = shipped();
+    s.smtp.url = "smtps://relay.example.com".into();
+    s.smtp.tls = TlsSettings {
+        client_cert: Some(client.cert.clone()),
+        client_key: Some(client.key.clone()),
+        ..TlsSettings::default()
+    };
+    refused(s, "SMTP relays take no client certificate");
+    let mut s = shipped();
+    s.smtp.url = "smtp://127.0.0.1:1025?tls=none,smtp://relay.example.com:587?tls=required".into();
+    s.smtp.tls = ca(&pki.ca_file());
+    s.validate()
+        .expect("[smtp.tls] shared by a local relay without TLS");
+}
