@@ -133,7 +133,7 @@ fn init_telemetry(
     default_filter: &str,
     otlp: Option<&str>,
 ) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, mailgate::traces::TracesError> {
-    use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+    use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
     let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
@@ -157,6 +157,14 @@ fn init_telemetry(
         mailgate::traces::layer(p)
             .with_filter(Targets::new().with_target("mailgate", LevelFilter::INFO))
     });
+    // lapin's I/O loop logs every frame at trace: the connection's
+    // StartOk (the broker password, found by review), jobs and results
+    // (codes, addresses). Nothing of lapin's is shown at trace, whatever
+    // RUST_LOG says; debug still shows its connection steps.
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|meta| {
+        let lapin = meta.target().starts_with("lapin") || meta.target().starts_with("amq_protocol");
+        !(lapin && *meta.level() == tracing::Level::TRACE)
+    }));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(spans);
     match format {

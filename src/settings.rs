@@ -122,12 +122,22 @@ impl Settings {
     /// no SMTP password can go out unencrypted.
     fn check_transport(&self) -> Result<(), SettingsError> {
         let invalid = |m: String| Err(SettingsError::Invalid(m));
+        let amqps = |u: &&str| {
+            u.trim_start()
+                .get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
+        };
+        let urls = self.amqp.urls();
+        if urls.iter().any(amqps) && !urls.iter().all(amqps) {
+            return invalid(
+                "amqp.url lists amqps:// and amqp:// nodes: whoever can reset the TLS ones \
+                 would move the worker, its password and the jobs onto an unencrypted \
+                 connection; give every node the same scheme"
+                    .into(),
+            );
+        }
         if self.amqp.tls.is_set() {
-            let plain = self.amqp.urls().into_iter().find(|u| {
-                !u.trim_start()
-                    .get(..8)
-                    .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
-            });
+            let plain = urls.iter().find(|u| !amqps(u));
             if let Some(url) = plain {
                 return invalid(format!(
                     "[amqp.tls] is set but amqp.url {} does not use TLS; use amqps:// \
@@ -138,18 +148,22 @@ impl Settings {
             self.amqp.link_tls()?;
         }
         // redis-rs reads a `#insecure` fragment as "do not verify the
-        // certificate": a typo or a copied example would quietly accept a
-        // man in the middle.
-        if self.redis.url.contains("#insecure") {
+        // certificate": a copied example would quietly accept a man in the
+        // middle. A URL parser drops tabs and newlines ("#insec\ture"), so
+        // every fragment is refused (a password's '#' is percent-encoded).
+        if self.redis.url.contains('#') {
             return invalid(format!(
-                "redis.url {}: #insecure would turn off certificate verification, which \
-                 mailgate does not allow; give the server's CA as [redis.tls] ca_file instead",
+                "redis.url {}: a #fragment is not allowed (#insecure would turn off \
+                 certificate verification, which mailgate does not allow; give the server's \
+                 CA as [redis.tls] ca_file instead)",
                 redact_url(&self.redis.url)
             ));
         }
         if self.redis.tls.is_set() {
             let tls = match self.redis.target() {
-                Ok(RedisTarget::Server(url)) => url.starts_with("rediss:"),
+                Ok(RedisTarget::Server(url)) => url
+                    .get(..7)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("rediss:")),
                 Ok(RedisTarget::Sentinel(t)) => t.tls,
                 Ok(RedisTarget::Cluster(t)) => t.tls,
                 _ => false,
@@ -596,10 +610,10 @@ pub struct RelaySettings {
     /// `host:port` by default (never the credentials).
     #[serde(default)]
     pub name: Option<String>,
-    /// This relay's CA bundle (`tls = { ca_file = "…" }`), instead of
-    /// `[smtp.tls]`'s.
+    /// This relay's TLS (`tls = { ca_file = "…" }`), instead of
+    /// `[smtp.tls]`'s; `tls = {}` is the defaults (the bundled roots).
     #[serde(default)]
-    pub tls: TlsSettings,
+    pub tls: Option<TlsSettings>,
 }
 
 impl std::fmt::Debug for RelaySettings {
@@ -672,7 +686,7 @@ impl Relay {
         let key = &self.tls_key;
         // A relay's own `tls` must be used; `[smtp.tls]` may be shared by
         // relays of which some do not use TLS (Settings checks that one does).
-        let own = self.tls.is_set() && key != "smtp.tls";
+        let own = key != "smtp.tls";
         if url.scheme() == "file" {
             return Ok(None);
         }
@@ -688,6 +702,20 @@ impl Relay {
             .map(|(_, v)| v.into_owned());
         let local = url.host_str().is_some_and(crate::tls::is_loopback);
         let credentials = url.password().is_some();
+        if !url.username().is_empty() && !credentials {
+            return invalid(format!(
+                "{shown}: a user without a password; give both (user:pass@) or neither \
+                 (no AUTH is done without a password)"
+            ));
+        }
+        if let Some(other) = tls
+            .as_deref()
+            .filter(|t| !["required", "opportunistic", "none"].contains(t))
+        {
+            return invalid(format!(
+                "{shown}: tls={other:?}; use tls=required, opportunistic or none"
+            ));
+        }
         match (url.scheme(), tls.as_deref()) {
             ("smtp", Some("none")) if credentials && !local => invalid(format!(
                 "{shown}: tls=none with credentials would send the password unencrypted; use \
@@ -702,14 +730,17 @@ impl Relay {
                  to anyone who strips STARTTLS from the relay's reply; credentials imply \
                  tls=required: drop ?tls=opportunistic, or use smtps://"
             )),
-            ("smtp", None | Some("opportunistic" | "none")) if !credentials && !local => {
-                Ok(Some(format!(
-                    "smtp relay {}: mail (and the codes in it) may travel unencrypted: \
+            ("smtp", Some("none")) if !local => Ok(Some(format!(
+                "smtp relay {}: mail (and the codes in it) travels unencrypted: {shown} says \
+                 tls=none; set ?tls=required or use smtps://",
+                self.name
+            ))),
+            ("smtp", None | Some("opportunistic")) if !credentials && !local => Ok(Some(format!(
+                "smtp relay {}: mail (and the codes in it) may travel unencrypted: \
                      {shown} encrypts only when the relay offers STARTTLS, which anyone on \
                      the path can strip; set ?tls=required or use smtps://",
-                    self.name
-                )))
-            }
+                self.name
+            ))),
             _ => Ok(None),
         }
     }
@@ -850,10 +881,9 @@ impl SmtpSettings {
                      relay a name of its own (name = \"...\")"
                 ));
             }
-            let (tls, tls_key) = if r.tls.is_set() {
-                (r.tls.clone(), format!("smtp.relays[{i}].tls"))
-            } else {
-                (self.tls.clone(), "smtp.tls".to_owned())
+            let (tls, tls_key) = match &r.tls {
+                Some(own) => (own.clone(), format!("smtp.relays[{i}].tls")),
+                None => (self.tls.clone(), "smtp.tls".to_owned()),
             };
             out.push(Relay {
                 name,
@@ -894,9 +924,11 @@ impl SmtpSettings {
 /// not an SMTP relay URL. Never holds the credentials.
 fn relay_address(url: &str) -> Result<String, String> {
     let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
+    // The first tls= counts, as the mailer reads it.
     let required = parsed
         .query_pairs()
-        .any(|(k, v)| k == "tls" && v == "required");
+        .find(|(k, _)| k == "tls")
+        .is_some_and(|(_, v)| v == "required");
     let default_port = match parsed.scheme() {
         "smtps" => 465,
         "smtp" if required => 587,
@@ -1906,8 +1938,13 @@ mod tests {
         s.amqp.url = "amqp://u:SEKRET@n1/%2f,amqp://u:SEKRET@n2:x/%2f".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("amqp.url") && !e.contains("SEKRET"), "{e}");
-        s.amqp.url = list.into();
+        s.amqp.url = list.replace("amqps://", "amqp://");
         s.validate().expect("a list of nodes");
+        // Both schemes: a reset of the TLS node would move the worker onto
+        // an unencrypted one.
+        s.amqp.url = list.into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("amqps:// and amqp://"), "{e}");
     }
 
     #[test]

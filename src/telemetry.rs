@@ -212,6 +212,19 @@ impl Drop for InFlight {
     }
 }
 
+/// `text` (parts separated by ": ") without a part already said: clients
+/// repeat their sources in their own messages ("IO error: reset: IO error:
+/// reset: reset"), which reads as three failures where there is one.
+pub fn without_repeats(text: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in text.split(": ") {
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    parts.join(": ")
+}
+
 /// `text` with every mailbox in it masked to its first character and domain
 /// (`john@example.com` → `j***@example.com`), for log lines that quote
 /// other systems' messages (SMTP replies often quote the recipient).
@@ -280,7 +293,23 @@ pub fn smtp_relay_circuit(relay: &str, state: f64) {
 
 #[cfg(test)]
 mod tests {
-    use super::mask_emails;
+    use super::{mask_emails, without_repeats};
+
+    #[test]
+    fn repeated_parts_of_an_error_are_said_once() {
+        assert_eq!(
+            without_repeats(
+                "rabbitmq: IO error: Connection reset by peer (os error 104): IO error: \
+                 Connection reset by peer (os error 104): Connection reset by peer (os error 104)"
+            ),
+            "rabbitmq: IO error: Connection reset by peer (os error 104)"
+        );
+        assert_eq!(
+            without_repeats("Connection error: Connection error: invalid peer certificate: X"),
+            "Connection error: invalid peer certificate: X"
+        );
+        assert_eq!(without_repeats("plain"), "plain");
+    }
 
     #[test]
     fn masks_mailboxes_in_text() {

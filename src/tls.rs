@@ -109,6 +109,8 @@ pub enum TlsError {
 pub struct LinkTls {
     roots: Roots,
     identity: Option<Arc<Identity>>,
+    /// The settings table it was read from (`redis.tls`), for messages.
+    table: Arc<str>,
 }
 
 #[derive(Clone)]
@@ -167,18 +169,28 @@ impl TlsSettings {
                 )));
             }
         };
-        Ok(LinkTls { roots, identity })
+        Ok(LinkTls {
+            roots,
+            identity,
+            table: key.into(),
+        })
     }
 }
 
 impl LinkTls {
     /// The compiled-in roots and no client certificate: what a link gets
-    /// with no TLS settings.
-    pub fn bundled() -> Self {
+    /// with no TLS settings (`table` names them in messages).
+    pub fn bundled(table: &str) -> Self {
         Self {
             roots: Roots::Bundled,
             identity: None,
+            table: table.into(),
         }
+    }
+
+    /// The settings table it was read from (`smtp.relays[1].tls`).
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
     /// A rustls client configuration for this link (TLS 1.2 and 1.3, the
@@ -229,12 +241,10 @@ impl LinkTls {
     }
 }
 
-/// A TLS failure somewhere in `error`'s chain, said as one sentence that
-/// names what failed and what to set (`table` is the link's TLS table,
-/// e.g. `redis.tls`); `None` when the failure is not one of TLS. The
-/// clients wrap rustls's errors in their own (and some repeat them), so
-/// the chain's text is read, not its types.
-pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option<String> {
+/// The text of `error` and its sources, one per line: what [`explain`]
+/// reads (the clients wrap rustls's errors in their own, and some repeat
+/// them, so the text is read, not the types).
+pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = String::new();
     let mut cause = Some(error);
     while let Some(e) = cause {
@@ -242,10 +252,18 @@ pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option
         text.push('\n');
         cause = e.source();
     }
+    text
+}
+
+/// A TLS failure in `text` (an error's [`chain_text`]), said as one
+/// sentence that names what failed and what to set (`table` is the link's
+/// TLS table, e.g. `redis.tls`; `client_cert` whether the link shows a
+/// client certificate); `None` when the failure is not one of TLS.
+pub fn explain(text: &str, table: &str, client_cert: bool) -> Option<String> {
     let detail = |marker: &str| {
         let start = text.find(marker)?;
         let rest = &text[start..];
-        Some(rest[..rest.find(['\n']).unwrap_or(rest.len())].to_owned())
+        Some(rest[..rest.find('\n').unwrap_or(rest.len())].to_owned())
     };
     if let Some(d) = detail("invalid peer certificate") {
         let lower = d.to_ascii_lowercase();
@@ -254,14 +272,20 @@ pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option
                 "the server's certificate is not signed by a CA this link trusts ({d}); set \
                  {table}.ca_file to the PEM of the CA that signed it"
             )
+        } else if d.contains("CaUsedAsEndEntity") {
+            format!(
+                "the server shows a CA certificate as its own ({d}), as a self-signed one made \
+                 by `openssl req -x509` is; give the server a certificate signed by a CA, and \
+                 that CA as {table}.ca_file"
+            )
         } else if lower.contains("expired") {
             format!("the server's certificate has expired ({d}); it must be renewed")
         } else if lower.contains("not valid yet") || d.contains("NotValidYet") {
             format!("the server's certificate is not valid yet ({d}); check both clocks")
         } else if d.contains("NotValidForName") || lower.contains("not valid for name") {
             format!(
-                "the server's certificate does not name the host in the URL ({d}); use a \
-                 host name the certificate holds"
+                "the server's certificate does not name the host it was reached at ({d}); \
+                 reach it by a name the certificate holds"
             )
         } else {
             format!("the server's certificate is refused ({d})")
@@ -269,10 +293,18 @@ pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option
         return Some(why);
     }
     if let Some(d) = detail("received fatal alert") {
-        return Some(format!(
-            "the server refused the TLS handshake ({d}); if it requires a client \
-             certificate, set {table}.client_cert and {table}.client_key to one its CA signed"
-        ));
+        return Some(match client_cert {
+            false => format!(
+                "the server refused the TLS handshake ({d}); if it requires a client \
+                 certificate, set {table}.client_cert and {table}.client_key to one its CA \
+                 signed"
+            ),
+            true => format!(
+                "the server refused the TLS handshake ({d}); check that it accepts \
+                 {table}.client_cert: signed by a CA it trusts, and made for client \
+                 authentication"
+            ),
+        });
     }
     if let Some(d) = detail("received corrupt message of type InvalidContentType") {
         return Some(format!(
@@ -283,30 +315,37 @@ pub fn explain(error: &(dyn std::error::Error + 'static), table: &str) -> Option
     detail("peer is incompatible").map(|d| format!("the TLS handshake failed ({d})"))
 }
 
-/// [`explain`] for a link to `url` with TLS settings `tls`: when the URL
-/// uses TLS and the link shows no client certificate, a connection the
-/// server closed during the handshake is said with its likely cause, a
-/// server that requires one (a TLS 1.3 server may reset the connection
-/// rather than send its alert).
+/// [`explain`] for a link to `url` with TLS settings `tls`. When the URL
+/// uses TLS, two more failures are said with their likely causes: a
+/// connection the server closed during the handshake (when the link shows
+/// no client certificate: a server that requires one, as a TLS 1.3 server
+/// may reset the connection rather than send its alert), and no answer at
+/// all (a server that does not speak TLS on that port, or a cluster node
+/// whose certificate is refused, which the Redis client reports as a
+/// timeout).
 pub fn explain_url(
     error: &(dyn std::error::Error + 'static),
     table: &str,
     url: &str,
     tls: &TlsSettings,
 ) -> Option<String> {
-    let scheme = url.trim_start().split_once("://").map_or("", |(s, _)| s);
-    let encrypted = scheme.eq_ignore_ascii_case("amqps") || scheme.starts_with("rediss");
-    explain(error, table).or_else(|| {
+    let text = chain_text(error);
+    let client_cert = tls.client_cert.is_some();
+    let scheme = url
+        .trim_start()
+        .split_once("://")
+        .map_or(String::new(), |(s, _)| s.to_ascii_lowercase());
+    let encrypted = scheme == "amqps" || scheme.starts_with("rediss");
+    explain(&text, table, client_cert).or_else(|| {
         if !encrypted {
             return None;
         }
-        let text = error.to_string();
+        let first = text.lines().next().unwrap_or_default();
         if text.contains("timed out") {
-            // A server that does not speak TLS waits for a command and
-            // never answers the handshake.
             return Some(format!(
-                "no answer to the TLS handshake ({text}); if the server does not speak TLS on \
-                 this port, use its TLS port"
+                "no answer over TLS ({first}); a server that does not speak TLS on its port \
+                 looks like this, and so does a cluster node whose certificate is refused \
+                 (the log says which): check the port and each server's certificate"
             ));
         }
         let closed = [
@@ -316,7 +355,7 @@ pub fn explain_url(
         ]
         .iter()
         .find(|m| text.contains(**m))?;
-        (tls.client_cert.is_none()).then(|| {
+        (!client_cert).then(|| {
             format!(
                 "the server closed the connection during the TLS handshake ({closed}); if it \
                  requires a client certificate, set {table}.client_cert and \
@@ -407,7 +446,12 @@ fn system_roots() -> Result<Arc<Vec<CertificateDer<'static>>>, TlsError> {
     static ROOTS: OnceLock<Result<Arc<Vec<CertificateDer<'static>>>, String>> = OnceLock::new();
     ROOTS
         .get_or_init(|| {
-            let found = rustls_native_certs::load_native_certs();
+            let mut found = rustls_native_certs::load_native_certs();
+            // One entry that does not parse would fail a client that adds
+            // roots strictly (redis-rs): keep those that parse.
+            found
+                .certs
+                .retain(|cert| rustls::RootCertStore::empty().add(cert.clone()).is_ok());
             if found.certs.is_empty() {
                 let why = found
                     .errors
@@ -443,6 +487,67 @@ fn pem_bundle(certs: &[CertificateDer<'static>]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_failures_are_said_with_what_to_set() {
+        let said = |text: &str, cert: bool| explain(text, "redis.tls", cert).unwrap_or_default();
+        let unknown = "Connection error: Connection error: invalid peer certificate: UnknownIssuer";
+        assert!(said(unknown, false).contains("set redis.tls.ca_file"));
+        assert_eq!(
+            said(unknown, false)
+                .matches("invalid peer certificate")
+                .count(),
+            1
+        );
+        let ca = "invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))";
+        assert!(said(ca, false).contains("CA certificate as its own"));
+        let expired = "invalid peer certificate: certificate expired: verification time 1 (UNIX), but certificate is not valid after 0 (1 seconds ago)";
+        assert!(said(expired, false).contains("has expired"));
+        let name = "invalid peer certificate: certificate not valid for name \"10.0.0.1\"";
+        assert!(said(name, false).contains("does not name the host it was reached at"));
+        let alert = "redis: received fatal alert: CertificateRequired";
+        assert!(said(alert, false).contains("set redis.tls.client_cert"));
+        let refused = said("received fatal alert: UnknownCA", true);
+        assert!(
+            refused.contains("accepts redis.tls.client_cert"),
+            "{refused}"
+        );
+        let plain = "IO error: received corrupt message of type InvalidContentType";
+        assert!(said(plain, false).contains("does not speak TLS"));
+        assert_eq!(explain("redis: timed out", "redis.tls", false), None);
+        assert_eq!(
+            explain("Connection refused (os error 111)", "redis.tls", false),
+            None
+        );
+    }
+
+    #[test]
+    fn loopback_is_this_machine_by_name_or_address_only() {
+        for host in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.255.255.254",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(is_loopback(host), "{host}");
+        }
+        for host in [
+            "localhost.",
+            "localhost.evil.com",
+            "127.0.0.1.nip.io",
+            "127.1",
+            "2130706433",
+            "0x7f000001",
+            "0.0.0.0",
+            "::ffff:127.0.0.1",
+            "[::ffff:127.0.0.1]",
+            "10.0.0.1",
+        ] {
+            assert!(!is_loopback(host), "{host}");
+        }
+    }
 
     #[test]
     fn a_pem_bundle_reads_back_as_the_same_certificates() {

@@ -24,7 +24,7 @@ use crate::domain::{Ticket, now_ms};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
-use crate::settings::Settings;
+use crate::settings::{Settings, redact_url};
 use crate::telemetry;
 use crate::templates::Templates;
 use crate::wire::{JobResult, Status};
@@ -159,6 +159,49 @@ impl Checked {
     }
 }
 
+/// Logs a failed attempt to reach Redis: a TLS failure with what to set,
+/// anything else with the variable that sets the URL; both name the server.
+fn log_redis_retry(settings: &Settings, e: &LedgerError, wait: Duration) {
+    let redis = &settings.redis;
+    let url = redact_url(&redis.url);
+    match crate::tls::explain_url(e, "redis.tls", &redis.url, &redis.tls) {
+        Some(why) => {
+            tracing::warn!(%url, error = why, ?wait, "cannot reach redis over TLS; retrying");
+        }
+        None => tracing::warn!(
+            %url,
+            error = crate::telemetry::without_repeats(&e.to_string()),
+            ?wait,
+            "redis is not answering; retrying (set MAILGATE__REDIS__URL)"
+        ),
+    }
+}
+
+/// Logs a failed attempt to reach RabbitMQ (see [`log_redis_retry`]).
+fn log_amqp_retry(settings: &Settings, e: &BrokerError, wait: Duration) {
+    let amqp = &settings.amqp;
+    let url = redact_url(&amqp.url);
+    match e {
+        BrokerError::Refused { .. } => {
+            tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
+        }
+        BrokerError::Tls(why) => {
+            tracing::warn!(%url, error = why, ?wait, "[amqp.tls] cannot be used; retrying");
+        }
+        _ => match crate::tls::explain_url(e, "amqp.tls", &amqp.url, &amqp.tls) {
+            Some(why) => {
+                tracing::warn!(%url, error = why, ?wait, "cannot reach rabbitmq over TLS; retrying");
+            }
+            None => tracing::warn!(
+                %url,
+                error = crate::telemetry::without_repeats(&e.to_string()),
+                ?wait,
+                "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"
+            ),
+        },
+    }
+}
+
 /// Builds the stages from settings: templates (checked), mailer, and the
 /// ledger (Redis, retried with backoff until it answers; refused at once if
 /// it cannot keep the ledger's promises, e.g. it evicts keys).
@@ -199,12 +242,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     let ledger = (|| Backend::open(&settings.redis, &settings.limits))
         .retry(reconnect_backoff())
         .when(|e| !matches!(e, LedgerError::Unfit(_)))
-        .notify(|e, wait| {
-            match crate::tls::explain_url(e, "redis.tls", &settings.redis.url, &settings.redis.tls) {
-                Some(why) => tracing::warn!(error = why, ?wait, "cannot reach redis over TLS; retrying"),
-                None => tracing::warn!(error = %e, ?wait, "redis is not answering; retrying (set MAILGATE__REDIS__URL)"),
-            }
-        })
+        .notify(|e, wait| log_redis_retry(settings, e, wait))
         .await
         .context("connecting to redis")?;
     Ok(Worker {
@@ -300,15 +338,7 @@ impl<L: Ledger + 'static> Worker<L> {
             let connect = (|| Broker::connect(&this.settings))
                 .retry(reconnect_backoff())
                 .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
-                .notify(|e, wait| match e {
-                    BrokerError::Refused { .. } => {
-                        tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
-                    }
-                    _ => match crate::tls::explain_url(e, "amqp.tls", &this.settings.amqp.url, &this.settings.amqp.tls) {
-                        Some(why) => tracing::warn!(error = why, ?wait, "cannot reach rabbitmq over TLS; retrying"),
-                        None => tracing::warn!(error = %e, ?wait, "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"),
-                    },
-                });
+                .notify(|e, wait| log_amqp_retry(&this.settings, e, wait));
             let broker = tokio::select! {
                 b = connect => b.context("connecting to rabbitmq")?,
                 () = &mut shutdown => break,

@@ -479,8 +479,13 @@ fn system_roots_honour_ssl_cert_file() {
         ),
         ("MAILGATE__REDIS__TLS__ROOTS", "system".to_owned()),
     ];
+    // The store holds the CA and an entry that does not parse (found by
+    // review: that one entry failed Redis, which adds roots strictly).
+    let store = std::fs::read_to_string(pki.ca_file()).expect("ca")
+        + "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    let store = common::tls::write(&pki.dir, "store.pem", &store);
     let mut with_ca = env.clone();
-    with_ca.push(("SSL_CERT_FILE", pki.ca_file().display().to_string()));
+    with_ca.push(("SSL_CERT_FILE", store.display().to_string()));
     let (ok, out) = check_config(&with_ca);
     assert!(ok && line(&out, "redis") == "redis: ok", "{out}");
     let (ok, out) = check_config(&env);
@@ -562,4 +567,92 @@ fn tls_settings_that_cannot_hold_are_refused_at_load() {
     s.smtp.tls = ca(&pki.ca_file());
     s.validate()
         .expect("[smtp.tls] shared by a local relay without TLS");
+}
+
+/// Found by review: a fragment hidden from a substring check by a tab, a
+/// relay's own `tls = {}` (the bundled roots) that `[smtp.tls]` replaced,
+/// a user without a password, `tls=` values only the mailer refused, and
+/// RabbitMQ nodes of both schemes (a reset of the TLS one moved the worker
+/// onto the cleartext one).
+#[test]
+fn review_findings_are_refused_at_load() {
+    let shipped = || Settings::load(Path::new("config/default.toml")).expect("shipped");
+    let refused = |s: Settings, says: &str| {
+        let e = s.validate().expect_err(says).to_string();
+        assert!(e.contains(says), "expected {says:?} in: {e}");
+    };
+    let mut s = shipped();
+    s.redis.url = "rediss://127.0.0.1:6380/0#insec\ture".into();
+    refused(s, "#fragment");
+    for (url, says) in [
+        (
+            "smtp://user@relay.example.com?tls=required",
+            "a user without a password",
+        ),
+        ("smtp://relay.example.com?tls=NONE", "tls=\"NONE\""),
+        ("smtp://relay.example.com?tls=", "tls=\"\""),
+    ] {
+        let e = settings_with_smtp(url).expect_err(url);
+        assert!(e.contains(says), "{url}: {e}");
+    }
+    let mut s = shipped();
+    s.amqp.url = "amqps://guest:guest@a.example:5671/%2f,amqp://guest:guest@b.example/%2f".into();
+    refused(s, "amqps:// and amqp://");
+    // The first tls= counts, for the relay's name as for the mailer.
+    let s = settings_with_smtp("smtp://relay.example.com?tls=none&tls=required").expect("valid");
+    let w = s.transport_warnings();
+    assert!(
+        w.len() == 1 && w[0].contains("relay.example.com:25") && w[0].contains("says tls=none"),
+        "{w:?}"
+    );
+}
+
+/// A relay's own `tls = {}` means the bundled roots for that relay, even
+/// where `[smtp.tls]` names a private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relays_own_tls_table_replaces_the_shared_one() {
+    use mailgate::settings::RelaySettings;
+    let pki = Pki::new("own-tls");
+    let relay = TlsRelay::start(RelayMode::Implicit, server_config(&pki.server("relay"))).await;
+    let smtp = |own: Option<TlsSettings>| SmtpSettings {
+        url: String::new(),
+        relays: vec![RelaySettings {
+            url: format!("smtps://127.0.0.1:{}", relay.port),
+            name: None,
+            tls: own,
+        }],
+        circuit: Default::default(),
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 1,
+        timeout: Duration::from_secs(5),
+        tls: trusting(Some(&pki.ca_file())),
+    };
+    let shared = Mailer::new(&smtp(None)).expect("mailer");
+    send(&shared).await.expect("trusted through [smtp.tls]");
+    let own = Mailer::new(&smtp(Some(TlsSettings::default()))).expect("mailer");
+    let e = send(&own)
+        .await
+        .expect_err("the bundled roots do not hold the private CA");
+    assert!(
+        e.to_string().contains("set smtp.relays[0].tls.ca_file"),
+        "{e}"
+    );
+}
+
+/// Found by review: lapin logged the connection's StartOk (the broker's
+/// password) at trace. Nothing of lapin's shows at trace now.
+#[test]
+fn no_broker_password_in_the_log_at_trace() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mailgate"))
+        .args(["check-config", "--connect"])
+        .env("RUST_LOG", "trace")
+        .output()
+        .expect("check-config runs");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    // guest:guest in AMQP PLAIN, as lapin's Debug prints it.
+    assert!(
+        !log.contains("StartOk") && !log.contains("103, 117, 101, 115, 116"),
+        "{log}"
+    );
 }

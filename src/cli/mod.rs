@@ -323,5 +323,5 @@ pub fn one_line(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line
+    crate::telemetry::without_repeats(&line)
 }

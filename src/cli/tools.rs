@@ -654,7 +654,7 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         Ok(()) => println!("{name}: ok"),
         Err(e) => {
             ok = false;
-            println!("{name}: FAILED: {e:#}");
+            println!("{name}: FAILED: {}", super::one_line(&e));
         }
     };
     report("rabbitmq", amqp(settings).await.map(|(c, _)| drop(c)));
@@ -669,7 +669,8 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
             "smtp",
             mailer.check().await.map_err(|e| {
                 // A TLS failure says what to set itself.
-                let hint = match e.to_string().contains("tls") {
+                let text = e.to_string();
+                let hint = match text.contains("certificate") || text.contains("TLS") {
                     true => "",
                     false => " (set [smtp] url or MAILGATE__SMTP__URL)",
                 };

@@ -675,7 +675,7 @@ mod tests {
         let endpoint = super::super::smtp::Endpoint::from_url(
             &url,
             Duration::from_secs(1),
-            &crate::tls::LinkTls::bundled(),
+            &crate::tls::LinkTls::bundled("smtp.tls"),
         )
         .unwrap();
         let settings = crate::settings::CircuitSettings {

@@ -41,6 +41,9 @@ pub(super) struct Endpoint {
     /// The relay is this machine (`localhost`, a loopback address): the
     /// only one credentials may go to unencrypted (`tls=none`).
     local: bool,
+    /// The settings table of its TLS (`smtp.tls`, `smtp.relays[1].tls`),
+    /// named by a TLS failure's message.
+    tls_table: String,
     hello: ClientId,
     /// The send deadline, only to name it in error messages.
     timeout: Duration,
@@ -82,6 +85,7 @@ impl Endpoint {
             tls,
             credentials,
             local,
+            tls_table: trust.table().to_owned(),
             hello: ClientId::default(),
             timeout,
         })
@@ -526,24 +530,9 @@ impl From<&lettre::transport::smtp::Error> for Fault {
                 Fault::Reply(code.into(), text)
             }
             None if e.is_client() => Fault::Unsupported(e.to_string()),
-            None => Fault::Broken(
-                crate::tls::explain(e, "smtp.tls (or the relay's tls)")
-                    .unwrap_or_else(|| without_repeats(&e.to_string())),
-            ),
+            None => Fault::Broken(e.to_string()),
         }
     }
-}
-
-/// `text` without a part that repeats the one before it: lettre wraps a
-/// connection error in another ("Connection error: Connection error: …").
-fn without_repeats(text: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in text.split(": ") {
-        if parts.last() != Some(&part) {
-            parts.push(part);
-        }
-    }
-    parts.join(": ")
 }
 
 /// A failed session step: where, and what.
@@ -626,7 +615,13 @@ impl Failed {
         };
         match &self.fault {
             Fault::Reply(code, text) => format!("SMTP {code} to {phase}: {text}"),
-            Fault::Broken(text) => format!("{phase}: {text}"),
+            Fault::Broken(text) => {
+                // lettre repeats its sources ("Connection error: Connection
+                // error: …"); a TLS failure is said with what to set.
+                let text = crate::tls::explain(text, &endpoint.tls_table, false)
+                    .unwrap_or_else(|| crate::telemetry::without_repeats(text));
+                format!("{phase}: {text}")
+            }
             Fault::Deadline => format!(
                 "{phase}: the send deadline of {} passed",
                 humantime::format_duration(endpoint.timeout)
@@ -644,7 +639,7 @@ mod tests {
         Endpoint::from_url(
             &url::Url::parse(url).unwrap(),
             Duration::from_secs(1),
-            &LinkTls::bundled(),
+            &LinkTls::bundled("smtp.tls"),
         )
         .unwrap()
     }
