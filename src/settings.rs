@@ -161,9 +161,7 @@ impl Settings {
         }
         if self.redis.tls.is_set() {
             let tls = match self.redis.target() {
-                Ok(RedisTarget::Server(url)) => url
-                    .get(..7)
-                    .is_some_and(|s| s.eq_ignore_ascii_case("rediss:")),
+                Ok(RedisTarget::Server(url)) => crate::tls::is_tls_url(&url),
                 Ok(RedisTarget::Sentinel(t)) => t.tls,
                 Ok(RedisTarget::Cluster(t)) => t.tls,
                 _ => false,
@@ -1055,8 +1053,17 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Refuses a URL whose user or password holds a character that ends the
 /// authority (`/`, `?`, `#`) or an `@` before the last one: URL parsers then
 /// read part of the password as the host, port or path, and print it.
-/// They must be percent-encoded.
+/// They must be percent-encoded. Refuses a control character anywhere: URL
+/// parsers drop tabs and newlines, so what settings check (the scheme, a
+/// fragment) and what a client uses would differ (found by review:
+/// `am\tqps://` passed as plaintext and was used as TLS).
 fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
+    if url.chars().any(char::is_control) {
+        return Err(SettingsError::Invalid(format!(
+            "{key} holds a control character (a tab, a newline…); write the URL on one line \
+             without them"
+        )));
+    }
     let Some((_, rest)) = url.split_once("://") else {
         return Ok(());
     };

@@ -31,6 +31,16 @@ pub fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Whether `url` (RabbitMQ's or Redis's) names a TLS scheme: `amqps`,
+/// `rediss` (and its `+sentinel`, `+cluster` forms), or `valkeys`.
+pub fn is_tls_url(url: &str) -> bool {
+    let scheme = url
+        .trim_start()
+        .split_once("://")
+        .map_or(String::new(), |(s, _)| s.to_ascii_lowercase());
+    scheme == "amqps" || scheme.starts_with("rediss") || scheme.starts_with("valkeys")
+}
+
 /// Whether `host` (as a URL holds it: a name, an IPv4 address, or an IPv6
 /// address without brackets) is this machine: `localhost` or a loopback
 /// address. Traffic to it never crosses a network. An IPv4-mapped IPv6
@@ -156,7 +166,9 @@ impl TlsSettings {
             }
             None => match self.roots {
                 TrustRoots::Bundled => Roots::Bundled,
-                TrustRoots::System => Roots::Listed(system_roots()?),
+                TrustRoots::System => Roots::Listed(system_roots().map_err(|why| {
+                    TlsError::Invalid(format!("{key}.roots = \"system\": {why}"))
+                })?),
             },
         };
         let identity = match (&self.client_cert, &self.client_key) {
@@ -255,11 +267,33 @@ pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Whether a link shows the server a client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCert {
+    /// It could, and one is set.
+    Shown,
+    /// It could, and none is set.
+    NotSet,
+    /// The link takes none (SMTP relays authenticate with a password).
+    NotTaken,
+}
+
+/// The alerts a server sends about the client's certificate.
+const CERT_ALERTS: [&str; 8] = [
+    "CertificateRequired",
+    "BadCertificate",
+    "UnknownCA",
+    "CertificateUnknown",
+    "UnsupportedCertificate",
+    "CertificateRevoked",
+    "CertificateExpired",
+    "AccessDenied",
+];
+
 /// A TLS failure in `text` (an error's [`chain_text`]), said as one
 /// sentence that names what failed and what to set (`table` is the link's
-/// TLS table, e.g. `redis.tls`; `client_cert` whether the link shows a
-/// client certificate); `None` when the failure is not one of TLS.
-pub fn explain(text: &str, table: &str, client_cert: bool) -> Option<String> {
+/// TLS table, e.g. `redis.tls`); `None` when the failure is not one of TLS.
+pub fn explain(text: &str, table: &str, client_cert: ClientCert) -> Option<String> {
     let detail = |marker: &str| {
         let start = text.find(marker)?;
         let rest = &text[start..];
@@ -293,16 +327,26 @@ pub fn explain(text: &str, table: &str, client_cert: bool) -> Option<String> {
         return Some(why);
     }
     if let Some(d) = detail("received fatal alert") {
+        if !CERT_ALERTS.iter().any(|a| d.contains(a)) {
+            return Some(format!(
+                "the server refused the TLS handshake ({d}): no TLS version or cipher in \
+                 common (mailgate speaks TLS 1.2 and 1.3 with current ciphers)"
+            ));
+        }
         return Some(match client_cert {
-            false => format!(
+            ClientCert::NotSet => format!(
                 "the server refused the TLS handshake ({d}); if it requires a client \
                  certificate, set {table}.client_cert and {table}.client_key to one its CA \
                  signed"
             ),
-            true => format!(
+            ClientCert::Shown => format!(
                 "the server refused the TLS handshake ({d}); check that it accepts \
                  {table}.client_cert: signed by a CA it trusts, and made for client \
                  authentication"
+            ),
+            ClientCert::NotTaken => format!(
+                "the server refused the TLS handshake ({d}): it asks for a client \
+                 certificate, and SMTP relays are sent none (they take user:pass@)"
             ),
         });
     }
@@ -330,12 +374,11 @@ pub fn explain_url(
     tls: &TlsSettings,
 ) -> Option<String> {
     let text = chain_text(error);
-    let client_cert = tls.client_cert.is_some();
-    let scheme = url
-        .trim_start()
-        .split_once("://")
-        .map_or(String::new(), |(s, _)| s.to_ascii_lowercase());
-    let encrypted = scheme == "amqps" || scheme.starts_with("rediss");
+    let client_cert = match tls.client_cert {
+        Some(_) => ClientCert::Shown,
+        None => ClientCert::NotSet,
+    };
+    let encrypted = is_tls_url(url);
     explain(&text, table, client_cert).or_else(|| {
         if !encrypted {
             return None;
@@ -355,7 +398,7 @@ pub fn explain_url(
         ]
         .iter()
         .find(|m| text.contains(**m))?;
-        (!client_cert).then(|| {
+        (client_cert == ClientCert::NotSet).then(|| {
             format!(
                 "the server closed the connection during the TLS handshake ({closed}); if it \
                  requires a client certificate, set {table}.client_cert and \
@@ -441,12 +484,22 @@ fn identity(key: &str, cert: &Path, private: &Path) -> Result<Identity, TlsError
     })
 }
 
-/// The system store, read once per process.
-fn system_roots() -> Result<Arc<Vec<CertificateDer<'static>>>, TlsError> {
+/// The system store, read once per process; why not, if it cannot be used.
+fn system_roots() -> Result<Arc<Vec<CertificateDer<'static>>>, String> {
     static ROOTS: OnceLock<Result<Arc<Vec<CertificateDer<'static>>>, String>> = OnceLock::new();
     ROOTS
         .get_or_init(|| {
             let mut found = rustls_native_certs::load_native_certs();
+            // A file named on purpose that cannot be read is a mistake to
+            // say, not to skip: the directory's certificates would hide it,
+            // and the CA it holds would show up later as an unknown issuer.
+            if let (Some(file), Some(e)) = (std::env::var_os("SSL_CERT_FILE"), found.errors.first())
+            {
+                return Err(format!(
+                    "SSL_CERT_FILE={} cannot be used: {e}",
+                    Path::new(&file).display()
+                ));
+            }
             // One entry that does not parse would fail a client that adds
             // roots strictly (redis-rs): keep those that parse.
             found
@@ -458,15 +511,13 @@ fn system_roots() -> Result<Arc<Vec<CertificateDer<'static>>>, TlsError> {
                     .first()
                     .map_or("none found".to_owned(), ToString::to_string);
                 return Err(format!(
-                    "roots = \"system\": no CA certificate in the system store ({why}); \
-                     install the ca-certificates package, set SSL_CERT_FILE, or give the link \
-                     a ca_file"
+                    "no CA certificate in the system store ({why}); install the \
+                     ca-certificates package, set SSL_CERT_FILE, or give the link a ca_file"
                 ));
             }
             Ok(Arc::new(found.certs))
         })
         .clone()
-        .map_err(TlsError::Invalid)
 }
 
 fn pem_bundle(certs: &[CertificateDer<'static>]) -> Vec<u8> {
@@ -490,7 +541,14 @@ mod tests {
 
     #[test]
     fn tls_failures_are_said_with_what_to_set() {
-        let said = |text: &str, cert: bool| explain(text, "redis.tls", cert).unwrap_or_default();
+        let said = |text: &str, cert: bool| {
+            let cert = if cert {
+                ClientCert::Shown
+            } else {
+                ClientCert::NotSet
+            };
+            explain(text, "redis.tls", cert).unwrap_or_default()
+        };
         let unknown = "Connection error: Connection error: invalid peer certificate: UnknownIssuer";
         assert!(said(unknown, false).contains("set redis.tls.ca_file"));
         assert_eq!(
@@ -514,11 +572,23 @@ mod tests {
         );
         let plain = "IO error: received corrupt message of type InvalidContentType";
         assert!(said(plain, false).contains("does not speak TLS"));
-        assert_eq!(explain("redis: timed out", "redis.tls", false), None);
+        let no_cipher = said("received fatal alert: HandshakeFailure", false);
+        assert!(
+            no_cipher.contains("no TLS version or cipher in common"),
+            "{no_cipher}"
+        );
+        let smtp = explain(
+            "received fatal alert: CertificateRequired",
+            "smtp.tls",
+            ClientCert::NotTaken,
+        );
+        assert!(!smtp.unwrap_or_default().contains("client_cert"));
         assert_eq!(
-            explain("Connection refused (os error 111)", "redis.tls", false),
+            explain("redis: timed out", "redis.tls", ClientCert::NotSet),
             None
         );
+        let refused = "Connection refused (os error 111)";
+        assert_eq!(explain(refused, "redis.tls", ClientCert::NotSet), None);
     }
 
     #[test]

@@ -494,6 +494,14 @@ fn system_roots_honour_ssl_cert_file() {
         line(&out, "redis").contains("FAILED") || out.contains("system store"),
         "{out}"
     );
+    // A store file named on purpose that cannot be read is said, even where
+    // SSL_CERT_DIR holds certificates that would hide it.
+    let mut missing = env.clone();
+    missing.push(("SSL_CERT_FILE", "/nonexistent/ca.pem".to_owned()));
+    missing.push(("SSL_CERT_DIR", "/etc/ssl/certs".to_owned()));
+    let (ok, out) = check_config(&missing);
+    let says = "redis.tls.roots = \"system\": SSL_CERT_FILE=/nonexistent/ca.pem";
+    assert!(!ok && out.contains(says), "{out}");
 }
 
 /// A TLS table on a link that does not use TLS, TLS files that cannot be
@@ -583,7 +591,10 @@ fn review_findings_are_refused_at_load() {
     };
     let mut s = shipped();
     s.redis.url = "rediss://127.0.0.1:6380/0#insec\ture".into();
-    refused(s, "#fragment");
+    refused(s, "control character");
+    let mut s = shipped();
+    s.redis.url = "rediss://127.0.0.1:6380/0#anything".into();
+    refused(s, "fragment");
     for (url, says) in [
         (
             "smtp://user@relay.example.com?tls=required",
@@ -598,6 +609,20 @@ fn review_findings_are_refused_at_load() {
     let mut s = shipped();
     s.amqp.url = "amqps://guest:guest@a.example:5671/%2f,amqp://guest:guest@b.example/%2f".into();
     refused(s, "amqps:// and amqp://");
+    // Re-review: a URL parser drops a tab, so a check of the raw text read
+    // this as plaintext where the client used TLS.
+    let mut s = shipped();
+    s.amqp.url = "am\tqps://guest:guest@a.example:5671/%2f,amqp://guest:guest@b.example/%2f".into();
+    refused(s, "control character");
+    let mut s = shipped();
+    s.smtp.url = "smtp://user:pw@relay.example.com?tls=no\nne".into();
+    refused(s, "control character");
+    // valkeys:// is TLS to redis-rs, and to the settings.
+    let pki = Pki::new("valkeys");
+    let mut s = shipped();
+    s.redis.url = "valkeys://127.0.0.1:6380/0".into();
+    s.redis.tls = trusting(Some(&pki.ca_file()));
+    s.validate().expect("valkeys:// with [redis.tls]");
     // The first tls= counts, for the relay's name as for the mailer.
     let s = settings_with_smtp("smtp://relay.example.com?tls=none&tls=required").expect("valid");
     let w = s.transport_warnings();
@@ -654,5 +679,32 @@ fn no_broker_password_in_the_log_at_trace() {
     assert!(
         !log.contains("StartOk") && !log.contains("103, 117, 101, 115, 116"),
         "{log}"
+    );
+}
+
+/// Re-review: a relay that agrees to STARTTLS, then sends plaintext where
+/// the handshake should be, fails the send with a message that names the
+/// tampering and never suggests dropping TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_after_starttls_is_called_tampering() {
+    let pki = Pki::new("late-plaintext");
+    let relay = TlsRelay::start(
+        RelayMode::StartTlsThenPlaintext,
+        server_config(&pki.server("relay")),
+    )
+    .await;
+    let url = format!("smtp://user:s3cret@127.0.0.1:{}?tls=required", relay.port);
+    let e = send(&mailer(&url, trusting(Some(&pki.ca_file()))))
+        .await
+        .expect_err("refused");
+    let text = e.to_string();
+    assert!(matches!(e, MailError::Relay(_)), "{text}");
+    assert!(
+        text.contains("tampering") && !text.contains("without TLS"),
+        "{text}"
+    );
+    assert!(
+        !relay.commands().iter().any(|(_, c)| c.starts_with("AUTH")),
+        "no AUTH"
     );
 }

@@ -664,28 +664,34 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
     };
     report("redis", redis.await);
     let several = settings.smtp.relay_list().is_ok_and(|r| r.len() > 1);
+    // A TLS failure says what to set itself; another is pointed at the URL.
+    let tls = |e: &crate::mailer::MailError| {
+        let text = e.to_string();
+        text.contains("certificate") || text.contains("TLS")
+    };
     if !several {
+        let at = redact_url(&settings.smtp.url);
         report(
             "smtp",
-            mailer.check().await.map_err(|e| {
-                // A TLS failure says what to set itself.
-                let text = e.to_string();
-                let hint = match text.contains("certificate") || text.contains("TLS") {
-                    true => "",
-                    false => " (set [smtp] url or MAILGATE__SMTP__URL)",
+            (mailer.check().await).map_err(|e| {
+                let hint = if tls(&e) {
+                    ""
+                } else {
+                    " (set [smtp] url or MAILGATE__SMTP__URL)"
                 };
-                anyhow::Error::new(e)
-                    .context(format!("SMTP at {}{hint}", redact_url(&settings.smtp.url)))
+                anyhow::Error::new(e).context(format!("SMTP at {at}{hint}"))
             }),
         );
     } else {
         // Every relay on its own: a standby that does not work is worth
         // knowing before it is needed.
         for (name, r) in mailer.check_each().await {
-            report(
-                &format!("smtp relay {name}"),
-                r.context("set its url under [[smtp.relays]] or in smtp.url"),
-            );
+            let r = r.map_err(|e| match tls(&e) {
+                true => anyhow::Error::new(e),
+                false => anyhow::Error::new(e)
+                    .context("set its url under [[smtp.relays]] or in smtp.url"),
+            });
+            report(&format!("smtp relay {name}"), r);
         }
     }
     Ok(ok)

@@ -615,10 +615,23 @@ impl Failed {
         };
         match &self.fault {
             Fault::Reply(code, text) => format!("SMTP {code} to {phase}: {text}"),
+            // Plaintext where the TLS handshake should be, after the relay
+            // agreed to STARTTLS: the port is right, so never advise a URL
+            // without TLS (the session fails; nothing was sent).
+            Fault::Broken(text)
+                if self.phase == Phase::StartTls && text.contains("InvalidContentType") =>
+            {
+                format!(
+                    "{phase}: the relay agreed to STARTTLS, then sent plaintext instead of \
+                     the TLS handshake: something on the path is tampering with the session, \
+                     or the relay is broken"
+                )
+            }
             Fault::Broken(text) => {
                 // lettre repeats its sources ("Connection error: Connection
                 // error: …"); a TLS failure is said with what to set.
-                let text = crate::tls::explain(text, &endpoint.tls_table, false)
+                let table = &endpoint.tls_table;
+                let text = crate::tls::explain(text, table, crate::tls::ClientCert::NotTaken)
                     .unwrap_or_else(|| crate::telemetry::without_repeats(text));
                 format!("{phase}: {text}")
             }

@@ -149,6 +149,9 @@ pub enum RelayMode {
     /// STARTTLS offered; after its `220`, these bytes in the same write
     /// (what a man in the middle appends), then the handshake.
     StartTls { inject: Vec<u8> },
+    /// STARTTLS offered and agreed to, then plaintext a moment later where
+    /// the handshake should be.
+    StartTlsThenPlaintext,
 }
 
 /// An SMTP relay with TLS on a free port: it answers EHLO (with AUTH PLAIN
@@ -200,6 +203,12 @@ impl TlsRelay {
                 self.converse(&mut plain, true, Some(&inject)).await?;
                 let tls = acceptor.accept(plain.into_inner()).await?;
                 self.converse(&mut BufReader::new(tls), false, None).await
+            }
+            RelayMode::StartTlsThenPlaintext => {
+                let mut plain = BufReader::new(tcp);
+                self.converse(&mut plain, true, Some(b"")).await?;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                plain.write_all(b"250 fake\r\n").await
             }
         }
     }
