@@ -159,46 +159,55 @@ impl Checked {
     }
 }
 
-/// Logs a failed attempt to reach Redis: a TLS failure with what to set,
-/// anything else with the variable that sets the URL; both name the server.
+/// Logs a failed attempt to reach Redis.
 fn log_redis_retry(settings: &Settings, e: &LedgerError, wait: Duration) {
-    let redis = &settings.redis;
-    let url = redact_url(&redis.url);
-    match crate::tls::explain_url(e, "redis.tls", &redis.url, &redis.tls) {
-        Some(why) => {
-            tracing::warn!(%url, error = why, ?wait, "cannot reach redis over TLS; retrying");
-        }
-        None => tracing::warn!(
-            %url,
-            error = crate::telemetry::without_repeats(&e.to_string()),
-            ?wait,
-            "redis is not answering; retrying (set MAILGATE__REDIS__URL)"
-        ),
-    }
+    let r = &settings.redis;
+    log_retry("redis", "redis.tls", &r.url, &r.tls, e, wait);
 }
 
-/// Logs a failed attempt to reach RabbitMQ (see [`log_redis_retry`]).
+/// Logs a failed attempt to reach RabbitMQ.
 fn log_amqp_retry(settings: &Settings, e: &BrokerError, wait: Duration) {
-    let amqp = &settings.amqp;
-    let url = redact_url(&amqp.url);
+    let a = &settings.amqp;
     match e {
         BrokerError::Refused { .. } => {
             tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
         }
         BrokerError::Tls(why) => {
+            let url = redact_url(&a.url);
             tracing::warn!(%url, error = why, ?wait, "[amqp.tls] cannot be used; retrying");
         }
-        _ => match crate::tls::explain_url(e, "amqp.tls", &amqp.url, &amqp.tls) {
-            Some(why) => {
-                tracing::warn!(%url, error = why, ?wait, "cannot reach rabbitmq over TLS; retrying");
-            }
-            None => tracing::warn!(
-                %url,
-                error = crate::telemetry::without_repeats(&e.to_string()),
+        _ => log_retry("rabbitmq", "amqp.tls", &a.url, &a.tls, e, wait),
+    }
+}
+
+/// Logs a failed attempt to reach `link` at `url`: a TLS failure with what
+/// to set in `table`, anything else with the variable that sets the URL;
+/// both name the server.
+fn log_retry(
+    link: &str,
+    table: &str,
+    url: &str,
+    tls: &crate::tls::TlsSettings,
+    e: &(dyn std::error::Error + 'static),
+    wait: Duration,
+) {
+    let shown = redact_url(url);
+    match crate::tls::explain_url(e, table, url, tls) {
+        Some(why) => {
+            tracing::warn!(
+                url = shown,
+                error = why,
                 ?wait,
-                "rabbitmq is not answering; retrying (set MAILGATE__AMQP__URL)"
-            ),
-        },
+                "cannot reach {link} over TLS; retrying"
+            );
+        }
+        None => tracing::warn!(
+            url = shown,
+            error = crate::telemetry::without_repeats(&e.to_string()),
+            ?wait,
+            "{link} is not answering; retrying (set MAILGATE__{}__URL)",
+            link.replace("rabbitmq", "amqp").to_ascii_uppercase()
+        ),
     }
 }
 

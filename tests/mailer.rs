@@ -8,8 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::script::{ScriptedSmtp, base64, reply};
-use mailgate::domain::EmailAddress;
-use mailgate::mailer::{MailError, Mailer, Outgoing};
+use mailgate::mailer::{MailError, Mailer};
 use mailgate::settings::SmtpSettings;
 
 fn mailer(url: &str, pool_size: u32, timeout: Duration) -> Mailer {
@@ -26,17 +25,7 @@ fn mailer(url: &str, pool_size: u32, timeout: Duration) -> Mailer {
 }
 
 async fn send(m: &Mailer, to: &str) -> Result<(), MailError> {
-    let to = EmailAddress::parse(to).expect("address");
-    let mail = m
-        .compose(&Outgoing {
-            to: &to,
-            subject: "Your code",
-            text: "Your code is 493817",
-            html: None,
-        })
-        .expect("compose");
-    let slot = m.reserve().await;
-    m.send(slot, mail).await
+    common::script::send_code(m, to).await
 }
 
 fn verbs(v: &[&str]) -> Vec<String> {

@@ -363,3 +363,29 @@ pub fn base64(bytes: &[u8]) -> String {
     }
     out
 }
+
+/// Composes a code mail to `to` and sends it with `m`, as the worker does
+/// (a slot first, then the send).
+pub async fn send_code(
+    m: &mailgate::mailer::Mailer,
+    to: &str,
+) -> Result<(), mailgate::mailer::MailError> {
+    let to = mailgate::domain::EmailAddress::parse(to).expect("address");
+    let mail = m
+        .compose(&mailgate::mailer::Outgoing {
+            to: &to,
+            subject: "Your code",
+            text: "Your code is 493817",
+            html: None,
+        })
+        .expect("compose");
+    let slot = m.reserve().await;
+    m.send(slot, mail).await
+}
+
+/// The verbs the server received, over every connection.
+pub fn all_verbs(server: &ScriptedSmtp) -> Vec<String> {
+    (0..server.connections())
+        .flat_map(|c| server.verbs(c))
+        .collect()
+}
