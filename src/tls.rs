@@ -246,17 +246,12 @@ impl LinkTls {
             .as_deref()
             .map(|id| (id.chain_pem.as_slice(), id.key_pem.as_slice()))
     }
-
-    /// Whether a client certificate is set.
-    pub fn has_identity(&self) -> bool {
-        self.identity.is_some()
-    }
 }
 
 /// The text of `error` and its sources, one per line: what [`explain`]
 /// reads (the clients wrap rustls's errors in their own, and some repeat
 /// them, so the text is read, not the types).
-pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = String::new();
     let mut cause = Some(error);
     while let Some(e) = cause {
