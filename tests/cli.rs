@@ -745,3 +745,76 @@ async fn an_override_applies_to_running_workers_within_seconds() {
     );
     w.stop().await.unwrap();
 }
+
+/// Issue 25, item 5: an override cannot take every client out of the IP
+/// scope by accident. A host address under a short prefix (a typo for the
+/// one address) is refused; a network wider than /8 or /32 needs --force;
+/// `ip:::ffff:0:0/96` is the whole IPv4 space; what an override covers is
+/// printed. Against the worker: with the typo refused, the client stays
+/// limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_cannot_silently_cover_every_client() {
+    let h = Harness::with("cli-wide-override", |s| {
+        s.limits.ip = rules(&[(MIN, 5)]);
+    })
+    .await;
+    let add = |target: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec!["overrides", "add", target, "--allow", "--reason", "test"];
+        args.extend_from_slice(extra);
+        run(mailgate(&h, &args))
+    };
+    let typo = add("ip:203.0.113.7/0", &[]);
+    assert!(!typo.status.success());
+    let said = text(&typo.stderr);
+    assert!(
+        said.contains("host bits set") && said.contains("ip:203.0.113.7 for the address"),
+        "{said}"
+    );
+    for wide in [
+        "ip:0.0.0.0/0",
+        "ip:::/0",
+        "ip:::ffff:0:0/96",
+        "ip:10.0.0.0/7",
+        "ip:2001::/31",
+    ] {
+        let out = add(wide, &[]);
+        assert!(!out.status.success(), "{wide} accepted");
+        assert!(
+            text(&out.stderr).contains("needs --force"),
+            "{wide}: {}",
+            text(&out.stderr)
+        );
+    }
+    let narrow = add("ip:198.51.100.0/24", &[]);
+    assert!(narrow.status.success(), "{}", text(&narrow.stderr));
+    assert!(
+        text(&narrow.stdout).contains("covers: 256 addresses"),
+        "{}",
+        text(&narrow.stdout)
+    );
+    let forced = add("ip:0.0.0.0/0", &["--force"]);
+    assert!(forced.status.success(), "{}", text(&forced.stderr));
+    assert!(
+        text(&forced.stdout).contains("covers: every IPv4 address (4294967296)"),
+        "{}",
+        text(&forced.stdout)
+    );
+    let gone = run(mailgate(&h, &["overrides", "remove", "ip:0.0.0.0/0"]));
+    assert!(gone.status.success(), "{}", text(&gone.stderr));
+    // The typo was refused: one client is still held to 5 a minute.
+    let w = h.start_worker().await;
+    for i in 0..7 {
+        let job = json!({"id": format!("w{i}"), "email": format!("u{i}@example.com"),
+                         "ip": "203.0.113.7", "code": "493817"});
+        h.publish(&job).await;
+    }
+    let statuses: Vec<String> = (h.results(7).await.values())
+        .map(|r| r["status"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "sent").count(),
+        5,
+        "{statuses:?}"
+    );
+    w.stop().await.unwrap();
+}

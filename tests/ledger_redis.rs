@@ -1367,3 +1367,65 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
     let n: usize = redis::cmd("HLEN").arg(&key).query(&mut conn).unwrap();
     assert!(n >= 3, "nothing was removed");
 }
+
+/// Issue 25, item 8: with no override stored, a worker's poll is one cheap
+/// round trip (HGET and HLEN) and reads the hash again only when it
+/// changes: every 2 s it read the whole hash (and logged it) because a
+/// missing version counted as changed. A change, even one written by hand
+/// without a version, is still read within a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overrides_are_read_again_only_when_they_change() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    let server = PrivateRedis::start();
+    let settings = RedisSettings::new(server.url(), "poll:");
+    let reads = || {
+        let stats = redis_cli(server.port, &["info", "commandstats"]);
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_hgetall:"))
+            .and_then(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let l = RedisLedger::connect(&settings, &limits(&[(HOUR, 5)], &[]))
+        .await
+        .unwrap();
+    let poll = mailgate::limiter::overrides::POLL;
+    tokio::time::sleep(poll * 2 + Duration::from_millis(500)).await;
+    assert_eq!(reads(), 1, "read once at start, then only stamps");
+    l.add_override(&Override {
+        target: Target::parse("email:a@example.com").unwrap(),
+        action: Action::Deny,
+        reason: "r".into(),
+        expires_at_ms: None,
+        added_at_ms: mailgate::domain::now_ms(),
+    })
+    .await
+    .unwrap();
+    let before = reads();
+    tokio::time::sleep(poll + Duration::from_millis(500)).await;
+    let denied = TestJob::new("p1", "a@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert!(matches!(denied, Verdict::Rejected { .. }), "{denied:?}");
+    // A field removed by hand, the version left alone: read again too.
+    redis_cli(
+        server.port,
+        &["hdel", "poll:overrides", "email:a@example.com"],
+    );
+    tokio::time::sleep(poll + Duration::from_millis(500)).await;
+    let v = TestJob::new("p2", "a@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::Server)
+        .await;
+    assert_eq!(v, Verdict::Admitted);
+    let changed = reads() - before;
+    tokio::time::sleep(poll * 2).await;
+    assert_eq!(reads() - before, changed, "no read while nothing changes");
+    assert!(changed <= 3, "{changed} reads for two changes");
+}

@@ -189,6 +189,10 @@ pub enum OverridesAction {
         /// counts it; without it that is refused.
         #[arg(long)]
         replace: bool,
+        /// Accept an IP network wider than /8 (IPv4) or /32 (IPv6): it
+        /// takes that many clients out of (or into) the IP scope at once.
+        #[arg(long)]
+        force: bool,
     },
     /// List the overrides stored (expired ones marked).
     List {

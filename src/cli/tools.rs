@@ -498,6 +498,7 @@ pub async fn overrides(
             reason,
             expires_in,
             replace,
+            force,
         } => {
             let action = match (allow, deny) {
                 (true, _) => Action::Allow,
@@ -509,7 +510,7 @@ pub async fn overrides(
             let expires_at_ms = expires_in
                 .map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
             let ov = Override {
-                target: Target::parse(&target)?,
+                target: Target::parse_to_add(&target, force)?,
                 action,
                 reason,
                 expires_at_ms,
@@ -531,6 +532,7 @@ pub async fn overrides(
                 );
             }
             println!("added: {}", render_override(&stored, now));
+            println!("covers: {}", stored.target.coverage());
             Ok(true)
         }
         super::OverridesAction::List { json } => {

@@ -821,20 +821,22 @@ impl RedisLedger {
     }
 }
 
-/// Puts the overrides stored in Redis in force if their version changed;
-/// whether it did.
+/// Puts the overrides stored in Redis in force if their hash changed
+/// ([`overrides::stamp`]: one round trip when it did not, and nothing
+/// logged); whether it did. A change made after the stamp was read is
+/// installed under the older stamp, so the next poll reads it again.
 async fn refresh_overrides(conn: &Conn, keys: &Keyspace) -> Result<bool, OverrideError> {
-    let version = overrides::version(conn, &keys.prefix).await?;
-    if version.is_some() && version == keys.overrides_version() {
+    let stamp = overrides::stamp(conn, &keys.prefix).await?;
+    if keys.overrides_version().as_deref() == Some(stamp.as_str()) {
         return Ok(false);
     }
-    let (all, version) = overrides::read(conn, &overrides::hash_key(&keys.prefix)).await?;
+    let all = overrides::read(conn, &overrides::hash_key(&keys.prefix)).await?;
     let now = crate::domain::now_ms();
     let live: Vec<Override> = (all.into_iter())
         .map(|(_, o)| o)
         .filter(|o| o.live(now))
         .collect();
-    let n = keys.install(live, version);
+    let n = keys.install(live, Some(stamp));
     tracing::info!(overrides = n, "overrides in force");
     Ok(true)
 }
@@ -932,7 +934,7 @@ impl RedisLedger {
         };
         let (wanted, exact) = (subject(target), target.field(norm));
         let key = overrides::hash_key(&self.keys.prefix);
-        let (all, _) = overrides::read(&self.conn, &key).await?;
+        let all = overrides::read(&self.conn, &key).await?;
         let now = crate::domain::now_ms();
         // Its own entry: under the field this normalization gives, or
         // stored for exactly this target under another (found by review:
@@ -984,7 +986,7 @@ impl RedisLedger {
     /// in force; the next change drops it).
     pub async fn list_overrides(&self) -> Result<Vec<Override>, OverrideError> {
         let key = overrides::hash_key(&self.keys.prefix);
-        let (all, _) = overrides::read(&self.conn, &key).await?;
+        let all = overrides::read(&self.conn, &key).await?;
         Ok(all.into_iter().map(|(_, o)| o).collect())
     }
 }

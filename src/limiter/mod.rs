@@ -344,7 +344,8 @@ impl Keyspace {
         ov
     }
 
-    /// Puts `overrides` in force (as read at `version` of their hash);
+    /// Puts `overrides` in force (as read at `version`, the stamp of their
+    /// hash);
     /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
     pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<String>) -> usize {
         let keep = |scope: Scope| self.sets[scope.index()].keep_ms;
@@ -377,7 +378,7 @@ impl Keyspace {
         self.table.load_full()
     }
 
-    /// The version of the overrides' hash in force, if any was read.
+    /// The stamp of the overrides' hash in force, if any was read.
     pub fn overrides_version(&self) -> Option<String> {
         self.table.load().version.clone()
     }

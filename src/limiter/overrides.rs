@@ -37,6 +37,41 @@ use crate::domain::Normalization;
 use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
 use crate::settings::{MAX_PERIOD, Rule};
 
+/// The widest IPv4 network an override may name without `--force` (a /8:
+/// 16 777 216 addresses).
+pub const WIDEST_V4: u8 = 8;
+
+/// The widest IPv6 network an override may name without `--force` (a /32:
+/// a large provider's whole allocation).
+pub const WIDEST_V6: u8 = 32;
+
+/// How many addresses `net` holds, in words (`256 addresses`, `every IPv4
+/// address (4294967296)`, `2^64 addresses (4294967296 /64 networks)`).
+fn coverage(net: &IpNet) -> String {
+    let bits = u32::from(net.max_prefix_len() - net.prefix_len());
+    let count = if bits < 64 {
+        (1u64 << bits).to_string()
+    } else {
+        format!("2^{bits}")
+    };
+    let every = net.prefix_len() == 0;
+    match net {
+        IpNet::V4(_) if every => format!("every IPv4 address ({count})"),
+        IpNet::V4(_) if bits == 0 => "one address".into(),
+        IpNet::V4(_) => format!("{count} addresses"),
+        IpNet::V6(_) if every => "every IPv6 address".into(),
+        IpNet::V6(_) if bits <= 64 => format!("{count} addresses (within one /64 network or less)"),
+        IpNet::V6(_) => format!("{count} addresses ({} /64 networks)", {
+            let nets = bits - 64;
+            if nets < 64 {
+                (1u64 << nets).to_string()
+            } else {
+                format!("2^{nets}")
+            }
+        }),
+    }
+}
+
 /// How often a worker asks Redis whether the overrides changed: a change
 /// applies everywhere within this (and the poll's round trip).
 pub const POLL: Duration = Duration::from_secs(2);
@@ -89,6 +124,55 @@ impl Target {
             _ => Err(bad(format!(
                 "{kind:?}: an override matches email:…, domain:… or ip:…"
             ))),
+        }
+    }
+
+    /// Parses as [`Self::parse`], and refuses what is likely a mistake in
+    /// an override being added: a network with host bits set
+    /// (`203.0.113.7/0` reads as every client, not the one address), and,
+    /// unless `force`, a network wider than [`WIDEST_V4`] or
+    /// [`WIDEST_V6`], which would take most clients out of the IP scope (or
+    /// lock them all out) at once.
+    pub fn parse_to_add(input: &str, force: bool) -> Result<Self, OverrideError> {
+        let target = Self::parse(input)?;
+        let Target::Net(net) = target else {
+            return Ok(target);
+        };
+        let bad = |why: String| Err(OverrideError::Invalid(why));
+        let written = input.split_once(':').map_or(input, |(_, v)| v);
+        if let Ok(raw) = written.parse::<IpNet>()
+            && raw.addr() != raw.network()
+        {
+            return bad(format!(
+                "ip:{written} has host bits set under /{}: it would cover {}, not the one \
+                 address; write ip:{} for the network or ip:{} for the address",
+                raw.prefix_len(),
+                coverage(&canonical(raw)),
+                raw.trunc(),
+                raw.addr()
+            ));
+        }
+        let widest = match net {
+            IpNet::V4(_) => WIDEST_V4,
+            IpNet::V6(_) => WIDEST_V6,
+        };
+        if net.prefix_len() < widest && !force {
+            return bad(format!(
+                "ip:{net} covers {}; an override wider than /{WIDEST_V4} (IPv4) or /{WIDEST_V6} \
+                 (IPv6) needs --force",
+                coverage(&net)
+            ));
+        }
+        Ok(target)
+    }
+
+    /// What it covers, said for people: a mailbox, a domain's mailboxes, or
+    /// how many client addresses.
+    pub fn coverage(&self) -> String {
+        match self {
+            Target::Email(_) => "one mailbox (every spelling the limiter counts as it)".into(),
+            Target::Domain(d) => format!("every mailbox at {d} and its subdomains"),
+            Target::Net(n) => coverage(n),
         }
     }
 
@@ -348,7 +432,7 @@ pub(crate) struct Table {
     nets: Vec<(u8, bool, HashMap<IpNet, Hits>)>,
     /// How many subjects have one.
     len: usize,
-    /// The version of the hash this was built from.
+    /// The stamp of the hash this was built from ([`stamp`]).
     pub version: Option<String>,
     /// What it was built from.
     pub all: Vec<Override>,
@@ -636,7 +720,7 @@ pub(crate) async fn add(
         .arg(new_version())
         .invoke_async(&mut conn.clone())
         .await?;
-    let (current, _) = read(conn, &key).await?;
+    let current = read(conn, &key).await?;
     let live: HashMap<&str, &Override> = (current.iter())
         .filter(|(_, o)| o.live(now_ms))
         .map(|(f, o)| (f.as_str(), o))
@@ -705,20 +789,15 @@ pub(crate) async fn remove(
     Ok(removed)
 }
 
-/// Every stored override (expired ones too), and the version.
-pub(crate) async fn read(
-    conn: &Conn,
-    key: &str,
-) -> Result<(Vec<(String, Override)>, Option<String>), OverrideError> {
+/// Every stored override (expired ones too), by field.
+pub(crate) async fn read(conn: &Conn, key: &str) -> Result<Vec<(String, Override)>, OverrideError> {
     let all: HashMap<String, String> = ::redis::cmd("HGETALL")
         .arg(key)
         .query_async(&mut conn.clone())
         .await?;
-    let mut version = None;
     let mut out = Vec::with_capacity(all.len());
     for (field, json) in all {
         if field == VERSION {
-            version = Some(json);
             continue;
         }
         let parsed = serde_json::from_str::<Stored>(&json)
@@ -735,17 +814,24 @@ pub(crate) async fn read(
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok((out, version))
+    Ok(out)
 }
 
-/// The version, if the hash exists.
-pub(crate) async fn version(conn: &Conn, prefix: &str) -> Result<Option<String>, OverrideError> {
-    let v: Option<String> = ::redis::cmd("HGET")
-        .arg(hash_key(prefix))
+/// What the hash looks like from outside, in one round trip: its version
+/// and its length (`v7/3`; `-/0` when there is none). It changes with
+/// every change `mailgate overrides` makes, and with an entry written by
+/// hand, so the hash is read again only when it differs.
+pub(crate) async fn stamp(conn: &Conn, prefix: &str) -> Result<String, OverrideError> {
+    let key = hash_key(prefix);
+    let (version, len): (Option<String>, u64) = ::redis::pipe()
+        .cmd("HGET")
+        .arg(&key)
         .arg(VERSION)
+        .cmd("HLEN")
+        .arg(&key)
         .query_async(&mut conn.clone())
         .await?;
-    Ok(v)
+    Ok(format!("{}/{len}", version.as_deref().unwrap_or("-")))
 }
 
 #[cfg(test)]
