@@ -390,3 +390,42 @@ async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
         assert_eq!(v, Verdict::Admitted, "{name}: the refunded quota came back");
     }
 }
+
+/// Issue 25, item 7: with the keys spread, one admission has one time.
+/// Each scope's entry was stamped by its own shard's clock, and the
+/// admission said the record's (later) time, so a later rejection's wait
+/// was 2-3 ms shorter than its own `decided_at_ms` and the admission's
+/// implied. Now every rejection's wait is exactly what they imply, in the
+/// email scope and in the IP scope (reserved second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejections_wait_follows_exactly_from_the_admissions_time() {
+    let cluster = PrivateCluster::start();
+    let window = 2_000;
+    let settings = RedisSettings::new(cluster.url(), "rsp:w:");
+    assert!(settings.spreads_keys());
+    let lim = limits(&[(window, 1)], &[(window, 1)]);
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let mut off = Vec::new();
+    for n in 0..30 {
+        let (mailbox, ip) = (format!("m{n}@example.com"), format!("198.51.100.{n}"));
+        let first = TestJob::new(&format!("a{n}"), &mailbox, Some(&ip))
+            .admission(&l, &Ticket::new(), Clock::Server)
+            .await;
+        assert_eq!(first.verdict, Verdict::Admitted, "{first:?}");
+        let other_ip = format!("203.0.113.{n}");
+        let other_mailbox = format!("other{n}@example.com");
+        let same_mailbox = TestJob::new(&format!("b{n}"), &mailbox, Some(&other_ip));
+        let same_ip = TestJob::new(&format!("c{n}"), &other_mailbox, Some(&ip));
+        for (scope, job) in [("email", same_mailbox), ("ip", same_ip)] {
+            let a = job.admission(&l, &Ticket::new(), Clock::Server).await;
+            let Verdict::Rejected { retry_after_ms, .. } = a.verdict else {
+                panic!("{scope}: {a:?}");
+            };
+            let implied = first.decided_at_ms + window - a.decided_at_ms;
+            if retry_after_ms != implied {
+                off.push(format!("{scope} #{n}: {retry_after_ms} against {implied}"));
+            }
+        }
+    }
+    assert!(off.is_empty(), "waits off what the times imply: {off:?}");
+}

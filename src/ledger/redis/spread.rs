@@ -95,15 +95,26 @@ impl RedisLedger {
         let nonce = (uuid::Uuid::new_v4().as_u128() as u32).max(1);
         let suffix = format!("{id}:{nonce}");
         // One scope after another: a request that loses the race for one
-        // scope's room holds none in the scopes after it.
+        // scope's room holds none in the scopes after it. Every scope is
+        // judged, and its entry made, at the first reservation's time, so
+        // one admission has one time, as in one script on one server (found
+        // by review: each shard's own clock stamped its entry, and the result
+        // said the record's time, so a later rejection's wait was 2-3 ms off
+        // what its own decided_at_ms and the admission's implied).
+        let mut at = clock;
         let mut held = Vec::with_capacity(scopes.len());
         let mut shadow: Option<(u64, RuleRef)> = None;
         let mut rooms = Rooms::default();
         for scope in &scopes {
             let one = std::slice::from_ref(scope);
-            let reply = self.each_scope(clock, one, id, Some(nonce)).await;
+            let reply = self.each_scope(at, one, id, Some(nonce)).await;
             let answer = match self.gather(one, reply, Some(&suffix)).await {
                 Ok(Reservations::Held(h, would_bind, room)) => {
+                    if let (Clock::Server, Some((_, _, t))) = (at, h.first())
+                        && *t != TIME_UNKNOWN
+                    {
+                        at = Clock::At(*t);
+                    }
                     held.extend(h);
                     shadow = longer(shadow, would_bind);
                     room.iter().for_each(|r| rooms.set(r));
@@ -149,6 +160,9 @@ impl RedisLedger {
         }
         let mut admission = self.decided(entry, &[], created).await?;
         if admission.verdict == Verdict::Admitted {
+            if let Clock::At(t) = at {
+                admission.decided_at_ms = t;
+            }
             admission.shadow = shadow.map(|(_, rule)| rule);
             admission.rooms = rooms;
             admission.by_override = by_override;
