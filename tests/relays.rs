@@ -755,3 +755,144 @@ async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
     assert!(silent.is_err(), "a relay silent at RSET passed the check");
     assert!(m.check().await.is_ok(), "a healthy relay failed the check");
 }
+
+/// Whether `mailgate_smtp_relay_circuit` says relay `name`'s circuit is
+/// open (2).
+fn circuit_is_open(name: &str) -> bool {
+    let metrics = mailgate::telemetry::prometheus().render();
+    let line = format!("mailgate_smtp_relay_circuit{{relay=\"{name}\"}} 2");
+    metrics.lines().any(|l| l == line)
+}
+
+/// Two relays, `primary` a scripted one and `standby` a sink, with the
+/// circuit opening after `failures` relay failures.
+fn refusing_pair(
+    primary: &common::script::ScriptedSmtp,
+    standby: &SmtpSink,
+    failures: u32,
+) -> mailgate::mailer::Mailer {
+    mailgate::mailer::Mailer::new(&mailgate::settings::SmtpSettings {
+        url: String::new(),
+        relays: vec![
+            relay(primary.url(), "primary"),
+            relay(standby.url(), "standby"),
+        ],
+        circuit: CircuitSettings {
+            failures,
+            cool_down: Duration::from_secs(60),
+        },
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(5),
+        tls: Default::default(),
+    })
+    .expect("mailer")
+}
+
+/// Issue 25, item 2: a relay that refuses every mail, with an enhanced
+/// status code of the mail system (`452 4.3.1`), SES's `454 Throttling
+/// failure`, or a 451 that says it rate-limits, is failing as a relay:
+/// each mail goes on to the standby at once, and after `failures` of them
+/// the primary's circuit opens (it failed every job while the standby got
+/// none). A mailbox that is really full (`552 5.2.2`) fails alone, and the
+/// primary keeps taking the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
+    mailgate::telemetry::prometheus();
+    use common::script::{ScriptedSmtp, reply, send_code};
+    for (code, text) in [
+        (452, "4.3.1 insufficient system storage"),
+        (454, "Throttling failure: Maximum sending rate exceeded."),
+        (451, "rate limit exceeded, try again later"),
+    ] {
+        let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+        for _ in 0..10 {
+            primary.on("RCPT", None, reply(code).saying(text));
+        }
+        let m = refusing_pair(&primary, &standby, 3);
+        for n in 0..6 {
+            send_code(&m, &format!("user{n}@example.com"))
+                .await
+                .unwrap_or_else(|e| panic!("{code}: mail {n} not failed over: {e}"));
+        }
+        assert_eq!(
+            standby.mails().len(),
+            6,
+            "{code}: every mail through the standby"
+        );
+        // Three refusals opened its circuit: no session after them.
+        assert_eq!(primary.connections(), 3, "{code}");
+        assert!(circuit_is_open("primary"), "{code}");
+        assert_eq!(primary.mails().len(), 0);
+    }
+
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..6 {
+        primary.on(
+            "RCPT",
+            Some("full@"),
+            reply(552).saying("5.2.2 mailbox full"),
+        );
+    }
+    let m = refusing_pair(&primary, &standby, 3);
+    for n in 0..6 {
+        let full = send_code(&m, "full@example.com").await;
+        assert!(
+            matches!(full, Err(mailgate::mailer::MailError::Permanent(_))),
+            "{full:?}"
+        );
+        send_code(&m, &format!("ok{n}@example.com"))
+            .await
+            .expect("sent");
+    }
+    assert_eq!(primary.mails().len(), 6, "the primary keeps taking mail");
+    assert_eq!(standby.mails().len(), 0);
+    assert!(!circuit_is_open("primary"));
+}
+
+/// Issue 25, item 2: a refusal without an enhanced status code (`554` to
+/// every message) is the relay's once it repeats for other recipients in
+/// a row: the first mail gets its own answer (it could be the mail's), the
+/// next ones go to the standby, and the circuit opens. The same code for
+/// one recipient again and again (a retried job) builds no streak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
+    mailgate::telemetry::prometheus();
+    use common::script::{ScriptedSmtp, reply, send_code};
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..10 {
+        primary.on(".", None, reply(554).saying("transaction failed"));
+    }
+    let m = refusing_pair(&primary, &standby, 3);
+    let first = send_code(&m, "a0@example.com").await;
+    assert!(
+        matches!(first, Err(mailgate::mailer::MailError::Permanent(_))),
+        "{first:?}"
+    );
+    for n in 1..6 {
+        send_code(&m, &format!("a{n}@example.com"))
+            .await
+            .unwrap_or_else(|e| panic!("mail {n} not failed over: {e}"));
+    }
+    assert_eq!(standby.mails().len(), 5);
+    assert!(circuit_is_open("primary"));
+
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..4 {
+        primary.on(".", None, reply(554).saying("transaction failed"));
+    }
+    let m = refusing_pair(&primary, &standby, 3);
+    for _ in 0..4 {
+        let r = send_code(&m, "same@example.com").await;
+        assert!(
+            matches!(r, Err(mailgate::mailer::MailError::Permanent(_))),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        standby.mails().len(),
+        0,
+        "one recipient's refusals stay its own"
+    );
+    assert!(!circuit_is_open("primary"));
+}

@@ -42,6 +42,9 @@ struct Parked {
 pub(super) struct Failure {
     pub(super) error: MailError,
     pub(super) relay_fault: bool,
+    /// A refusal that is the relay's if it repeats for other recipients in
+    /// a row: its code ([`smtp::Refusal::Suspect`]).
+    pub(super) suspect: Option<u16>,
 }
 
 /// Poisoning cannot leave these values half-updated (each update is one
@@ -124,6 +127,10 @@ impl SmtpPool {
         Failure {
             error: failed.classify(&self.endpoint),
             relay_fault: failed.is_relay_fault(),
+            suspect: match failed.refusal() {
+                Some(smtp::Refusal::Suspect(code)) => Some(code),
+                _ => None,
+            },
         }
     }
 

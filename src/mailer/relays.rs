@@ -5,8 +5,10 @@
 //! failure ([`MailError::Relay`]: nothing of the mail was handed over) moves
 //! it on to the next one, within the same deadline. Any other outcome ends
 //! the send where it happened: a mail refused or deferred by a relay is not
-//! offered to another, and one whose final dot was written is never sent
-//! again anywhere.
+//! offered to another (unless the refusal is the relay's, whatever the
+//! mail: [`super::smtp::Refusal`], and a suspect refusal that repeats for
+//! other recipients in a row, [`Relays::judge_suspect`]), and one whose
+//! final dot was written is never sent again anywhere.
 //!
 //! Each relay's [`Circuit`] counts its relay-level failures in a row
 //! ([`super::smtp::Failed::is_relay_fault`]); at `smtp.circuit.failures` it
@@ -178,6 +180,41 @@ struct Status {
     /// `Err(why)` after a relay-level failure, `Ok` after a send or a
     /// session setup that worked.
     health: Result<(), String>,
+    /// The latest run of one suspect refusal ([`Failure::suspect`]) to
+    /// different recipients in a row; ended by a mail it took (not by a
+    /// probe: a relay that refuses every RCPT passes one).
+    streak: Option<Streak>,
+}
+
+/// A run of one refusal code to different recipients in a row.
+#[derive(Debug, Clone, Copy)]
+struct Streak {
+    code: u16,
+    /// The latest recipient's hash.
+    last: u64,
+    /// Different recipients in a row, the latest included.
+    recipients: u32,
+}
+
+impl Streak {
+    /// The streak after a refusal `code` to `recipient`: one more if it
+    /// continues one of that code to another recipient (the same recipient
+    /// again, a full mailbox retried, adds nothing), else a new one.
+    fn after(old: Option<Streak>, code: u16, recipient: u64) -> Streak {
+        match old {
+            Some(s) if s.code == code && s.last == recipient => s,
+            Some(s) if s.code == code => Streak {
+                code,
+                last: recipient,
+                recipients: s.recipients.saturating_add(1),
+            },
+            _ => Streak {
+                code,
+                last: recipient,
+                recipients: 1,
+            },
+        }
+    }
 }
 
 /// Poisoning cannot leave these values half-updated (each update is a few
@@ -222,6 +259,7 @@ impl Relays {
                     status: Mutex::new(Status {
                         circuit: Circuit::new(circuit.failures, circuit.cool_down),
                         health: Ok(()),
+                        streak: None,
                     }),
                 }
             })
@@ -269,10 +307,12 @@ impl Relays {
             match relay.pool.send(envelope, message, open_by, deadline).await {
                 Ok(()) => {
                     telemetry::smtp_relay_sent(&relay.name);
+                    lock(&relay.status).streak = None;
                     self.worked(i);
                     return Ok(());
                 }
                 Err(failure) => {
+                    let failure = self.judge_suspect(i, failure, envelope);
                     self.record(i, &failure);
                     match failure.error {
                         // Nothing of the mail was handed over: the next relay.
@@ -291,6 +331,39 @@ impl Relays {
             )));
         }
         Err(MailError::Relay(tried.join("; ")))
+    }
+
+    /// A suspect refusal ([`Failure::suspect`]) that continues a streak to
+    /// other recipients is the relay's: a relay failure (counted against
+    /// its circuit, and the mail goes on to the next relay; nothing was
+    /// delivered). The first of a streak keeps its own class: one mailbox
+    /// that really is full fails alone.
+    fn judge_suspect(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
+        let Some(code) = failure.suspect else {
+            return failure;
+        };
+        let recipient = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            envelope.to().hash(&mut h);
+            h.finish()
+        };
+        let mut s = lock(&self.list[i].status);
+        let streak = Streak::after(s.streak, code, recipient);
+        s.streak = Some(streak);
+        drop(s);
+        if streak.recipients < 2 {
+            return failure;
+        }
+        Failure {
+            error: MailError::Relay(format!(
+                "relay: {} refused {} recipients in a row with {code}, so it is the \
+                 relay's: {}",
+                self.list[i].name, streak.recipients, failure.error
+            )),
+            relay_fault: true,
+            suspect: None,
+        }
     }
 
     /// For readiness: a session and NOOP on the first relay that takes

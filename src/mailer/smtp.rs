@@ -535,6 +535,58 @@ impl From<&lettre::transport::smtp::Error> for Fault {
     }
 }
 
+/// What a 4xx or 5xx reply to RCPT, DATA or the message says it is about.
+/// The contract's rule ("a refusal is about the mail") is right for one
+/// mail and wrong for a relay that turns every mail away (found by review:
+/// a relay answering `452 4.3.1` to every RCPT failed every job while the
+/// standby got none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// The mail or its mailbox (an unknown user, a full mailbox, a policy
+    /// refusal, greylisting): this mail's answer.
+    Mail,
+    /// The relay, whatever the mail: an enhanced status code of the mail
+    /// system (`X.3.x` but `X.3.4`, message too big) or of the network and
+    /// routing (`X.4.x`), `454` (SES's "Throttling failure", Postfix's
+    /// temporary relay refusal), or a 4xx that says it throttles ("rate
+    /// limit", "throttl", "too many").
+    Relay,
+    /// Either, with this code and no enhanced status code to tell (`451`,
+    /// `452`, `554`): the relay's when it repeats for other recipients in a
+    /// row ([`super::relays`] keeps the streak).
+    Suspect(u16),
+}
+
+impl Refusal {
+    /// Reads a refusal's code and text (which starts with the enhanced
+    /// status code, if the relay sends one: `4.3.1 insufficient system
+    /// storage`).
+    pub(super) fn of(code: u16, text: &str) -> Self {
+        let enhanced = text
+            .split_whitespace()
+            .next()
+            .map(|c| c.split('.').collect::<Vec<_>>())
+            .filter(|p| {
+                p.len() == 3
+                    && p.iter()
+                        .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .filter(|p| p[0] == "4" || p[0] == "5");
+        let lower = text.to_ascii_lowercase();
+        let throttles = ["rate limit", "rate-limit", "throttl", "too many"]
+            .iter()
+            .any(|w| lower.contains(w));
+        match enhanced {
+            _ if code == 454 => Refusal::Relay,
+            _ if (400..500).contains(&code) && throttles => Refusal::Relay,
+            Some(p) if p[1] == "4" || (p[1] == "3" && p[2] != "4") => Refusal::Relay,
+            Some(_) => Refusal::Mail,
+            None if matches!(code, 451 | 452 | 554) => Refusal::Suspect(code),
+            None => Refusal::Mail,
+        }
+    }
+}
+
 /// A failed session step: where, and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Failed {
@@ -564,16 +616,31 @@ impl Failed {
     /// counts against the relay's circuit: every [`MailError::Relay`]
     /// (session setup, MAIL FROM), and, later in the transaction, a 421
     /// (the server is closing the session: it is going down, whatever the
-    /// mail) or a connection that broke or went silent (I/O error, EOF, the
-    /// deadline), before or after the final dot. A 4xx or 5xx reply to RCPT,
-    /// DATA or the message other than 421 is about the mail and does not
-    /// count; nor does a mail this server cannot take (SMTPUTF8, 8BITMIME).
+    /// mail), a refusal that names the relay ([`Refusal::Relay`]), or a
+    /// connection that broke or went silent (I/O error, EOF, the deadline),
+    /// before or after the final dot. Any other 4xx or 5xx reply to RCPT,
+    /// DATA or the message is about the mail and does not count (the relay
+    /// judges a repeated [`Refusal::Suspect`]); nor does a mail this server
+    /// cannot take (SMTPUTF8, 8BITMIME).
     pub(super) fn is_relay_fault(&self) -> bool {
         self.phase <= Phase::MailFrom
+            || self.refusal() == Some(Refusal::Relay)
             || matches!(
                 self.fault,
                 Fault::Broken(_) | Fault::Deadline | Fault::Reply(421, _)
             )
+    }
+
+    /// How a 4xx or 5xx reply to RCPT, DATA or the message reads; `None`
+    /// for any other failure. See [`Refusal`].
+    pub(super) fn refusal(&self) -> Option<Refusal> {
+        let Fault::Reply(code, text) = &self.fault else {
+            return None;
+        };
+        if self.phase < Phase::Rcpt || *code == 421 {
+            return None;
+        }
+        Some(Refusal::of(*code, text))
     }
 
     /// The error for the caller, by phase:
@@ -584,8 +651,15 @@ impl Failed {
     /// | RCPT, DATA | Transient | Permanent | Transient | Permanent |
     /// | the message, before the final dot | – | – | Transient | – |
     /// | end of data (the dot was written) | Transient | Permanent | **Unknown** | – |
+    ///
+    /// A refusal that names the relay ([`Refusal::Relay`]) is a relay
+    /// failure whatever the phase: nothing was delivered, so the mail may
+    /// go to the next relay.
     pub(super) fn classify(&self, endpoint: &Endpoint) -> MailError {
         let text = self.describe(endpoint);
+        if self.refusal() == Some(Refusal::Relay) {
+            return MailError::Relay(format!("relay: {text}"));
+        }
         match (self.phase, &self.fault) {
             (Phase::Connect | Phase::StartTls | Phase::Auth | Phase::Noop | Phase::MailFrom, _) => {
                 MailError::Relay(format!("relay: {text}"))
@@ -678,6 +752,35 @@ mod tests {
             (v6.host.as_str(), v6.to_string()),
             ("::1", "[::1]:2525".into())
         );
+    }
+
+    #[test]
+    fn refusals_that_name_the_relay_are_the_relays() {
+        use Refusal::*;
+        for (code, text, want) in [
+            (452, "4.3.1 insufficient system storage", Relay),
+            (451, "4.3.0 other or undefined mail system status", Relay),
+            (554, "5.3.0 other mail system problem", Relay),
+            (451, "4.4.1 no answer from host", Relay),
+            (
+                454,
+                "Throttling failure: Maximum sending rate exceeded.",
+                Relay,
+            ),
+            (451, "4.7.1 rate limit exceeded", Relay),
+            (450, "too many messages, slow down", Relay),
+            (552, "5.3.4 message too big for system", Mail),
+            (552, "5.2.2 mailbox full", Mail),
+            (550, "5.1.1 no such user", Mail),
+            (451, "4.7.1 greylisted, try again later", Mail),
+            (550, "no such user", Mail),
+            (451, "local error", Suspect(451)),
+            (452, "insufficient storage", Suspect(452)),
+            (554, "transaction failed", Suspect(554)),
+            (554, "5.x.y not a code", Suspect(554)),
+        ] {
+            assert_eq!(Refusal::of(code, text), want, "{code} {text}");
+        }
     }
 
     fn class(phase: Phase, fault: Fault) -> &'static str {

@@ -21,6 +21,9 @@ pub struct Reply {
     pub delay: Duration,
     /// Close the connection right after answering.
     pub close: bool,
+    /// The reply's text, if not the default (e.g. an enhanced status code
+    /// and a reason: `4.3.1 insufficient system storage`).
+    pub text: Option<String>,
 }
 
 /// `code`, at once, connection kept.
@@ -29,6 +32,7 @@ pub fn reply(code: u16) -> Reply {
         code,
         delay: Duration::ZERO,
         close: false,
+        text: None,
     }
 }
 
@@ -42,6 +46,12 @@ impl Reply {
     /// Close the connection after answering.
     pub fn then_close(mut self) -> Self {
         self.close = true;
+        self
+    }
+
+    /// Answer with this text after the code.
+    pub fn saying(mut self, text: &str) -> Self {
+        self.text = Some(text.to_owned());
         self
     }
 }
@@ -270,6 +280,7 @@ impl ScriptedSmtp {
             code: default,
             delay: Duration::ZERO,
             close: verb == "QUIT",
+            text: None,
         });
         let ok = reply.code < 400;
         match verb.as_str() {
@@ -297,6 +308,7 @@ impl ScriptedSmtp {
             code: 250,
             delay,
             close,
+            text: None,
         });
         self.state().mails.push(Received {
             conn,
@@ -333,6 +345,7 @@ async fn respond(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    let text = reply.text.as_deref().unwrap_or(text);
     w.write_all(format!("{} {text}\r\n", reply.code).as_bytes())
         .await?;
     if reply.close {
