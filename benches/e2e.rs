@@ -655,6 +655,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     email: &email,
                     ip: None,
                     purpose: None,
+                    session: None,
                 };
                 let ticket = Ticket::new();
                 let entry = Entry {

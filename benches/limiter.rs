@@ -200,6 +200,7 @@ async fn round_mailgate(
                     email,
                     ip: Some(ip),
                     purpose: None,
+                    session: None,
                 };
                 // A new message each time: its own lineage.
                 let ticket = Ticket::new();
@@ -678,6 +679,7 @@ async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> 
                     email: &pool.emails[(i % MAILBOXES) as usize],
                     ip: Some(&pool.ips[(i % NETWORKS) as usize]),
                     purpose: None,
+                    session: None,
                 },
                 ticket: &ticket,
                 attempt: 1,

@@ -765,6 +765,7 @@ fn request(job: &Job) -> Request<'_> {
         email: &job.email,
         ip: job.ip.as_ref(),
         purpose: Some(&job.purpose),
+        session: job.session.as_ref(),
     }
 }
 

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::{Code, EmailAddress, InvalidInput, IpKey, Job, JobId, Name, VarValue, Vars};
+use crate::domain::{
+    Code, EmailAddress, InvalidInput, IpKey, Job, JobId, Name, Session, VarValue, Vars,
+};
 
 /// The largest job body accepted, in bytes. A larger one is answered `invalid`.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -51,6 +53,7 @@ struct JobWire {
     /// own making (a number, a local time), which must not make their jobs
     /// invalid; only an RFC 3339 timestamp is used.
     created_at: Option<Value>,
+    session: Option<String>,
 }
 
 /// Parses a message body into a job. The id is found first, so that every
@@ -138,6 +141,10 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         Some(Value::String(s)) => s.parse::<jiff::Timestamp>().ok(),
         _ => None,
     };
+    let session = (w.session)
+        .filter(|s| !s.is_empty())
+        .map(|s| Session::parse(&s))
+        .transpose()?;
     Ok(Job {
         id,
         email,
@@ -148,6 +155,7 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         vars,
         expires_at,
         created_at,
+        session,
     })
 }
 
@@ -327,6 +335,17 @@ mod tests {
         assert!(
             invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
                 .contains("expires_at")
+        );
+        // A session is an opaque attempt name, never shown.
+        let body = br#"{"id":"j1","email":"a@example.com","code":"1","session":"signup-42"}"#;
+        let job = decode(body).unwrap();
+        assert_eq!(job.session.as_ref().map(|s| s.as_str()), Some("signup-42"));
+        assert_eq!(format!("{:?}", job.session), "Some(Session(…))");
+        let empty = decode(br#"{"id":"j1","email":"a@example.com","code":"1","session":""}"#);
+        assert_eq!(empty.unwrap().session, None);
+        assert!(
+            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","session":"a\nb"}"#)
+                .contains("session")
         );
         // A producer's own `created_at` that is not RFC 3339 is ignored,
         // never a reason to refuse the job.

@@ -241,3 +241,99 @@ async fn an_older_code_waiting_for_its_retry_is_superseded_by_a_newer_one() {
     );
     w.stop().await.unwrap();
 }
+
+/// Issue 25, item 1: a stranger cannot cancel the owner's code. The owner's
+/// job waits behind a greylisting relay; another client, from another
+/// network, asks for a code for the same mailbox 3 s later. Both codes are
+/// mailed: a job is superseded only by a newer job of the same requester
+/// (its `session`, else its client network). With sessions, two attempts
+/// behind one NAT supersede nothing of each other, and one attempt's own
+/// newer job supersedes its older one from wherever it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_same_requester_supersedes_a_waiting_code() {
+    let h = Harness::with("supersede-requester", |s| {
+        s.limits.supersede = true;
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(3600), 10)];
+        s.retry.initial = Duration::from_millis(1500);
+        s.retry.max = Duration::from_millis(1500);
+    })
+    .await;
+    let w = h.start_worker().await;
+    let made = |ago_ms: i64| {
+        (jiff::Timestamp::now() - jiff::SignedDuration::from_millis(ago_ms)).to_string()
+    };
+    let greylisted = |n: u64| {
+        let h = &h;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while h.sink.transactions() < n {
+                assert!(std::time::Instant::now() < deadline, "the 451 never came");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // Owner and stranger from different networks, no sessions.
+    h.sink.reply_with(&[451]);
+    h.publish(
+        &json!({"id": "owner", "email": "a@example.com", "ip": "198.51.100.7",
+                      "code": "111111", "created_at": made(3_000)}),
+    )
+    .await;
+    greylisted(1).await;
+    h.publish(
+        &json!({"id": "stranger", "email": "a@example.com", "ip": "203.0.113.9",
+                      "code": "222222", "created_at": made(0)}),
+    )
+    .await;
+    let r = h.results(2).await;
+    assert_eq!(r["stranger"]["status"], "sent", "{r:?}");
+    assert_eq!(
+        (
+            r["owner"]["status"].as_str(),
+            r["owner"]["attempts"].as_u64()
+        ),
+        (Some("sent"), Some(2)),
+        "the owner's code is mailed after its retry: {r:?}"
+    );
+    assert_eq!(h.sink.mails_to("a@example.com").len(), 2);
+
+    // Two attempts behind one NAT: sessions tell them apart.
+    let before = h.sink.transactions();
+    h.sink.reply_with(&[451]);
+    h.publish(
+        &json!({"id": "nat-1", "email": "b@example.com", "ip": "198.51.100.8",
+                      "session": "signup-1", "code": "333333", "created_at": made(3_000)}),
+    )
+    .await;
+    greylisted(before + 1).await;
+    h.publish(
+        &json!({"id": "nat-2", "email": "b@example.com", "ip": "198.51.100.8",
+                      "session": "signup-2", "code": "444444", "created_at": made(0)}),
+    )
+    .await;
+    let r = h.results(2).await;
+    assert_eq!(
+        (r["nat-1"]["status"].as_str(), r["nat-2"]["status"].as_str()),
+        (Some("sent"), Some("sent")),
+        "{r:?}"
+    );
+
+    // One attempt's newer job supersedes its older one, from another network.
+    let before = h.sink.transactions();
+    h.sink.reply_with(&[451]);
+    h.publish(
+        &json!({"id": "same-1", "email": "c@example.com", "ip": "198.51.100.9",
+                      "session": "login-7", "code": "555555", "created_at": made(3_000)}),
+    )
+    .await;
+    greylisted(before + 1).await;
+    h.publish(
+        &json!({"id": "same-2", "email": "c@example.com", "ip": "203.0.113.10",
+                      "session": "login-7", "code": "666666", "created_at": made(0)}),
+    )
+    .await;
+    let r = h.results(2).await;
+    assert_eq!(r["same-2"]["status"], "sent", "{r:?}");
+    assert_eq!(r["same-1"]["status"], "superseded", "{r:?}");
+    w.stop().await.unwrap();
+}

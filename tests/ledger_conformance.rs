@@ -823,6 +823,67 @@ mod cases {
         b.ledger.health().await.expect("healthy");
     }
 
+    /// Issue 25, item 1: a newer job of another requester (another client
+    /// network, or, with sessions, another attempt) supersedes nothing;
+    /// the same requester's does, from any network when its session says
+    /// so.
+    pub async fn only_the_same_requester_supersedes<M: Make>(m: M) {
+        let b = m.make("supersede-who", superseding(per_hour(5, 5))).await;
+        let l = &b.ledger;
+        let owner = TestJob::new("owner", MAIL, Some("198.51.100.1"));
+        let stranger = TestJob::new("stranger", MAIL, Some("203.0.113.1"));
+        let (a, s) = (Ticket::new(), Ticket::new());
+        assert_eq!(
+            made(l, &owner, &a, T0, Some(T0 - 5)).await,
+            Verdict::Admitted
+        );
+        assert!(release(l, &owner, &a).await, "a 451: retried later");
+        assert_eq!(
+            made(l, &stranger, &s, T0 + MIN, Some(T0 + MIN - 5)).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            made(l, &owner, &a, T0 + 2 * MIN, Some(T0 - 5)).await,
+            Verdict::Resumed { .. }
+        ));
+        let session = |n: &str| mailgate::domain::Session::parse(n).unwrap();
+        let (s1, s2) = (session("signup-1"), session("signup-2"));
+        let in_session = |id: &str, ip: &str, s: &mailgate::domain::Session| {
+            let mut j = TestJob::new(id, "other@example.com", Some(ip));
+            j.session = Some(s.clone());
+            j
+        };
+        let (first, behind_nat) = (
+            in_session("s1", "198.51.100.2", &s1),
+            in_session("s2", "198.51.100.2", &s2),
+        );
+        let (t1, t2) = (Ticket::new(), Ticket::new());
+        assert_eq!(
+            made(l, &first, &t1, T0, Some(T0 - 5)).await,
+            Verdict::Admitted
+        );
+        assert!(release(l, &first, &t1).await);
+        assert_eq!(
+            made(l, &behind_nat, &t2, T0 + MIN, Some(T0 + MIN - 5)).await,
+            Verdict::Admitted
+        );
+        assert!(matches!(
+            made(l, &first, &t1, T0 + 2 * MIN, Some(T0 - 5)).await,
+            Verdict::Resumed { .. }
+        ));
+        let again = in_session("s1-again", "203.0.113.2", &s1);
+        let t3 = Ticket::new();
+        assert!(release(l, &first, &t1).await);
+        assert_eq!(
+            made(l, &again, &t3, T0 + 3 * MIN, Some(T0 + 3 * MIN)).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            made(l, &first, &t1, T0 + 4 * MIN, Some(T0 - 5)).await,
+            Verdict::Superseded { refunded: true }
+        );
+    }
+
     /// The user asked again while the first code waited for its retry
     /// (greylisted): the newer job is admitted, and the older one's retry
     /// is superseded, its quota refunded; a copy of it later is answered
@@ -923,7 +984,8 @@ mod cases {
             Verdict::Admitted
         );
         assert!(release(l, &ahead, &a).await);
-        let next = TestJob::new("next", &ahead.email.to_string(), None);
+        // The same requester (a job is superseded only by its own's).
+        let next = TestJob::new("next", &ahead.email.to_string(), Some("198.51.100.102"));
         assert_eq!(
             made(l, &next, &n, T0 + 10 * SEC, Some(T0 + 10 * SEC)).await,
             Verdict::Admitted
@@ -1185,6 +1247,7 @@ conformance!(
     health_is_ok,
     ; one slot:
     a_newer_job_supersedes_an_older_one_waiting_for_its_retry,
+    only_the_same_requester_supersedes,
     an_older_job_coming_after_a_newer_one_is_superseded_uncounted,
     a_refunded_newer_job_supersedes_nothing,
     without_made_at_the_order_of_admissions_decides,

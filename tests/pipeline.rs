@@ -726,6 +726,7 @@ async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() 
                 email: &email,
                 ip: None,
                 purpose: Some(&purpose),
+                session: None,
             },
             ticket: &owner,
             attempt: 1,

@@ -100,6 +100,10 @@ pub struct PublishFlags {
     /// The locale, e.g. zh-CN.
     #[arg(long)]
     locale: Option<String>,
+    /// The attempt it is for (a sign-up or login session): only a newer
+    /// job of the same session supersedes it.
+    #[arg(long)]
+    session: Option<String>,
     /// The job id (default: generated).
     #[arg(long)]
     id: Option<String>,
@@ -110,7 +114,7 @@ pub struct PublishFlags {
     #[arg(long, value_parser = humantime::parse_duration)]
     expires_in: Option<std::time::Duration>,
     /// Publish the JSON lines (one job object each) of this file; `-` for stdin.
-    #[arg(long, conflicts_with_all = ["email", "ip", "code", "purpose", "locale", "id", "vars", "expires_in"])]
+    #[arg(long, conflicts_with_all = ["email", "ip", "code", "purpose", "locale", "session", "id", "vars", "expires_in"])]
     file: Option<PathBuf>,
     /// Ask for results on this queue.
     #[arg(long)]
@@ -274,6 +278,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
                 code: f.code,
                 purpose: f.purpose,
                 locale: f.locale,
+                session: f.session,
                 id: f.id,
                 vars: f.vars,
                 expires_in: f.expires_in,

@@ -90,6 +90,8 @@ pub struct PublishArgs {
     pub purpose: Option<String>,
     /// Its locale.
     pub locale: Option<String>,
+    /// The attempt it is for (see the job's `session`).
+    pub session: Option<String>,
     /// Its id; generated if absent.
     pub id: Option<String>,
     /// Template variables.
@@ -144,6 +146,7 @@ pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> 
             ("ip", &args.ip),
             ("purpose", &args.purpose),
             ("locale", &args.locale),
+            ("session", &args.session),
         ] {
             if let Some(v) = v {
                 job.insert(k.into(), json!(v));

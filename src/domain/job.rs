@@ -26,6 +26,49 @@ pub struct Job {
     /// When the producer made the job: which of two jobs for a mailbox is
     /// the newer, for `supersede`.
     pub created_at: Option<jiff::Timestamp>,
+    /// The attempt (sign-up, login, reset) the producer sent it for: only
+    /// a newer job of the same session supersedes this one.
+    pub session: Option<Session>,
+}
+
+/// Who asked for a code, as the producer names it: the sign-up, login or
+/// password-reset attempt (`session`). A job is superseded only by a newer
+/// one of the same requester, so a stranger asking for the same mailbox
+/// cannot cancel its owner's code. Only compared (hashed into a key),
+/// never shown: it may be a session token, so its `Debug` hides it. 1 to
+/// 128 characters, no control characters.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Session(String);
+
+impl Session {
+    /// The longest session accepted, in characters.
+    pub const MAX_CHARS: usize = 128;
+
+    /// Parses a session.
+    pub fn parse(input: &str) -> Result<Self, InvalidInput> {
+        if input.chars().any(char::is_control) {
+            return Err(InvalidInput::ControlCharacter { field: "session" });
+        }
+        let n = input.chars().count();
+        if n == 0 || n > Self::MAX_CHARS {
+            return Err(InvalidInput::Field {
+                field: "session",
+                reason: "must be 1 to 128 characters",
+            });
+        }
+        Ok(Self(input.to_owned()))
+    }
+
+    /// The session as the producer sent it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Session(…)")
+    }
 }
 
 impl Job {

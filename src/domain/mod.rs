@@ -13,7 +13,7 @@ mod ticket;
 
 pub use email::{EmailAddress, Normalization};
 pub use ip::IpKey;
-pub use job::{Code, Job, Name, VarValue, Vars};
+pub use job::{Code, Job, Name, Session, VarValue, Vars};
 pub use job_id::JobId;
 pub use mail_domain::RegistrableDomain;
 pub use ticket::Ticket;

@@ -39,7 +39,7 @@ pub(crate) use self::conn::{Conn, connect};
 pub(crate) use self::memory::MemoryLogs;
 pub(crate) use self::redis::{reset as redis_reset, usage as redis_usage};
 
-use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain};
+use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain, Session};
 use crate::settings::{LimitSettings, Rule, SCOPES};
 
 /// The limiter's decision as Lua functions, for the scripts that decide (see
@@ -163,6 +163,9 @@ pub struct Request<'a> {
     /// The job's purpose, which may have rules of its own
     /// (`[limits.purpose.<name>]`); `None` uses the defaults.
     pub purpose: Option<&'a Name>,
+    /// The attempt the producer sent it for, if it says: who may supersede
+    /// it (see [`Keyspace::latest_key`]).
+    pub session: Option<&'a Session>,
 }
 
 /// Which clock decides. Production always uses [`Clock::Server`]; tests and
@@ -551,17 +554,34 @@ impl Keyspace {
     }
 
     /// The key naming the newest job admitted for `req`'s mailbox and
-    /// purpose, if its purpose `supersede`s (see
-    /// [`LimitSettings::supersede`]).
+    /// purpose by its requester, if its purpose `supersede`s (see
+    /// [`LimitSettings::supersede`]). The requester is the job's `session`,
+    /// or without one its client network as the IP scope groups it, or
+    /// without either nobody in particular: a job is superseded only by a
+    /// newer one of the same requester (found by review: keyed by mailbox
+    /// and purpose alone, a stranger asking for the owner's mailbox had the
+    /// owner's waiting code answered `superseded`). The requester is hashed
+    /// into the key, so no session is stored.
     pub fn latest_key(&self, req: &Request<'_>) -> Option<String> {
+        use sha2::Digest;
         let purpose = req.purpose.map_or("", |p| p.as_str());
         if !self.limits.supersedes(purpose) {
             return None;
         }
-        let mut key = String::with_capacity(self.prefix.len() + 8 + purpose.len() + 64);
+        let requester = match (req.session, req.ip) {
+            (Some(s), _) => format!("s{}", s.as_str()),
+            (None, Some(ip)) => format!("n{}", self.key_of(Subject::Ip(ip))),
+            (None, None) => "-".to_owned(),
+        };
+        let digest = sha2::Sha256::digest(requester.as_bytes());
+        let mut key = String::with_capacity(self.prefix.len() + 28 + purpose.len() + 64);
         key.push_str(&self.prefix);
         key.push_str("newest:");
         key.push_str(purpose);
+        key.push(':');
+        for b in &digest[..8] {
+            key.push_str(&format!("{b:02x}"));
+        }
         key.push(':');
         req.email.push_mailbox_key(&self.limits.normalize, &mut key);
         Some(key)

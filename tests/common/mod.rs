@@ -318,6 +318,7 @@ pub struct TestJob {
     pub email: EmailAddress,
     pub ip: Option<IpKey>,
     pub purpose: Option<Name>,
+    pub session: Option<mailgate::domain::Session>,
 }
 
 impl TestJob {
@@ -327,6 +328,7 @@ impl TestJob {
             email: email(mail),
             ip: from.map(ip),
             purpose: None,
+            session: None,
         }
     }
 
@@ -341,6 +343,7 @@ impl TestJob {
             email: &self.email,
             ip: self.ip.as_ref(),
             purpose: self.purpose.as_ref(),
+            session: self.session.as_ref(),
         }
     }
 
