@@ -28,7 +28,7 @@ use tracing::Instrument as _;
 
 use crate::domain::{Job, Ticket};
 use crate::ledger::{Admission, Ending, Entry, JobRef, Ledger, LedgerError, Refund, Verdict};
-use crate::limiter::{Clock, Request, Room, Rooms, RuleRef};
+use crate::limiter::{Clock, Request, Room, Rooms, RuleRef, Scope};
 use crate::mailer::{MailError, Mailer, Outgoing, Slot};
 use crate::settings::Settings;
 use crate::telemetry;
@@ -136,8 +136,59 @@ enum Outcome {
 const DELIVERY_UNKNOWN: &str = "delivery unknown: the SMTP transaction of this job began and \
      its outcome never came back; the mail may have arrived, so it is not sent again";
 
+/// What a result tells about the scopes its requester does not own (the
+/// mailbox's, the domain's): waits rounded up to `granularity_ms`, the
+/// domain's quota left out unless `domain_quota` (see
+/// [`crate::settings::LimitSettings::result_granularity`]). The requester's
+/// own network (the IP scope) is told exactly. Found by review: a
+/// `rejected` result told a stranger, to the millisecond, when the owner
+/// last asked, and `quota` how many codes others at the domain got.
+#[derive(Debug, Clone, Copy)]
+struct Disclosure {
+    granularity_ms: u64,
+    domain_quota: bool,
+}
+
+impl Disclosure {
+    fn new(settings: &Settings) -> Self {
+        Self {
+            granularity_ms: u64::try_from(settings.limits.result_granularity.as_millis())
+                .unwrap_or(u64::MAX),
+            domain_quota: settings.limits.quota_domain,
+        }
+    }
+
+    /// A wait of `scope`, as the result tells it.
+    fn wait(self, scope: Scope, ms: u64) -> u64 {
+        let g = self.granularity_ms;
+        if scope == Scope::Ip || g <= 1 {
+            return ms;
+        }
+        ms.div_ceil(g).saturating_mul(g)
+    }
+
+    /// The quota a result tells.
+    fn quota(self, rooms: &Rooms) -> Vec<QuotaWire> {
+        (rooms.iter())
+            .filter(|r| self.domain_quota || r.rule.scope != Scope::Domain)
+            .map(|r| {
+                QuotaWire::from(Room {
+                    reset_ms: self.wait(r.rule.scope, r.reset_ms),
+                    ..r
+                })
+            })
+            .collect()
+    }
+}
+
 impl Outcome {
-    fn result(self, id: &str, job: Option<&Job>, msg: &Message<'_>) -> JobResult {
+    fn result(
+        self,
+        id: &str,
+        job: Option<&Job>,
+        msg: &Message<'_>,
+        disclose: Disclosure,
+    ) -> JobResult {
         let status = match &self {
             Outcome::Sent { .. } => Status::Sent,
             Outcome::Rejected { .. } => Status::Rejected,
@@ -158,7 +209,7 @@ impl Outcome {
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
                 r.shadow_rule = shadow.map(RuleWire::from);
-                let quota: Vec<QuotaWire> = rooms.iter().map(QuotaWire::from).collect();
+                let quota = disclose.quota(&rooms);
                 r.quota = (!quota.is_empty()).then_some(quota);
             }
             Outcome::Rejected {
@@ -167,7 +218,9 @@ impl Outcome {
                 rule,
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
-                r.retry_after_ms = Some(retry_after_ms);
+                let told = disclose.wait(rule.scope, retry_after_ms);
+                r.retry_after_ms = Some(told);
+                r.exact_retry_after_ms = (told != retry_after_ms).then_some(retry_after_ms);
                 r.rule = Some(RuleWire::from(rule));
             }
             Outcome::Invalid(e) | Outcome::Failed(e) => r.error = Some(e),
@@ -230,6 +283,7 @@ pub struct Pipeline<L> {
     templates: Templates,
     mailer: Mailer,
     settings: Settings,
+    disclose: Disclosure,
 }
 
 impl<L: Ledger> Pipeline<L> {
@@ -239,6 +293,7 @@ impl<L: Ledger> Pipeline<L> {
             ledger,
             templates,
             mailer,
+            disclose: Disclosure::new(&settings),
             settings,
         }
     }
@@ -295,7 +350,7 @@ impl<L: Ledger> Pipeline<L> {
             Err(DecodeError::Unusable(error)) => Err(Action::DeadLetter { error }),
             Err(DecodeError::Invalid { id, error }) => {
                 tracing::Span::current().record("id", id.as_str());
-                let r = Outcome::Invalid(error).result(id.as_str(), None, msg);
+                let r = Outcome::Invalid(error).result(id.as_str(), None, msg, self.disclose);
                 Err(self.publish(out, &r).await.err().unwrap_or(Action::Done))
             }
         }
@@ -573,7 +628,7 @@ impl<L: Ledger> Pipeline<L> {
                     shadow: admitted.shadow,
                     rooms: admitted.rooms,
                 };
-                let r = sent.result(job.id.as_str(), Some(job), msg);
+                let r = sent.result(job.id.as_str(), Some(job), msg, self.disclose);
                 return self.publish(out, &r).await.err().unwrap_or(Action::Done);
             }
             Delivery::NotNow => {
@@ -671,7 +726,7 @@ impl<L: Ledger> Pipeline<L> {
         job: &Job,
         outcome: Outcome,
     ) -> Action {
-        let r = outcome.result(job.id.as_str(), Some(job), msg);
+        let r = outcome.result(job.id.as_str(), Some(job), msg, self.disclose);
         self.publish(out, &r).await.err().unwrap_or(Action::Done)
     }
 

@@ -232,6 +232,9 @@ impl Settings {
         if self.limits.supersede_skew > Duration::from_secs(3600) {
             return invalid("limits.supersede_skew must be at most 1h".into());
         }
+        if self.limits.result_granularity > Duration::from_secs(3600) {
+            return invalid("limits.result_granularity must be at most 1h".into());
+        }
         if self.amqp.prefetch == 0 {
             return invalid("amqp.prefetch must be at least 1".into());
         }
@@ -1693,6 +1696,20 @@ pub struct LimitSettings {
     /// timestamp has whole seconds. Default 2 s, at most an hour.
     #[serde(deserialize_with = "human_duration")]
     pub supersede_skew: Duration,
+    /// What a result tells about the scopes its requester does not own
+    /// (the mailbox's, the domain's): a rejection's `retry_after_ms` and a
+    /// quota's `reset_ms` are rounded up to a multiple of this, so whoever
+    /// asks cannot read to the millisecond when the mailbox's owner last
+    /// did. Default 1 s; "0s" for exact; at most 1 h. The IP scope's (the
+    /// requester's own network) stay exact, and so do the logs and `limits
+    /// show`.
+    #[serde(deserialize_with = "human_duration")]
+    pub result_granularity: Duration,
+    /// Whether a `sent` result's `quota` names the domain scope (how many
+    /// more codes that domain's mailboxes may get now): off by default,
+    /// since it tells a requester about other people's codes. `limits show
+    /// --domain` always does.
+    pub quota_domain: bool,
 }
 
 impl Default for LimitSettings {
@@ -1715,6 +1732,8 @@ impl Default for LimitSettings {
             purpose: std::collections::BTreeMap::new(),
             supersede: false,
             supersede_skew: Duration::from_secs(2),
+            result_granularity: Duration::from_secs(1),
+            quota_domain: false,
         }
     }
 }

@@ -220,6 +220,11 @@ pub struct JobResult {
     pub decided_at_ms: Option<u64>,
     /// On `rejected`: exactly how long until the same request would pass.
     pub retry_after_ms: Option<u64>,
+    /// The exact wait where `retry_after_ms` was rounded up for the
+    /// requester (`limits.result_granularity`): for the worker's log only,
+    /// never published.
+    #[serde(skip)]
+    pub exact_retry_after_ms: Option<u64>,
     /// On `rejected`: the rule that sets `retry_after_ms`.
     pub rule: Option<RuleWire>,
     /// On `sent`: the shadow rule (`enforce = false`) that would have
@@ -245,6 +250,7 @@ impl JobResult {
             email: None,
             decided_at_ms: None,
             retry_after_ms: None,
+            exact_retry_after_ms: None,
             rule: None,
             shadow_rule: None,
             quota: None,

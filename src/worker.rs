@@ -705,7 +705,7 @@ impl Outbox for Replies<'_> {
                 telemetry::job_answered(result.status, since.map(Duration::from_millis));
                 match result.status {
                     Status::Sent | Status::Rejected | Status::Duplicate => {
-                        tracing::info!(status = ?result.status, retry_after_ms = result.retry_after_ms, "answered");
+                        tracing::info!(status = ?result.status, retry_after_ms = result.exact_retry_after_ms.or(result.retry_after_ms), "answered");
                     }
                     _ => tracing::warn!(
                         status = ?result.status,

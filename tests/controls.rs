@@ -35,6 +35,10 @@ fn job(id: &str, email: &str, ip: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catch_all_domain_is_limited_and_an_exempt_provider_is_not() {
     let h = Harness::with("catchall", |s| {
+        // Exact waits, to check the limiter's exactness (results round
+        // them up to whole seconds by default: see
+        // `rejections_tell_strangers_whole_seconds`).
+        s.limits.result_granularity = Duration::ZERO;
         s.limits.domain = shipped_domain_scope();
         s.amqp.prefetch = 64;
     })
@@ -103,6 +107,10 @@ async fn a_shadow_rule_is_counted_then_enforced() {
         ..Rule::new(Duration::from_secs(3600), 2)
     };
     let mut h = Harness::with("shadow", |s| {
+        // Exact waits, to check the limiter's exactness (results round
+        // them up to whole seconds by default: see
+        // `rejections_tell_strangers_whole_seconds`).
+        s.limits.result_granularity = Duration::ZERO;
         s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 5), stricter];
     })
     .await;
@@ -149,6 +157,10 @@ async fn a_shadow_rule_is_counted_then_enforced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sent_result_says_what_is_left_of_the_quota() {
     let h = Harness::with("quota", |s| {
+        // Exact waits, to check the limiter's exactness (results round
+        // them up to whole seconds by default: see
+        // `rejections_tell_strangers_whole_seconds`).
+        s.limits.result_granularity = Duration::ZERO;
         s.limits.email.rules = vec![Rule::new(Duration::from_secs(3600), 3)];
         s.limits.ip.rules = vec![Rule::new(Duration::from_secs(60), 10)];
     })
@@ -335,5 +347,59 @@ async fn only_the_same_requester_supersedes_a_waiting_code() {
     let r = h.results(2).await;
     assert_eq!(r["same-2"]["status"], "sent", "{r:?}");
     assert_eq!(r["same-1"]["status"], "superseded", "{r:?}");
+    w.stop().await.unwrap();
+}
+
+/// Issue 25, item 4: a result tells a requester no more than whole seconds
+/// about the scopes it does not own. A stranger asking for the owner's
+/// mailbox is told the wait rounded up to a second, not when the owner
+/// asked to the millisecond; the requester's own network is told exactly;
+/// `quota` leaves the domain out (how many codes others at the domain
+/// got); the worker's log keeps the exact wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_tell_strangers_whole_seconds() {
+    let h = Harness::with("disclose", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 1)];
+        s.limits.ip.rules = vec![Rule::new(Duration::from_secs(60), 2)];
+    })
+    .await;
+    let w = h.start_worker().await;
+    let job = |id: &str, email: &str, ip: &str| json!({"id": id, "email": email, "ip": ip, "code": "493817"});
+    h.publish(&job("owner", "a@example.com", "198.51.100.1"))
+        .await;
+    let sent = h.result().await;
+    assert_eq!(sent["status"], "sent", "{sent}");
+    let scopes: Vec<&str> = (sent["quota"].as_array().unwrap().iter())
+        .map(|q| q["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(scopes, ["email", "ip"], "no domain figures: {sent}");
+    for q in sent["quota"].as_array().unwrap() {
+        if q["scope"] == "email" {
+            assert_eq!(q["reset_ms"].as_u64().unwrap() % 1000, 0, "{q}");
+        }
+    }
+    h.publish(&job("stranger", "a@example.com", "203.0.113.5"))
+        .await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["status"].as_str(), r["rule"]["scope"].as_str()),
+        (Some("rejected"), Some("email")),
+        "{r}"
+    );
+    let wait = r["retry_after_ms"].as_u64().unwrap();
+    assert_eq!(wait % 1000, 0, "whole seconds: {r}");
+    assert!((59_000..=60_000).contains(&wait), "{r}");
+    // The requester's own network: exact.
+    // (The rejection counted nowhere: two more from that network pass.)
+    for (id, email) in [("own-1", "b@example.com"), ("own-2", "c@example.com")] {
+        h.publish(&job(id, email, "203.0.113.5")).await;
+        assert_eq!(h.result().await["status"], "sent");
+    }
+    h.publish(&job("own-3", "d@example.com", "203.0.113.5"))
+        .await;
+    let r = h.result().await;
+    assert_eq!(r["rule"]["scope"], "ip", "{r}");
+    let own = r["retry_after_ms"].as_u64().unwrap();
+    assert!(own < 60_000 && own > 50_000, "{r}");
     w.stop().await.unwrap();
 }
