@@ -656,6 +656,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                     ip: None,
                     purpose: None,
                     session: None,
+                    known_mailbox: false,
                 };
                 let ticket = Ticket::new();
                 let entry = Entry {

@@ -201,6 +201,7 @@ async fn round_mailgate(
                     ip: Some(ip),
                     purpose: None,
                     session: None,
+                    known_mailbox: false,
                 };
                 // A new message each time: its own lineage.
                 let ticket = Ticket::new();
@@ -680,6 +681,7 @@ async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> 
                     ip: Some(&pool.ips[(i % NETWORKS) as usize]),
                     purpose: None,
                     session: None,
+                    known_mailbox: false,
                 },
                 ticket: &ticket,
                 attempt: 1,

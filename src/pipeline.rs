@@ -821,6 +821,7 @@ fn request(job: &Job) -> Request<'_> {
         ip: job.ip.as_ref(),
         purpose: Some(&job.purpose),
         session: job.session.as_ref(),
+        known_mailbox: job.known_mailbox,
     }
 }
 

@@ -54,6 +54,7 @@ struct JobWire {
     /// invalid; only an RFC 3339 timestamp is used.
     created_at: Option<Value>,
     session: Option<String>,
+    known_mailbox: Option<bool>,
 }
 
 /// Parses a message body into a job. The id is found first, so that every
@@ -156,6 +157,7 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         expires_at,
         created_at,
         session,
+        known_mailbox: w.known_mailbox.unwrap_or(false),
     })
 }
 
@@ -341,6 +343,20 @@ mod tests {
         assert!(
             invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
                 .contains("expires_at")
+        );
+        // known_mailbox: a boolean, false by default.
+        let known = br#"{"id":"j1","email":"a@example.com","code":"1","known_mailbox":true}"#;
+        assert!(decode(known).unwrap().known_mailbox);
+        assert!(
+            !decode(br#"{"id":"j1","email":"a@example.com","code":"1"}"#)
+                .unwrap()
+                .known_mailbox
+        );
+        let not_bool = r#"{"id":"j1","email":"a@example.com","code":"1","known_mailbox":"yes"}"#;
+        assert!(
+            invalid(not_bool).contains("expected a boolean"),
+            "{}",
+            invalid(not_bool)
         );
         // A session is an opaque attempt name, never shown.
         let body = br#"{"id":"j1","email":"a@example.com","code":"1","session":"signup-42"}"#;

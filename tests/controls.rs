@@ -403,3 +403,56 @@ async fn rejections_tell_strangers_whole_seconds() {
     assert!(own < 60_000 && own > 50_000, "{r}");
     w.stop().await.unwrap();
 }
+
+/// Issue 25, item 3: a third party cannot lock a company out. 50 sign-up
+/// requests to made-up mailboxes at `smallco.example`, from 10 addresses,
+/// lock the domain for new sign-ups (the farming defence still cuts at the
+/// domain's rule) but not its people: a job the producer marks as going to
+/// a known mailbox, and a password reset (the shipped configuration
+/// applies the domain scope to sign-ups only), still get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_sign_ups_cannot_lock_a_companys_people_out() {
+    let shipped = mailgate::settings::Settings::load(std::path::Path::new("config/default.toml"))
+        .expect("the shipped config");
+    let h = Harness::with("lockout", |s| {
+        s.limits = shipped.limits.clone();
+        s.amqp.prefetch = 64;
+    })
+    .await;
+    let w = h.start_worker().await;
+    for n in 0..50 {
+        let ip = format!("203.0.113.{}", n / 5);
+        h.publish(&job(
+            &format!("farm-{n}"),
+            &format!("x{n}@smallco.example"),
+            &ip,
+        ))
+        .await;
+    }
+    let farmed = h.results(50).await;
+    assert!(farmed.values().all(|r| r["status"] == "sent"), "{farmed:?}");
+    h.publish(&job("farm-50", "x50@smallco.example", "203.0.113.99"))
+        .await;
+    let r = h.result().await;
+    assert_eq!(
+        (r["status"].as_str(), r["rule"]["scope"].as_str()),
+        (Some("rejected"), Some("domain")),
+        "{r}"
+    );
+
+    let mut known = job("known", "alice@smallco.example", "198.51.100.20");
+    known["known_mailbox"] = json!(true);
+    h.publish(&known).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "a known mailbox gets its code: {r}");
+    let mut reset = job("reset", "bob@smallco.example", "198.51.100.21");
+    reset["purpose"] = json!("reset_password");
+    h.publish(&reset).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "a password reset gets its code: {r}");
+    // Farming is still cut at the domain's rule.
+    h.publish(&job("farm-51", "x51@smallco.example", "198.51.100.22"))
+        .await;
+    assert_eq!(h.result().await["rule"]["scope"], "domain");
+    w.stop().await.unwrap();
+}

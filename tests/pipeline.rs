@@ -727,6 +727,7 @@ async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() 
                 ip: None,
                 purpose: Some(&purpose),
                 session: None,
+                known_mailbox: false,
             },
             ticket: &owner,
             attempt: 1,

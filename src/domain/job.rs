@@ -29,6 +29,10 @@ pub struct Job {
     /// The attempt (sign-up, login, reset) the producer sent it for: only
     /// a newer job of the same session supersedes this one.
     pub session: Option<Session>,
+    /// The producer vouches that the mailbox belongs to an existing,
+    /// verified account: the domain scope (a defence against catch-all
+    /// farming, which makes new accounts) neither counts nor judges it.
+    pub known_mailbox: bool,
 }
 
 /// Who asked for a code, as the producer names it: the sign-up, login or

@@ -166,6 +166,10 @@ pub struct Request<'a> {
     /// The attempt the producer sent it for, if it says: who may supersede
     /// it (see [`Keyspace::latest_key`]).
     pub session: Option<&'a Session>,
+    /// The mailbox belongs to an existing account, the producer says: the
+    /// domain scope neither counts nor judges it (a domain's deny override
+    /// still holds).
+    pub known_mailbox: bool,
 }
 
 /// Which clock decides. Production always uses [`Clock::Server`]; tests and
@@ -524,6 +528,14 @@ impl Keyspace {
         }
         for (scope, (hit, key)) in Scope::ALL.into_iter().zip(hits.iter().zip(keys)) {
             let Some(key) = key else { continue };
+            // A known mailbox is not a new account: the domain scope,
+            // against catch-all farming, neither counts nor judges it, its
+            // rules overrides included (a deny, above, still holds). Found
+            // by review: a stranger's 50 requests to made-up mailboxes
+            // locked every real employee of a small company out.
+            if scope == Scope::Domain && req.known_mailbox {
+                continue;
+            }
             let (index, set) = match hit.map(|h| (&h.ov.action, &h.set)) {
                 Some((Action::Allow, _)) => {
                     by = by.or(Some("allow"));

@@ -344,6 +344,7 @@ impl TestJob {
             ip: self.ip.as_ref(),
             purpose: self.purpose.as_ref(),
             session: self.session.as_ref(),
+            known_mailbox: false,
         }
     }
 
