@@ -158,22 +158,30 @@ impl Disclosure {
         }
     }
 
-    /// A wait of `scope`, as the result tells it.
-    fn wait(self, scope: Scope, ms: u64) -> u64 {
+    /// A wait of `scope` from `decided_at_ms`, as the result tells it:
+    /// the moment it ends rounded up to a whole multiple of the
+    /// granularity on the clock, so that every result about the same slot
+    /// names the same moment, whenever it was asked (found by re-review:
+    /// rounding the wait itself let 120 free rejections narrow the owner's
+    /// time to 16 ms, each one's interval cut by its exact decided_at_ms).
+    fn wait(self, scope: Scope, decided_at_ms: u64, ms: u64) -> u64 {
         let g = self.granularity_ms;
         if scope == Scope::Ip || g <= 1 {
             return ms;
         }
-        ms.div_ceil(g).saturating_mul(g)
+        let ends = decided_at_ms.saturating_add(ms);
+        ends.div_ceil(g)
+            .saturating_mul(g)
+            .saturating_sub(decided_at_ms)
     }
 
-    /// The quota a result tells.
-    fn quota(self, rooms: &Rooms) -> Vec<QuotaWire> {
+    /// The quota a result decided at `decided_at_ms` tells.
+    fn quota(self, rooms: &Rooms, decided_at_ms: u64) -> Vec<QuotaWire> {
         (rooms.iter())
             .filter(|r| self.domain_quota || r.rule.scope != Scope::Domain)
             .map(|r| {
                 QuotaWire::from(Room {
-                    reset_ms: self.wait(r.rule.scope, r.reset_ms),
+                    reset_ms: self.wait(r.rule.scope, decided_at_ms, r.reset_ms),
                     ..r
                 })
             })
@@ -209,7 +217,7 @@ impl Outcome {
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
                 r.shadow_rule = shadow.map(RuleWire::from);
-                let quota = disclose.quota(&rooms);
+                let quota = disclose.quota(&rooms, decided_at_ms);
                 r.quota = (!quota.is_empty()).then_some(quota);
             }
             Outcome::Rejected {
@@ -218,7 +226,7 @@ impl Outcome {
                 rule,
             } => {
                 r.decided_at_ms = Some(decided_at_ms);
-                let told = disclose.wait(rule.scope, retry_after_ms);
+                let told = disclose.wait(rule.scope, decided_at_ms, retry_after_ms);
                 r.retry_after_ms = Some(told);
                 r.exact_retry_after_ms = (told != retry_after_ms).then_some(retry_after_ms);
                 r.rule = Some(RuleWire::from(rule));

@@ -53,8 +53,11 @@ struct JobWire {
     /// own making (a number, a local time), which must not make their jobs
     /// invalid; only an RFC 3339 timestamp is used.
     created_at: Option<Value>,
-    session: Option<String>,
-    known_mailbox: Option<bool>,
+    /// Read leniently, as `created_at`: a producer may already send
+    /// fields of these names; a value of another type is ignored, never a
+    /// reason to refuse the job (found by review).
+    session: Option<Value>,
+    known_mailbox: Option<Value>,
 }
 
 /// Parses a message body into a job. The id is found first, so that every
@@ -142,10 +145,10 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         Some(Value::String(s)) => s.parse::<jiff::Timestamp>().ok(),
         _ => None,
     };
-    let session = (w.session)
-        .filter(|s| !s.is_empty())
-        .map(|s| Session::parse(&s))
-        .transpose()?;
+    let session = match w.session {
+        Some(Value::String(s)) => Session::of(&s),
+        _ => None,
+    };
     Ok(Job {
         id,
         email,
@@ -157,7 +160,7 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
         expires_at,
         created_at,
         session,
-        known_mailbox: w.known_mailbox.unwrap_or(false),
+        known_mailbox: matches!(w.known_mailbox, Some(Value::Bool(true))),
     })
 }
 
@@ -283,6 +286,10 @@ mod tests {
         }
     }
 
+    fn mailgate_session(text: &str) -> Option<crate::domain::Session> {
+        crate::domain::Session::of(text)
+    }
+
     #[test]
     fn a_full_job() {
         let job = decode(
@@ -344,31 +351,34 @@ mod tests {
             invalid(r#"{"id":"j1","email":"a@example.com","code":"1","expires_at":"soon"}"#)
                 .contains("expires_at")
         );
-        // known_mailbox: a boolean, false by default.
-        let known = br#"{"id":"j1","email":"a@example.com","code":"1","known_mailbox":true}"#;
-        assert!(decode(known).unwrap().known_mailbox);
-        assert!(
-            !decode(br#"{"id":"j1","email":"a@example.com","code":"1"}"#)
-                .unwrap()
-                .known_mailbox
-        );
-        let not_bool = r#"{"id":"j1","email":"a@example.com","code":"1","known_mailbox":"yes"}"#;
-        assert!(
-            invalid(not_bool).contains("expected a boolean"),
-            "{}",
-            invalid(not_bool)
-        );
-        // A session is an opaque attempt name, never shown.
-        let body = br#"{"id":"j1","email":"a@example.com","code":"1","session":"signup-42"}"#;
-        let job = decode(body).unwrap();
-        assert_eq!(job.session.as_ref().map(|s| s.as_str()), Some("signup-42"));
-        assert_eq!(format!("{:?}", job.session), "Some(Session(…))");
-        let empty = decode(br#"{"id":"j1","email":"a@example.com","code":"1","session":""}"#);
-        assert_eq!(empty.unwrap().session, None);
-        assert!(
-            invalid(r#"{"id":"j1","email":"a@example.com","code":"1","session":"a\nb"}"#)
-                .contains("session")
-        );
+        // known_mailbox: only `true` marks a job; any other value is ignored.
+        let job_with = |field: &str| {
+            let body = format!(r#"{{"id":"j1","email":"a@example.com","code":"1",{field}}}"#);
+            decode(body.as_bytes()).expect("a job")
+        };
+        assert!(job_with(r#""known_mailbox":true"#).known_mailbox);
+        for other in [
+            r#""known_mailbox":"true""#,
+            r#""known_mailbox":1"#,
+            r#""known_mailbox":false"#,
+        ] {
+            assert!(!job_with(other).known_mailbox, "{other}");
+        }
+        // A session: any non-empty string, kept as a digest, never shown;
+        // another type is ignored.
+        let long = format!(r#""session":"{}""#, "t".repeat(150));
+        let s1 = job_with(r#""session":"signup-42""#).session;
+        assert_eq!(s1, mailgate_session("signup-42"));
+        assert_eq!(format!("{s1:?}"), "Some(Session(…))");
+        assert!(job_with(&long).session.is_some());
+        assert!(job_with(r#""session":"tab\there""#).session.is_some());
+        for ignored in [
+            r#""session":"""#,
+            r#""session":12345"#,
+            r#""session":{"id":"abc"}"#,
+        ] {
+            assert_eq!(job_with(ignored).session, None, "{ignored}");
+        }
         // A producer's own `created_at` that is not RFC 3339 is ignored,
         // never a reason to refuse the job.
         for created in [

@@ -785,6 +785,27 @@ async fn an_override_cannot_silently_cover_every_client() {
             text(&out.stderr)
         );
     }
+    // Re-review: a public suffix matches no mailbox (alice@acme.co.uk
+    // counts as acme.co.uk), and a deny of a big provider needs --force.
+    let suffix = add("domain:co.uk", &[]);
+    assert!(!suffix.status.success());
+    assert!(
+        text(&suffix.stderr).contains("public suffix"),
+        "{}",
+        text(&suffix.stderr)
+    );
+    let deny = |target: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec!["overrides", "add", target, "--deny", "--reason", "test"];
+        args.extend_from_slice(extra);
+        run(mailgate(&h, &args))
+    };
+    let provider = deny("domain:gmail.com", &[]);
+    assert!(!provider.status.success());
+    assert!(
+        text(&provider.stderr).contains("--force"),
+        "{}",
+        text(&provider.stderr)
+    );
     let narrow = add("ip:198.51.100.0/24", &[]);
     assert!(narrow.status.success(), "{}", text(&narrow.stderr));
     assert!(

@@ -846,7 +846,7 @@ mod cases {
             made(l, &owner, &a, T0 + 2 * MIN, Some(T0 - 5)).await,
             Verdict::Resumed { .. }
         ));
-        let session = |n: &str| mailgate::domain::Session::parse(n).unwrap();
+        let session = |n: &str| mailgate::domain::Session::of(n).unwrap();
         let (s1, s2) = (session("signup-1"), session("signup-2"));
         let in_session = |id: &str, ip: &str, s: &mailgate::domain::Session| {
             let mut j = TestJob::new(id, "other@example.com", Some(ip));

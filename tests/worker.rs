@@ -69,8 +69,12 @@ async fn rejected_carries_retry_after_and_rule_and_sends_nothing() {
         r["rule"],
         json!({"scope": "email", "window_ms": 60000, "max": 1})
     );
+    // Rounded up to end on a whole second (limits.result_granularity): at
+    // most a second past the exact wait, never before it.
     let retry = r["retry_after_ms"].as_u64().unwrap();
-    assert!(retry > 50_000 && retry <= 60_000, "{retry}");
+    assert!(retry > 50_000 && retry < 61_000, "{retry}");
+    let ends = r["decided_at_ms"].as_u64().unwrap() + retry;
+    assert_eq!(ends % 1000, 0, "{r}");
     assert!(r["decided_at_ms"].as_u64().is_some());
     h.no_more_results(Duration::from_millis(300)).await;
     assert_eq!(h.sink.mails().len(), 1, "the rejected job sent nothing");

@@ -193,8 +193,10 @@ pub enum OverridesAction {
         /// counts it; without it that is refused.
         #[arg(long)]
         replace: bool,
-        /// Accept an IP network wider than /8 (IPv4) or /32 (IPv6): it
-        /// takes that many clients out of (or into) the IP scope at once.
+        /// Accept an IP network wider than /8 (IPv4) or /32 (IPv6), which
+        /// takes that many clients out of (or into) the IP scope at once,
+        /// or a deny of a domain in `limits.domain.exempt` (a big
+        /// provider's: every user there).
         #[arg(long)]
         force: bool,
     },

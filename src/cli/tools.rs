@@ -512,8 +512,19 @@ pub async fn overrides(
             let now = crate::domain::now_ms();
             let expires_at_ms = expires_in
                 .map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+            let target = Target::parse_to_add(&target, force)?;
+            // A deny of a big provider's domain locks out every user there.
+            if let (Target::Domain(d), Action::Deny) = (&target, &action)
+                && settings.limits.domain.exempt.contains(d)
+                && !force
+            {
+                bail!(
+                    "domain:{d} is in limits.domain.exempt (a big provider): a deny locks out \
+                     every user there; add --force if that is meant"
+                );
+            }
             let ov = Override {
-                target: Target::parse_to_add(&target, force)?,
+                target,
                 action,
                 reason,
                 expires_at_ms,

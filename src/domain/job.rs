@@ -38,33 +38,28 @@ pub struct Job {
 /// Who asked for a code, as the producer names it: the sign-up, login or
 /// password-reset attempt (`session`). A job is superseded only by a newer
 /// one of the same requester, so a stranger asking for the same mailbox
-/// cannot cancel its owner's code. Only compared (hashed into a key),
-/// never shown: it may be a session token, so its `Debug` hides it. 1 to
-/// 128 characters, no control characters.
+/// cannot cancel its owner's code. It may be a session token: only its
+/// digest is kept (compared, hashed into a key), never the text, and any
+/// non-empty string is one (found by review: refusing long or odd ones
+/// made an existing producer's jobs invalid).
 #[derive(Clone, PartialEq, Eq)]
-pub struct Session(String);
+pub struct Session([u8; 16]);
 
 impl Session {
-    /// The longest session accepted, in characters.
-    pub const MAX_CHARS: usize = 128;
-
-    /// Parses a session.
-    pub fn parse(input: &str) -> Result<Self, InvalidInput> {
-        if input.chars().any(char::is_control) {
-            return Err(InvalidInput::ControlCharacter { field: "session" });
+    /// The session named `text`; none for an empty one.
+    pub fn of(text: &str) -> Option<Self> {
+        use sha2::Digest;
+        if text.is_empty() {
+            return None;
         }
-        let n = input.chars().count();
-        if n == 0 || n > Self::MAX_CHARS {
-            return Err(InvalidInput::Field {
-                field: "session",
-                reason: "must be 1 to 128 characters",
-            });
-        }
-        Ok(Self(input.to_owned()))
+        let digest = sha2::Sha256::digest(text.as_bytes());
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        Some(Self(out))
     }
 
-    /// The session as the producer sent it.
-    pub fn as_str(&self) -> &str {
+    /// Its digest: what tells two sessions apart.
+    pub fn digest(&self) -> &[u8; 16] {
         &self.0
     }
 }

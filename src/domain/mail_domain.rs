@@ -52,6 +52,13 @@ impl RegistrableDomain {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether it is a public suffix itself (`co.uk`, `com`): no mailbox
+    /// counts as it (`alice@acme.co.uk` counts as `acme.co.uk`).
+    pub fn is_public_suffix(&self) -> bool {
+        registrable(&self.0).len() == self.0.len()
+            && psl::suffix(self.0.as_bytes()).is_some_and(|s| s.as_bytes().len() == self.0.len())
+    }
 }
 
 /// The registrable part of a lower-case ASCII host name by the list's ICANN

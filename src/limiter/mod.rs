@@ -581,11 +581,11 @@ impl Keyspace {
             return None;
         }
         let requester = match (req.session, req.ip) {
-            (Some(s), _) => format!("s{}", s.as_str()),
-            (None, Some(ip)) => format!("n{}", self.key_of(Subject::Ip(ip))),
-            (None, None) => "-".to_owned(),
+            (Some(s), _) => [b"s".as_slice(), s.digest()].concat(),
+            (None, Some(ip)) => format!("n{}", self.key_of(Subject::Ip(ip))).into_bytes(),
+            (None, None) => b"-".to_vec(),
         };
-        let digest = sha2::Sha256::digest(requester.as_bytes());
+        let digest = sha2::Sha256::digest(&requester);
         let mut key = String::with_capacity(self.prefix.len() + 28 + purpose.len() + 64);
         key.push_str(&self.prefix);
         key.push_str("newest:");

@@ -135,6 +135,14 @@ impl Target {
     /// lock them all out) at once.
     pub fn parse_to_add(input: &str, force: bool) -> Result<Self, OverrideError> {
         let target = Self::parse(input)?;
+        if let Target::Domain(d) = &target
+            && d.is_public_suffix()
+        {
+            return Err(OverrideError::Invalid(format!(
+                "domain:{d} is a public suffix: no mailbox counts as it (alice@acme.{d} counts \
+                 as acme.{d}); name the registrable domain"
+            )));
+        }
         let Target::Net(net) = target else {
             return Ok(target);
         };

@@ -187,31 +187,34 @@ struct Status {
 }
 
 /// A run of one refusal code to different recipients in a row.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Streak {
     code: u16,
-    /// The latest recipient's hash.
-    last: u64,
-    /// Different recipients in a row, the latest included.
-    recipients: u32,
+    /// The different recipients it came for (hashes of their lower-cased
+    /// addresses), at most [`STREAK`].
+    recipients: Vec<u64>,
 }
 
+/// How many different recipients one suspect refusal must come for in a
+/// row to be the relay's: enough that two full mailboxes and their own
+/// retries (taking turns) are never taken for a failing relay.
+const STREAK: usize = 3;
+
 impl Streak {
-    /// The streak after a refusal `code` to `recipient`: one more if it
-    /// continues one of that code to another recipient (the same recipient
-    /// again, a full mailbox retried, adds nothing), else a new one.
+    /// The streak after a refusal `code` to `recipient`: it grows by a
+    /// recipient it has not seen (a recipient refused again, a full mailbox
+    /// retried, adds nothing), else a new one starts.
     fn after(old: Option<Streak>, code: u16, recipient: u64) -> Streak {
         match old {
-            Some(s) if s.code == code && s.last == recipient => s,
-            Some(s) if s.code == code => Streak {
-                code,
-                last: recipient,
-                recipients: s.recipients.saturating_add(1),
-            },
+            Some(mut s) if s.code == code => {
+                if !s.recipients.contains(&recipient) && s.recipients.len() < STREAK {
+                    s.recipients.push(recipient);
+                }
+                s
+            }
             _ => Streak {
                 code,
-                last: recipient,
-                recipients: 1,
+                recipients: vec![recipient],
             },
         }
     }
@@ -333,11 +336,11 @@ impl Relays {
         Err(MailError::Relay(tried.join("; ")))
     }
 
-    /// A suspect refusal ([`Failure::suspect`]) that continues a streak to
-    /// other recipients is the relay's: a relay failure (counted against
-    /// its circuit, and the mail goes on to the next relay; nothing was
-    /// delivered). The first of a streak keeps its own class: one mailbox
-    /// that really is full fails alone.
+    /// A suspect refusal ([`Failure::suspect`]) that has come for
+    /// [`STREAK`] different recipients in a row is the relay's: a relay
+    /// failure (counted against its circuit, and the mail goes on to the
+    /// next relay; nothing was delivered). Before that each keeps its own
+    /// class: a full mailbox, or two, and their retries fail alone.
     fn judge_suspect(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
         let Some(code) = failure.suspect else {
             return failure;
@@ -345,21 +348,24 @@ impl Relays {
         let recipient = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            envelope.to().hash(&mut h);
+            for to in envelope.to() {
+                to.to_string().to_ascii_lowercase().hash(&mut h);
+            }
             h.finish()
         };
         let mut s = lock(&self.list[i].status);
-        let streak = Streak::after(s.streak, code, recipient);
+        let streak = Streak::after(s.streak.take(), code, recipient);
+        let seen = streak.recipients.len();
         s.streak = Some(streak);
         drop(s);
-        if streak.recipients < 2 {
+        if seen < STREAK {
             return failure;
         }
         Failure {
             error: MailError::Relay(format!(
-                "relay: {} refused {} recipients in a row with {code}, so it is the \
-                 relay's: {}",
-                self.list[i].name, streak.recipients, failure.error
+                "relay: {} refused {seen} different recipients in a row with {code}, so it \
+                 is the relay's: {}",
+                self.list[i].name, failure.error
             )),
             relay_fault: true,
             suspect: None,

@@ -539,21 +539,25 @@ impl From<&lettre::transport::smtp::Error> for Fault {
 /// The contract's rule ("a refusal is about the mail") is right for one
 /// mail and wrong for a relay that turns every mail away (found by review:
 /// a relay answering `452 4.3.1` to every RCPT failed every job while the
-/// standby got none).
+/// standby got none). A refusal is read so that no recipient can make a
+/// healthy relay's refusal of it look like the relay's (found by re-review:
+/// a reply quoting `<throttle1@farm.example>` read as throttling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refusal {
     /// The mail or its mailbox (an unknown user, a full mailbox, a policy
     /// refusal, greylisting): this mail's answer.
     Mail,
-    /// The relay, whatever the mail: an enhanced status code of the mail
-    /// system (`X.3.x` but `X.3.4`, message too big) or of the network and
-    /// routing (`X.4.x`), `454` (SES's "Throttling failure", Postfix's
-    /// temporary relay refusal), or a 4xx that says it throttles ("rate
-    /// limit", "throttl", "too many").
+    /// The relay, whatever the mail: a 4xx or 5xx whose enhanced status
+    /// code names the mail system (`X.3.x` but `X.3.4`, message too big),
+    /// a 4xx whose code names the network and routing (`4.4.x`; a 5.4.x
+    /// is how some relays refuse a recipient), a 4xx `4.7.x` policy reply
+    /// that says it throttles; without an enhanced code, `454` (SES's
+    /// "Throttling failure") or a 4xx that says it throttles. Words are
+    /// read with the addresses the reply quotes taken out.
     Relay,
     /// Either, with this code and no enhanced status code to tell (`451`,
-    /// `452`, `554`): the relay's when it repeats for other recipients in a
-    /// row ([`super::relays`] keeps the streak).
+    /// `452`, `554`): the relay's when it repeats for several other
+    /// recipients ([`super::relays`] keeps them).
     Suspect(u16),
 }
 
@@ -572,15 +576,24 @@ impl Refusal {
                         .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
             })
             .filter(|p| p[0] == "4" || p[0] == "5");
-        let lower = text.to_ascii_lowercase();
+        // The reply's words without the addresses it quotes: a recipient
+        // named "throttle" must not read as a relay that throttles.
+        let words: String = text
+            .split_whitespace()
+            .filter(|w| !w.contains('@') && !w.contains('<') && !w.contains('>'))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_ascii_lowercase();
         let throttles = ["rate limit", "rate-limit", "throttl", "too many"]
             .iter()
-            .any(|w| lower.contains(w));
+            .any(|w| words.contains(w));
+        let transient = (400..500).contains(&code);
         match enhanced {
-            _ if code == 454 => Refusal::Relay,
-            _ if (400..500).contains(&code) && throttles => Refusal::Relay,
-            Some(p) if p[1] == "4" || (p[1] == "3" && p[2] != "4") => Refusal::Relay,
+            Some(p) if p[1] == "3" && p[2] != "4" => Refusal::Relay,
+            Some(p) if p[1] == "4" && transient => Refusal::Relay,
+            Some(p) if p[1] == "7" && transient && throttles => Refusal::Relay,
             Some(_) => Refusal::Mail,
+            None if code == 454 || (transient && throttles) => Refusal::Relay,
             None if matches!(code, 451 | 452 | 554) => Refusal::Suspect(code),
             None => Refusal::Mail,
         }
@@ -769,6 +782,18 @@ mod tests {
             ),
             (451, "4.7.1 rate limit exceeded", Relay),
             (450, "too many messages, slow down", Relay),
+            (421, "4.7.28 rate limited, try later", Relay),
+            (
+                450,
+                "4.1.1 <throttle1@farm.example>: Recipient address rejected",
+                Mail,
+            ),
+            (
+                451,
+                "<too.many@x.example> temporarily deferred",
+                Suspect(451),
+            ),
+            (550, "5.4.1 Recipient address rejected: Access denied", Mail),
             (552, "5.3.4 message too big for system", Mail),
             (552, "5.2.2 mailbox full", Mail),
             (550, "5.1.1 no such user", Mail),
