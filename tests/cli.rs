@@ -758,11 +758,12 @@ async fn an_override_cannot_silently_cover_every_client() {
         s.limits.ip = rules(&[(MIN, 5)]);
     })
     .await;
-    let add = |target: &'static str, extra: &'static [&'static str]| {
-        let mut args = vec!["overrides", "add", target, "--allow", "--reason", "test"];
+    let with = |target: &'static str, action: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec!["overrides", "add", target, action, "--reason", "test"];
         args.extend_from_slice(extra);
         run(mailgate(&h, &args))
     };
+    let add = |target, extra| with(target, "--allow", extra);
     let typo = add("ip:203.0.113.7/0", &[]);
     assert!(!typo.status.success());
     let said = text(&typo.stderr);
@@ -794,12 +795,7 @@ async fn an_override_cannot_silently_cover_every_client() {
         "{}",
         text(&suffix.stderr)
     );
-    let deny = |target: &'static str, extra: &'static [&'static str]| {
-        let mut args = vec!["overrides", "add", target, "--deny", "--reason", "test"];
-        args.extend_from_slice(extra);
-        run(mailgate(&h, &args))
-    };
-    let provider = deny("domain:gmail.com", &[]);
+    let provider = with("domain:gmail.com", "--deny", &[]);
     assert!(!provider.status.success());
     assert!(
         text(&provider.stderr).contains("--force"),
