@@ -669,11 +669,6 @@ impl Relay {
         load_tls(&self.tls, &self.tls_key)
     }
 
-    /// Whether SMTP AUTH credentials (`user:pass@`) are in its URL.
-    pub fn has_credentials(&self) -> bool {
-        url::Url::parse(&self.url).is_ok_and(|u| u.password().is_some())
-    }
-
     /// Checks that credentials can never go out unencrypted and that TLS
     /// files go with a URL that uses TLS; `Ok(Some(warning))` when mail
     /// to it may travel in clear (a relay on another host that is not
