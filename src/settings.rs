@@ -313,6 +313,14 @@ impl Settings {
                 Duration::from_secs(60),
             ),
             (
+                // Below the hour keys outlive their use (CLOCK_SLACK_MS), so
+                // a step is seen before Redis deletes what still counts.
+                "redis.max_clock_skew",
+                self.redis.max_clock_skew,
+                Duration::from_secs(1),
+                Duration::from_secs(30 * 60),
+            ),
+            (
                 "worker.shutdown_timeout",
                 self.worker.shutdown_timeout,
                 Duration::from_millis(100),
@@ -1252,6 +1260,15 @@ pub struct RedisSettings {
         deserialize_with = "human_duration"
     )]
     pub replica_ack_timeout: Duration,
+    /// How far a Redis primary's clock and a worker's may disagree before
+    /// the worker stops taking jobs (limits, leases and the records that
+    /// keep a code from being mailed twice run on Redis's clock; see
+    /// `ledger::clock`). 1 s to 30 min; 10 s by default.
+    #[serde(
+        default = "default_max_clock_skew",
+        deserialize_with = "human_duration"
+    )]
+    pub max_clock_skew: Duration,
     /// `[redis.tls]`: the CA bundle and client certificate of `rediss://`
     /// connections (to the servers, and to the Sentinels). Refused with a
     /// URL without TLS.
@@ -1267,6 +1284,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("allow_eviction", &self.allow_eviction)
             .field("min_replicas_acked", &self.min_replicas_acked)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
+            .field("max_clock_skew", &self.max_clock_skew)
             .field("tls", &self.tls)
             .finish()
     }
@@ -1282,6 +1300,7 @@ impl RedisSettings {
             allow_eviction: false,
             min_replicas_acked: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
+            max_clock_skew: default_max_clock_skew(),
             tls: TlsSettings::default(),
         }
     }
@@ -1557,6 +1576,10 @@ fn hash_tag(key: &str) -> Option<&str> {
 
 fn default_replica_ack_timeout() -> Duration {
     Duration::from_secs(1)
+}
+
+fn default_max_clock_skew() -> Duration {
+    Duration::from_secs(10)
 }
 
 fn default_key_prefix() -> String {
@@ -2205,6 +2228,7 @@ mod tests {
                 |s, d| s.redis.replica_ack_timeout = d,
                 "redis.replica_ack_timeout",
             ),
+            (|s, d| s.redis.max_clock_skew = d, "redis.max_clock_skew"),
         ] {
             let mut s = shipped();
             set(&mut s, Duration::from_secs(u64::MAX / 4));

@@ -17,6 +17,7 @@
 //! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
 //! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
 //! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection) |
+//! | `mailgate_redis_clock_skew_seconds` | gauge | how far the Redis primary whose clock disagrees most with this worker's is ahead (negative: behind), read every second; past `redis.max_clock_skew` the worker takes no jobs |
 //! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
 //!
 //! The counters and gauges dashboards and alerts read are registered at
@@ -152,6 +153,11 @@ pub fn dependency_up(dependency: &'static str, up: bool) {
     } else {
         0.0
     });
+}
+
+/// How far Redis's clock is ahead of this worker's (see `ledger::clock`).
+pub fn redis_clock_skew(ms: i64) {
+    metrics::gauge!("mailgate_redis_clock_skew_seconds").set(ms as f64 / 1000.0);
 }
 
 /// How many jobs wait in the jobs queue.

@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
 use crate::domain::{Ticket, now_ms};
+use crate::ledger::clock::{Verdict, Watch};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
@@ -38,6 +39,10 @@ const ISOLATE_FROM: u32 = 2;
 /// How often the dependency and backlog gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(15);
 
+/// How often Redis's clocks are read (see `ledger::clock`): a step of
+/// Redis's clock is seen this long after it at the latest.
+const CLOCK_EVERY: Duration = Duration::from_secs(1);
+
 /// Everything a running worker shares between its jobs.
 pub struct Worker<L> {
     pipeline: Pipeline<L>,
@@ -52,6 +57,9 @@ pub struct Worker<L> {
     /// The last Redis check (a script call that writes, and `INFO`), reused
     /// for a second, so a flood of `/readyz` cannot load Redis.
     redis_checked: Checked,
+    /// Why no job is taken because of Redis's clock (`ledger::clock`), or
+    /// `None` while its clocks agree with this worker's.
+    clock_hold: tokio::sync::watch::Sender<Option<String>>,
     /// The HTTP endpoint, served from the start of [`build`]; taken and
     /// stopped when the worker stops.
     http: std::sync::Mutex<Option<Endpoint<L>>>,
@@ -261,6 +269,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         broker: std::sync::Mutex::new(None),
         smtp_checked: Checked::new(SMTP_CHECK_TTL),
         redis_checked: Checked::new(REDIS_CHECK_TTL),
+        clock_hold: tokio::sync::watch::Sender::new(None),
         http: std::sync::Mutex::new(Some(endpoint)),
         http_addr,
     })
@@ -300,8 +309,10 @@ impl<L: Ledger + 'static> Worker<L> {
             let _ = e.starting.worker.set(this.clone());
         }
         let gauges = tokio::spawn(this.clone().refresh_gauges());
+        let clock = tokio::spawn(this.clone().watch_clock());
         let result = this.clone().consume(shutdown).await;
         gauges.abort();
+        clock.abort();
         if let Some(e) = endpoint {
             e.stop().await;
         }
@@ -328,6 +339,57 @@ impl<L: Ledger + 'static> Worker<L> {
                     Err(e) => tracing::debug!(error = %e, "cannot read the jobs queue's length"),
                 }
             }
+        }
+    }
+
+    /// Reads Redis's clocks every [`CLOCK_EVERY`] and holds the consume
+    /// loop back while one disagrees with this worker's clock, or while a
+    /// step beyond the slack is marked (see `ledger::clock`). A failed
+    /// reading changes nothing. Runs until aborted, or at once returns for
+    /// a store without a clock of its own.
+    async fn watch_clock(self: Arc<Self>) {
+        let ledger = self.pipeline.ledger();
+        let max_skew =
+            u64::try_from(self.settings.redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+        let mut watch = Watch::new(max_skew);
+        let mut every = tokio::time::interval(CLOCK_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was = Verdict::Agrees;
+        loop {
+            every.tick().await;
+            let readings = match ledger.clocks().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read Redis's clock");
+                    continue;
+                }
+            };
+            telemetry::redis_clock_skew(readings.worst_skew_ms());
+            let (verdict, mark) = watch.observe(&readings, ledger.horizon_ms());
+            if let Some(mark) = mark {
+                match ledger.mark_clock(&mark).await {
+                    Ok(()) => tracing::error!(
+                        node = %mark.node, ahead_ms = mark.ahead_ms, until_ms = mark.until_ms,
+                        "Redis's clock stepped forward past the slack; every worker stops admitting"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "cannot mark the step of Redis's clock"),
+                }
+            }
+            // Logged when it changes kind, not as the skew moves.
+            if std::mem::discriminant(&verdict) != std::mem::discriminant(&was) {
+                match &verdict {
+                    Verdict::Agrees => tracing::info!("Redis's clock agrees again; taking jobs"),
+                    held => tracing::warn!("taking no jobs: {held}"),
+                }
+            }
+            let hold = (verdict != Verdict::Agrees).then(|| verdict.to_string());
+            self.clock_hold.send_if_modified(|h| {
+                let changed = *h != hold;
+                *h = hold;
+                changed
+            });
+            was = verdict;
         }
     }
 
@@ -365,16 +427,21 @@ impl<L: Ledger + 'static> Worker<L> {
             this.set_broker(Some(broker.clone()));
             let up_since = Instant::now();
             let mailer = this.pipeline.mailer();
+            let mut clock = this.clock_hold.subscribe();
             let stop = loop {
                 // While every SMTP relay's circuit is open no job is taken
                 // (they wait in RabbitMQ, or unacknowledged in this
                 // consumer's prefetch): taking them would only burn their
-                // attempts. A probe that closes a circuit resumes.
+                // attempts. A probe that closes a circuit resumes. Nor while
+                // Redis's clock cannot be trusted (`watch_clock`).
                 let can_send = mailer.can_send();
+                let can_take = can_send && clock.borrow_and_update().is_none();
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
                     () = mailer.until_can_send(), if !can_send => {}
-                    next = consumers.jobs.next(), if can_send => match next {
+                    // The sender lives as long as the worker.
+                    _ = clock.changed() => {}
+                    next = consumers.jobs.next(), if can_take => match next {
                         Some(Ok(delivery)) => {
                             // Finished tasks are reaped here, not as each
                             // finishes: waiting on the set would wake this
@@ -386,7 +453,7 @@ impl<L: Ledger + 'static> Worker<L> {
                         Some(Err(e)) => break lost(&e),
                         None => break closed(),
                     },
-                    next = consumers.redelivered.next(), if can_send => match next {
+                    next = consumers.redelivered.next(), if can_take => match next {
                         Some(Ok(delivery)) => {
                             while tasks.try_join_next().is_some() {}
                             let (this, broker) = (this.clone(), broker.clone());
@@ -749,6 +816,9 @@ impl<L: Ledger + 'static> Worker<L> {
     /// Redis as readiness sees it: a script call that writes, reused for a
     /// second.
     async fn redis_state(&self) -> Result<(), String> {
+        if let Some(why) = self.clock_hold.borrow().clone() {
+            return Err(why);
+        }
         let ledger = self.pipeline.ledger();
         self.redis_checked
             .get(async { ledger.health().await.map_err(|e| e.to_string()) })

@@ -72,6 +72,15 @@ pub enum Command {
         /// Add, list or remove.
         action: OverridesAction,
     },
+    /// Show how far each Redis primary's clock is from this host's, and any
+    /// mark of a step that holds every worker back; exit 0 if none would.
+    Clock {
+        /// Remove the mark of a step of Redis's clock, so workers take jobs
+        /// again before its time: codes admitted before the step may then be
+        /// mailed a second time, and limits may let more through.
+        #[arg(long)]
+        accept: bool,
+    },
     /// Ask the local worker's /readyz; exit 0 if it is ready (container health checks).
     Probe,
     /// Validate the settings and render every template with sample data.
@@ -316,6 +325,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         },
         Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
+        Command::Clock { accept } => clock(settings, accept).await,
         Command::Probe => probe(settings).await,
     }
 }

@@ -640,6 +640,62 @@ pub async fn limits_reset(settings: &Settings, who: &Who) -> anyhow::Result<Stri
     Ok(format!("removed {removed} admission(s) from {key}"))
 }
 
+/// `mailgate clock`: each Redis primary's clock against this host's, and
+/// the mark of a step (removed first with `accept`). Returns whether a
+/// worker here would take jobs.
+pub async fn clock(settings: &Settings, accept: bool) -> anyhow::Result<bool> {
+    use crate::ledger::clock::rfc3339;
+    let Backend::Redis(ledger) = limiter(settings).await? else {
+        bail!("redis.url is memory://: there is no Redis clock to check");
+    };
+    if accept {
+        match ledger.clear_clock_mark().await? {
+            Some(mark) => println!(
+                "removed the mark of a step of {} ahead at {}; workers take jobs again once \
+                 the clocks agree",
+                humantime::format_duration(Duration::from_millis(mark.ahead_ms)),
+                rfc3339(mark.seen_ms),
+            ),
+            None => println!("no mark to remove"),
+        }
+    }
+    let Some(readings) = ledger.clocks().await? else {
+        bail!("this store keeps no clock of its own");
+    };
+    let max = settings.redis.max_clock_skew;
+    let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+    let wall = i64::try_from(readings.wall_ms).unwrap_or(i64::MAX);
+    let mut fine = true;
+    for (node, t) in &readings.nodes {
+        let skew = i64::try_from(*t).unwrap_or(i64::MAX).saturating_sub(wall);
+        let ok = skew.abs() <= max_ms + i64::try_from(readings.rtt_ms / 2 + 1).unwrap_or(0);
+        fine &= ok;
+        println!(
+            "{node}: {skew:+} ms against this host ({})",
+            if ok {
+                "agrees"
+            } else {
+                "past redis.max_clock_skew"
+            }
+        );
+    }
+    match readings.mark.filter(|m| m.until_ms > readings.wall_ms) {
+        Some(mark) => {
+            fine = false;
+            println!(
+                "marked: the clock of {} stepped {} ahead at {}; no worker takes jobs until {} \
+                 (or `mailgate clock --accept`)",
+                mark.node,
+                humantime::format_duration(Duration::from_millis(mark.ahead_ms)),
+                rfc3339(mark.seen_ms),
+                rfc3339(mark.until_ms),
+            );
+        }
+        None => println!("no mark of a step stands"),
+    }
+    Ok(fine)
+}
+
 /// Checks settings and templates (and, with `connect`, the services),
 /// printing a report. Returns whether everything checked out.
 pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<bool> {

@@ -3,11 +3,14 @@ mailgate ledger: each job's lifecycle, and its admission. Sent to Redis after
 the limiter's decision chunk (src/limiter/decide.lua), whose local functions
 rule_sets, shape_ok, judge, record, forget, member_of, int and call it uses.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
-for many at once) or "probe" (readiness); each checks its argument counts and
-every argument before its first write, so a bad call writes nothing.
+for many at once), "probe" (readiness) or "mark" (Redis's clock stepped);
+each checks its argument counts and every argument before its first write,
+so a bad call writes nothing.
 
-Record KEYS <prefix>job:<id>, a hash that lives `dedup_ms` after its last
-write (ARGV), so an id is never mailed twice within that period:
+Record KEYS <prefix>job:<id>, a hash that lives `keep_ms` after its last
+write (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
+Redis's clock steps forward), so an id is never mailed twice within
+dedup_for:
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
@@ -43,7 +46,7 @@ write (ARGV), so an id is never mailed twice within that period:
 Newest KEYS <prefix>newest:<purpose>:<mailbox>, a sorted set: the newest
 16 jobs admitted for a mailbox and purpose whose purpose supersedes older
 jobs (by when they were made, then by id), member the job id, score when
-it was made (ms); lives dedup_ms after its last write. (An earlier version
+it was made (ms); lives keep_ms after its last write. (An earlier version
 kept one job, as a string, under latest:…; the new name keeps the two
 versions from failing on each other's keys during an upgrade.)
 
@@ -78,10 +81,11 @@ local op = ARGV[1]
 local WIDTH = 5
 local NONE = {false, false, false, false, false, false, false}
 
--- Whether ARGV value `v` is a period Redis can add to its clock.
-local function period_ok(v)
+-- Whether ARGV value `v` is a period Redis can add to its clock (a keep
+-- may be longer by the slack).
+local function period_ok(v, max)
   local n = tonumber(v)
-  return n ~= nil and n >= 1 and n <= MAX_PERIOD_MS
+  return n ~= nil and n >= 1 and n <= (max or MAX_PERIOD_MS)
 end
 
 local function fail(why)
@@ -92,7 +96,7 @@ end
 op "batch" -- the ledger's writes: a list of items, run in order, all at one
   instant, so the fixed cost of a script call is shared by concurrent jobs.
   ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
-  ARGV[3]  dedup_ms: how long a record lives after its last write
+  ARGV[3]  keep_ms: how long a record lives after its last write
   ARGV[4]  lease_ms: how long an admission (or a resumption) owns the send
   ARGV[5]  the rule sets (decide.lua), then the items, each its kind and
            its values (ITEMS below: admit, look, create, sending,
@@ -220,7 +224,7 @@ local function admit(k, a, b, kind)
   -- long.
   local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
   local made, skew = tonumber(made_s), tonumber(skew_s)
-  local now, dedup_s, sets = b.now, b.dedup_s, b.sets
+  local now, keep_s, sets = b.now, b.keep_s, b.sets
   local expired = expires ~= nil and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
   local rec = NONE
@@ -248,13 +252,13 @@ local function admit(k, a, b, kind)
     -- Its send began and its owner vanished: the mail may have gone out.
     -- Never resent (at most once); the caller answers it.
     call('HSET', key, 'st', 'u', 'ans', '0')
-    call('PEXPIRE', key, dedup_s)
+    call('PEXPIRE', key, keep_s)
     return CODE.unknown, at, mine, 0
   elseif fp and st == 'a' and expired and mine == 1 then
     -- Admitted, never sent, and now too late: give the quota back.
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
-    call('PEXPIRE', key, dedup_s)
+    call('PEXPIRE', key, keep_s)
     return CODE.expired, reserved(rec[8])
   elseif fp and st == 'a' and expired then
     -- Another message of the job, and too late for it; the owner's own
@@ -266,12 +270,12 @@ local function admit(k, a, b, kind)
     forget(first, last, member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
       'ans', '0')
-    call('PEXPIRE', key, dedup_s)
+    call('PEXPIRE', key, keep_s)
     return CODE.superseded, 1
   elseif fp and st == 'a' then
     call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s, 'ans', '0',
       'c', call_id)
-    call('PEXPIRE', key, dedup_s)
+    call('PEXPIRE', key, keep_s)
     return CODE.resumed, at
   elseif expired then
     -- No admission (or another lineage's refunded one): nothing to do.
@@ -293,14 +297,14 @@ local function admit(k, a, b, kind)
     if latest then
       call('ZADD', latest, int(made), id)
       call('ZREMRANGEBYRANK', latest, 0, -17)
-      call('PEXPIRE', latest, dedup_s)
+      call('PEXPIRE', latest, keep_s)
     end
   end
   if fp then call('DEL', key) end
   call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,
     'lease', b.lease_s, 'ans', '0', 'c', call_id)
   if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
-  call('PEXPIRE', key, dedup_s)
+  call('PEXPIRE', key, keep_s)
   return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
 
@@ -318,7 +322,7 @@ local function sending(k, a, b)
   if rec[1] == 'x' and rec[4] == ARGV[a + 2] then return 1 end
   if rec[1] ~= 'a' then return 0 end
   call('HSET', KEYS[k], 'st', 'x', 'lease', b.lease_s, 'c', ARGV[a + 2])
-  call('PEXPIRE', KEYS[k], b.dedup_s)
+  call('PEXPIRE', KEYS[k], b.keep_s)
   return 1
 end
 
@@ -335,7 +339,7 @@ local function release(k, a, b)
     return 0
   end
   call('HSET', KEYS[k], 'st', 'a', 'lease', '0')
-  call('PEXPIRE', KEYS[k], b.dedup_s)
+  call('PEXPIRE', KEYS[k], b.keep_s)
   return 1
 end
 
@@ -384,7 +388,7 @@ local function settle(k, a, b)
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
     e, i, d, nonce = reserved(rec[5])
   end
-  call('PEXPIRE', key, b.dedup_s)
+  call('PEXPIRE', key, b.keep_s)
   return 1, e, i, d, nonce
 end
 
@@ -395,7 +399,7 @@ item "answered" -- the owner's final result was confirmed by RabbitMQ.
 local function answered(k, a, b)
   if call('HGET', KEYS[k], 'own') ~= ARGV[a] then return 0 end
   call('HSET', KEYS[k], 'ans', '1')
-  call('PEXPIRE', KEYS[k], b.dedup_s)
+  call('PEXPIRE', KEYS[k], b.keep_s)
   return 1
 end
 
@@ -423,8 +427,8 @@ local ITEMS = {
 
 local function batch()
   local now = clock(2)
-  local dedup_s, lease = ARGV[3], tonumber(ARGV[4])
-  if not now or not period_ok(dedup_s) or not lease or not period_ok(ARGV[4]) then
+  local keep_s, lease = ARGV[3], tonumber(ARGV[4])
+  if not now or not period_ok(keep_s, MAX_KEEP_MS) or not lease or not period_ok(ARGV[4]) then
     return fail('bad clock, dedup or lease')
   end
   local sets, first_item = rule_sets(5)
@@ -443,7 +447,7 @@ local function batch()
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
-  local b = {now = now, now_s = int(now), lease_s = int(now + lease), dedup_s = dedup_s, sets = sets,
+  local b = {now = now, now_s = int(now), lease_s = int(now + lease), keep_s = keep_s, sets = sets,
     rooms = {}}
   local out, o = {now}, 1
   a, k = first_item, 1
@@ -472,7 +476,28 @@ local function probe()
   return 1
 end
 
+--[[
+op "mark" -- a worker saw Redis's clock step forward further than keys
+  outlive their use (src/ledger/clock.rs): no worker admits until the mark's
+  time. Of two marks the one that holds longer stays.
+  KEYS[1] <prefix>clock, a string: "<until ms> <ahead ms> <seen ms> <server>"
+  ARGV[2] the mark; ARGV[3] its until; ARGV[4] how long the key lives, ms
+  returns 1 if the mark was stored, 0 if one that holds longer stands.
+]]
+local function mark()
+  local until_ms, keep = tonumber(ARGV[3]), ARGV[4]
+  if #KEYS ~= 1 or #ARGV ~= 4 or not until_ms or not period_ok(keep, MAX_KEEP_MS) then
+    return fail('takes 1 key, a mark, its until and a keep')
+  end
+  local old = call('GET', KEYS[1])
+  local old_until = old and tonumber(string.match(old, '^(%d+) '))
+  if old_until and old_until >= until_ms then return 0 end
+  call('SET', KEYS[1], ARGV[2], 'PX', keep)
+  return 1
+end
+
 if op == 'batch' then return batch()
 elseif op == 'probe' then return probe()
+elseif op == 'mark' then return mark()
 end
 return fail('unknown op')

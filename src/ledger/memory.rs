@@ -393,6 +393,18 @@ impl Ledger for MemoryLedger {
     async fn health(&self) -> Result<(), LedgerError> {
         Ok(())
     }
+
+    async fn clocks(&self) -> Result<Option<super::clock::Readings>, LedgerError> {
+        Ok(None)
+    }
+
+    async fn mark_clock(&self, _: &super::clock::Mark) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
+    fn horizon_ms(&self) -> u64 {
+        self.lock().logs.keyspace().horizon_ms()
+    }
 }
 
 impl Quotas for MemoryLedger {

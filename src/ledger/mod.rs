@@ -36,6 +36,7 @@
 //! decision chunk) is shared by any number of workers; [`MemoryLedger`] has
 //! the same semantics in one process. One conformance suite checks both.
 
+pub mod clock;
 mod memory;
 mod redis;
 
@@ -375,6 +376,22 @@ pub trait Ledger: Send + Sync {
     /// write (not a replica, no ACL in the way), and does not evict keys
     /// unless `redis.allow_eviction` says so.
     fn health(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Every Redis primary's clock, read now, and the [`clock::Mark`] a
+    /// step left in the store; `None` for a store that keeps no clock of
+    /// its own (in memory: this process's).
+    fn clocks(&self) -> impl Future<Output = Result<Option<clock::Readings>, LedgerError>> + Send;
+
+    /// Stores a mark of a step of Redis's clock for every worker (of two,
+    /// the one that holds longer stays).
+    fn mark_clock(
+        &self,
+        mark: &clock::Mark,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// How long anything the store keeps can still count, ms (see
+    /// [`clock::Watch::new`]).
+    fn horizon_ms(&self) -> u64;
 }
 
 /// The ledger a worker uses, chosen by `redis.url`: Redis, or `memory://`
@@ -450,6 +467,27 @@ impl Ledger for Backend {
         match self {
             Backend::Redis(l) => l.health().await,
             Backend::Memory(l) => l.health().await,
+        }
+    }
+
+    async fn clocks(&self) -> Result<Option<clock::Readings>, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.clocks().await,
+            Backend::Memory(l) => l.clocks().await,
+        }
+    }
+
+    async fn mark_clock(&self, mark: &clock::Mark) -> Result<(), LedgerError> {
+        match self {
+            Backend::Redis(l) => l.mark_clock(mark).await,
+            Backend::Memory(l) => l.mark_clock(mark).await,
+        }
+    }
+
+    fn horizon_ms(&self) -> u64 {
+        match self {
+            Backend::Redis(l) => l.horizon_ms(),
+            Backend::Memory(l) => l.horizon_ms(),
         }
     }
 }

@@ -4,6 +4,7 @@ use std::sync::{Arc, LazyLock};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::clock::{Mark, Readings};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::overrides::{self, Override, OverrideError, Target};
@@ -478,7 +479,7 @@ async fn run_batch(
         .arg(&item_keys)
         .arg("batch")
         .arg(clock_arg(clock))
-        .arg(keys.dedup_ms())
+        .arg(keys.record_keep_ms())
         .arg(keys.lease_ms())
         .arg(keys.rule_set_args(&sets))
         .arg(&args);
@@ -781,6 +782,61 @@ impl Ledger for RedisLedger {
             )));
         }
         self.replicas_connected().await
+    }
+
+    async fn clocks(&self) -> Result<Option<Readings>, LedgerError> {
+        let (wall, mono) = (crate::domain::now_ms(), std::time::Instant::now());
+        let nodes = self.conn.times().await?;
+        let rtt = mono.elapsed();
+        let mark: Option<String> = redis::cmd("GET")
+            .arg(self.mark_key())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let rtt_ms = u64::try_from(rtt.as_millis()).unwrap_or(u64::MAX);
+        Ok(Some(Readings {
+            nodes,
+            wall_ms: wall.saturating_add(rtt_ms / 2),
+            mono: mono + rtt / 2,
+            rtt_ms,
+            mark: mark.as_deref().and_then(Mark::decode),
+        }))
+    }
+
+    async fn mark_clock(&self, mark: &Mark) -> Result<(), LedgerError> {
+        let keep = mark
+            .until_ms
+            .saturating_sub(mark.seen_ms)
+            .saturating_add(crate::limiter::CLOCK_SLACK_MS);
+        let _: i64 = SCRIPT
+            .key(self.mark_key())
+            .arg("mark")
+            .arg(mark.encode())
+            .arg(mark.until_ms)
+            .arg(keep)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    fn horizon_ms(&self) -> u64 {
+        self.keys.horizon_ms()
+    }
+}
+
+impl RedisLedger {
+    /// Where a [`Mark`] of a step of Redis's clock is kept.
+    fn mark_key(&self) -> String {
+        format!("{}clock", self.keys.prefix)
+    }
+
+    /// Removes a [`Mark`] (an operator accepts that codes admitted before a
+    /// step of Redis's clock may be mailed again); returns the one removed.
+    pub async fn clear_clock_mark(&self) -> Result<Option<Mark>, LedgerError> {
+        let old: Option<String> = redis::cmd("GETDEL")
+            .arg(self.mark_key())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(old.as_deref().and_then(Mark::decode))
     }
 }
 

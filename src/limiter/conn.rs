@@ -114,6 +114,27 @@ impl Conn {
             .await?;
         Ok(vec![redis::from_redis_value(v)?])
     }
+
+    /// Each primary's clock (`TIME`, in ms since the epoch), by server: on
+    /// a cluster every shard's primary, whose hosts may each keep their own
+    /// time; elsewhere the one server, named `server`.
+    pub(crate) async fn times(&self) -> RedisResult<Vec<(String, u64)>> {
+        let time = redis::cmd("TIME");
+        let replies: Vec<(String, (u64, u64))> = match self {
+            Conn::Cluster(c) => {
+                let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                redis::from_redis_value(c.clone().route_command(time, every).await?)?
+            }
+            _ => vec![(
+                "server".to_owned(),
+                time.query_async(&mut self.clone()).await?,
+            )],
+        };
+        Ok(replies
+            .into_iter()
+            .map(|(node, (s, us))| (node, s.saturating_mul(1000).saturating_add(us / 1000)))
+            .collect())
+    }
 }
 
 /// What redis-rs needs of a link's TLS: the CA bundle it trusts instead of

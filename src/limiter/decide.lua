@@ -11,14 +11,14 @@ Data: one sorted set per scope key (<prefix>email:<mailbox>,
 bare timestamps, so two jobs in the same millisecond both count; the time is
 repeated in the member so reads need no WITHSCORES (formatting scores costs
 Redis more than the rest of a decision). A key lives keep_ms (its scope's
-longest window and a minute) after its newest admission.
+longest window and an hour) after its newest admission.
 
 Semantics: a request is admitted iff for every rule (W, N) of every scope,
 fewer than N admissions of that key lie after now - W. Admissions "after
 now" (recorded before Redis's clock stepped back) count as inside every
-window, and an admission is forgotten only keep_ms after it (a minute more
+window, and an admission is forgotten only keep_ms after it (an hour more
 than the longest window), so quota is never freed while the clock is at most
-a minute behind the newest time it showed. That holds iff the N-th newest
+an hour behind the newest time it showed. That holds iff the N-th newest
 admission (if any) is at or before now - W, so only the newest few entries of
 a log are ever read. A full rule frees up at
 t_N + W, where t_N is that N-th newest time; retry_after is the largest such
@@ -28,8 +28,8 @@ that wait is the binding one.
 Rule sets travel in ARGV (written by limiter::Keyspace::rule_set_args):
   R, the number of rule sets; then for each: r, the number of its rules;
   keep_ms, how long its keys keep admissions (the longest window of any rule
-  set of the same scope, since keys are shared across purposes, plus a
-  minute of slack for a clock that steps back); then r
+  set of the same scope, since keys are shared across purposes, plus an
+  hour of slack for a clock that steps); then r
   pairs (window_ms, max), max negative for a shadow rule: judged like the
   others over the same log, it never rejects; the one that would have
   bound is answered beside the decision. Then E, the number of extra sets
@@ -50,10 +50,10 @@ local huge, mmin, mmax, floor = math.huge, math.min, math.max, math.floor
 
 -- The longest window, lease or dedup period accepted, in ms (a year and a
 -- day, as settings.rs's MAX_PERIOD): longer ones would overflow an expiry,
--- and are refused before anything is written. A keep may be a minute longer
--- (limiter::CLOCK_SLACK_MS), so even the longest window keeps its slack.
+-- and are refused before anything is written. A keep (a log's, a job
+-- record's) may be an hour longer (limiter::CLOCK_SLACK_MS), so even the longest window keeps its slack.
 local MAX_PERIOD_MS = 31622400000
-local MAX_KEEP_MS = MAX_PERIOD_MS + 60000
+local MAX_KEEP_MS = MAX_PERIOD_MS + 3600000
 
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)

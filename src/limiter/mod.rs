@@ -222,13 +222,17 @@ pub trait Quotas: Send + Sync {
     ) -> impl Future<Output = Result<(String, u64), LimitError>> + Send;
 }
 
-/// How much longer than any rule can see it an admission is kept: Redis's
-/// clock may step back (an NTP correction), and an admission forgotten as
-/// soon as no window held it would count again after the step. With this
-/// slack no quota is freed while the clock is at most a minute behind the
-/// newest time it showed. `decide.lua` accepts a keep of `MAX_PERIOD` plus
-/// this (its `MAX_KEEP_MS`), so the longest window keeps its slack too.
-pub(crate) const CLOCK_SLACK_MS: u64 = 60_000;
+/// How much longer than it is needed every key mailgate writes to Redis
+/// lives: an admission longer than any rule can see it, a job record longer
+/// than `limits.dedup_for`. Redis expires keys by its own clock, which may
+/// step (an NTP correction, a paused VM). Stepped back, an admission
+/// forgotten as soon as no window held it would count again; stepped
+/// forward, Redis would delete records and logs that still count. With this
+/// slack neither happens while the clock is at most an hour off; beyond
+/// that, workers that see the step stop admitting (`ledger::clock`).
+/// `decide.lua` accepts a keep of `MAX_PERIOD` plus this (its
+/// `MAX_KEEP_MS`), so the longest window keeps its slack too.
+pub(crate) const CLOCK_SLACK_MS: u64 = 3_600_000;
 
 /// One list of rules for one scope, and how long that scope's keys keep an
 /// admission: the longest window of *any* rule set of the scope, because a
@@ -620,6 +624,30 @@ impl Keyspace {
         u64::try_from(self.limits.dedup_for.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
+    }
+
+    /// How long Redis keeps a job record (and a `newest` key) after its last
+    /// write: `limits.dedup_for` and [`CLOCK_SLACK_MS`], so a forward step
+    /// of Redis's clock within the slack deletes no record that still
+    /// keeps an id from being mailed twice.
+    pub fn record_keep_ms(&self) -> u64 {
+        self.dedup_ms().saturating_add(CLOCK_SLACK_MS)
+    }
+
+    /// How long anything mailgate keeps can still count: the longest of
+    /// `limits.dedup_for` and the configured rules' windows (and stored
+    /// overrides' own windows), in ms. Whatever Redis lost by a step of its
+    /// clock no longer matters this long after it (see `ledger::clock`).
+    pub fn horizon_ms(&self) -> u64 {
+        let table = self.table.load();
+        let overrides = table.all.iter().flat_map(|ov| match &ov.action {
+            overrides::Action::Rules(rules) => rules.as_slice(),
+            overrides::Action::Allow | overrides::Action::Deny => &[],
+        });
+        (self.sets.iter().flat_map(|set| set.rules.iter()))
+            .chain(overrides)
+            .map(Rule::window_ms)
+            .fold(self.dedup_ms(), u64::max)
     }
 }
 

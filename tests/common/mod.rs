@@ -45,6 +45,39 @@ pub fn redis_settings(prefix: &str) -> RedisSettings {
 pub struct Built<L> {
     pub ledger: L,
     _cleanup: Option<RedisCleanup>,
+    /// The Redis (URL) and key prefix the ledger writes to; `None` in memory.
+    store: Option<(String, String)>,
+}
+
+impl<L> Built<L> {
+    /// Deletes job `id`'s record, as Redis does once it lapses (records
+    /// outlive `dedup_for` by an hour, longer than a test waits). In
+    /// memory, a record lapses as the test's clock moves on.
+    pub async fn lapse_record(&self, id: &str) {
+        let Some((url, prefix)) = &self.store else {
+            return;
+        };
+        let key = format!("{prefix}job:{id}");
+        let deleted: i64 = if url.starts_with("redis+cluster://") {
+            let nodes = url["redis+cluster://".len()..]
+                .split(',')
+                .map(|n| format!("redis://{n}"))
+                .collect::<Vec<_>>();
+            let mut c = redis::cluster::ClusterClient::new(nodes)
+                .expect("a cluster client")
+                .get_async_connection()
+                .await
+                .expect("the test's cluster");
+            redis::cmd("DEL").arg(&key).query_async(&mut c).await
+        } else {
+            let mut c = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("the shared Redis");
+            redis::cmd("DEL").arg(&key).query(&mut c)
+        }
+        .expect("DEL");
+        assert_eq!(deleted, 1, "{key} existed");
+    }
 }
 
 /// A ledger whose overrides a test sets.
@@ -92,6 +125,7 @@ impl Make for RedisBackend {
         Built {
             ledger,
             _cleanup: Some(cleanup),
+            store: Some((redis_url(), prefix)),
         }
     }
 }
@@ -108,12 +142,14 @@ impl Make for ClusterBackend {
             .expect("a cluster test starts its PrivateCluster first");
         // The cluster is the test's own and goes with it: nothing to clean.
         let prefix = format!("{{{}}}", unique_prefix(test));
-        let ledger = RedisLedger::connect(&RedisSettings::new(url.clone(), prefix), &limits)
-            .await
-            .expect("connect to the test's cluster");
+        let ledger =
+            RedisLedger::connect(&RedisSettings::new(url.clone(), prefix.clone()), &limits)
+                .await
+                .expect("connect to the test's cluster");
         Built {
             ledger,
             _cleanup: None,
+            store: Some((url.clone(), prefix)),
         }
     }
 }
@@ -136,6 +172,7 @@ impl Make for SpreadBackend {
         Built {
             ledger,
             _cleanup: None,
+            store: Some((url.clone(), settings.key_prefix)),
         }
     }
 }
@@ -307,6 +344,7 @@ impl Make for MemoryBackend {
         Built {
             ledger: MemoryLedger::new(&limits),
             _cleanup: None,
+            store: None,
         }
     }
 }
@@ -475,6 +513,9 @@ pub struct PrivateRedis {
     child: std::process::Child,
     pub port: u16,
     args: Vec<String>,
+    /// The file whose offset (ms) moves the server's wall clock, for a
+    /// server started with [`PrivateRedis::start_shiftable`].
+    shift: Option<std::path::PathBuf>,
 }
 
 impl PrivateRedis {
@@ -486,20 +527,62 @@ impl PrivateRedis {
     pub fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let child = Self::spawn(port, &args);
-        let me = Self { child, port, args };
+        let child = Self::spawn(port, &args, None);
+        let me = Self {
+            child,
+            port,
+            args,
+            shift: None,
+        };
         me.wait_until_up();
         me
     }
 
-    fn spawn(port: u16, args: &[String]) -> std::process::Child {
-        std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+    /// A server whose wall clock [`PrivateRedis::shift_clock`] moves (as an
+    /// NTP step on its host would), through `tests/clockshift.c`, built
+    /// here with `cc` and preloaded.
+    pub fn start_shiftable() -> Self {
+        let port = free_port();
+        let file =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("clockshift-{port}"));
+        std::fs::write(&file, format!("{:<24}", 0)).expect("the offset file");
+        let child = Self::spawn(port, &[], Some(&file));
+        let me = Self {
+            child,
+            port,
+            args: Vec::new(),
+            shift: Some(file),
+        };
+        me.wait_until_up();
+        me
+    }
+
+    /// Moves the server's wall clock to `offset_ms` from the real time
+    /// (its monotonic clock keeps going).
+    pub fn shift_clock(&self, offset_ms: i64) {
+        use std::os::unix::fs::FileExt as _;
+        let file = self.shift.as_ref().expect("a shiftable server");
+        // Overwritten in place, at a fixed width, never truncated: the
+        // server reads the file on every clock call and must never see it
+        // empty.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .and_then(|f| f.write_all_at(format!("{offset_ms:<24}").as_bytes(), 0))
+            .expect("the offset file");
+    }
+
+    fn spawn(port: u16, args: &[String], shift: Option<&std::path::Path>) -> std::process::Child {
+        let mut c = std::process::Command::new("redis-server");
+        c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(args)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server is installed")
+            .stdout(std::process::Stdio::null());
+        if let Some(file) = shift {
+            c.env("LD_PRELOAD", clockshift())
+                .env("CLOCKSHIFT_FILE", file);
+        }
+        c.spawn().expect("redis-server is installed")
     }
 
     fn wait_until_up(&self) {
@@ -544,7 +627,7 @@ impl PrivateRedis {
     /// Starts a fresh server on the same port.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Self::spawn(self.port, &self.args);
+        self.child = Self::spawn(self.port, &self.args, self.shift.as_deref());
         self.wait_until_up();
     }
 
@@ -553,10 +636,31 @@ impl PrivateRedis {
     }
 }
 
+/// `tests/clockshift.c` built as a shared library (once per test binary).
+fn clockshift() -> &'static std::path::Path {
+    static LIB: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let lib = dir.join(format!("clockshift-{}.so", std::process::id()));
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clockshift.c");
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cc builds tests/clockshift.c");
+        lib
+    })
+}
+
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(file) = &self.shift {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 

@@ -1,0 +1,130 @@
+//! Redis's clock steps (issue 25, item 6): a worker stops taking jobs while
+//! a primary's clock disagrees with its own, and a forward step past the
+//! hour keys outlive their use holds every worker back until whatever Redis
+//! deleted early would have expired anyway (or an operator accepts it).
+//! Against a private `redis-server` whose wall clock `tests/clockshift.c`
+//! moves, the shared RabbitMQ and an in-process SMTP server.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::harness::{Harness, WorkerHandle, http_get};
+use serde_json::json;
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Waits until `/readyz` answers `status` with `words` in its body.
+async fn readyz_until(w: &WorkerHandle, status: u16, words: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (s, body) = http_get(w.http, "/readyz").await;
+        if s == status && body.contains(words) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readyz never said {status} {words:?}: {s} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A worker within the slack: while Redis's clock is 30 minutes ahead no job
+/// is taken, `/readyz` says why, and once it is back the job waiting is
+/// mailed and the first job, published again, is a duplicate (its record
+/// outlived the step).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_within_the_slack_holds_the_worker_and_loses_no_record() {
+    let redis = common::PrivateRedis::start_shiftable();
+    let url = redis.url();
+    let h = Harness::with("clockstep", |s| s.redis.url = url.clone()).await;
+    let w = h.start_worker().await;
+    let first = json!({"id": "c1", "email": "owner@example.com", "code": "1"});
+    h.publish(&first).await;
+    assert_eq!(h.result().await["status"], "sent");
+
+    redis.shift_clock(30 * 60 * 1000);
+    let body = readyz_until(&w, 503, "ahead of this worker").await;
+    assert!(body.contains("redis.max_clock_skew"), "{body}");
+    h.publish(&json!({"id": "c2", "email": "other@example.com", "code": "2"}))
+        .await;
+    h.no_more_results(Duration::from_secs(3)).await;
+    assert!(
+        h.sink.mails_to("other@example.com").is_empty(),
+        "nothing is taken while the clocks disagree"
+    );
+
+    redis.shift_clock(0);
+    readyz_until(&w, 200, "").await;
+    let r = h.result().await;
+    assert_eq!((&r["id"], &r["status"]), (&json!("c2"), &json!("sent")));
+    h.publish(&first).await;
+    assert_eq!(h.result().await["status"], "duplicate");
+    assert_eq!(h.sink.mails_to("owner@example.com").len(), 1);
+    w.stop().await.unwrap();
+}
+
+/// The issue's replay: Redis's clock jumps 25 h ahead and comes back. Redis
+/// expires the job's record meanwhile (checked), yet the same job published
+/// again is not mailed: the worker that saw the step marked it, and neither
+/// it nor a worker started afterwards takes a job until the mark's time or
+/// an operator's `mailgate clock --accept`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
+    let redis = common::PrivateRedis::start_shiftable();
+    let url = redis.url();
+    let h = Harness::with("clockjump", |s| s.redis.url = url.clone()).await;
+    let w = h.start_worker().await;
+    let job = json!({"id": "j1", "email": "owner@example.com", "code": "1"});
+    h.publish(&job).await;
+    assert_eq!(h.result().await["status"], "sent");
+    let record = format!("{}job:j1", h.settings.redis.key_prefix);
+    assert_eq!(common::redis_cli(redis.port, &["EXISTS", &record]), "1");
+
+    redis.shift_clock(25 * HOUR_MS);
+    readyz_until(&w, 503, "mailgate clock --accept").await;
+    // Redis deletes the record by its own clock, whatever mailgate does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::redis_cli(redis.port, &["EXISTS", &record]) != "0" {
+        assert!(Instant::now() < deadline, "Redis never expired the record");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis.shift_clock(0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let body = readyz_until(&w, 503, "mailgate clock --accept").await;
+    assert!(body.contains("stepped 1day "), "{body}");
+
+    h.publish(&job).await;
+    h.no_more_results(Duration::from_secs(3)).await;
+    // A worker started now is held back by the mark too.
+    w.stop().await.unwrap();
+    let w = h.start_worker().await;
+    readyz_until(&w, 503, "mailgate clock --accept").await;
+    h.no_more_results(Duration::from_secs(2)).await;
+    assert_eq!(h.sink.mails_to("owner@example.com").len(), 1, "mailed once");
+
+    let show = h
+        .command(env!("CARGO_BIN_EXE_mailgate"), &["clock"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&show.stdout);
+    assert!(!show.status.success(), "{out}");
+    assert!(
+        out.contains("marked: the clock of") && out.contains("agrees"),
+        "{out}"
+    );
+
+    // The operator accepts: the job waiting is taken (and, its record gone,
+    // mailed again: the risk `--accept` names).
+    let accept = h
+        .command(env!("CARGO_BIN_EXE_mailgate"), &["clock", "--accept"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&accept.stdout);
+    assert!(accept.status.success(), "{out}");
+    assert!(out.contains("removed the mark"), "{out}");
+    readyz_until(&w, 200, "").await;
+    assert_eq!(h.result().await["id"], "j1");
+    w.stop().await.unwrap();
+}
