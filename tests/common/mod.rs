@@ -58,8 +58,8 @@ impl<L> Built<L> {
             return;
         };
         let key = format!("{prefix}job:{id}");
-        let deleted: i64 = if url.starts_with("redis+cluster://") {
-            let nodes = url["redis+cluster://".len()..]
+        let deleted: i64 = if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+            let nodes = nodes
                 .split(',')
                 .map(|n| format!("redis://{n}"))
                 .collect::<Vec<_>>();
