@@ -280,7 +280,7 @@ enum Delivery {
     /// `expires_at` passed while the job waited for an SMTP connection.
     Expired,
     /// The ledger could not record that the send begins; nothing was sent.
-    LedgerDown(String),
+    LedgerDown(LedgerError),
     /// The SMTP send failed.
     Failed(MailError),
 }
@@ -419,6 +419,9 @@ impl<L: Ledger> Pipeline<L> {
                 // second: a cluster client reconnects before it answers.
                 if send_now {
                     self.release_lost_mark(job_ref).await;
+                }
+                if e.is_outage() {
+                    return Err(self.outage(msg, &e));
                 }
                 return Err(self.unavailable(job, msg, out, ledger_error(&e)).await);
             }
@@ -607,7 +610,7 @@ impl<L: Ledger> Pipeline<L> {
             Ok(false) => Err(Delivery::NotNow),
             Err(e) => {
                 self.record(|| self.ledger.release(job_ref)).await;
-                Err(Delivery::LedgerDown(ledger_error(&e)))
+                Err(Delivery::LedgerDown(e))
             }
         }
     }
@@ -674,7 +677,8 @@ impl<L: Ledger> Pipeline<L> {
                     .await;
             }
             Delivery::Failed(e) => e.to_string(),
-            Delivery::LedgerDown(e) => e,
+            Delivery::LedgerDown(e) if e.is_outage() => return self.outage(msg, &e),
+            Delivery::LedgerDown(e) => ledger_error(&e),
         };
         // A transient failure: nothing was handed over.
         if msg.attempt < self.settings.retry.max_attempts {
@@ -764,6 +768,21 @@ impl<L: Ledger> Pipeline<L> {
         }
     }
 
+    /// Redis is out of reach (or not serving): not the job's fault, so it
+    /// waits in RabbitMQ and comes back as the same attempt; meanwhile the
+    /// worker takes no new jobs (see `worker`). A job whose `expires_at`
+    /// passes meanwhile is answered `expired` when it comes back.
+    fn outage(&self, msg: &Message<'_>, e: &LedgerError) -> Action {
+        // A lost or lagging replica shows on a dashboard.
+        if matches!(e, LedgerError::Unreplicated(_)) {
+            telemetry::send_mark_unreplicated();
+        }
+        tracing::debug!(error = %e, "Redis unavailable; the job waits without spending an attempt");
+        Action::Wait {
+            delay: self.backoff(msg.attempt),
+        }
+    }
+
     /// The ledger could not be asked: retry later, or, out of attempts,
     /// answer `failed` and dead-letter the job (nothing can be recorded).
     async fn unavailable(
@@ -850,11 +869,7 @@ fn ms_since_epoch(t: jiff::Timestamp) -> u64 {
 }
 
 /// Why a job could not go on for now, from the ledger's error on its
-/// admission or send mark; a mark the replicas did not acknowledge is
-/// counted, so that a lost or lagging replica shows on a dashboard.
+/// admission or send mark (other than an outage: [`LedgerError::is_outage`]).
 fn ledger_error(e: &LedgerError) -> String {
-    if matches!(e, LedgerError::Unreplicated(_)) {
-        telemetry::send_mark_unreplicated();
-    }
     format!("rate limiter unavailable: {e}")
 }

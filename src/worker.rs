@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
 use crate::domain::{Ticket, now_ms};
-use crate::ledger::clock::{Verdict, Watch};
+use crate::ledger::clock::{Readings, Verdict, Watch};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
@@ -39,9 +39,13 @@ const ISOLATE_FROM: u32 = 2;
 /// How often the dependency and backlog gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(15);
 
-/// How often Redis's clocks are read (see `ledger::clock`): a step of
-/// Redis's clock is seen this long after it at the latest.
-const CLOCK_EVERY: Duration = Duration::from_secs(1);
+/// How often Redis is checked and its clocks read (see
+/// `Worker::watch_redis`): an outage or a step of its clock holds the
+/// worker back this long after it at the latest.
+const REDIS_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a worker that RabbitMQ blocks looks whether it still does.
+const BLOCKED_EVERY: Duration = Duration::from_millis(200);
 
 /// Everything a running worker shares between its jobs.
 pub struct Worker<L> {
@@ -54,12 +58,11 @@ pub struct Worker<L> {
     /// The last SMTP check, reused for a few seconds so `/readyz` does not
     /// open a connection per probe.
     smtp_checked: Checked,
-    /// The last Redis check (a script call that writes, and `INFO`), reused
-    /// for a second, so a flood of `/readyz` cannot load Redis.
-    redis_checked: Checked,
-    /// Why no job is taken because of Redis's clock (`ledger::clock`), or
-    /// `None` while its clocks agree with this worker's.
-    clock_hold: tokio::sync::watch::Sender<Option<String>>,
+    /// Why no job is taken because of Redis (it cannot be used, or its
+    /// clock cannot be trusted), or `None` while it can; kept by
+    /// `Worker::watch_redis`, and what `/readyz` says of Redis, so a flood
+    /// of `/readyz` cannot load Redis.
+    redis_hold: tokio::sync::watch::Sender<Option<String>>,
     /// The HTTP endpoint, served from the start of [`build`]; taken and
     /// stopped when the worker stops.
     http: std::sync::Mutex<Option<Endpoint<L>>>,
@@ -135,8 +138,6 @@ const STABLE: Duration = Duration::from_secs(30);
 
 /// How long an SMTP readiness result is reused.
 const SMTP_CHECK_TTL: Duration = Duration::from_secs(10);
-/// How long a Redis readiness result is reused.
-const REDIS_CHECK_TTL: Duration = Duration::from_secs(1);
 
 /// A readiness check's last result, reused for `ttl`. Concurrent probes
 /// wait for the one check in progress instead of each running their own.
@@ -268,8 +269,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         amqp_up: AtomicBool::new(false),
         broker: std::sync::Mutex::new(None),
         smtp_checked: Checked::new(SMTP_CHECK_TTL),
-        redis_checked: Checked::new(REDIS_CHECK_TTL),
-        clock_hold: tokio::sync::watch::Sender::new(None),
+        redis_hold: tokio::sync::watch::Sender::new(None),
         http: std::sync::Mutex::new(Some(endpoint)),
         http_addr,
     })
@@ -309,10 +309,10 @@ impl<L: Ledger + 'static> Worker<L> {
             let _ = e.starting.worker.set(this.clone());
         }
         let gauges = tokio::spawn(this.clone().refresh_gauges());
-        let clock = tokio::spawn(this.clone().watch_clock());
+        let redis = tokio::spawn(this.clone().watch_redis());
         let result = this.clone().consume(shutdown).await;
         gauges.abort();
-        clock.abort();
+        redis.abort();
         if let Some(e) = endpoint {
             e.stop().await;
         }
@@ -342,54 +342,81 @@ impl<L: Ledger + 'static> Worker<L> {
         }
     }
 
-    /// Reads Redis's clocks every [`CLOCK_EVERY`] and holds the consume
-    /// loop back while one disagrees with this worker's clock, or while a
-    /// step beyond the slack is marked (see `ledger::clock`). A failed
-    /// reading changes nothing. Runs until aborted, or at once returns for
-    /// a store without a clock of its own.
-    async fn watch_clock(self: Arc<Self>) {
+    /// Checks Redis every [`REDIS_EVERY`] as readiness does
+    /// ([`Ledger::health`]: it answers, takes the script's writes, keeps
+    /// its keys, has its replicas) and reads its clocks (`ledger::clock`);
+    /// holds the consume loop back while Redis cannot be used or its clock
+    /// cannot be trusted, so no job spends an attempt on an outage. Runs
+    /// until aborted, or returns at once for a store without a clock of its
+    /// own (in memory).
+    async fn watch_redis(self: Arc<Self>) {
         let ledger = self.pipeline.ledger();
         let max_skew =
             u64::try_from(self.settings.redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
         let mut watch = Watch::new(max_skew);
-        let mut every = tokio::time::interval(CLOCK_EVERY);
+        let mut every = tokio::time::interval(REDIS_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut was = Verdict::Agrees;
+        let mut was: Option<&'static str> = None;
+        let url = redact_url(&self.settings.redis.url);
         loop {
             every.tick().await;
-            let readings = match ledger.clocks().await {
-                Ok(Some(r)) => r,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot read Redis's clock");
-                    continue;
-                }
+            let unusable = |e: LedgerError| {
+                let why = format!(
+                    "Redis at {url} cannot be used ({e}); no job is taken until it can, so none \
+                     spends an attempt on the outage"
+                );
+                Some(("unusable", why))
             };
-            telemetry::redis_clock_skew(readings.worst_skew_ms());
-            let (verdict, mark) = watch.observe(&readings, ledger.horizon_ms());
-            if let Some(mark) = mark {
-                match ledger.mark_clock(&mark).await {
-                    Ok(()) => tracing::error!(
-                        node = %mark.node, ahead_ms = mark.ahead_ms, until_ms = mark.until_ms,
-                        "Redis's clock stepped forward past the slack; every worker stops admitting"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "cannot mark the step of Redis's clock"),
+            let held = match ledger.health().await {
+                Err(e) => unusable(e),
+                Ok(()) => match ledger.clocks().await {
+                    Ok(None) => return,
+                    Err(e) => unusable(e),
+                    Ok(Some(readings)) => self.judge_clock(&mut watch, &readings).await,
+                },
+            };
+            // Logged when it changes kind, not as a skew moves.
+            let kind = held.as_ref().map(|(kind, _)| *kind);
+            if kind != was {
+                match &held {
+                    None => tracing::info!("Redis can be used again; taking jobs"),
+                    Some((_, why)) => tracing::warn!("taking no jobs: {why}"),
                 }
             }
-            // Logged when it changes kind, not as the skew moves.
-            if std::mem::discriminant(&verdict) != std::mem::discriminant(&was) {
-                match &verdict {
-                    Verdict::Agrees => tracing::info!("Redis's clock agrees again; taking jobs"),
-                    held => tracing::warn!("taking no jobs: {held}"),
-                }
-            }
-            let hold = (verdict != Verdict::Agrees).then(|| verdict.to_string());
-            self.clock_hold.send_if_modified(|h| {
+            was = kind;
+            let hold = held.map(|(_, why)| why);
+            self.redis_hold.send_if_modified(|h| {
                 let changed = *h != hold;
                 *h = hold;
                 changed
             });
-            was = verdict;
+        }
+    }
+
+    /// What Redis's clocks say (see `ledger::clock`), marking a step past
+    /// the slack for every worker: `None` while they can be trusted, else
+    /// the kind of hold and why.
+    async fn judge_clock(
+        &self,
+        watch: &mut Watch,
+        readings: &Readings,
+    ) -> Option<(&'static str, String)> {
+        let ledger = self.pipeline.ledger();
+        telemetry::redis_clock_skew(readings.worst_skew_ms());
+        let (verdict, mark) = watch.observe(readings, ledger.horizon_ms());
+        if let Some(mark) = mark {
+            match ledger.mark_clock(&mark).await {
+                Ok(()) => tracing::error!(
+                    node = %mark.node, ahead_ms = mark.ahead_ms, until_ms = mark.until_ms,
+                    "Redis's clock stepped forward past the slack; every worker stops admitting"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot mark the step of Redis's clock"),
+            }
+        }
+        match verdict {
+            Verdict::Agrees => None,
+            Verdict::Skewed { .. } => Some(("skewed", verdict.to_string())),
+            Verdict::Marked(_) => Some(("marked", verdict.to_string())),
         }
     }
 
@@ -427,20 +454,25 @@ impl<L: Ledger + 'static> Worker<L> {
             this.set_broker(Some(broker.clone()));
             let up_since = Instant::now();
             let mailer = this.pipeline.mailer();
-            let mut clock = this.clock_hold.subscribe();
+            let mut redis = this.redis_hold.subscribe();
             let stop = loop {
                 // While every SMTP relay's circuit is open no job is taken
                 // (they wait in RabbitMQ, or unacknowledged in this
                 // consumer's prefetch): taking them would only burn their
                 // attempts. A probe that closes a circuit resumes. Nor while
-                // Redis's clock cannot be trusted (`watch_clock`).
+                // Redis cannot be used or its clock trusted (`watch_redis`).
+                // Nor while RabbitMQ blocks publishing (an alarm): no
+                // result could go out. Looked at again every
+                // `BLOCKED_EVERY` (lapin does not announce the unblock).
                 let can_send = mailer.can_send();
-                let can_take = can_send && clock.borrow_and_update().is_none();
+                let blocked = broker.blocked();
+                let can_take = can_send && !blocked && redis.borrow_and_update().is_none();
                 tokio::select! {
                     () = &mut shutdown => break Stop::Requested,
                     () = mailer.until_can_send(), if !can_send => {}
+                    () = tokio::time::sleep(BLOCKED_EVERY), if blocked => {}
                     // The sender lives as long as the worker.
-                    _ = clock.changed() => {}
+                    _ = redis.changed() => {}
                     next = consumers.jobs.next(), if can_take => match next {
                         Some(Ok(delivery)) => {
                             // Finished tasks are reaped here, not as each
@@ -813,16 +845,12 @@ impl<L: Ledger + 'static> Worker<L> {
         }
     }
 
-    /// Redis as readiness sees it: a script call that writes, reused for a
-    /// second.
-    async fn redis_state(&self) -> Result<(), String> {
-        if let Some(why) = self.clock_hold.borrow().clone() {
-            return Err(why);
+    /// Redis as readiness sees it: as `watch_redis` last found it.
+    fn redis_state(&self) -> Result<(), String> {
+        match self.redis_hold.borrow().clone() {
+            Some(why) => Err(why),
+            None => Ok(()),
         }
-        let ledger = self.pipeline.ledger();
-        self.redis_checked
-            .get(async { ledger.health().await.map_err(|e| e.to_string()) })
-            .await
     }
 
     /// Refreshes the gauges of what readiness checks, for dashboards and
@@ -831,7 +859,7 @@ impl<L: Ledger + 'static> Worker<L> {
     /// load the relay; `/readyz` itself still opens one).
     async fn refresh_dependency_gauges(&self) {
         telemetry::dependency_up("rabbitmq", self.amqp_state().is_ok());
-        telemetry::dependency_up("redis", self.redis_state().await.is_ok());
+        telemetry::dependency_up("redis", self.redis_state().is_ok());
         let relay = self.pipeline.mailer().relay_health();
         telemetry::dependency_up("smtp", relay.is_ok());
     }
@@ -840,7 +868,7 @@ impl<L: Ledger + 'static> Worker<L> {
 impl<L: Ledger + 'static> crate::http::Readiness for Worker<L> {
     async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
         let amqp = self.amqp_state();
-        let redis = self.redis_state().await;
+        let redis = self.redis_state();
         // The relay's health as the sends see it, at once; otherwise a probe
         // connection, at most every few seconds.
         let relay = self.pipeline.mailer().relay_health();

@@ -129,6 +129,76 @@ async fn redis_goes_away_mid_load_and_comes_back() {
     w.stop().await.unwrap();
 }
 
+/// Redis gone for longer than every retry of a job (issue 26): the worker
+/// stops taking jobs, `/readyz` names Redis and why, no job spends an
+/// attempt, and once Redis is back (restarted empty) every job is sent, and
+/// one whose `expires_at` passed meanwhile is answered `expired`. Before:
+/// each job that arrived was answered `failed` after its 5 attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_holds_the_pool_and_spends_no_attempt() {
+    let mut redis = common::PrivateRedis::start();
+    let url = redis.url();
+    // Five attempts within about a second: the outage outlasts them all.
+    let h = Harness::with("redisout", |s| s.redis.url = url.clone()).await;
+    let w = h.start_worker().await;
+    h.publish(&json!({"id": "warm", "email": "warm@example.com", "code": "1"}))
+        .await;
+    assert_eq!(h.result().await["status"], "sent");
+
+    redis.kill();
+    // Taken before the worker notices (their admissions fail), and after.
+    for n in 0..2 {
+        h.publish(
+            &json!({"id": format!("o{n}"), "email": format!("u{n}@example.com"), "code": "1"}),
+        )
+        .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = common::harness::http_get(w.http, "/readyz").await;
+        if status == 503 && body.contains("cannot be used") {
+            assert!(
+                body.contains(&format!("127.0.0.1:{}", redis.port)),
+                "{body}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readyz never named Redis: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in 2..4 {
+        h.publish(
+            &json!({"id": format!("o{n}"), "email": format!("u{n}@example.com"), "code": "1"}),
+        )
+        .await;
+    }
+    let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3);
+    h.publish(
+        &json!({"id": "late", "email": "late@example.com", "code": "1",
+        "expires_at": soon.to_string()}),
+    )
+    .await;
+    h.no_more_results(Duration::from_secs(6)).await;
+
+    redis.restart();
+    let results = h.results(5).await;
+    for n in 0..4 {
+        let r = &results[&format!("o{n}")];
+        assert_eq!(
+            (&r["status"], &r["attempts"]),
+            (&json!("sent"), &json!(1)),
+            "{r}"
+        );
+        assert_eq!(h.sink.mails_to(&format!("u{n}@example.com")).len(), 1);
+    }
+    assert_eq!(results["late"]["status"], "expired", "{results:?}");
+    assert!(h.sink.mails_to("late@example.com").is_empty());
+    w.stop().await.unwrap();
+}
+
 /// Every id's results, the mails per mailbox, and whether any job was lost.
 struct Tally {
     jobs: usize,

@@ -330,6 +330,36 @@ impl From<::redis::RedisError> for LedgerError {
     }
 }
 
+impl LedgerError {
+    /// Whether this says the store is out of reach or not serving for now
+    /// (no connection, a timeout, a server loading its data or between
+    /// primaries, a cluster without a slot's owner, replicas that did not
+    /// acknowledge), rather than anything about the job: the job waits
+    /// without spending an attempt, and workers take no jobs until it
+    /// passes.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            LedgerError::Redis(e) => {
+                use ::redis::ErrorKind;
+                matches!(
+                    e.kind(),
+                    ErrorKind::Io
+                        | ErrorKind::ClusterConnectionNotFound
+                        | ErrorKind::MasterNameNotFoundBySentinel
+                        | ErrorKind::NoValidReplicasFoundBySentinel
+                ) || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || matches!(
+                        e.code(),
+                        Some("LOADING" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "TRYAGAIN")
+                    )
+            }
+            LedgerError::Unreplicated(_) => true,
+            LedgerError::Protocol(_) | LedgerError::Unfit(_) => false,
+        }
+    }
+}
+
 /// A ledger backend. Both backends implement exactly the semantics in the
 /// module docs (and `ledger.lua`'s header), checked by one conformance suite.
 pub trait Ledger: Send + Sync {
