@@ -50,11 +50,14 @@ pub enum Action {
         /// Why, for the log.
         error: String,
     },
-    /// Another attempt owns this job's send: look again after `delay`,
-    /// without counting an attempt.
+    /// Another attempt owns this job's send, or Redis is out (`outage`):
+    /// look again after `delay`, without counting an attempt.
     Wait {
         /// How long to wait.
         delay: Duration,
+        /// Whether Redis was unavailable (else another attempt owns the
+        /// send), for the log and `mailgate_retries_total`.
+        outage: bool,
     },
     /// Put it in the dead-letter queue with `error` and acknowledge it: it
     /// cannot be answered (not JSON, no usable id), its result could not be
@@ -475,6 +478,7 @@ impl<L: Ledger> Pipeline<L> {
             Verdict::Busy { lease_left_ms } => {
                 return Err(Action::Wait {
                     delay: Duration::from_millis(lease_left_ms.saturating_add(100)),
+                    outage: false,
                 });
             }
             Verdict::Conflict => (
@@ -645,6 +649,7 @@ impl<L: Ledger> Pipeline<L> {
             Delivery::NotNow => {
                 return Action::Wait {
                     delay: Duration::from_secs(1),
+                    outage: false,
                 };
             }
             Delivery::Expired => {
@@ -780,6 +785,7 @@ impl<L: Ledger> Pipeline<L> {
         tracing::debug!(error = %e, "Redis unavailable; the job waits without spending an attempt");
         Action::Wait {
             delay: self.backoff(msg.attempt),
+            outage: true,
         }
     }
 

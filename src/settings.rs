@@ -313,12 +313,11 @@ impl Settings {
                 Duration::from_secs(60),
             ),
             (
-                // Below the hour keys outlive their use (CLOCK_SLACK_MS), so
-                // a step is seen before Redis deletes what still counts.
+                // A step within it shifts windows by as much: kept small.
                 "redis.max_clock_skew",
                 self.redis.max_clock_skew,
                 Duration::from_secs(1),
-                Duration::from_secs(30 * 60),
+                Duration::from_secs(5 * 60),
             ),
             (
                 "worker.shutdown_timeout",
@@ -1263,7 +1262,9 @@ pub struct RedisSettings {
     /// How far a Redis primary's clock and a worker's may disagree before
     /// the worker stops taking jobs (limits, leases and the records that
     /// keep a code from being mailed twice run on Redis's clock; see
-    /// `ledger::clock`). 1 s to 30 min; 10 s by default.
+    /// `ledger::clock`). A step of Redis's clock within it is not held back,
+    /// so windows may be off by up to this much. 1 s to 5 min; 10 s by
+    /// default.
     #[serde(
         default = "default_max_clock_skew",
         deserialize_with = "human_duration"

@@ -7,7 +7,7 @@
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
-//! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry) or `lease` (waiting for another attempt) |
+//! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt) or `outage` (waiting for Redis, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent`, `unknown` |
@@ -134,7 +134,7 @@ pub fn register() {
     ] {
         metrics::counter!("mailgate_jobs_total", "status" => status_label(status)).increment(0);
     }
-    for reason in ["transient", "lease"] {
+    for reason in ["transient", "lease", "outage"] {
         metrics::counter!("mailgate_retries_total", "reason" => reason).increment(0);
     }
     metrics::counter!("mailgate_dead_letters_total").increment(0);

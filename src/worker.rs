@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
 use crate::domain::{Ticket, now_ms};
-use crate::ledger::clock::{Readings, Verdict, Watch};
+use crate::ledger::clock::{Readings, Verdict};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
@@ -351,9 +351,6 @@ impl<L: Ledger + 'static> Worker<L> {
     /// own (in memory).
     async fn watch_redis(self: Arc<Self>) {
         let ledger = self.pipeline.ledger();
-        let max_skew =
-            u64::try_from(self.settings.redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
-        let mut watch = Watch::new(max_skew);
         let mut every = tokio::time::interval(REDIS_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was: Option<&'static str> = None;
@@ -372,7 +369,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 Ok(()) => match ledger.clocks().await {
                     Ok(None) => return,
                     Err(e) => unusable(e),
-                    Ok(Some(readings)) => self.judge_clock(&mut watch, &readings).await,
+                    Ok(Some(readings)) => self.judge_clock(&readings).await,
                 },
             };
             // Logged when it changes kind, not as a skew moves.
@@ -393,30 +390,26 @@ impl<L: Ledger + 'static> Worker<L> {
         }
     }
 
-    /// What Redis's clocks say (see `ledger::clock`), marking a step past
-    /// the slack for every worker: `None` while they can be trusted, else
-    /// the kind of hold and why.
-    async fn judge_clock(
-        &self,
-        watch: &mut Watch,
-        readings: &Readings,
-    ) -> Option<(&'static str, String)> {
+    /// What Redis's clocks say (see `ledger::clock`): `None` while they
+    /// can be trusted, else the kind of hold and why. Refreshes the canary
+    /// while this worker's clock agrees with every primary's.
+    async fn judge_clock(&self, readings: &Readings) -> Option<(&'static str, String)> {
         let ledger = self.pipeline.ledger();
         telemetry::redis_clock_skew(readings.worst_skew_ms());
-        let (verdict, mark) = watch.observe(readings, ledger.horizon_ms());
-        if let Some(mark) = mark {
-            match ledger.mark_clock(&mark).await {
-                Ok(()) => tracing::error!(
-                    node = %mark.node, ahead_ms = mark.ahead_ms, until_ms = mark.until_ms,
-                    "Redis's clock stepped forward past the slack; every worker stops admitting"
-                ),
-                Err(e) => tracing::warn!(error = %e, "cannot mark the step of Redis's clock"),
+        let max_skew = self.settings.redis.max_clock_skew;
+        let max_skew = u64::try_from(max_skew.as_millis()).unwrap_or(u64::MAX);
+        let agrees = readings.skewed(max_skew).is_none();
+        let mark = match ledger.watch_clock(agrees).await {
+            Ok(mark) => mark,
+            Err(e) => {
+                let why = format!("cannot look after Redis's clock ({e})");
+                return Some(("unusable", why));
             }
-        }
-        match verdict {
+        };
+        match Verdict::of(readings, mark, max_skew) {
             Verdict::Agrees => None,
-            Verdict::Skewed { .. } => Some(("skewed", verdict.to_string())),
-            Verdict::Marked(_) => Some(("marked", verdict.to_string())),
+            v @ Verdict::Skewed(_) => Some(("skewed", v.to_string())),
+            v @ Verdict::Marked(_) => Some(("marked", v.to_string())),
         }
     }
 
@@ -711,12 +704,20 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
                 .delay(job, &queue, ticket, failed_attempt + 1, delay)
                 .await
         }
-        Action::Wait { delay } => {
-            tracing::info!(
-                ?delay,
-                "another attempt owns the send; waiting for its lease"
-            );
-            telemetry::retried("lease");
+        Action::Wait { delay, outage } => {
+            if outage {
+                tracing::info!(
+                    ?delay,
+                    "Redis is unavailable; the job waits, spending no attempt"
+                );
+                telemetry::retried("outage");
+            } else {
+                tracing::info!(
+                    ?delay,
+                    "another attempt owns the send; waiting for its lease"
+                );
+                telemetry::retried("lease");
+            }
             let (queue, delay) = broker.topology().wait(delay);
             broker.delay(job, &queue, ticket, job.attempt, delay).await
         }

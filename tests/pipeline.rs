@@ -565,7 +565,7 @@ async fn a_copy_arriving_while_another_attempt_owns_the_send_waits() {
         action
     };
     let (a1, a2) = tokio::join!(first, second);
-    let Action::Wait { delay } = a2 else {
+    let Action::Wait { delay, .. } = a2 else {
         panic!("the copy waits: {a2:?}");
     };
     assert!(delay > Duration::from_secs(25) && delay <= Duration::from_millis(30_100));

@@ -3,7 +3,7 @@ mailgate ledger: each job's lifecycle, and its admission. Sent to Redis after
 the limiter's decision chunk (src/limiter/decide.lua), whose local functions
 rule_sets, shape_ok, judge, record, forget, member_of, int and call it uses.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
-for many at once), "probe" (readiness) or "mark" (Redis's clock stepped);
+for many at once), "probe" (readiness) or "clock" (has Redis's clock run ahead?);
 each checks its argument counts and every argument before its first write,
 so a bad call writes nothing.
 
@@ -426,7 +426,8 @@ local ITEMS = {
 }
 
 local function batch()
-  local now = clock(2)
+  local now, skewed = clock(2)
+  if skewed then return skewed end
   local keep_s, lease = ARGV[3], tonumber(ARGV[4])
   if not now or not period_ok(keep_s, MAX_KEEP_MS) or not lease or not period_ok(ARGV[4]) then
     return fail('bad clock, dedup or lease')
@@ -477,27 +478,62 @@ local function probe()
 end
 
 --[[
-op "mark" -- a worker saw Redis's clock step forward further than keys
-  outlive their use (src/ledger/clock.rs): no worker admits until the mark's
-  time. Of two marks the one that holds longer stays.
-  KEYS[1] <prefix>clock, a string: "<until ms> <ahead ms> <seen ms> <server>"
-  ARGV[2] the mark; ARGV[3] its until; ARGV[4] how long the key lives, ms
-  returns 1 if the mark was stored, 0 if one that holds longer stands.
+op "clock" -- once a second from each worker (src/ledger/clock.rs): is a
+  mark of a lost key standing, and did Redis just lose its canary?
+  KEYS[1] the mark, a string "<until ms> <seen ms> <since ms>" (Redis's
+          clock); KEYS[2] the canary; KEYS[3] when the canary was last
+          refreshed (ms, no expiry). All three share one slot.
+  ARGV[2] '1' if the worker's clock agrees with every primary's (it may
+          refresh the canary), else '0'; 'accept': an operator removes the
+          mark and re-arms the canary (mailgate clock --accept)
+  ARGV[3] how long the canary lives, ms; ARGV[4] how long a mark holds, ms
+  If the canary is gone while its last refresh is less than its life ago,
+  Redis expired it early: its clock ran ahead by more than the canary's
+  life since then. A mark is set (or, if one holds longer, kept), and the
+  canary re-armed. Returns {now, the standing mark's until (0: none),
+  1 if a loss was found now}; 'accept' returns {now, 0, 1 if a mark was
+  removed}.
 ]]
-local function mark()
-  local until_ms, keep = tonumber(ARGV[3]), ARGV[4]
-  if #KEYS ~= 1 or #ARGV ~= 4 or not until_ms or not period_ok(keep, MAX_KEEP_MS) then
-    return fail('takes 1 key, a mark, its until and a keep')
+local function watch_clock()
+  local life, hold = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local how = ARGV[2]
+  if #KEYS ~= 3 or #ARGV ~= 4 or (how ~= '0' and how ~= '1' and how ~= 'accept')
+    or not life or life < 1 or life > MAX_KEEP_MS or not period_ok(ARGV[4], MAX_KEEP_MS) then
+    return fail('takes 3 keys, whether the clocks agree, a canary life and a hold')
   end
-  local old = call('GET', KEYS[1])
-  local old_until = old and tonumber(string.match(old, '^(%d+) '))
-  if old_until and old_until >= until_ms then return 0 end
-  call('SET', KEYS[1], ARGV[2], 'PX', keep)
-  return 1
+  local t = call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if how == 'accept' then
+    local removed = call('DEL', KEYS[1])
+    call('SET', KEYS[2], '1', 'PX', int(life))
+    call('SET', KEYS[3], int(now))
+    return {now, 0, removed}
+  end
+  local mark = call('GET', KEYS[1])
+  -- An unreadable mark holds, as long as a mark can (a junk value must not
+  -- silence the watch).
+  local until_ms = mark and (tonumber(string.match(mark, '^(%d+) ')) or now + hold)
+  if until_ms and until_ms > 9007199254740991 then until_ms = 9007199254740991 end
+  local since = tonumber(call('GET', KEYS[3]))
+  local lost = 0
+  if since and since <= now and now - since < life and call('EXISTS', KEYS[2]) == 0 then
+    lost = 1
+    if not until_ms or until_ms < now + hold then
+      until_ms = now + hold
+      call('SET', KEYS[1], int(until_ms) .. ' ' .. int(now) .. ' ' .. int(since), 'PX',
+        int(hold + 3600000))
+    end
+  end
+  if lost == 1 or how == '1' then
+    call('SET', KEYS[2], '1', 'PX', int(life))
+    call('SET', KEYS[3], int(now))
+  end
+  if until_ms and until_ms <= now then until_ms = nil end
+  return {now, until_ms or 0, lost}
 end
 
 if op == 'batch' then return batch()
 elseif op == 'probe' then return probe()
-elseif op == 'mark' then return mark()
+elseif op == 'clock' then return watch_clock()
 end
 return fail('unknown op')

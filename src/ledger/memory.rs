@@ -398,8 +398,8 @@ impl Ledger for MemoryLedger {
         Ok(None)
     }
 
-    async fn mark_clock(&self, _: &super::clock::Mark) -> Result<(), LedgerError> {
-        Ok(())
+    async fn watch_clock(&self, _: bool) -> Result<Option<super::clock::Mark>, LedgerError> {
+        Ok(None)
     }
 
     fn horizon_ms(&self) -> u64 {

@@ -334,13 +334,27 @@ impl LedgerError {
     /// Whether this says the store is out of reach or not serving for now
     /// (no connection, a timeout, a server loading its data or between
     /// primaries, a cluster without a slot's owner, replicas that did not
-    /// acknowledge), rather than anything about the job: the job waits
+    /// acknowledge, a clock too far from the worker's: `CLOCKSKEW`), rather
+    /// than anything about the job: the job waits
     /// without spending an attempt, and workers take no jobs until it
     /// passes.
     pub fn is_outage(&self) -> bool {
         match self {
             LedgerError::Redis(e) => {
                 use ::redis::ErrorKind;
+                const OUTAGES: [&str; 6] = [
+                    "LOADING",
+                    "MASTERDOWN",
+                    "READONLY",
+                    "CLUSTERDOWN",
+                    "TRYAGAIN",
+                    "CLOCKSKEW",
+                ];
+                // A script call sent with WAIT fails as a pipeline: each
+                // failed command's code counts.
+                let in_pipeline = ((**e).clone().into_server_errors()).is_some_and(|errors| {
+                    errors.iter().any(|(_, se)| OUTAGES.contains(&se.code()))
+                });
                 matches!(
                     e.kind(),
                     ErrorKind::Io
@@ -349,10 +363,8 @@ impl LedgerError {
                         | ErrorKind::NoValidReplicasFoundBySentinel
                 ) || e.is_connection_dropped()
                     || e.is_timeout()
-                    || matches!(
-                        e.code(),
-                        Some("LOADING" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "TRYAGAIN")
-                    )
+                    || e.code().is_some_and(|code| OUTAGES.contains(&code))
+                    || in_pipeline
             }
             LedgerError::Unreplicated(_) => true,
             LedgerError::Protocol(_) | LedgerError::Unfit(_) => false,
@@ -407,17 +419,17 @@ pub trait Ledger: Send + Sync {
     /// unless `redis.allow_eviction` says so.
     fn health(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
-    /// Every Redis primary's clock, read now, and the [`clock::Mark`] a
-    /// step left in the store; `None` for a store that keeps no clock of
-    /// its own (in memory: this process's).
+    /// Every Redis primary's clock, read now; `None` for a store that
+    /// keeps no clock of its own (in memory: this process's).
     fn clocks(&self) -> impl Future<Output = Result<Option<clock::Readings>, LedgerError>> + Send;
 
-    /// Stores a mark of a step of Redis's clock for every worker (of two,
-    /// the one that holds longer stays).
-    fn mark_clock(
+    /// Looks after the canary (see [`clock`]): refreshes it if `agrees`
+    /// (this worker's clock agrees with every primary's), marks a loss if
+    /// Redis expired it early, and returns the mark that stands, if any.
+    fn watch_clock(
         &self,
-        mark: &clock::Mark,
-    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+        agrees: bool,
+    ) -> impl Future<Output = Result<Option<clock::Mark>, LedgerError>> + Send;
 
     /// How long anything the store keeps can still count, ms (see
     /// [`clock::Watch::new`]).
@@ -507,10 +519,10 @@ impl Ledger for Backend {
         }
     }
 
-    async fn mark_clock(&self, mark: &clock::Mark) -> Result<(), LedgerError> {
+    async fn watch_clock(&self, agrees: bool) -> Result<Option<clock::Mark>, LedgerError> {
         match self {
-            Backend::Redis(l) => l.mark_clock(mark).await,
-            Backend::Memory(l) => l.mark_clock(mark).await,
+            Backend::Redis(l) => l.watch_clock(agrees).await,
+            Backend::Memory(l) => l.watch_clock(agrees).await,
         }
     }
 

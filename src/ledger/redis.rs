@@ -4,7 +4,7 @@ use std::sync::{Arc, LazyLock};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::clock::{Mark, Readings};
+use super::clock::{self, Mark, Readings};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
 use crate::domain::Name;
 use crate::limiter::overrides::{self, Override, OverrideError, Target};
@@ -169,7 +169,10 @@ impl RedisLedger {
             .load_async(&mut conn)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
-        let keys = Arc::new(Keyspace::new(&redis.key_prefix, limits));
+        let mut keys = Keyspace::new(&redis.key_prefix, limits);
+        keys.clock_guard_ms =
+            Some(u64::try_from(redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX));
+        let keys = Arc::new(keys);
         let replication = Replication {
             replicas: redis.min_replicas_acked,
             timeout_ms: u64::try_from(redis.replica_ack_timeout.as_millis())
@@ -424,10 +427,14 @@ fn attempt(job: &JobRef<'_>) -> String {
     format!("{}:{:x}", job.attempt.max(1), job.holder)
 }
 
-fn clock_arg(clock: Clock) -> String {
-    match clock {
-        Clock::Server => String::new(),
-        Clock::At(ms) => ms.to_string(),
+/// A script's time argument: the given time, or Redis's own clock, which
+/// the script refuses to decide by if it is further than `guard_ms` (see
+/// [`Keyspace::clock_guard_ms`]) from this worker's.
+fn clock_arg(clock: Clock, guard_ms: Option<u64>) -> String {
+    match (clock, guard_ms) {
+        (Clock::At(ms), _) => ms.to_string(),
+        (Clock::Server, Some(max)) => format!("~{}:{max}", crate::domain::now_ms()),
+        (Clock::Server, None) => String::new(),
     }
 }
 
@@ -478,7 +485,7 @@ async fn run_batch(
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
-        .arg(clock_arg(clock))
+        .arg(clock_arg(clock, keys.clock_guard_ms))
         .arg(keys.record_keep_ms())
         .arg(keys.lease_ms())
         .arg(keys.rule_set_args(&sets))
@@ -787,35 +794,36 @@ impl Ledger for RedisLedger {
     async fn clocks(&self) -> Result<Option<Readings>, LedgerError> {
         let (wall, mono) = (crate::domain::now_ms(), std::time::Instant::now());
         let nodes = self.conn.times().await?;
-        let rtt = mono.elapsed();
-        let mark: Option<String> = redis::cmd("GET")
-            .arg(self.mark_key())
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let rtt_ms = u64::try_from(rtt.as_millis()).unwrap_or(u64::MAX);
+        let rtt_ms = u64::try_from(mono.elapsed().as_millis()).unwrap_or(u64::MAX);
         Ok(Some(Readings {
             nodes,
             wall_ms: wall.saturating_add(rtt_ms / 2),
-            mono: mono + rtt / 2,
             rtt_ms,
-            mark: mark.as_deref().and_then(Mark::decode),
         }))
     }
 
-    async fn mark_clock(&self, mark: &Mark) -> Result<(), LedgerError> {
-        let keep = mark
-            .until_ms
-            .saturating_sub(mark.seen_ms)
-            .saturating_add(crate::limiter::CLOCK_SLACK_MS);
-        let _: i64 = SCRIPT
-            .key(self.mark_key())
-            .arg("mark")
-            .arg(mark.encode())
-            .arg(mark.until_ms)
-            .arg(keep)
-            .invoke_async(&mut self.conn.clone())
+    async fn watch_clock(&self, agrees: bool) -> Result<Option<Mark>, LedgerError> {
+        let (found, until) = self.clock_op(if agrees { "1" } else { "0" }).await?;
+        if found {
+            tracing::error!(
+                "Redis expired a key before its time: its clock ran more than an hour ahead; \
+                 every worker stops admitting"
+            );
+        }
+        if until == 0 {
+            return Ok(None);
+        }
+        let mark: Option<String> = redis::cmd("GET")
+            .arg(self.clock_keys()[0].as_str())
+            .query_async(&mut self.conn.clone())
             .await?;
-        Ok(())
+        Ok(Some(mark.as_deref().and_then(Mark::decode).unwrap_or(
+            Mark {
+                until_ms: until,
+                seen_ms: 0,
+                since_ms: 0,
+            },
+        )))
     }
 
     fn horizon_ms(&self) -> u64 {
@@ -824,19 +832,41 @@ impl Ledger for RedisLedger {
 }
 
 impl RedisLedger {
-    /// Where a [`Mark`] of a step of Redis's clock is kept.
-    fn mark_key(&self) -> String {
-        format!("{}clock", self.keys.prefix)
+    /// The clock watch's keys (`ledger.lua`'s "clock"): the mark, the
+    /// canary and when it was last refreshed, in one slot.
+    fn clock_keys(&self) -> [String; 3] {
+        let tag = format!("{{{}clock}}", self.keys.prefix);
+        [tag.clone(), format!("{tag}:canary"), format!("{tag}:since")]
     }
 
-    /// Removes a [`Mark`] (an operator accepts that codes admitted before a
-    /// step of Redis's clock may be mailed again); returns the one removed.
-    pub async fn clear_clock_mark(&self) -> Result<Option<Mark>, LedgerError> {
-        let old: Option<String> = redis::cmd("GETDEL")
-            .arg(self.mark_key())
-            .query_async(&mut self.conn.clone())
+    /// Runs `ledger.lua`'s "clock" as `how`: whether it found a loss (or,
+    /// on "accept", removed a mark), and the standing mark's until (0:
+    /// none).
+    async fn clock_op(&self, how: &str) -> Result<(bool, u64), LedgerError> {
+        let life = clock::canary_ms(self.keys.clock_guard_ms.unwrap_or(0));
+        let hold = self.keys.horizon_ms();
+        let mut script = SCRIPT.prepare_invoke();
+        for key in self.clock_keys() {
+            script.key(key);
+        }
+        let reply: Vec<u64> = script
+            .arg("clock")
+            .arg(how)
+            .arg(life)
+            .arg(hold)
+            .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(old.as_deref().and_then(Mark::decode))
+        match reply[..] {
+            [_, until, found] => Ok((found == 1, until)),
+            _ => Err(LedgerError::Protocol(format!("a clock reply: {reply:?}"))),
+        }
+    }
+
+    /// Removes a [`Mark`] (an operator accepts that codes admitted before
+    /// Redis's clock ran ahead may be mailed again) and re-arms the canary;
+    /// whether there was one.
+    pub async fn clear_clock_mark(&self) -> Result<bool, LedgerError> {
+        Ok(self.clock_op("accept").await?.0)
     }
 }
 

@@ -71,11 +71,25 @@ local function time_of(member)
   return tonumber(sub(member, 1, 12), 16)
 end
 
--- The time: ARGV[i] if given, else the Redis server's clock.
+-- The time: ARGV[i] if it is one, else the Redis server's clock. With
+-- "~<wall>:<max>" (a worker's wall clock and redis.max_clock_skew, ms),
+-- nil and a CLOCKSKEW error to return if the server's clock is further
+-- than max from the worker's (src/ledger/clock.rs): nothing is decided on
+-- a clock that stepped, and the caller waits without spending an attempt.
 local function clock(i)
-  if ARGV[i] ~= '' then return tonumber(ARGV[i]) end
+  local a = ARGV[i]
+  if a ~= '' and sub(a, 1, 1) ~= '~' then return tonumber(a) end
   local t = call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if a == '' then return now end
+  local wall, max = string.match(a, '^~(%d+):(%d+)$')
+  if not wall then return nil end
+  local off = now - tonumber(wall)
+  if off > tonumber(max) or -off > tonumber(max) then
+    return nil, redis.error_reply(format('CLOCKSKEW the Redis clock is %.0f ms from the worker\'s '
+      .. '(redis.max_clock_skew %s ms)', off, max))
+  end
+  return now
 end
 
 -- A job's member in the scope logs.

@@ -283,6 +283,10 @@ pub(crate) struct Keyspace {
     exempt: std::collections::HashSet<RegistrableDomain>,
     /// The overrides in force (shared by clones: swapped as they change).
     table: std::sync::Arc<arc_swap::ArcSwap<overrides::Table>>,
+    /// `redis.max_clock_skew`, ms: a decision on Redis's own clock is
+    /// refused where that clock is further from the worker's (see
+    /// `ledger::clock`); `None` in memory (one clock).
+    pub clock_guard_ms: Option<u64>,
 }
 
 impl Keyspace {
@@ -320,6 +324,7 @@ impl Keyspace {
             purposes,
             exempt: limits.domain.exempt.iter().cloned().collect(),
             table: Default::default(),
+            clock_guard_ms: None,
         }
     }
 

@@ -43,7 +43,8 @@ local function fail(why)
 end
 
 if #KEYS ~= 1 then return fail('takes 1 key') end
-local now = clock(2)
+local now, skewed = clock(2)
+if skewed then return skewed end
 if not now then return fail('bad clock') end
 
 if op == 'unreserve' then

@@ -247,10 +247,12 @@ impl RedisLedger {
     ) -> Vec<Result<Reply, LedgerError>> {
         let n = calls.len();
         let mut running = tokio::task::JoinSet::new();
+        let clock = clock_arg(clock, self.keys.clock_guard_ms);
         for (i, (key, op, values)) in calls.into_iter().enumerate() {
-            let (mut conn, replication) = (self.conn.clone(), self.replication);
+            let (mut conn, replication, clock) =
+                (self.conn.clone(), self.replication, clock.clone());
             running.spawn(async move {
-                let reply = on_scope(&mut conn, replication, clock, &key, op, &values, wait);
+                let reply = on_scope(&mut conn, replication, &clock, &key, op, &values, wait);
                 (i, reply.await)
             });
         }
@@ -442,7 +444,8 @@ impl RedisLedger {
     }
 }
 
-/// One call of the scope script on `key` (see `scope.lua`), as a [`Reply`]:
+/// One call of the scope script on `key` at `clock` (a script's time
+/// argument: `clock_arg`; see `scope.lua`), as a [`Reply`]:
 /// for "peek" and "reserve", 1 (room; reserved at the reply's time), or
 /// `[0, 0, wait, rule]` (full), or `[2, t, wait, rule]` (full, and one of
 /// its entries is the same job's, made at t); for "unreserve" 1 if the
@@ -450,7 +453,7 @@ impl RedisLedger {
 async fn on_scope(
     conn: &mut Conn,
     replication: Replication,
-    clock: Clock,
+    clock: &str,
     key: &str,
     op: &str,
     values: &[String],
@@ -461,7 +464,7 @@ async fn on_scope(
         .arg(1)
         .arg(key)
         .arg(op)
-        .arg(clock_arg(clock))
+        .arg(clock)
         .arg(values);
     let (reply, unreplicated) = eval_waiting(conn, &SCOPE, eval, replication, wait).await?;
     let r: Vec<i64> = redis::from_redis_value(reply)
