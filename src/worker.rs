@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
 use crate::domain::{Ticket, now_ms};
-use crate::ledger::clock::{Readings, Verdict};
+use crate::ledger::clock::{Pace, Readings, Verdict, canary_ms};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
@@ -351,6 +351,7 @@ impl<L: Ledger + 'static> Worker<L> {
     /// own (in memory).
     async fn watch_redis(self: Arc<Self>) {
         let ledger = self.pipeline.ledger();
+        let mut pace = Pace::default();
         let mut every = tokio::time::interval(REDIS_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was: Option<&'static str> = None;
@@ -369,7 +370,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 Ok(()) => match ledger.clocks().await {
                     Ok(None) => return,
                     Err(e) => unusable(e),
-                    Ok(Some(readings)) => self.judge_clock(&readings).await,
+                    Ok(Some(readings)) => self.judge_clock(&mut pace, &readings).await,
                 },
             };
             // Logged when it changes kind, not as a skew moves.
@@ -393,13 +394,24 @@ impl<L: Ledger + 'static> Worker<L> {
     /// What Redis's clocks say (see `ledger::clock`): `None` while they
     /// can be trusted, else the kind of hold and why. Refreshes the canary
     /// while this worker's clock agrees with every primary's.
-    async fn judge_clock(&self, readings: &Readings) -> Option<(&'static str, String)> {
+    async fn judge_clock(
+        &self,
+        pace: &mut Pace,
+        readings: &Readings,
+    ) -> Option<(&'static str, String)> {
         let ledger = self.pipeline.ledger();
         telemetry::redis_clock_skew(readings.worst_skew_ms());
         let max_skew = self.settings.redis.max_clock_skew;
         let max_skew = u64::try_from(max_skew.as_millis()).unwrap_or(u64::MAX);
         let agrees = readings.skewed(max_skew).is_none();
-        let mark = match ledger.watch_clock(agrees).await {
+        let stepped = pace.observe(readings, canary_ms(max_skew));
+        if let Some(ahead) = stepped {
+            tracing::error!(
+                ahead_ms = ahead,
+                "Redis's clock ran ahead of this host's boot clock by more than the slack"
+            );
+        }
+        let mark = match ledger.watch_clock(agrees, stepped).await {
             Ok(mark) => mark,
             Err(e) => {
                 let why = format!("cannot look after Redis's clock ({e})");

@@ -86,7 +86,7 @@ async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
     redis.shift_clock(25 * HOUR_MS);
     // At once, before the worker's next reading: Redis refuses to decide.
     h.publish(&job).await;
-    readyz_until(&w, 503, "ahead of this worker").await;
+    readyz_until(&w, 503, "mailgate clock --accept").await;
     // Redis deletes the record by its own clock, whatever mailgate does.
     let deadline = Instant::now() + Duration::from_secs(10);
     while common::redis_cli(redis.port, &["EXISTS", &record]) != "0" {
@@ -154,4 +154,43 @@ async fn steps_a_restarted_worker_did_not_see_are_still_marked() {
     redis.shift_clock(0);
     readyz_until(&w, 503, "mailgate clock --accept").await;
     w.stop().await.unwrap();
+}
+
+/// Redis's clock and the worker's step together (one bad NTP source for
+/// both hosts; found by review: the worker saw no skew, refreshed the
+/// canary through the step, and the job published again was mailed
+/// twice): the worker's boot clock, which no one steps, tells, and the step
+/// is marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_the_worker_shares_is_marked() {
+    let redis = common::PrivateRedis::start_shiftable();
+    let url = redis.url();
+    let h = Harness::with("clockshared", |s| s.redis.url = url.clone()).await;
+    let mut worker = h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"]);
+    for (k, v) in redis.clock_env() {
+        worker.env(k, v);
+    }
+    let mut worker = worker
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the worker starts");
+    h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
+    let job = json!({"id": "s1", "email": "owner@example.com", "code": "1"});
+    h.publish(&job).await;
+    assert_eq!(h.result().await["status"], "sent");
+
+    redis.shift_clock(25 * HOUR_MS);
+    let mark = format!("{}{{clock}}", h.settings.redis.key_prefix);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while common::redis_cli(redis.port, &["EXISTS", &mark]) != "1" {
+        assert!(Instant::now() < deadline, "the step was never marked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis.shift_clock(0);
+    h.publish(&job).await;
+    h.no_more_results(Duration::from_secs(3)).await;
+    assert_eq!(h.sink.mails_to("owner@example.com").len(), 1, "mailed once");
+    let _ = worker.kill();
+    let _ = worker.wait();
 }

@@ -678,7 +678,7 @@ pub async fn clock(settings: &Settings, accept: bool) -> anyhow::Result<bool> {
         );
     }
     // Looks for a loss too, without refreshing the canary.
-    let mark = ledger.watch_clock(false).await?;
+    let mark = ledger.watch_clock(false, None).await?;
     match &mark {
         Some(m) => println!(
             "marked: Redis's clock ran more than an hour ahead between {} and {}; no worker \

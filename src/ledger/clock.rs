@@ -23,6 +23,7 @@
 //!   (`mailgate clock --accept`). Redis tells this by itself, so no
 //!   worker's own clock (wrong, suspended, restarted) can raise or hide it.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::limiter::CLOCK_SLACK_MS;
@@ -37,6 +38,79 @@ pub struct Readings {
     pub wall_ms: u64,
     /// The round trip, ms: how far off a comparison may be.
     pub rtt_ms: u64,
+    /// The worker's boot clock ([`boot_ms`]) at the same moment.
+    pub boot_ms: u64,
+}
+
+/// This host's boot clock, ms: `CLOCK_BOOTTIME` on Linux, which no one
+/// steps and which counts the time a suspended host slept (elsewhere the
+/// monotonic clock).
+pub fn boot_ms() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for the call to fill in.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } == 0 {
+            let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+            let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+            return secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
+        }
+    }
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How each primary's clock runs against this worker's boot clock. Redis's
+/// clock running ahead of it by more than the canary's life means Redis may
+/// have expired what still counts, even where the canary cannot tell: the
+/// worker's wall clock stepped with Redis's (one bad NTP source for both),
+/// or the step lasted longer than the canary's life (found by review: both
+/// mailed a code twice). A worker's own wall clock plays no part, and its
+/// boot clock counts a suspended host's sleep. What was there before the
+/// worker started is its baseline.
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// Per server: Redis's time minus the boot clock, as followed (ms), and
+    /// the boot clock when last read.
+    baselines: HashMap<String, (i64, u64)>,
+}
+
+/// How fast a baseline follows a clock that drifts (NTP slews at most half
+/// a millisecond a second): a step shows whole.
+const DRIFT_PER_S: i64 = 1;
+
+impl Pace {
+    /// Follows `readings`; returns how far a primary's clock ran ahead
+    /// (ms) if that is more than `life_ms`, and then starts afresh from it.
+    pub fn observe(&mut self, readings: &Readings, life_ms: u64) -> Option<u64> {
+        let boot = i64::try_from(readings.boot_ms).unwrap_or(i64::MAX);
+        let life = i64::try_from(life_ms).unwrap_or(i64::MAX);
+        let mut ahead = None;
+        for (node, t) in &readings.nodes {
+            let offset = i64::try_from(*t).unwrap_or(i64::MAX) - boot;
+            let (base, at) = self
+                .baselines
+                .entry(node.clone())
+                .or_insert((offset, readings.boot_ms));
+            let allow = i64::try_from(readings.boot_ms.saturating_sub(*at) / 1000)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(DRIFT_PER_S)
+                .saturating_add(1);
+            let delta = offset - *base;
+            if delta > life {
+                ahead = ahead.max(Some(delta.unsigned_abs()));
+                *base = offset;
+            } else {
+                *base += delta.clamp(-allow, allow);
+            }
+            *at = readings.boot_ms;
+        }
+        ahead
+    }
 }
 
 /// A primary whose clock disagrees with the worker's by more than
@@ -200,6 +274,7 @@ mod tests {
                 .collect(),
             wall_ms: wall,
             rtt_ms: 2,
+            boot_ms: wall - T0 + 5_000,
         }
     }
 
@@ -240,6 +315,40 @@ mod tests {
         );
         assert_eq!(Mark::decode("junk"), None);
         assert_eq!(Mark::decode("1 2"), None);
+    }
+
+    #[test]
+    fn redis_running_ahead_of_the_boot_clock_past_the_canary_is_a_step() {
+        let life = canary_ms(10_000);
+        let mut pace = Pace::default();
+        // A day of drift at 0.5 ms a second: never a step.
+        for i in 0..86_400u64 {
+            let r = at(&[T0 + i * 1000 + i / 2], T0 + i * 1000);
+            assert_eq!(pace.observe(&r, life), None, "{i}");
+        }
+        // Redis and the wall clock step 25 h together: the boot clock tells.
+        let t = T0 + 86_401_000;
+        let mut r = at(&[t + 25 * 3_600_000], t + 25 * 3_600_000);
+        r.boot_ms = t - T0 + 5_000;
+        let ahead = pace.observe(&r, life).expect("a step");
+        assert!(ahead > 25 * 3_600_000 - 60_000, "{ahead}");
+        // Back again: no second step.
+        let mut r = at(&[t + 1000], t + 1000);
+        r.boot_ms = t - T0 + 6_000;
+        assert_eq!(pace.observe(&r, life), None);
+    }
+
+    #[test]
+    fn a_step_back_and_its_return_is_no_step() {
+        let life = canary_ms(10_000);
+        let mut pace = Pace::default();
+        pace.observe(&at(&[T0], T0), life);
+        let mut r = at(&[T0 + 1000 - 2 * 3_600_000], T0 + 1000);
+        r.boot_ms = 6_000;
+        assert_eq!(pace.observe(&r, life), None);
+        let mut r = at(&[T0 + 2000], T0 + 2000);
+        r.boot_ms = 7_000;
+        assert_eq!(pace.observe(&r, life), None);
     }
 
     #[test]

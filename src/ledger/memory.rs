@@ -398,7 +398,11 @@ impl Ledger for MemoryLedger {
         Ok(None)
     }
 
-    async fn watch_clock(&self, _: bool) -> Result<Option<super::clock::Mark>, LedgerError> {
+    async fn watch_clock(
+        &self,
+        _: bool,
+        _: Option<u64>,
+    ) -> Result<Option<super::clock::Mark>, LedgerError> {
         Ok(None)
     }
 

@@ -332,23 +332,30 @@ impl From<::redis::RedisError> for LedgerError {
 
 impl LedgerError {
     /// Whether this says the store is out of reach or not serving for now
-    /// (no connection, a timeout, a server loading its data or between
-    /// primaries, a cluster without a slot's owner, replicas that did not
-    /// acknowledge, a clock too far from the worker's: `CLOCKSKEW`), rather
-    /// than anything about the job: the job waits
+    /// (no connection, a timeout, a server loading its data, busy with a
+    /// script, out of memory, failing to persist, or between primaries, a
+    /// cluster without a slot's owner, replicas that did not acknowledge, a
+    /// clock too far from the worker's: `CLOCKSKEW`), rather than anything
+    /// about the job: the job waits
     /// without spending an attempt, and workers take no jobs until it
     /// passes.
     pub fn is_outage(&self) -> bool {
         match self {
             LedgerError::Redis(e) => {
                 use ::redis::ErrorKind;
-                const OUTAGES: [&str; 6] = [
+                // Found by review: BUSY (a script running past its limit)
+                // failed every job after its attempts.
+                const OUTAGES: [&str; 10] = [
                     "LOADING",
                     "MASTERDOWN",
                     "READONLY",
                     "CLUSTERDOWN",
                     "TRYAGAIN",
                     "CLOCKSKEW",
+                    "BUSY",
+                    "OOM",
+                    "NOREPLICAS",
+                    "MISCONF",
                 ];
                 // A script call sent with WAIT fails as a pipeline: each
                 // failed command's code counts.
@@ -425,10 +432,13 @@ pub trait Ledger: Send + Sync {
 
     /// Looks after the canary (see [`clock`]): refreshes it if `agrees`
     /// (this worker's clock agrees with every primary's), marks a loss if
-    /// Redis expired it early, and returns the mark that stands, if any.
+    /// Redis expired it early, or if `stepped` (the worker saw Redis's clock
+    /// run that many ms ahead of its boot clock: [`clock::Pace`]), and
+    /// returns the mark that stands, if any.
     fn watch_clock(
         &self,
         agrees: bool,
+        stepped: Option<u64>,
     ) -> impl Future<Output = Result<Option<clock::Mark>, LedgerError>> + Send;
 
     /// How long anything the store keeps can still count, ms (see
@@ -519,10 +529,14 @@ impl Ledger for Backend {
         }
     }
 
-    async fn watch_clock(&self, agrees: bool) -> Result<Option<clock::Mark>, LedgerError> {
+    async fn watch_clock(
+        &self,
+        agrees: bool,
+        stepped: Option<u64>,
+    ) -> Result<Option<clock::Mark>, LedgerError> {
         match self {
-            Backend::Redis(l) => l.watch_clock(agrees).await,
-            Backend::Memory(l) => l.watch_clock(agrees).await,
+            Backend::Redis(l) => l.watch_clock(agrees, stepped).await,
+            Backend::Memory(l) => l.watch_clock(agrees, stepped).await,
         }
     }
 

@@ -428,12 +428,14 @@ fn attempt(job: &JobRef<'_>) -> String {
 }
 
 /// A script's time argument: the given time, or Redis's own clock, which
-/// the script refuses to decide by if it is further than `guard_ms` (see
-/// [`Keyspace::clock_guard_ms`]) from this worker's.
-fn clock_arg(clock: Clock, guard_ms: Option<u64>) -> String {
-    match (clock, guard_ms) {
+/// the script refuses to decide by if it is further than
+/// [`Keyspace::clock_guard_ms`] from where it should be
+/// ([`Keyspace::expected_redis_ms`]): a step of Redis's clock, shared with
+/// this host's wall clock or not, is refused from its first moment.
+fn clock_arg(clock: Clock, keys: &Keyspace) -> String {
+    match (clock, keys.clock_guard_ms) {
         (Clock::At(ms), _) => ms.to_string(),
-        (Clock::Server, Some(max)) => format!("~{}:{max}", crate::domain::now_ms()),
+        (Clock::Server, Some(max)) => format!("~{}:{max}", keys.expected_redis_ms()),
         (Clock::Server, None) => String::new(),
     }
 }
@@ -485,7 +487,7 @@ async fn run_batch(
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
-        .arg(clock_arg(clock, keys.clock_guard_ms))
+        .arg(clock_arg(clock, keys))
         .arg(keys.record_keep_ms())
         .arg(keys.lease_ms())
         .arg(keys.rule_set_args(&sets))
@@ -792,18 +794,36 @@ impl Ledger for RedisLedger {
     }
 
     async fn clocks(&self) -> Result<Option<Readings>, LedgerError> {
-        let (wall, mono) = (crate::domain::now_ms(), std::time::Instant::now());
+        let (wall, boot) = (crate::domain::now_ms(), clock::boot_ms());
         let nodes = self.conn.times().await?;
-        let rtt_ms = u64::try_from(mono.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let rtt_ms = clock::boot_ms().saturating_sub(boot);
+        if let Some((_, t)) = nodes.first() {
+            *self
+                .keys
+                .redis_clock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((*t, boot.saturating_add(rtt_ms / 2)));
+        }
         Ok(Some(Readings {
             nodes,
             wall_ms: wall.saturating_add(rtt_ms / 2),
             rtt_ms,
+            boot_ms: boot.saturating_add(rtt_ms / 2),
         }))
     }
 
-    async fn watch_clock(&self, agrees: bool) -> Result<Option<Mark>, LedgerError> {
-        let (found, until) = self.clock_op(if agrees { "1" } else { "0" }).await?;
+    async fn watch_clock(
+        &self,
+        agrees: bool,
+        stepped: Option<u64>,
+    ) -> Result<Option<Mark>, LedgerError> {
+        let how = match (stepped, agrees) {
+            (Some(ahead), _) => format!("step:{ahead}"),
+            (None, true) => "1".to_owned(),
+            (None, false) => "0".to_owned(),
+        };
+        let (found, until) = self.clock_op(&how).await?;
         if found {
             tracing::error!(
                 "Redis expired a key before its time: its clock ran more than an hour ahead; \
@@ -833,10 +853,15 @@ impl Ledger for RedisLedger {
 
 impl RedisLedger {
     /// The clock watch's keys (`ledger.lua`'s "clock"): the mark, the
-    /// canary and when it was last refreshed, in one slot.
+    /// canary and when it was last refreshed, under the prefix and in one
+    /// slot (the prefix's hash tag, or without one `{clock}`).
     fn clock_keys(&self) -> [String; 3] {
-        let tag = format!("{{{}clock}}", self.keys.prefix);
-        [tag.clone(), format!("{tag}:canary"), format!("{tag}:since")]
+        let mark = format!("{}{{clock}}", self.keys.prefix);
+        [
+            mark.clone(),
+            format!("{mark}:canary"),
+            format!("{mark}:since"),
+        ]
     }
 
     /// Runs `ledger.lua`'s "clock" as `how`: whether it found a loss (or,

@@ -72,10 +72,11 @@ local function time_of(member)
 end
 
 -- The time: ARGV[i] if it is one, else the Redis server's clock. With
--- "~<wall>:<max>" (a worker's wall clock and redis.max_clock_skew, ms),
--- nil and a CLOCKSKEW error to return if the server's clock is further
--- than max from the worker's (src/ledger/clock.rs): nothing is decided on
--- a clock that stepped, and the caller waits without spending an attempt.
+-- "~<expected>:<max>" (where the worker reckons Redis's clock should be,
+-- and redis.max_clock_skew, ms), nil and a CLOCKSKEW error to return if the
+-- server's clock is further than max from it (src/ledger/clock.rs):
+-- nothing is decided on a clock that stepped, and the caller waits without
+-- spending an attempt.
 local function clock(i)
   local a = ARGV[i]
   if a ~= '' and sub(a, 1, 1) ~= '~' then return tonumber(a) end
@@ -86,8 +87,8 @@ local function clock(i)
   if not wall then return nil end
   local off = now - tonumber(wall)
   if off > tonumber(max) or -off > tonumber(max) then
-    return nil, redis.error_reply(format('CLOCKSKEW the Redis clock is %.0f ms from the worker\'s '
-      .. '(redis.max_clock_skew %s ms)', off, max))
+    return nil, redis.error_reply(format('CLOCKSKEW the Redis clock is %.0f ms from where the '
+      .. 'worker reckons it should be (redis.max_clock_skew %s ms)', off, max))
   end
   return now
 end

@@ -287,6 +287,10 @@ pub(crate) struct Keyspace {
     /// refused where that clock is further from the worker's (see
     /// `ledger::clock`); `None` in memory (one clock).
     pub clock_guard_ms: Option<u64>,
+    /// Redis's time and this host's boot clock at the worker's last reading
+    /// of Redis's clocks (`ledger::clock`), so that a decision can tell
+    /// where Redis's clock should be now; shared by clones.
+    pub redis_clock: std::sync::Arc<std::sync::Mutex<Option<(u64, u64)>>>,
 }
 
 impl Keyspace {
@@ -325,6 +329,7 @@ impl Keyspace {
             exempt: limits.domain.exempt.iter().cloned().collect(),
             table: Default::default(),
             clock_guard_ms: None,
+            redis_clock: Default::default(),
         }
     }
 
@@ -612,6 +617,22 @@ impl Keyspace {
     /// names).
     pub fn exempts(&self, subject: Subject<'_>) -> bool {
         matches!(subject, Subject::Domain(d) if self.exempt.contains(d))
+    }
+
+    /// Where Redis's clock should be now (ms): its time at the last reading
+    /// moved on by this host's boot clock, which no one steps; before any
+    /// reading, this host's wall clock.
+    pub fn expected_redis_ms(&self) -> u64 {
+        let last = *self
+            .redis_clock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last {
+            Some((redis, boot)) => {
+                redis.saturating_add(crate::ledger::clock::boot_ms().saturating_sub(boot))
+            }
+            None => crate::domain::now_ms(),
+        }
     }
 
     /// `limits.supersede_skew` in ms.

@@ -267,12 +267,14 @@ impl Harness {
         self._conn.create_channel().await.expect("channel")
     }
 
-    /// Every Redis key under the test's prefix.
+    /// Every Redis key under the test's prefix, but the clock watch's
+    /// (`<prefix>{clock}…`: a few, whatever the jobs).
     pub fn redis_keys(&self) -> Vec<String> {
         self._redis
             .keys_with_ttl()
             .into_iter()
             .map(|(k, _)| k)
+            .filter(|k| !k.contains("{clock}"))
             .collect()
     }
 

@@ -572,6 +572,16 @@ impl PrivateRedis {
             .expect("the offset file");
     }
 
+    /// The environment that moves another process's wall clock with this
+    /// server's (as one bad NTP source would both hosts').
+    pub fn clock_env(&self) -> [(&'static str, std::path::PathBuf); 2] {
+        let file = self.shift.clone().expect("a shiftable server");
+        [
+            ("LD_PRELOAD", clockshift().to_path_buf()),
+            ("CLOCKSHIFT_FILE", file),
+        ]
+    }
+
     fn spawn(port: u16, args: &[String], shift: Option<&std::path::Path>) -> std::process::Child {
         let mut c = std::process::Command::new("redis-server");
         c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

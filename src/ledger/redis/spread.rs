@@ -247,7 +247,7 @@ impl RedisLedger {
     ) -> Vec<Result<Reply, LedgerError>> {
         let n = calls.len();
         let mut running = tokio::task::JoinSet::new();
-        let clock = clock_arg(clock, self.keys.clock_guard_ms);
+        let clock = clock_arg(clock, &self.keys);
         for (i, (key, op, values)) in calls.into_iter().enumerate() {
             let (mut conn, replication, clock) =
                 (self.conn.clone(), self.replication, clock.clone());
