@@ -16,7 +16,7 @@
 //! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
 //! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
 //! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
-//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection) |
+//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection); absent until first checked (unknown is not down) |
 //! | `mailgate_redis_clock_skew_seconds` | gauge | how far the Redis primary whose clock disagrees most with this worker's is ahead (negative: behind), read every second; past `redis.max_clock_skew` the worker takes no jobs |
 //! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
 //!
@@ -140,9 +140,6 @@ pub fn register() {
     metrics::counter!("mailgate_dead_letters_total").increment(0);
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => "admitted").increment(0);
     metrics::gauge!("mailgate_jobs_in_flight").increment(0.0);
-    for dependency in ["rabbitmq", "redis", "smtp"] {
-        metrics::gauge!("mailgate_dependency_up", "dependency" => dependency).set(0.0);
-    }
     metrics::gauge!("mailgate_jobs_queue_messages").set(0.0);
 }
 

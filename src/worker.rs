@@ -83,6 +83,7 @@ impl<L: Ledger + 'static> Endpoint<L> {
     fn serve(listener: tokio::net::TcpListener) -> Self {
         let starting = Arc::new(Starting {
             worker: std::sync::OnceLock::new(),
+            status: std::sync::Mutex::new(("worker", "loading templates".to_owned())),
         });
         let stop = Arc::new(tokio::sync::Notify::new());
         let (ready, stopped) = (starting.clone(), stop.clone());
@@ -118,16 +119,35 @@ impl<L> Drop for Endpoint<L> {
 /// Readiness before and after the worker runs.
 struct Starting<L> {
     worker: std::sync::OnceLock<Arc<Worker<L>>>,
+    /// What start-up waits on: the dependency (or "worker") and why, as
+    /// `/readyz` says it until the worker runs.
+    status: std::sync::Mutex<(&'static str, String)>,
+}
+
+impl<L> Starting<L> {
+    fn set(&self, what: &'static str, why: String) {
+        *self
+            .status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (what, why);
+    }
 }
 
 impl<L: Ledger + 'static> crate::http::Readiness for Starting<L> {
     async fn check(&self) -> Vec<(&'static str, Result<(), String>)> {
         match self.worker.get() {
             Some(worker) => worker.check().await,
-            None => vec![(
-                "worker",
-                Err("starting: loading templates and connecting to Redis".to_owned()),
-            )],
+            // Only what start-up waits on: the others are not checked yet,
+            // so neither up nor down (found by review: every dependency
+            // read as down while Redis alone was missing).
+            None => {
+                let (what, why) = self
+                    .status
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                vec![(what, Err(format!("starting: {why}")))]
+            }
         }
     }
 }
@@ -257,10 +277,21 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
              they are not shared with other workers and do not survive a restart"
         );
     }
+    let url = redact_url(&settings.redis.url);
+    endpoint
+        .starting
+        .set("redis", format!("connecting to Redis at {url}"));
     let ledger = (|| Backend::open(&settings.redis, &settings.limits))
         .retry(reconnect_backoff())
         .when(|e| !matches!(e, LedgerError::Unfit(_)))
-        .notify(|e, wait| log_redis_retry(settings, e, wait))
+        .notify(|e, wait| {
+            log_redis_retry(settings, e, wait);
+            let why = crate::telemetry::without_repeats(&e.to_string());
+            endpoint.starting.set(
+                "redis",
+                format!("Redis at {url} is not answering yet ({why}); retrying"),
+            );
+        })
         .await
         .context("connecting to redis")?;
     Ok(Worker {

@@ -280,11 +280,29 @@ async fn healthz_answers_while_the_worker_starts() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    // Redis keeps refusing: the worker is still starting, and says so.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Redis keeps refusing: the worker is still starting, and says so,
+    // naming Redis, its address and the cause; the dependencies not yet
+    // checked are unknown, not down (issue 26: every one read as down).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let ready = http_get(http, "/readyz").await;
     assert_eq!(ready.0, 503, "{}", ready.1);
-    assert!(ready.1.contains("starting"), "{}", ready.1);
+    let at = format!("127.0.0.1:{}", no_redis.port());
+    assert!(
+        ready.1.contains("redis: starting") && ready.1.contains(&at) && ready.1.contains("refused"),
+        "{}",
+        ready.1
+    );
+    assert!(
+        !ready.1.contains("rabbitmq") && !ready.1.contains("smtp"),
+        "{}",
+        ready.1
+    );
+    let metrics = http_get(http, "/metrics").await.1;
+    assert!(
+        !metrics.contains("mailgate_dependency_up{dependency=\"rabbitmq\"} 0")
+            && !metrics.contains("mailgate_dependency_up{dependency=\"smtp\"} 0"),
+        "{metrics}"
+    );
     assert_eq!(http_get(http, "/healthz").await.0, 200);
     let started = std::time::Instant::now();
     let _ = std::process::Command::new("kill")
