@@ -53,6 +53,8 @@ pub struct Worker<L> {
     settings: Settings,
     /// Whether the worker is connected to RabbitMQ and consuming.
     amqp_up: AtomicBool,
+    /// Why the last attempt to reach RabbitMQ failed, for readiness.
+    amqp_why: std::sync::Mutex<Option<String>>,
     /// The connection in use, for readiness (is RabbitMQ blocking it?).
     broker: std::sync::Mutex<Option<Broker>>,
     /// The last SMTP check, reused for a few seconds so `/readyz` does not
@@ -298,6 +300,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         pipeline: Pipeline::new(ledger, templates, mailer, settings.clone()),
         settings: settings.clone(),
         amqp_up: AtomicBool::new(false),
+        amqp_why: std::sync::Mutex::new(None),
         broker: std::sync::Mutex::new(None),
         smtp_checked: Checked::new(SMTP_CHECK_TTL),
         redis_hold: tokio::sync::watch::Sender::new(None),
@@ -472,7 +475,14 @@ impl<L: Ledger + 'static> Worker<L> {
             let connect = (|| Broker::connect(&this.settings))
                 .retry(reconnect_backoff())
                 .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
-                .notify(|e, wait| log_amqp_retry(&this.settings, e, wait));
+                .notify(|e, wait| {
+                    log_amqp_retry(&this.settings, e, wait);
+                    let why = crate::telemetry::without_repeats(&e.to_string());
+                    *this
+                        .amqp_why
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+                });
             let broker = tokio::select! {
                 b = connect => b.context("connecting to rabbitmq")?,
                 () = &mut shutdown => break,
@@ -487,6 +497,10 @@ impl<L: Ledger + 'static> Worker<L> {
             };
             tracing::info!(queue = %broker.topology().jobs, "consuming");
             this.amqp_up.store(true, Ordering::Relaxed);
+            *this
+                .amqp_why
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
             this.set_broker(Some(broker.clone()));
             let up_since = Instant::now();
             let mailer = this.pipeline.mailer();
@@ -877,7 +891,16 @@ impl<L: Ledger + 'static> Worker<L> {
             .as_ref()
             .is_some_and(Broker::blocked);
         if !self.amqp_up.load(Ordering::Relaxed) {
-            Err("not connected (reconnecting)".to_owned())
+            let url = redact_url(&self.settings.amqp.url);
+            let why = self
+                .amqp_why
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            Err(match why {
+                Some(why) => format!("RabbitMQ at {url} is not answering ({why}); reconnecting"),
+                None => format!("connecting to RabbitMQ at {url}"),
+            })
         } else if blocked {
             Err(
                 "blocked by RabbitMQ (a memory or disk alarm): no result can be published \
