@@ -422,3 +422,40 @@ async fn the_jobs_waiting_are_counted_without_taking_them() {
     assert_eq!(broker.jobs_waiting().await.unwrap(), 3, "still there");
     broker.close(std::time::Duration::from_secs(5)).await;
 }
+
+/// Issue 26, item 4: while the worker cannot reach RabbitMQ, `/readyz`
+/// names RabbitMQ, its address (without the password) and why, not only
+/// "not connected".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_the_broker_it_cannot_reach() {
+    let port = common::free_port();
+    let h = Harness::new("http-nobroker").await;
+    let mut settings = h.settings.clone();
+    settings.amqp.url = format!("amqp://guest:secret-pw@127.0.0.1:{port}/%2f");
+    let worker = mailgate::worker::build(&settings)
+        .await
+        .expect("the worker builds");
+    let http = worker.http_addr();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = rx.await;
+    }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let body = loop {
+        let (status, body) = http_get(http, "/readyz").await;
+        if status == 503 && body.contains("refused") {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status} {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        body.contains(&format!(
+            "rabbitmq: RabbitMQ at amqp://guest:***@127.0.0.1:{port}"
+        )),
+        "{body}"
+    );
+    assert!(!body.contains("secret-pw"), "{body}");
+    let _ = tx.send(());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), run).await;
+}
