@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     // time (the e2e bench's profile, BENCHMARKS.md).
     let run = runtime.spawn(async move {
         let shutdown = shutdown_signal();
-        cli::run(&cli.config, cli.command, shutdown).await
+        cli::run(&cli.config, cli.command, cli.connect_timeout, shutdown).await
     });
     let outcome = runtime.block_on(run);
     // The last spans, before the process ends.

@@ -835,3 +835,44 @@ async fn an_override_cannot_silently_cover_every_client() {
     );
     w.stop().await.unwrap();
 }
+
+/// Issue 26, item 6: a one-shot command against a broker that accepts TCP
+/// and never finishes the handshake gives up after `--connect-timeout` (5 s
+/// by default, here 1 s), names RabbitMQ, and never says it is
+/// reconnecting. Before: 30 s, then "…; reconnecting".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_gives_up_on_a_silent_broker_at_once() {
+    let h = Harness::new("cli-silent-tool").await;
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hole.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = hole.accept().await {
+            held.push(conn);
+        }
+    });
+    let started = Instant::now();
+    let out = mailgate(
+        &h,
+        &["check-config", "--connect", "--connect-timeout", "1s"],
+    )
+    .env(
+        "MAILGATE__AMQP__URL",
+        format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+    )
+    .output()
+    .unwrap();
+    let took = started.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
+    assert!(
+        text.contains("rabbitmq: FAILED") && text.contains("within 1s"),
+        "{text}"
+    );
+    assert!(!text.contains("reconnecting"), "{text}");
+}

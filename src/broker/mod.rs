@@ -109,7 +109,7 @@ pub enum BrokerError {
     /// RabbitMQ did not complete an operation within `amqp.timeout` (a
     /// memory or disk alarm blocks publishing). The connection is being
     /// closed, so the job goes back to the queue.
-    #[error("rabbitmq did not answer within {0:?}; reconnecting")]
+    #[error("rabbitmq did not answer within {0:?}")]
     Timeout(Duration),
     /// RabbitMQ refused the message (a negative confirm, or no queue to take
     /// it even after declaring it again). Retrying the same publish would
