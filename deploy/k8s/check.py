@@ -13,7 +13,10 @@ so this parses every manifest and asserts the fields that matter:
 - the PodDisruptionBudget and the KEDA ScaledObject select that
   Deployment; the ScaledObject's queue is the config's [amqp] jobs_queue;
 - configmap.yaml holds exactly config/docker.toml and templates/, and the
-  Deployment mounts every template file at its path.
+  Deployment mounts every template file at its path;
+- the Service selects the Deployment's pods on their http port, the
+  ServiceMonitor scrapes it, and both it and deploy/prometheus/prometheus.yml
+  scrape under the job name the alerts query.
 
   python3 deploy/k8s/check.py           # check
   python3 deploy/k8s/check.py --write   # regenerate configmap.yaml and the
@@ -35,6 +38,8 @@ TEMPLATES = ROOT / "templates"
 PEAK_RSS_MI = 64
 KINDS = {
     "Deployment",
+    "Service",
+    "ServiceMonitor",
     "PodDisruptionBudget",
     "ConfigMap",
     "Secret",
@@ -204,6 +209,30 @@ def check(docs):
         fail(f"the KEDA trigger must watch {config['amqp']['jobs_queue']!r}, not {queue!r}")
     auth = trigger.get("authenticationRef", {}).get("name")
     one(docs, "TriggerAuthentication", auth)
+
+    # Scraped as the job the alerts query (found by review: they queried
+    # job="mailgate", and nothing shipped scraped under that name).
+    alerts = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    jobs = set(re.findall(r'job="([^"]+)"', alerts))
+    service = one(docs, "Service")
+    if service["spec"]["selector"] != labels:
+        fail("the Service does not select the Deployment's pods")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    if "http" not in ports or ports["http"]["port"] != port["http"]:
+        fail("the Service must expose the pods' http port as http")
+    monitor = one(docs, "ServiceMonitor")
+    if monitor["spec"]["selector"]["matchLabels"].items() - service["metadata"]["labels"].items():
+        fail("the ServiceMonitor does not select the Service")
+    if [e.get("port") for e in monitor["spec"]["endpoints"]] != ["http"]:
+        fail("the ServiceMonitor must scrape the http port")
+    # Without jobLabel, the Operator names the job after the Service.
+    job = service["metadata"]["name"]
+    if monitor["spec"].get("jobLabel") or jobs != {job}:
+        fail(f"the alerts query job {sorted(jobs)}; the ServiceMonitor scrapes job {job!r}")
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    scraped = [c["job_name"] for c in prometheus["scrape_configs"]]
+    if scraped != [job]:
+        fail(f"deploy/prometheus/prometheus.yml scrapes {scraped}; the alerts query job {job!r}")
 
 
 def main():
