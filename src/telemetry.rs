@@ -4,7 +4,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
-//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule |
+//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt) or `outage` (waiting for Redis, no attempt spent) |
@@ -99,11 +99,18 @@ pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Optio
     }
     let v = match verdict {
         Verdict::Rejected { rule, .. } => {
+            // A deny's "window" is the time it has left, different on every
+            // rejection: labelled so, each would be a series of its own
+            // (found by review). Every deny is one series per scope.
+            let window = match rule.max {
+                0 => "deny".to_owned(),
+                _ => rule.window_ms.to_string(),
+            };
             metrics::counter!(
                 "mailgate_limiter_decisions_total",
                 "verdict" => "rejected",
                 "scope" => rule.scope.as_str(),
-                "window_ms" => rule.window_ms.to_string(),
+                "window_ms" => window,
                 "max" => rule.max.to_string(),
             )
             .increment(1);

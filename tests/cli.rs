@@ -876,3 +876,57 @@ async fn a_tool_gives_up_on_a_silent_broker_at_once() {
     );
     assert!(!text.contains("reconnecting"), "{text}");
 }
+
+/// Issue 26, item 3: a deny's rejections are one series, however many: its
+/// "window" was the time it had left, a new label value on every rejection,
+/// so an attacker hammering a denied mailbox grew `/metrics` without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denys_rejections_are_one_series() {
+    let h = Harness::new("cli-deny-series").await;
+    let w = h.start_worker().await;
+    let add = [
+        "overrides",
+        "add",
+        "email:victim@example.com",
+        "--deny",
+        "--reason",
+        "abuse",
+        "--expires-in",
+        "1h",
+    ];
+    let out = run_async(mailgate(&h, &add)).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Workers apply an override within a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut n = 0;
+    loop {
+        h.publish(&json!({"id": format!("d{n}"), "email": "victim@example.com", "code": "1"}))
+            .await;
+        n += 1;
+        let r = h.result().await;
+        if r["status"] == "rejected" && r["rule"]["max"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the deny never applied");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for i in 0..20 {
+        h.publish(&json!({"id": format!("e{i}"), "email": "victim@example.com", "code": "1"}))
+            .await;
+        assert_eq!(h.result().await["status"], "rejected");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let metrics = common::harness::http_get(w.http, "/metrics").await.1;
+    let denied: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("mailgate_limiter_decisions_total{")
+                && l.contains("rejected")
+                && l.contains("max=\"0\"")
+        })
+        .collect();
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert!(denied[0].contains("window_ms=\"deny\""), "{denied:?}");
+    assert!(n >= 1);
+    w.stop().await.unwrap();
+}
