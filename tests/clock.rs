@@ -170,11 +170,14 @@ async fn a_step_the_worker_shares_is_marked() {
     for (k, v) in redis.clock_env() {
         worker.env(k, v);
     }
-    let mut worker = worker
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the worker starts");
+    // Killed when the test ends, however it ends.
+    let _worker = common::KillOnDrop(
+        worker
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the worker starts"),
+    );
     h.wait_for_queue(&h.settings.amqp.jobs_queue).await;
     let job = json!({"id": "s1", "email": "owner@example.com", "code": "1"});
     h.publish(&job).await;
@@ -191,6 +194,4 @@ async fn a_step_the_worker_shares_is_marked() {
     h.publish(&job).await;
     h.no_more_results(Duration::from_secs(3)).await;
     assert_eq!(h.sink.mails_to("owner@example.com").len(), 1, "mailed once");
-    let _ = worker.kill();
-    let _ = worker.wait();
 }
