@@ -1783,8 +1783,9 @@ impl PurposeLimits {
 /// `limits.<scope>` and `limits.purpose.<name>.<scope>`.
 pub const SCOPES: [&str; 3] = ["email", "ip", "domain"];
 
-/// The domain scope's rules, and the domains it does not count.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The domain scope's rules, the domains it does not count, and how much
+/// of a domain's quota one client network may use.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DomainRules {
     /// Checked together: a request must fit every rule.
@@ -1795,6 +1796,25 @@ pub struct DomainRules {
     /// still limited by the other scopes. Each entry must be a registrable
     /// domain itself (`gmail.com`, not `mail.gmail.com`).
     pub exempt: Vec<crate::domain::RegistrableDomain>,
+    /// The share of each domain rule's max that one client network (an
+    /// IPv4 /24, an IPv6 /48: see `limiter::share_network`) may use: a
+    /// rule (W, N) also holds each network to `ceil(N × share)` per W.
+    /// Whoever floods a domain with requests from one network can then use
+    /// only that share of its quota, and needs `1 / share` networks to
+    /// lock the domain's new sign-ups out. It never lets more through: the
+    /// domain's own rule still counts every network. Default 0.2; 1 turns
+    /// it off; greater than 0, at most 1.
+    pub network_share: f64,
+}
+
+impl Default for DomainRules {
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            exempt: Vec::new(),
+            network_share: 0.2,
+        }
+    }
 }
 
 impl LimitSettings {
@@ -1881,6 +1901,12 @@ impl LimitSettings {
                 )));
             }
         }
+        let share = self.domain.network_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(SettingsError::Invalid(format!(
+                "limits.domain.network_share is {share}; it must be greater than 0 and at most 1 (1: off)"
+            )));
+        }
         if self.ipv4_prefix > 32 {
             return Err(SettingsError::Invalid(
                 "limits.ipv4_prefix must be at most 32".into(),
@@ -1934,6 +1960,13 @@ mod tests {
                 && err.contains(r#"counted as "gmail.com""#),
             "{err}"
         );
+        assert_eq!(l.domain.network_share, 0.2, "the default share");
+        for bad in ["0", "-0.5", "1.5", "nan"] {
+            let err = limits(&format!("domain.network_share = {bad}")).unwrap_err();
+            assert!(err.contains("limits.domain.network_share"), "{bad}: {err}");
+        }
+        let off = limits("domain.network_share = 1").expect("1 turns it off");
+        assert_eq!(off.domain.network_share, 1.0);
     }
 
     #[test]

@@ -210,6 +210,7 @@ async fn limits_show_and_reset_a_domain() {
         s.limits.domain = mailgate::settings::DomainRules {
             rules: rules(&[(10 * MIN, 50)]).rules,
             exempt: vec![mailgate::domain::RegistrableDomain::parse_exact("gmail.com").unwrap()],
+            ..Default::default()
         };
     })
     .await;

@@ -200,7 +200,7 @@ async fn readiness_names_a_redis_the_worker_cannot_use() {
     let url = redis.url();
     let h = Harness::with("http-redis", |s| s.redis.url = url).await;
     let w = h.start_worker().await;
-    assert_eq!(http_get(w.http, "/readyz").await.0, 200);
+    common::harness::wait_ready(w.http).await;
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_connection()
@@ -374,7 +374,7 @@ async fn every_metric_the_dashboard_and_alerts_read_is_exported() {
             "{gauge} is not there from the start:\n{before}"
         );
     }
-    assert_eq!(http_get(w.http, "/readyz").await.0, 200);
+    common::harness::wait_ready(w.http).await;
     publish_timed(&h, "n", &["a@example.com", "a@example.com"]).await;
     h.publish(&json!({"id": "bad", "code": "1"})).await;
     h.results(3).await;

@@ -104,6 +104,7 @@ fn tight_limits() -> LimitSettings {
         domain: mailgate::settings::DomainRules {
             rules: rules(&[(100, 3), (400, 7)]).rules,
             exempt: Vec::new(),
+            ..Default::default()
         },
         ..limits(&[(50, 1), (300, 3)], &[(40, 2), (250, 6)])
     }

@@ -24,6 +24,7 @@ fn domain_limits(domain: &[(u64, u32)]) -> LimitSettings {
             exempt: ["gmail.com", "qq.com"]
                 .map(|d| RegistrableDomain::parse_exact(d).unwrap())
                 .to_vec(),
+            ..Default::default()
         },
         ..limits(&[], &[])
     }
@@ -568,7 +569,8 @@ mod cases {
         .iter()
         .enumerate()
         {
-            let from = format!("198.51.100.{n}");
+            // A network each (one network may use a fifth of the quota).
+            let from = format!("198.51.{}.9", 100 + n);
             assert_eq!(
                 check(l, &format!("f{n}"), mail, Some(&from), n as u64 * SEC).await,
                 Verdict::Admitted
@@ -639,6 +641,10 @@ mod cases {
             domain: DomainRules {
                 rules: rules(&[(MIN, 2)]).rules,
                 exempt: Vec::new(),
+                // One client throughout: the domain's own rule, not the
+                // network's share of it (see
+                // `one_network_uses_its_share_of_a_domain`).
+                network_share: 1.0,
             },
             ..limits(&[(MIN, 1)], &[(MIN, 5)])
         };
@@ -763,6 +769,9 @@ mod cases {
             ..Rule::new(std::time::Duration::from_millis(HOUR), 2)
         });
         lim.domain.rules = rules(&[(MIN, 40), (HOUR, 50)]).rules;
+        // One client: the domain's rules themselves (their N above 16),
+        // not the network's share of them.
+        lim.domain.network_share = 1.0;
         let b = m.make("rooms", lim).await;
         let l = &b.ledger;
         let room = |scope, window_ms, max, remaining, reset_ms| {
@@ -1045,6 +1054,111 @@ mod cases {
         }
     }
 
+    /// A client network may use its share of a domain's quota
+    /// (`limits.domain.network_share`, a fifth by default, rounded up):
+    /// the clients of an IPv4 /24 or an IPv6 /48 together. The domain's
+    /// own rule still counts every network, so farming is cut there; a
+    /// rejection by the share takes no quota; a request without a client
+    /// IP is judged by the domain's rule alone; an admission's room is the
+    /// tighter of the two; a domain's override rules are shared likewise,
+    /// and its allow lifts both.
+    pub async fn one_network_uses_its_share_of_a_domain<M: Make>(m: M) {
+        let b = m.make("share", domain_limits(&[(MIN, 10)])).await;
+        let l = &b.ledger;
+        // Two from one /24 (a fifth of 10); the share's room is the tighter.
+        for (n, from) in ["198.51.100.7", "198.51.100.200"].into_iter().enumerate() {
+            let at = n as u64;
+            let a = TestJob::new(&format!("n{n}"), &format!("u{n}@farm.example"), Some(from))
+                .admission(l, &Ticket::new(), Clock::At(at))
+                .await;
+            assert_eq!(a.verdict, Verdict::Admitted, "{from}");
+            let room = a
+                .rooms
+                .get(Scope::Domain)
+                .map(|r| (r.rule.max, r.remaining));
+            assert_eq!(room, Some((2, 1 - n as u32)), "{from}");
+        }
+        assert_eq!(
+            check(l, "n2", "u2@farm.example", Some("198.51.100.9"), 2).await,
+            rejected(MIN - 2, Scope::Domain, MIN, 2)
+        );
+        // Two /64s of one /48 are one network; another /48 is another.
+        for (n, from) in ["2001:db8:1:1::1", "2001:db8:1:2::1"]
+            .into_iter()
+            .enumerate()
+        {
+            let mail = format!("v{n}@farm.example");
+            assert_eq!(
+                check(l, &format!("v{n}"), &mail, Some(from), 3 + n as u64).await,
+                Verdict::Admitted
+            );
+        }
+        assert_eq!(
+            check(l, "v2", "v2@farm.example", Some("2001:db8:1:3::1"), 5).await,
+            rejected(MIN - 2, Scope::Domain, MIN, 2)
+        );
+        assert_eq!(
+            check(l, "v3", "v3@farm.example", Some("2001:db8:2::1"), 6).await,
+            Verdict::Admitted
+        );
+        // The share's rejections took nothing: the domain counted 5.
+        let farm = RegistrableDomain::parse_exact("farm.example").unwrap();
+        let u = l.usage(Subject::Domain(&farm), None, Clock::At(6)).await;
+        assert_eq!(u.unwrap().rules[0].count, 5);
+        // Without a client IP the domain's rule alone judges.
+        for n in 0..2 {
+            let mail = format!("w{n}@farm.example");
+            assert_eq!(
+                check(l, &format!("w{n}"), &mail, None, 7 + n).await,
+                Verdict::Admitted
+            );
+        }
+        // Farming from new networks is cut at the domain's rule.
+        for n in 0..3u64 {
+            let from = format!("203.0.{}.1", 113 + n);
+            let mail = format!("x{n}@farm.example");
+            assert_eq!(
+                check(l, &format!("x{n}"), &mail, Some(&from), 9 + n).await,
+                Verdict::Admitted
+            );
+        }
+        assert_eq!(
+            check(l, "x3", "x3@farm.example", Some("192.0.2.1"), 12).await,
+            rejected(MIN - 12, Scope::Domain, MIN, 10)
+        );
+        let u = l.usage(Subject::Domain(&farm), None, Clock::At(12)).await;
+        assert_eq!(u.unwrap().rules[0].count, 10);
+
+        // A domain's own rules are shared too (a fifth of 5: 1 per hour);
+        // its allow lifts the share with the rule.
+        let rules = vec![Rule::new(std::time::Duration::from_millis(HOUR), 5)];
+        l.put_overrides(vec![
+            ov("domain:ov.example", Action::Rules(rules), None),
+            ov("domain:big.example", Action::Allow, None),
+        ])
+        .await;
+        let t = now_ms();
+        assert_eq!(
+            check(l, "o1", "o1@ov.example", Some("192.0.2.1"), t).await,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            check(l, "o2", "o2@ov.example", Some("192.0.2.2"), t + 1).await,
+            rejected(HOUR - 1, Scope::Domain, HOUR, 1)
+        );
+        assert_eq!(
+            check(l, "o3", "o3@ov.example", Some("192.0.3.1"), t + 2).await,
+            Verdict::Admitted
+        );
+        for n in 0..20 {
+            let mail = format!("b{n}@big.example");
+            assert_eq!(
+                check(l, &format!("b{n}"), &mail, Some("192.0.2.1"), t + 3).await,
+                Verdict::Admitted
+            );
+        }
+    }
+
     /// A deny for good answers the longest wait there is.
     pub async fn a_deny_for_good_waits_the_longest<M: Make>(m: M) {
         let b = m.make("ov-forever", limits(&[(MIN, 1)], &[])).await;
@@ -1129,5 +1243,6 @@ conformance!(
     an_address_override_covers_its_clients_group,
     a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit,
     a_domain_override_brings_its_own_rules,
+    one_network_uses_its_share_of_a_domain,
     a_deny_for_good_waits_the_longest,
 );

@@ -3,7 +3,8 @@
 //! refund, release), each ledger backend agrees with the plain reference
 //! model on every decision, every `retry_after_ms`, every binding rule and
 //! every state the ledger reports, also when the clock steps back (by up to
-//! a minute behind the newest time, the slack the backends keep).
+//! a minute behind the newest time, the slack the backends keep). The model
+//! judges a domain's client network's share as a key of its own.
 
 mod common;
 
@@ -90,6 +91,7 @@ fn domain(rules: &[(u64, u32)]) -> DomainRules {
     DomainRules {
         rules: common::rules(rules).rules,
         exempt: vec![RegistrableDomain::parse_exact("gmail.com").unwrap()],
+        ..Default::default()
     }
 }
 
@@ -148,6 +150,16 @@ async fn run_case<L: Ledger>(
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let mut model = Model::new(limits.send_lease.as_millis() as u64);
+    // Each domain rule's max cut to one network's share, rounded up; none
+    // if that cuts nothing.
+    let share = limits.domain.network_share;
+    let shared: Vec<Rule> = (limits.domain.rules.iter())
+        .map(|r| Rule {
+            max: ((f64::from(r.max) * share).ceil() as u32).max(1),
+            ..*r
+        })
+        .collect();
+    let shared = (shared != limits.domain.rules).then_some(shared);
     // Each id with the mailbox and client it was first used for.
     let mut jobs: Vec<TestJob> = Vec::new();
     let tickets = [Ticket::new(), Ticket::new()];
@@ -193,6 +205,12 @@ async fn run_case<L: Ledger>(
                 if !limits.domain.exempt.contains(&registrable) {
                     let rules = limits.domain.rules.as_slice();
                     scopes.push((Scope::Domain, registrable.to_string(), rules));
+                    // The client network's share of the domain's log: a
+                    // /24 or a /48 (both IPv6 clients are one network).
+                    if let (Some(a), Some(shared)) = (&job.ip, &shared) {
+                        let key = format!("{registrable}:net:{}", a.network(24, 48));
+                        scopes.push((Scope::Domain, key, shared.as_slice()));
+                    }
                 }
                 let fp = format!("{e}/{i:?}");
                 let want = model.admit(job.id.as_str(), &fp, lineage, &scopes, t);

@@ -6,7 +6,8 @@ semantics live here once. Requires Redis >= 5 (effects replication, so TIME
 may be read before writing).
 
 Data: one sorted set per scope key (<prefix>email:<mailbox>,
-<prefix>ip:<network>): score = admission ms, member =
+<prefix>ip:<network>, <prefix>domain:<domain>, and a client network's share
+of a domain, <prefix>domain:<domain>:net:<network>): score = admission ms, member =
 "<admission ms, 12 hex digits>:<job id>". Members are unique per job, never
 bare timestamps, so two jobs in the same millisecond both count; the time is
 repeated in the member so reads need no WITHSCORES (formatting scores costs

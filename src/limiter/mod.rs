@@ -144,9 +144,17 @@ impl Rooms {
         self.0.iter().flatten().copied()
     }
 
-    /// Records `room` as its rule's scope's.
+    /// Records `room` as its rule's scope's, unless the scope already has
+    /// a tighter one (a domain's log and a network's share of it: the
+    /// fewer `remaining`, then the later `reset_ms`).
     pub(crate) fn set(&mut self, room: Room) {
-        self.0[room.rule.scope.index()] = Some(room);
+        let at = &mut self.0[room.rule.scope.index()];
+        if at.is_none_or(|b| {
+            room.remaining < b.remaining
+                || (room.remaining == b.remaining && room.reset_ms > b.reset_ms)
+        }) {
+            *at = Some(room);
+        }
     }
 }
 
@@ -234,6 +242,16 @@ pub trait Quotas: Send + Sync {
 /// `MAX_KEEP_MS`), so the longest window keeps its slack too.
 pub(crate) const CLOCK_SLACK_MS: u64 = 3_600_000;
 
+/// The widest IPv4 network one client counts as in a domain's network
+/// share ([`Keyspace::share_key`]): a /24, as hosting providers and
+/// offices are commonly given.
+pub const SHARE_IPV4_PREFIX: u8 = 24;
+
+/// The widest IPv6 network one client counts as in a domain's network
+/// share: a /48, a whole site's allocation (a host given a /48 holds
+/// 65 536 /64s, each a network of the IP scope's default grouping).
+pub const SHARE_IPV6_PREFIX: u8 = 48;
+
 /// One list of rules for one scope, and how long that scope's keys keep an
 /// admission: the longest window of *any* rule set of the scope, because a
 /// mailbox's log is shared by every purpose, plus [`CLOCK_SLACK_MS`]. Or a
@@ -247,6 +265,27 @@ pub(crate) struct RuleSet {
 }
 
 impl RuleSet {
+    /// The rules one client network is held to within a domain's log (see
+    /// [`Keyspace::applicable`]): each rule's max times `share`, rounded
+    /// up; `None` if that holds nothing back (`share` 1, a deny, no rules).
+    pub fn shared(&self, share: f64) -> Option<RuleSet> {
+        if self.deny_until_ms.is_some() || self.rules.is_empty() || share >= 1.0 {
+            return None;
+        }
+        let rules: Vec<Rule> = (self.rules.iter())
+            .map(|r| Rule {
+                // At most the max itself (share ≤ 1), at least 1.
+                max: ((f64::from(r.max) * share).ceil() as u32).clamp(1, r.max.max(1)),
+                ..*r
+            })
+            .collect();
+        (rules != self.rules).then_some(RuleSet {
+            rules,
+            keep_ms: self.keep_ms,
+            deny_until_ms: None,
+        })
+    }
+
     /// A deny's wait at `now` (`None` once it has passed, and for rules).
     pub fn deny_wait(&self, now: u64) -> Option<u64> {
         let longest = crate::settings::MAX_PERIOD.as_millis() as u64;
@@ -279,6 +318,9 @@ pub(crate) struct Keyspace {
     pub sets: Vec<std::sync::Arc<RuleSet>>,
     /// purpose → its own set per scope ([`Scope::ALL`] order), if any.
     purposes: std::collections::HashMap<String, [Option<usize>; 3]>,
+    /// A domain rule set's number → the number of its network share
+    /// ([`RuleSet::shared`]), where the share holds anything back.
+    shares: std::collections::HashMap<usize, usize>,
     /// Registrable domains the domain scope does not count.
     exempt: std::collections::HashSet<RegistrableDomain>,
     /// The overrides in force (shared by clones: swapped as they change).
@@ -321,11 +363,24 @@ impl Keyspace {
             }
             purposes.insert(purpose.clone(), idx);
         }
+        let mut shares = std::collections::HashMap::new();
+        let domain_sets = std::iter::once(Scope::Domain.index()).chain(
+            purposes
+                .values()
+                .filter_map(|idx| idx[Scope::Domain.index()]),
+        );
+        for index in domain_sets.collect::<std::collections::BTreeSet<_>>() {
+            if let Some(share) = sets[index].shared(limits.domain.network_share) {
+                shares.insert(index, sets.len());
+                sets.push(std::sync::Arc::new(share));
+            }
+        }
         Self {
             prefix: prefix.to_owned(),
             limits: limits.clone(),
             sets,
             purposes,
+            shares,
             exempt: limits.domain.exempt.iter().cloned().collect(),
             table: Default::default(),
             clock_guard_ms: None,
@@ -377,6 +432,7 @@ impl Keyspace {
             |d| self.key_of(Subject::Domain(d)),
             self.sets.len(),
             keep,
+            |set| set.shared(self.limits.domain.network_share),
         );
         table.version = version;
         let n = table.len();
@@ -495,6 +551,13 @@ impl Keyspace {
     /// Each scope that applies to `req`, in decision order: the scopes with
     /// rules, as the overrides in force change them (see
     /// [`overrides`]); the domain scope does not count exempt domains.
+    ///
+    /// A request with a client IP that the domain scope judges is judged
+    /// twice there: by the domain's log, and by its client network's share
+    /// of it (a log of its own, [`Keyspace::share_key`], with each rule's
+    /// max cut by `limits.domain.network_share`). One network cannot spend
+    /// a whole domain's quota and lock its other users out; the domain's
+    /// own log still counts every network, so farming is cut at its rule.
     pub fn applicable(&self, req: &Request<'_>) -> Vec<Applied> {
         self.applicable_by(req).0
     }
@@ -569,14 +632,44 @@ impl Keyspace {
                     (index, self.sets[index].clone())
                 }
             };
+            // The network's share of a domain's rules (only domain sets
+            // have one): an override's rules carry their own.
+            let share = match hit {
+                Some(h) => h.share.clone(),
+                None => (self.shares.get(&index)).map(|&i| (i, self.sets[i].clone())),
+            };
+            let share = share.zip(req.ip);
+            let share_key = share.as_ref().map(|(_, ip)| self.share_key(&key, ip));
             out.push(Applied {
                 scope,
                 key,
                 index,
                 set,
             });
+            if let (Some(((index, set), _)), Some(key)) = (share, share_key) {
+                out.push(Applied {
+                    scope,
+                    key,
+                    index,
+                    set,
+                });
+            }
         }
         (out, by)
+    }
+
+    /// The key of one client network's share of a domain's log
+    /// (`domain_key` is the domain's): `<domain key>:net:<network>`, the
+    /// network an IPv4 /24 or an IPv6 /48 (narrower if the IP scope groups
+    /// wider), so that one customer's whole allocation is one network. A
+    /// domain holds no `:`, so no domain's key is another's share.
+    pub fn share_key(&self, domain_key: &str, ip: &IpKey) -> String {
+        let l = &self.limits;
+        let net = ip.network(
+            SHARE_IPV4_PREFIX.min(l.ipv4_prefix),
+            SHARE_IPV6_PREFIX.min(l.ipv6_prefix),
+        );
+        format!("{domain_key}:net:{net}")
     }
 
     /// The key naming the newest job admitted for `req`'s mailbox and

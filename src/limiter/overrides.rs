@@ -409,6 +409,9 @@ pub(crate) struct Hit {
     pub ov: Arc<Override>,
     /// For rules and denies: the set, and its number among all rule sets.
     pub set: Option<(usize, Arc<RuleSet>)>,
+    /// For a domain's rules: each client network's share of them
+    /// ([`RuleSet::shared`]), and its number, if it holds anything back.
+    pub share: Option<(usize, Arc<RuleSet>)>,
 }
 
 impl Hit {
@@ -470,6 +473,7 @@ impl Table {
         domain_key: impl Fn(&RegistrableDomain) -> String,
         first_set: usize,
         keep_ms: impl Fn(Scope) -> u64,
+        share: impl Fn(&RuleSet) -> Option<RuleSet>,
     ) -> Self {
         let mut subjects: Vec<(Place, Vec<Override>)> = Vec::new();
         let mut at: HashMap<Place, usize> = HashMap::new();
@@ -491,7 +495,7 @@ impl Table {
         let mut table = Table::default();
         let mut next_set = first_set;
         for (place, ovs) in subjects {
-            let (hits, rebuild_at) = hits_of(ovs, &mut next_set, &keep_ms);
+            let (hits, rebuild_at) = hits_of(ovs, &mut next_set, &keep_ms, &share);
             table.rebuild_at = match (table.rebuild_at, rebuild_at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -572,6 +576,7 @@ fn hits_of(
     ovs: Vec<Override>,
     next_set: &mut usize,
     keep_ms: &impl Fn(Scope) -> u64,
+    share: &impl Fn(&RuleSet) -> Option<RuleSet>,
 ) -> (Hits, Option<u64>) {
     let mut number = |set: RuleSet| {
         *next_set += 1;
@@ -597,6 +602,7 @@ fn hits_of(
         hits.push(Hit {
             ov: Arc::new(ov),
             set,
+            share: None,
         });
     }
     let mut rebuild_at = None;
@@ -641,14 +647,21 @@ fn hits_of(
                 }
             }
         };
+        // A domain's own rules hold each network to its share of them too.
+        let shared = match (first.target.scope(), &set) {
+            (Scope::Domain, Some((_, set))) => share(set).and_then(&mut number),
+            _ => None,
+        };
         hits.push(Hit {
             ov: Arc::new(ov),
             set,
+            share: shared,
         });
     }
     hits.extend(allows.into_iter().map(|ov| Hit {
         ov: Arc::new(ov),
         set: None,
+        share: None,
     }));
     (hits, rebuild_at)
 }
@@ -891,6 +904,7 @@ mod tests {
             |d| d.to_string(),
             3,
             |_| 1,
+            |_| None,
         );
         let at = |ip: &str, now| {
             table
@@ -928,7 +942,14 @@ mod tests {
         // As the table is built again when a merged one expires.
         let held = |ovs: Vec<Override>, now| {
             let ovs = ovs.into_iter().filter(|o| o.live(now)).collect();
-            let table = Table::new(ovs, |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
+            let table = Table::new(
+                ovs,
+                |e| e.to_string(),
+                |d| d.to_string(),
+                3,
+                |_| 1,
+                |_| None,
+            );
             assert!(table.len() <= 1);
             let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
             hit.map(|h| (h.ov.action.clone(), h.ov.expires_at_ms))
@@ -972,7 +993,14 @@ mod tests {
                 )
             })
             .collect();
-        let table = Table::new(many.clone(), |e| e.to_string(), |d| d.to_string(), 3, |_| 1);
+        let table = Table::new(
+            many.clone(),
+            |e| e.to_string(),
+            |d| d.to_string(),
+            3,
+            |_| 1,
+            |_| None,
+        );
         assert_eq!(table.rebuild_at, Some(1001));
         let hit = table.ip("10.1.2.3".parse().unwrap(), 10).unwrap();
         let set = &hit.set.as_ref().unwrap().1;

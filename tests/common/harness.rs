@@ -449,3 +449,17 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .await
         .expect("an HTTP answer")
 }
+
+/// Waits until `/readyz` at `addr` answers 200: a worker says it is ready a
+/// moment after its consumer is registered (what `start_worker` waits for).
+pub async fn wait_ready(addr: std::net::SocketAddr) {
+    let mut last = (0, String::new());
+    for _ in 0..100 {
+        last = http_get(addr, "/readyz").await;
+        if last.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not ready within 5 s: {} {}", last.0, last.1);
+}

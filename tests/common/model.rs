@@ -182,8 +182,8 @@ impl Model {
         }
     }
 
-    /// Each scope's tightest enforced rule at `t`, the admission at `t`
-    /// counted: how many more it allows, and how long until the oldest
+    /// Each scope's tightest enforced rule at `t` (over all its keys), the
+    /// admission at `t` counted: how many more it allows, and how long until the oldest
     /// admission in its window leaves it.
     fn rooms_at(&self, scopes: &Scopes<'_>, t: u64) -> Vec<(RuleRef, u32, u64)> {
         let mut rooms = Vec::new();
@@ -207,7 +207,17 @@ impl Model {
                     best = Some((rule, left, reset));
                 }
             }
-            rooms.extend(best);
+            // A domain's log and a network's share of it are one scope:
+            // the tighter room stands (the first on a tie).
+            let Some(b) = best else { continue };
+            match rooms
+                .iter_mut()
+                .find(|r: &&mut (RuleRef, u32, u64)| r.0.scope == *scope)
+            {
+                Some(r) if b.1 < r.1 || (b.1 == r.1 && b.2 > r.2) => *r = b,
+                Some(_) => {}
+                None => rooms.push(b),
+            }
         }
         rooms
     }

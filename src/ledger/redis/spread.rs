@@ -382,7 +382,7 @@ impl RedisLedger {
             (request.ip.map(Subject::Ip), ip),
             (Some(Subject::Domain(&registrable)), domain),
         ];
-        let held: Vec<(Scope, String, u64)> = subjects
+        let mut held: Vec<(Scope, String, u64)> = subjects
             .into_iter()
             .filter_map(|(subject, t)| {
                 let subject = subject?;
@@ -393,6 +393,15 @@ impl RedisLedger {
                 ))
             })
             .collect();
+        // The client network's share of the domain's log was reserved at
+        // the domain's time, if it applied (giving back what was not
+        // reserved removes nothing).
+        if let (Some(ip), Some((_, domain, t))) =
+            (request.ip, held.iter().find(|(s, ..)| *s == Scope::Domain))
+        {
+            let share = (Scope::Domain, self.keys.share_key(domain, ip), *t);
+            held.push(share);
+        }
         let suffix = format!("{}:{nonce}", request.id.as_str());
         self.give_back(&suffix, &held).await;
     }
