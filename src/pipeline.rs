@@ -21,6 +21,7 @@
 //! confirmed.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, Retryable};
@@ -70,6 +71,45 @@ pub enum Action {
     /// Leave it unacknowledged: the broker connection is gone, so RabbitMQ
     /// delivers it again, and the ledger answers that copy.
     Abandon,
+    /// Give it back to RabbitMQ for another worker, as it came: the worker
+    /// is stopping ([`Stopping`]) and its SMTP transaction had not begun.
+    /// Its lease, if it held one, was given back, so the next worker sends
+    /// it at once; nothing was spent.
+    HandBack,
+}
+
+/// Whether the worker is stopping (SIGTERM, a rolling deploy): from then
+/// on no SMTP transaction begins. A job whose transaction has not begun is
+/// handed back ([`Action::HandBack`]), its lease released; one whose
+/// transaction began finishes. A deploy then never cuts a mail off at the
+/// shutdown deadline, and never reports a delivered code as "delivery
+/// unknown" for want of time. Clones share the flag.
+#[derive(Debug, Clone)]
+pub struct Stopping(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Stopping {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+}
+
+impl Stopping {
+    /// From now on no SMTP transaction begins.
+    pub fn begin(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether [`Stopping::begin`] was called.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Completes once [`Stopping::begin`] is called.
+    pub async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives in `self`, so the channel cannot close.
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
 }
 
 /// A job message as the pipeline needs it.
@@ -284,6 +324,9 @@ enum Delivery {
     Expired,
     /// The ledger could not record that the send begins; nothing was sent.
     LedgerDown(LedgerError),
+    /// The worker is stopping ([`Stopping`]) and the transaction had not
+    /// begun. The lease was given back.
+    Stopped,
     /// The SMTP send failed.
     Failed(MailError),
 }
@@ -295,17 +338,26 @@ pub struct Pipeline<L> {
     mailer: Mailer,
     settings: Settings,
     disclose: Disclosure,
+    stopping: Stopping,
 }
 
 impl<L: Ledger> Pipeline<L> {
-    /// Combines the stages.
-    pub fn new(ledger: L, templates: Templates, mailer: Mailer, settings: Settings) -> Self {
+    /// Combines the stages; once `stopping` is set, no SMTP transaction
+    /// begins.
+    pub fn new(
+        ledger: L,
+        templates: Templates,
+        mailer: Mailer,
+        settings: Settings,
+        stopping: Stopping,
+    ) -> Self {
         Self {
             ledger,
             templates,
             mailer,
             disclose: Disclosure::new(&settings),
             settings,
+            stopping,
         }
     }
 
@@ -323,6 +375,10 @@ impl<L: Ledger> Pipeline<L> {
     /// (the mail, the ledger, the result) happen here; moving the message
     /// is the caller's.
     pub async fn handle(&self, msg: &Message<'_>, out: &impl Outbox) -> Action {
+        // Stopping: the next worker takes it, as it came.
+        if self.stopping.is_set() {
+            return Action::HandBack;
+        }
         let job = match self.decode(msg, out).await {
             Ok(job) => job,
             Err(action) => return action,
@@ -551,6 +607,10 @@ impl<L: Ledger> Pipeline<L> {
                 Err(delivery) => return delivery,
             },
         };
+        // The last moment to hand it back: past here the transaction begins.
+        if self.stopping.is_set() {
+            return self.stopped(job_ref).await;
+        }
         let started = std::time::Instant::now();
         let sent = (self.mailer.send(slot, mail))
             .instrument(tracing::info_span!("smtp send", otel.kind = "client"))
@@ -598,7 +658,11 @@ impl<L: Ledger> Pipeline<L> {
             .limits
             .send_lease
             .saturating_sub(self.settings.smtp.timeout + Duration::from_secs(1));
-        let Ok(slot) = tokio::time::timeout(budget, self.mailer.reserve()).await else {
+        let reserved = tokio::select! {
+            slot = tokio::time::timeout(budget, self.mailer.reserve()) => slot,
+            () = self.stopping.wait() => return Err(self.stopped(job_ref).await),
+        };
+        let Ok(slot) = reserved else {
             self.record(|| self.ledger.release(job_ref)).await;
             return Err(Delivery::NotNow);
         };
@@ -617,6 +681,13 @@ impl<L: Ledger> Pipeline<L> {
                 Err(Delivery::LedgerDown(e))
             }
         }
+    }
+
+    /// Gives the job's lease back before its transaction began, the worker
+    /// stopping: the next worker resumes the job at once.
+    async fn stopped(&self, job_ref: &JobRef<'_>) -> Delivery {
+        self.record(|| self.ledger.release(job_ref)).await;
+        Delivery::Stopped
     }
 
     /// Settle: answers the delivery and records it in the ledger.
@@ -646,6 +717,7 @@ impl<L: Ledger> Pipeline<L> {
                 let r = sent.result(job.id.as_str(), Some(job), msg, self.disclose);
                 return self.publish(out, &r).await.err().unwrap_or(Action::Done);
             }
+            Delivery::Stopped => return Action::HandBack,
             Delivery::NotNow => {
                 return Action::Wait {
                     delay: Duration::from_secs(1),

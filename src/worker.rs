@@ -5,8 +5,11 @@
 //! unacknowledged ones). If the connection to RabbitMQ drops, the worker
 //! reconnects with backoff and resumes; jobs that were unacknowledged come
 //! back from RabbitMQ and are de-duplicated by id. When `shutdown` completes,
-//! the worker stops consuming, lets jobs in flight finish for up to
-//! `worker.shutdown_timeout`, hands the rest back, and returns.
+//! no SMTP transaction begins any more ([`Stopping`]): the worker stops
+//! consuming, hands every job whose transaction had not begun back to
+//! RabbitMQ at once (its lease released, so the next worker sends it at
+//! once), lets the transactions under way finish for up to
+//! `worker.shutdown_timeout`, hands back what is left then, and returns.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use crate::domain::{Ticket, now_ms};
 use crate::ledger::clock::{Pace, Readings, Verdict, canary_ms};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
-use crate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
+use crate::pipeline::{Action, Message, Outbox, Pipeline, Stopping, Unpublished};
 use crate::settings::{Settings, redact_url};
 use crate::telemetry;
 use crate::templates::Templates;
@@ -65,6 +68,16 @@ pub struct Worker<L> {
     /// `Worker::watch_redis`, and what `/readyz` says of Redis, so a flood
     /// of `/readyz` cannot load Redis.
     redis_hold: tokio::sync::watch::Sender<Option<String>>,
+    /// Set when `shutdown` completes: no SMTP transaction begins after it
+    /// (shared with the pipeline).
+    stopping: Stopping,
+    /// When stopping, whether RabbitMQ confirmed that this worker's
+    /// consumers are cancelled (`None` until it is known): only then can a
+    /// job be handed back without RabbitMQ handing it straight back to this
+    /// worker (each return counts towards a quorum queue's delivery limit,
+    /// and twice moves a job to the one-at-a-time lane). Unconfirmed,
+    /// jobs stay unacknowledged and closing the connection returns them.
+    cancelled: tokio::sync::watch::Sender<Option<bool>>,
     /// The HTTP endpoint, served from the start of [`build`]; taken and
     /// stopped when the worker stops.
     http: std::sync::Mutex<Option<Endpoint<L>>>,
@@ -296,8 +309,17 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         })
         .await
         .context("connecting to redis")?;
+    let stopping = Stopping::default();
     Ok(Worker {
-        pipeline: Pipeline::new(ledger, templates, mailer, settings.clone()),
+        pipeline: Pipeline::new(
+            ledger,
+            templates,
+            mailer,
+            settings.clone(),
+            stopping.clone(),
+        ),
+        stopping,
+        cancelled: tokio::sync::watch::Sender::new(None),
         settings: settings.clone(),
         amqp_up: AtomicBool::new(false),
         amqp_why: std::sync::Mutex::new(None),
@@ -562,11 +584,15 @@ impl<L: Ledger + 'static> Worker<L> {
                     }
                 }
                 Stop::Requested => {
-                    this.stop(&broker, &tag, &mut tasks).await;
+                    this.stop(&broker, &tag, &mut tasks, &mut consumers).await;
                     return Ok(());
                 }
             }
         }
+        // Stopped while not connected: nothing can be handed back but by
+        // the lost connection's end.
+        this.stopping.begin();
+        this.cancelled.send_replace(Some(false));
         let deadline = tokio::time::Instant::now() + this.settings.worker.shutdown_timeout;
         this.drain(&mut tasks, deadline).await;
         Ok(())
@@ -582,19 +608,54 @@ impl<L: Ledger + 'static> Worker<L> {
 
     /// Stops within `worker.shutdown_timeout` whatever the broker does (a
     /// memory alarm can hold a cancel, a publish or a close indefinitely):
-    /// cancel the consumer, let jobs in flight finish, close the connection,
-    /// each bounded by what is left of the timeout. What is unfinished then
-    /// stays unacknowledged and RabbitMQ hands it to another worker.
-    async fn stop(&self, broker: &Broker, tag: &str, tasks: &mut JoinSet<()>) {
+    /// no SMTP transaction begins any more; cancel the consumers; hand back
+    /// every job whose transaction had not begun, those still in the
+    /// consumers' buffers too; let the transactions under way finish;
+    /// close the connection. Each step is bounded by what is left of the
+    /// timeout. What is unfinished then stays unacknowledged and RabbitMQ
+    /// hands it to another worker.
+    async fn stop(
+        &self,
+        broker: &Broker,
+        tag: &str,
+        tasks: &mut JoinSet<()>,
+        consumers: &mut crate::broker::Consumers,
+    ) {
+        self.stopping.begin();
         let timeout = self.settings.worker.shutdown_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         // Keep a tenth of the timeout for closing the connection.
         let close_reserve = timeout / 10;
         let cancel = tokio::time::timeout_at(deadline - close_reserve, broker.stop_consuming(tag));
-        match cancel.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not cancel the consumer"),
-            Err(_) => tracing::warn!("rabbitmq did not confirm the cancel in time"),
+        let cancelled = match cancel.await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not cancel the consumer");
+                false
+            }
+            Err(_) => {
+                tracing::warn!("rabbitmq did not confirm the cancel in time");
+                false
+            }
+        };
+        self.cancelled.send_replace(Some(cancelled));
+        if cancelled {
+            // Delivered before the cancel, never taken: back at once.
+            let buffered = async {
+                let mut n = 0;
+                for consumer in [&mut consumers.jobs, &mut consumers.redelivered] {
+                    while let Some(Ok(delivery)) = consumer.next().await {
+                        finished(Incoming::new(delivery).requeue().await);
+                        n += 1;
+                    }
+                }
+                n
+            };
+            if let Ok(n) = tokio::time::timeout_at(deadline - close_reserve, buffered).await
+                && n > 0
+            {
+                tracing::info!(handed_back = n, "handed back the jobs not yet taken");
+            }
         }
         self.drain(tasks, deadline - close_reserve).await;
         broker
@@ -730,11 +791,31 @@ impl<L: Ledger + 'static> Worker<L> {
             // otherwise be most of every job's task.
             match action {
                 Action::Done => finished(job.ack().await),
+                Action::HandBack => self.hand_back(&job).await,
                 action => Box::pin(carry_out(broker, &job, &ticket, action)).await,
             }
         }
         .instrument(span)
         .await
+    }
+}
+
+impl<L: Ledger + 'static> Worker<L> {
+    /// Gives a job that had not begun its SMTP transaction back to
+    /// RabbitMQ, the worker stopping: once RabbitMQ confirmed that this
+    /// worker's consumers are cancelled (before, it could hand the job
+    /// straight back here). Unconfirmed, the job stays unacknowledged and
+    /// closing the connection returns it.
+    async fn hand_back(&self, job: &Incoming) {
+        let mut cancelled = self.cancelled.subscribe();
+        // The sender lives in `self`, so the channel cannot close.
+        let confirmed = match cancelled.wait_for(Option::is_some).await {
+            Ok(c) => *c == Some(true),
+            Err(_) => false,
+        };
+        if confirmed {
+            finished(job.requeue().await);
+        }
     }
 }
 
@@ -744,7 +825,7 @@ impl<L: Ledger + 'static> Worker<L> {
 async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Action) {
     let moved = match action {
         Action::Done => Ok(()),
-        Action::Abandon => return,
+        Action::Abandon | Action::HandBack => return,
         Action::Retry {
             failed_attempt,
             delay,

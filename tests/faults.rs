@@ -543,3 +543,70 @@ async fn a_lost_reply_to_an_admission_is_resumed_and_sent_once() {
     h.no_more_results(Duration::from_millis(500)).await;
     w.stop().await.unwrap();
 }
+
+/// Issue 26, item 2: a rolling deploy never reports a delivered code as
+/// failed. A relay that takes 3 s per mail, a pool of 4, 12 jobs taken and
+/// `shutdown_timeout` 5 s: once the worker is told to stop (SIGTERM), no
+/// SMTP transaction begins; the 4 under way finish; the 8 waiting for a
+/// connection are handed back at once with their leases released, so the
+/// next worker sends them at once. 12 sent, each mailed once, none
+/// "delivery unknown" (before: 4 of 12 cut off at the deadline came back
+/// `failed` from the next worker 18 s later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_reports_no_delivered_code_as_failed() {
+    let h = Harness::with("deploy", |s| {
+        s.smtp.pool_size = 4;
+        s.amqp.prefetch = 12;
+        s.worker.shutdown_timeout = Duration::from_secs(5);
+    })
+    .await;
+    h.sink.set_delay(Duration::from_secs(3));
+    let w = h.start_worker().await;
+    let ids: Vec<String> = (0..12).map(|i| format!("deploy-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let mail = format!("u{i}@example.com");
+        h.publish(&json!({"id": id, "email": mail, "code": "493817"}))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.sink.transactions() < 4 {
+        assert!(Instant::now() < deadline, "the first 4 sends never began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let began = h.sink.transactions();
+    let stopping = Instant::now();
+    w.stop().await.unwrap();
+    let took = stopping.elapsed();
+    assert_eq!(
+        h.sink.transactions(),
+        began,
+        "no transaction began after the stop"
+    );
+    assert_eq!(began, 4, "one per pooled connection");
+    assert!(took < Duration::from_secs(5), "stopped in {took:?}");
+    assert_eq!(h.sink.mails().len(), 4, "the 4 under way finished");
+
+    h.sink.set_delay(Duration::ZERO);
+    let restarted = Instant::now();
+    let w = h.start_worker().await;
+    let results = results_for(&h, &ids, Duration::from_secs(20)).await;
+    let all_in = restarted.elapsed();
+    for (id, rs) in &results {
+        for r in rs {
+            assert_eq!(r["status"], "sent", "{id}: {rs:?}");
+        }
+    }
+    for i in 0..12 {
+        let mail = format!("u{i}@example.com");
+        assert_eq!(h.sink.mails_to(&mail).len(), 1, "{mail} mailed once");
+    }
+    // Not after the send lease (30 s): the handed-back leases were released.
+    assert!(all_in < Duration::from_secs(10), "the rest took {all_in:?}");
+    eprintln!(
+        "DEPLOY jobs=12 in_flight=4 handed_back=8 stop_ms={} rest_ms={} failed=0 mailed_twice=0",
+        took.as_millis(),
+        all_in.as_millis()
+    );
+    w.stop().await.unwrap();
+}

@@ -120,7 +120,13 @@ impl Env {
         let templates = Templates::load(&settings.templates).expect("the templates load");
         let mailer = Mailer::new(&settings.smtp).expect("a file:// mailer");
         Self {
-            pipeline: Pipeline::new(ledger.clone(), templates, mailer.clone(), settings),
+            pipeline: Pipeline::new(
+                ledger.clone(),
+                templates,
+                mailer.clone(),
+                settings,
+                Default::default(),
+            ),
             ledger,
             mailer,
             out: Recorder::default(),

@@ -338,7 +338,8 @@ async fn a_worker_waiting_for_a_relay_stops_at_once_and_loses_no_job() {
             cool_down: Duration::from_secs(60),
         };
         s.worker.shutdown_timeout = Duration::from_secs(20);
-        // Jobs admitted and handed back are taken over once it lapses.
+        // Jobs admitted and handed back give their leases back; were one
+        // kept, the next worker would take it over once it lapsed.
         s.limits.send_lease = Duration::from_secs(11);
     })
     .await;
