@@ -20,6 +20,11 @@
 //! | `mailgate_redis_clock_skew_seconds` | gauge | how far the Redis primary whose clock disagrees most with this worker's is ahead (negative: behind), read every second; past `redis.max_clock_skew` the worker takes no jobs |
 //! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
 //!
+//! Every label comes from a bounded set (the statuses, verdicts and scopes;
+//! the configured relays; the windows and maxima of the configured rules,
+//! their network shares and the stored overrides), never from a job's
+//! content: an attack adds no series (`cli::a_flood_of_hostile_jobs_adds_no_metric_series`).
+//!
 //! The counters and gauges dashboards and alerts read are registered at
 //! zero when the worker starts ([`register`]).
 

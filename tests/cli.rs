@@ -931,3 +931,123 @@ async fn a_denys_rejections_are_one_series() {
     assert!(n >= 1);
     w.stop().await.unwrap();
 }
+
+/// Issue 26, item 3: every label of every metric comes from a bounded set.
+/// Two floods of the same kinds of hostile traffic, with fresh values each
+/// time (ids, mailboxes, domains, purposes, locales, client addresses,
+/// error texts): a deny override's rejections (mailbox and domain), an IP
+/// override's rules, mailbox and network-share rejections, duplicates,
+/// unknown purposes, odd locales, bounces, expired and invalid jobs, and
+/// bodies that are not JSON. The second flood adds no series to
+/// `/metrics`: none grows with what an attacker sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_hostile_jobs_adds_no_metric_series() {
+    let h = Harness::with("cli-series", |s| {
+        s.limits.domain = mailgate::settings::DomainRules {
+            rules: rules(&[(10 * MIN, 50)]).rules,
+            ..Default::default()
+        };
+        s.amqp.prefetch = 32;
+    })
+    .await;
+    h.sink.refuse("bounce", 550);
+    let w = h.start_worker().await;
+    common::harness::wait_ready(w.http).await;
+    let adds: [&[&str]; 3] = [
+        &["domain:denied.example", "--deny", "--expires-in", "1h"],
+        &["email:victim@example.com", "--deny", "--expires-in", "30m"],
+        &["ip:198.51.100.0/24", "--rule", "1h=1", "--expires-in", "1h"],
+    ];
+    for add in adds {
+        let mut args = vec!["overrides", "add", "--reason", "abuse"];
+        args.extend_from_slice(add);
+        let out = run_async(mailgate(&h, &args)).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // Workers apply overrides within a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for n in 0.. {
+        let id = format!("probe-{n}");
+        h.publish(&json!({"id": id, "email": format!("p{n}@denied.example"), "code": "1"}))
+            .await;
+        if h.result().await["rule"]["max"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the deny never applied");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let series = |metrics: &str| -> std::collections::BTreeSet<String> {
+        (metrics.lines())
+            .filter(|l| !l.starts_with('#') && l.contains('{'))
+            .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_owned()))
+            .collect()
+    };
+    let mut seen = Vec::new();
+    for phase in 0..2 {
+        for round in 0..3 {
+            let v = format!("{phase}x{round}");
+            let ip = format!("203.0.113.{}", 10 * phase + round);
+            let sent = json!({"id": format!("s-{v}"), "email": format!("s{v}@ok{v}.example"), "ip": ip, "code": "1"});
+            h.publish(&sent).await;
+            h.result().await;
+            let past = "2020-01-01T00:00:00Z";
+            let net = format!("198.51.100.{}", 10 * phase + round);
+            let jobs = [
+                // A duplicate, and the same mailbox again (the mailbox rule).
+                sent.clone(),
+                json!({"id": format!("m-{v}"), "email": format!("s{v}@ok{v}.example"), "ip": ip, "code": "1"}),
+                json!({"id": format!("p-{v}"), "email": format!("p{v}@ok.example"), "purpose": format!("purpose{v}"), "code": "1"}),
+                json!({"id": format!("l-{v}"), "email": format!("l{v}@ok.example"), "locale": format!("x{v}"), "code": "1"}),
+                json!({"id": format!("d-{v}"), "email": format!("d{v}@denied.example"), "code": "1"}),
+                json!({"id": format!("v-{v}"), "email": "victim@example.com", "code": "1"}),
+                // The IP override's rules: one admitted, one rejected.
+                json!({"id": format!("o-{v}"), "email": format!("o{v}@o{v}.example"), "ip": net, "code": "1"}),
+                json!({"id": format!("q-{v}"), "email": format!("q{v}@q{v}.example"), "ip": net, "code": "1"}),
+                json!({"id": format!("b-{v}"), "email": format!("bounce{v}@ok.example"), "code": "1"}),
+                json!({"id": format!("e-{v}"), "email": format!("e{v}@ok.example"), "expires_at": past, "code": "1"}),
+                json!({"id": format!("i-{v}"), "email": format!("not an address {v}"), "code": "1"}),
+            ];
+            for j in &jobs {
+                h.publish(j).await;
+            }
+            // The network's share of a domain (a fifth of 50 is 10): 11
+            // sign-ups from 11 addresses of one /24.
+            for n in 0..11 {
+                let mail = format!("f{n}r{round}@farm{phase}.example");
+                let from = format!("192.0.{}.{n}", 2 + round);
+                h.publish(
+                    &json!({"id": format!("f-{v}-{n}"), "email": mail, "ip": from, "code": "1"}),
+                )
+                .await;
+            }
+            h.publish_raw(format!("not json {v}").as_bytes(), Default::default())
+                .await;
+            for _ in 0..jobs.len() + 11 {
+                h.result().await;
+            }
+        }
+        // Dead letters and retries are counted once they settle.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let metrics = common::harness::http_get(w.http, "/metrics").await.1;
+        seen.push(series(&metrics));
+    }
+    let new: Vec<&String> = seen[1].difference(&seen[0]).collect();
+    assert!(new.is_empty(), "series the second flood added: {new:?}");
+    // Every kind of rejection was made.
+    for rule in [
+        r#"scope="email",window_ms="60000",max="1""#,
+        r#"scope="email",window_ms="deny",max="0""#,
+        r#"scope="domain",window_ms="deny",max="0""#,
+        r#"scope="ip",window_ms="3600000",max="1""#,
+        r#"scope="domain",window_ms="600000",max="10""#,
+    ] {
+        let series = format!(r#"mailgate_limiter_decisions_total{{verdict="rejected",{rule}}}"#);
+        assert!(seen[0].contains(&series), "{series} in {:?}", seen[0]);
+    }
+    eprintln!(
+        "SERIES after each flood: {} {}",
+        seen[0].len(),
+        seen[1].len()
+    );
+    w.stop().await.unwrap();
+}
