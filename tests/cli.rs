@@ -217,12 +217,80 @@ async fn limits_show_and_reset_a_domain() {
     let ledger = RedisLedger::connect(&h.settings.redis, &h.settings.limits)
         .await
         .unwrap();
+    let froms = [None, Some("198.51.100.7")];
     for (n, mail) in ["a@mx.farm.example", "b@farm.example"].iter().enumerate() {
-        let d = TestJob::new(&format!("d{n}"), mail, None)
+        let d = TestJob::new(&format!("d{n}"), mail, froms[n])
             .admission(&ledger, &Ticket::new(), Clock::Server)
             .await;
         assert_eq!(d.verdict, Verdict::Admitted);
     }
+    // One client network's share of it (a fifth of 50), and the hint.
+    let out = run(mailgate(
+        &h,
+        &[
+            "limits",
+            "show",
+            "--domain",
+            "farm.example",
+            "--ip",
+            "198.51.100.9",
+        ],
+    ));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("domain:farm.example:net:198.51.100.0/24"),
+        "{shown}"
+    );
+    assert!(shown.contains("10 per 10m: 1 used"), "{shown}");
+    let out = run(mailgate(
+        &h,
+        &["limits", "show", "--domain", "farm.example"],
+    ));
+    assert!(
+        text(&out.stdout).contains("each client network may use only 0.2 of this"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(mailgate(
+        &h,
+        &[
+            "limits",
+            "reset",
+            "--domain",
+            "farm.example",
+            "--ip",
+            "198.51.100.9",
+        ],
+    ));
+    assert!(
+        text(&out.stdout).starts_with("removed 1 admission(s) from "),
+        "{}",
+        text(&out.stdout)
+    );
+    // An onboarding day's override says what each network may use of it.
+    let add = [
+        "overrides",
+        "add",
+        "domain:farm.example",
+        "--rule",
+        "10m=100",
+        "--reason",
+        "onboarding",
+        "--expires-in",
+        "1h",
+    ];
+    let out = run(mailgate(&h, &add));
+    assert!(
+        text(&out.stdout)
+            .contains("each client network (an IPv4 /24, an IPv6 /48) may use 20 per 10m"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(mailgate(
+        &h,
+        &["overrides", "remove", "domain:farm.example"],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let out = run(mailgate(
         &h,
         &["limits", "show", "--domain", "Mail.Farm.example", "--json"],

@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use mailgate::domain::RegistrableDomain;
 use mailgate::domain::Ticket;
 use mailgate::domain::now_ms;
+use mailgate::domain::{IpKey, RegistrableDomain};
 use mailgate::ledger::{Ledger, Verdict};
 use mailgate::limiter::overrides::{Action, Override, Target};
 use mailgate::limiter::{Clock, Quotas, Room, RuleRef, RuleUsage, Scope, Subject};
@@ -1159,6 +1159,107 @@ mod cases {
         }
     }
 
+    /// Overrides leave owners and trusted networks their room: a purpose
+    /// whose own domain rules are none stays out of the domain scope under
+    /// a domain's override rules (found by review: an onboarding day's
+    /// override put password resets back under the domain's rule); a
+    /// network an override allows may use the whole domain's quota, which
+    /// still counts it; support tools read and reset one network's share.
+    pub async fn overrides_leave_owners_and_trusted_networks_their_room<M: Make>(m: M) {
+        let mut lim = domain_limits(&[(MIN, 10)]);
+        lim.purpose.insert(
+            "reset_password".into(),
+            PurposeLimits {
+                email: None,
+                ip: None,
+                domain: Some(rules(&[])),
+                supersede: None,
+            },
+        );
+        let b = m.make("share-ov", lim).await;
+        let l = &b.ledger;
+        let rules = vec![Rule::new(std::time::Duration::from_millis(HOUR), 5)];
+        l.put_overrides(vec![
+            ov("domain:onboard.example", Action::Rules(rules), None),
+            ov("ip:192.0.2.0/24", Action::Allow, None),
+        ])
+        .await;
+        let t = now_ms();
+        // Five sign-ups from five networks fill the override's rule.
+        for n in 0..5u64 {
+            let from = format!("203.0.{n}.1");
+            let mail = format!("u{n}@onboard.example");
+            assert_eq!(
+                check(l, &format!("n{n}"), &mail, Some(&from), t + n).await,
+                Verdict::Admitted
+            );
+        }
+        let from = Some("203.0.9.1");
+        assert_eq!(
+            check(l, "n5", "u5@onboard.example", from, t + 5).await,
+            rejected(HOUR - 5, Scope::Domain, HOUR, 5)
+        );
+        // A password reset there still passes.
+        let reset = Some("reset_password");
+        assert_eq!(
+            check_for(l, "r1", "boss@onboard.example", from, reset, t + 6).await,
+            Verdict::Admitted
+        );
+        let onboard = RegistrableDomain::parse_exact("onboard.example").unwrap();
+        let reset_name = mailgate::domain::Name::parse("purpose", "reset_password").unwrap();
+        let u = (l.usage(
+            Subject::Domain(&onboard),
+            Some(&reset_name),
+            Clock::At(t + 6),
+        ))
+        .await
+        .unwrap();
+        assert!(u.rules.is_empty(), "{u:?}");
+        // A trusted network uses more than its share (a fifth of 10 is 2).
+        for n in 0..4u64 {
+            let from = format!("192.0.2.{n}");
+            let mail = format!("o{n}@trusted.example");
+            assert_eq!(
+                check(l, &format!("o{n}"), &mail, Some(&from), t + 10 + n).await,
+                Verdict::Admitted
+            );
+        }
+        // Another network gets its share.
+        for n in 0..2u64 {
+            let from = format!("198.51.100.{n}");
+            let mail = format!("p{n}@trusted.example");
+            assert_eq!(
+                check(l, &format!("p{n}"), &mail, Some(&from), t + 14 + n).await,
+                Verdict::Admitted
+            );
+        }
+        let other = Some("198.51.100.9");
+        assert_eq!(
+            check(l, "p2", "p2@trusted.example", other, t + 16).await,
+            rejected(MIN - 2, Scope::Domain, MIN, 2)
+        );
+        // Support staff read and reset that network's share.
+        let trusted = RegistrableDomain::parse_exact("trusted.example").unwrap();
+        let net = IpKey::parse("198.51.100.9").unwrap();
+        let u = (l.usage(Subject::Share(&trusted, &net), None, Clock::At(t + 17)))
+            .await
+            .unwrap();
+        assert!(
+            u.key
+                .ends_with("domain:trusted.example:net:198.51.100.0/24"),
+            "{}",
+            u.key
+        );
+        assert_eq!((u.rules[0].rule.max, u.rules[0].count), (2, 2));
+        assert_eq!(u.retry_after_ms, MIN - 3);
+        let (_, removed) = l.reset(Subject::Share(&trusted, &net)).await.unwrap();
+        assert_eq!(removed, 2);
+        assert_eq!(
+            check(l, "p3", "p3@trusted.example", other, t + 18).await,
+            Verdict::Admitted
+        );
+    }
+
     /// A deny for good answers the longest wait there is.
     pub async fn a_deny_for_good_waits_the_longest<M: Make>(m: M) {
         let b = m.make("ov-forever", limits(&[(MIN, 1)], &[])).await;
@@ -1244,5 +1345,6 @@ conformance!(
     a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit,
     a_domain_override_brings_its_own_rules,
     one_network_uses_its_share_of_a_domain,
+    overrides_leave_owners_and_trusted_networks_their_room,
     a_deny_for_good_waits_the_longest,
 );

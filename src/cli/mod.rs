@@ -159,7 +159,8 @@ pub enum LimitsAction {
         #[arg(long)]
         ip: Option<String>,
         /// A mail domain (counted by its registrable domain, as the limiter
-        /// does: `mail.example.co.uk` is `example.co.uk`).
+        /// does: `mail.example.co.uk` is `example.co.uk`); with `--ip`,
+        /// that client network's share of the domain's quota.
         #[arg(long)]
         domain: Option<String>,
         /// Judge by this purpose's rules.
@@ -177,7 +178,8 @@ pub enum LimitsAction {
         /// A client IP.
         #[arg(long)]
         ip: Option<String>,
-        /// A mail domain (its registrable domain).
+        /// A mail domain (its registrable domain); with `--ip`, that client
+        /// network's share of the domain's quota.
         #[arg(long)]
         domain: Option<String>,
     },
@@ -335,7 +337,8 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
                 if json {
                     println!("{}", usage_json(&usage));
                 } else {
-                    print!("{}", render_usage(&usage));
+                    let share = settings.limits.domain.network_share;
+                    print!("{}", render_usage(&usage, share));
                 }
                 Ok(true)
             }

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use crate::broker::{self, TIMESTAMP_MS_HEADER};
 use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain, now_ms};
 use crate::ledger::{Backend, Ledger};
-use crate::limiter::{Clock, Quotas, Subject, Usage};
+use crate::limiter::{Clock, Quotas, Scope, Subject, Usage};
 use crate::mailer::Mailer;
 use crate::settings::{Settings, redact_url};
 use crate::templates::Templates;
@@ -364,7 +364,8 @@ pub async fn results(
     Ok(n)
 }
 
-/// Parses `--email`, `--ip` or `--domain` into a subject's owned value.
+/// Parses `--email`, `--ip` or `--domain` (or `--domain` with `--ip`)
+/// into a subject's owned value.
 pub enum Who {
     /// A mailbox.
     Email(EmailAddress),
@@ -372,6 +373,8 @@ pub enum Who {
     Ip(IpKey),
     /// A registrable domain.
     Domain(RegistrableDomain),
+    /// A client network's share of a registrable domain's quota.
+    Share(RegistrableDomain, IpKey),
 }
 
 impl Who {
@@ -387,7 +390,14 @@ impl Who {
             (None, None, Some(d)) => Ok(Who::Domain(
                 RegistrableDomain::parse(d).context("--domain")?,
             )),
-            _ => bail!("give exactly one of --email, --ip or --domain"),
+            (None, Some(i), Some(d)) => Ok(Who::Share(
+                RegistrableDomain::parse(d).context("--domain")?,
+                IpKey::parse(i).context("--ip")?,
+            )),
+            _ => bail!(
+                "give exactly one of --email, --ip or --domain (or --domain with --ip: that \
+                 client network's share of the domain)"
+            ),
         }
     }
 
@@ -396,6 +406,7 @@ impl Who {
             Who::Email(e) => Subject::Email(e),
             Who::Ip(i) => Subject::Ip(i),
             Who::Domain(d) => Subject::Domain(d),
+            Who::Share(d, i) => Subject::Share(d, i),
         }
     }
 }
@@ -437,8 +448,9 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// A human rendering of a [`Usage`].
-pub fn render_usage(u: &Usage) -> String {
+/// A human rendering of a [`Usage`]; a domain's says that each client
+/// network may use only its `share` (`limits.domain.network_share`) of it.
+pub fn render_usage(u: &Usage, share: f64) -> String {
     let mut out = format!("{}\n", u.key);
     for r in &u.rules {
         let window = short_duration(r.rule.window_ms);
@@ -459,6 +471,16 @@ pub fn render_usage(u: &Usage) -> String {
         out.push_str(&format!(
             "override in force: {} {} {until}: {}\n",
             o.target, o.kind, o.reason
+        ));
+    }
+    let domain = u
+        .rules
+        .first()
+        .is_some_and(|r| r.rule.scope == Scope::Domain);
+    if domain && share < 1.0 && !u.exempt && !u.key.contains(":net:") {
+        out.push_str(&format!(
+            "each client network may use only {share} of this (limits.domain.network_share); \
+             --domain with --ip shows, and resets, one network's share\n"
         ));
     }
     if u.exempt {
@@ -547,6 +569,23 @@ pub async fn overrides(
             }
             println!("added: {}", render_override(&stored, now));
             println!("covers: {}", stored.target.coverage());
+            // A domain's rules are shared by its client networks too.
+            let share = settings.limits.domain.network_share;
+            if let (Target::Domain(_), Action::Rules(rules)) = (&stored.target, &stored.action)
+                && share < 1.0
+            {
+                let each: Vec<String> = (rules.iter())
+                    .map(|r| {
+                        let max = ((f64::from(r.max) * share).ceil() as u32).clamp(1, r.max.max(1));
+                        format!("{max} per {}", short_duration(r.window_ms()))
+                    })
+                    .collect();
+                println!(
+                    "each client network (an IPv4 /24, an IPv6 /48) may use {} of them \
+                     (limits.domain.network_share {share}); an ip: allow lifts that for a network",
+                    each.join(", ")
+                );
+            }
             Ok(true)
         }
         super::OverridesAction::List { json } => {

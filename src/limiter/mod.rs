@@ -518,14 +518,42 @@ impl Keyspace {
         let hit = match subject {
             Subject::Email(_) => table.email(&key, now),
             Subject::Domain(_) => table.domain(&key, now),
+            Subject::Share(d, _) => table.domain(&self.key_of(Subject::Domain(d)), now),
             Subject::Ip(ip) => table.ip(ip.addr(), now),
         }
         .cloned();
-        let set = match hit.as_ref().and_then(|h| h.set.as_ref()) {
-            Some((_, set)) => set.clone(),
-            None => self.sets[self.set_for(subject.scope(), purpose)].clone(),
+        let own = self.set_for(subject.scope(), purpose);
+        // A purpose the domain scope leaves out stays out under a domain's
+        // rules (its deny still holds).
+        let out = subject.scope() == Scope::Domain && self.leaves_out_domain(purpose);
+        let hit_set = hit.as_ref().and_then(|h| match (&h.ov.action, out) {
+            (overrides::Action::Rules(_), true) => None,
+            _ => h.set.as_ref(),
+        });
+        let set = match (subject, hit_set) {
+            (Subject::Share(..), _) if out => self.sets[own].clone(),
+            (Subject::Share(..), _) => match hit.as_ref().map(|h| (&h.ov.action, &h.share)) {
+                Some((overrides::Action::Rules(_), Some((_, share)))) => share.clone(),
+                Some((overrides::Action::Rules(_), None)) => std::sync::Arc::new(NO_RULES),
+                _ => (self.shares.get(&own))
+                    .map_or_else(|| std::sync::Arc::new(NO_RULES), |&i| self.sets[i].clone()),
+            },
+            (_, Some((_, set))) => set.clone(),
+            (_, None) => self.sets[own].clone(),
         };
         (key, set, hit)
+    }
+
+    /// Whether `purpose` has its own domain rules and they are none: its
+    /// jobs go to existing accounts (`[limits.purpose.reset_password.domain]
+    /// rules = []`), and the domain scope, against farming of new ones,
+    /// leaves them out, a domain override's rules too (found by review: an
+    /// onboarding day's override put password resets back under the
+    /// domain's rule, and a stranger's flood locked them out).
+    fn leaves_out_domain(&self, purpose: Option<&Name>) -> bool {
+        (purpose.and_then(|p| self.purposes.get(p.as_str())))
+            .and_then(|own| own[Scope::Domain.index()])
+            .is_some_and(|i| self.sets[i].rules.is_empty())
     }
 
     /// The key of a subject's log.
@@ -545,6 +573,7 @@ impl Keyspace {
                 ip.network(l.ipv4_prefix, l.ipv6_prefix)
             ),
             Subject::Domain(domain) => format!("{}domain:{domain}", self.prefix),
+            Subject::Share(domain, ip) => self.share_key(&self.key_of(Subject::Domain(domain)), ip),
         }
     }
 
@@ -609,8 +638,10 @@ impl Keyspace {
             // against catch-all farming, neither counts nor judges it, its
             // rules overrides included (a deny, above, still holds). Found
             // by review: a stranger's 50 requests to made-up mailboxes
-            // locked every real employee of a small company out.
-            if scope == Scope::Domain && req.known_mailbox {
+            // locked every real employee of a small company out. Nor a job
+            // of a purpose that leaves the domain scope out.
+            if scope == Scope::Domain && (req.known_mailbox || self.leaves_out_domain(req.purpose))
+            {
                 continue;
             }
             let (index, set) = match hit.map(|h| (&h.ov.action, &h.set)) {
@@ -633,12 +664,16 @@ impl Keyspace {
                 }
             };
             // The network's share of a domain's rules (only domain sets
-            // have one): an override's rules carry their own.
+            // have one): an override's rules carry their own. A network an
+            // override allows is trusted (an office): it may use the whole
+            // domain's quota, which still counts it.
             let share = match hit {
                 Some(h) => h.share.clone(),
                 None => (self.shares.get(&index)).map(|&i| (i, self.sets[i].clone())),
             };
-            let share = share.zip(req.ip);
+            let trusted =
+                hits[Scope::Ip.index()].is_some_and(|h| matches!(h.ov.action, Action::Allow));
+            let share = share.filter(|_| !trusted).zip(req.ip);
             let share_key = share.as_ref().map(|(_, ip)| self.share_key(&key, ip));
             out.push(Applied {
                 scope,
@@ -709,7 +744,7 @@ impl Keyspace {
     /// Whether `subject` is left uncounted (a domain `limits.domain.exempt`
     /// names).
     pub fn exempts(&self, subject: Subject<'_>) -> bool {
-        matches!(subject, Subject::Domain(d) if self.exempt.contains(d))
+        matches!(subject, Subject::Domain(d) | Subject::Share(d, _) if self.exempt.contains(d))
     }
 
     /// Where Redis's clock should be now (ms): its time at the last reading
@@ -790,8 +825,8 @@ fn push_rule_set(set: &RuleSet, args: &mut Vec<i64>) {
     }
 }
 
-/// What a support tool asks about: one mailbox, one client address or one
-/// domain.
+/// What a support tool asks about: one mailbox, one client address, one
+/// domain, or one client network's share of a domain.
 #[derive(Debug, Clone, Copy)]
 pub enum Subject<'a> {
     /// A mailbox (normalized as the limiter does).
@@ -800,6 +835,10 @@ pub enum Subject<'a> {
     Ip(&'a IpKey),
     /// A registrable domain.
     Domain(&'a RegistrableDomain),
+    /// The share of a registrable domain's quota the client address's
+    /// network uses ([`Keyspace::share_key`]); no rules where the share
+    /// holds nothing back.
+    Share(&'a RegistrableDomain, &'a IpKey),
 }
 
 impl Subject<'_> {
@@ -808,10 +847,17 @@ impl Subject<'_> {
         match self {
             Subject::Email(_) => Scope::Email,
             Subject::Ip(_) => Scope::Ip,
-            Subject::Domain(_) => Scope::Domain,
+            Subject::Domain(_) | Subject::Share(..) => Scope::Domain,
         }
     }
 }
+
+/// A rule set of no rules: a network share that holds nothing back.
+const NO_RULES: RuleSet = RuleSet {
+    rules: Vec::new(),
+    keep_ms: 1,
+    deny_until_ms: None,
+};
 
 /// How much of each rule a key has used, without using any.
 #[derive(Debug, Clone, PartialEq, Eq)]
