@@ -51,14 +51,14 @@ pub enum Action {
         /// Why, for the log.
         error: String,
     },
-    /// Another attempt owns this job's send, or Redis is out (`outage`):
-    /// look again after `delay`, without counting an attempt.
+    /// Another attempt owns this job's send, or Redis or the SMTP relays
+    /// fail whatever the mail: look again after `delay`, without counting
+    /// an attempt.
     Wait {
         /// How long to wait.
         delay: Duration,
-        /// Whether Redis was unavailable (else another attempt owns the
-        /// send), for the log and `mailgate_retries_total`.
-        outage: bool,
+        /// Why, for the log and `mailgate_retries_total`.
+        why: Waiting,
     },
     /// Put it in the dead-letter queue with `error` and acknowledge it: it
     /// cannot be answered (not JSON, no usable id), its result could not be
@@ -77,6 +77,10 @@ pub enum Action {
     /// it at once; nothing was spent.
     HandBack,
 }
+
+/// How long a ledger write may still take once the worker is stopping
+/// (see `Pipeline::record`).
+const STOPPING_WRITE: Duration = Duration::from_secs(1);
 
 /// Whether the worker is stopping (SIGTERM, a rolling deploy): from then
 /// on no SMTP transaction begins. A job whose transaction has not begun is
@@ -109,6 +113,31 @@ impl Stopping {
         let mut rx = self.0.subscribe();
         // The sender lives in `self`, so the channel cannot close.
         let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+}
+
+/// Why a job waits without spending an attempt ([`Action::Wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Another attempt owns the send (its lease).
+    Lease,
+    /// Redis cannot be used.
+    Redis,
+    /// Every SMTP relay failed whatever the mail (connection, session, or
+    /// refusals that are the relay's): not the job's fault, so it spends
+    /// no attempt (found by review: a relay that throttled at RCPT, while
+    /// its NOOP probe passed, failed and dead-lettered every job).
+    Relay,
+}
+
+impl Waiting {
+    /// Its `reason` label in `mailgate_retries_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Waiting::Lease => "lease",
+            Waiting::Redis => "outage",
+            Waiting::Relay => "relay",
+        }
     }
 }
 
@@ -534,7 +563,7 @@ impl<L: Ledger> Pipeline<L> {
             Verdict::Busy { lease_left_ms } => {
                 return Err(Action::Wait {
                     delay: Duration::from_millis(lease_left_ms.saturating_add(100)),
-                    outage: false,
+                    why: Waiting::Lease,
                 });
             }
             Verdict::Conflict => (
@@ -721,7 +750,7 @@ impl<L: Ledger> Pipeline<L> {
             Delivery::NotNow => {
                 return Action::Wait {
                     delay: Duration::from_secs(1),
-                    outage: false,
+                    why: Waiting::Lease,
                 };
             }
             Delivery::Expired => {
@@ -752,6 +781,17 @@ impl<L: Ledger> Pipeline<L> {
                 return self
                     .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
                     .await;
+            }
+            // Nothing was handed over, and no relay takes mail now:
+            // not the job's fault, so it waits without spending an attempt
+            // (an `expires_at` still ends it).
+            Delivery::Failed(MailError::Relay(e)) => {
+                self.record(|| self.ledger.release(job_ref)).await;
+                tracing::info!(error = %e, "every SMTP relay fails whatever the mail; the job waits without spending an attempt");
+                return Action::Wait {
+                    delay: self.backoff(msg.attempt),
+                    why: Waiting::Relay,
+                };
             }
             Delivery::Failed(e) => e.to_string(),
             Delivery::LedgerDown(e) if e.is_outage() => return self.outage(msg, &e),
@@ -857,7 +897,7 @@ impl<L: Ledger> Pipeline<L> {
         tracing::debug!(error = %e, "Redis unavailable; the job waits without spending an attempt");
         Action::Wait {
             delay: self.backoff(msg.attempt),
-            outage: true,
+            why: Waiting::Redis,
         }
     }
 
@@ -905,13 +945,24 @@ impl<L: Ledger> Pipeline<L> {
     where
         Fut: Future<Output = Result<bool, LedgerError>>,
     {
-        let done = write
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_times(5),
-            )
-            .await;
+        let retried = write.retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_times(5),
+        );
+        // Stopping, a write Redis does not answer gets a moment, no more:
+        // the job's answer (a `sent` result) must go out before the
+        // shutdown deadline (found by review: a deploy during a Redis
+        // partition spent the deadline retrying a settle, and the next
+        // worker answered a delivered code "delivery unknown").
+        let stopping = async {
+            self.stopping.wait().await;
+            tokio::time::sleep(STOPPING_WRITE).await;
+        };
+        let done = tokio::select! {
+            done = retried => done.map(|_| ()).map_err(|e| e.to_string()),
+            () = stopping => Err("Redis did not answer in time while the worker stops".into()),
+        };
         if let Err(e) = done {
             tracing::warn!(error = %e, "could not record the job's progress in the ledger");
         }

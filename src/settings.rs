@@ -106,16 +106,29 @@ impl Settings {
         bands
     }
 
-    /// What the links' settings leave unencrypted that an operator should
-    /// know of: one line per SMTP relay on another host whose mail may
-    /// travel in clear. Shown by `check-config` and logged at start-up.
-    pub fn transport_warnings(&self) -> Vec<String> {
-        self.smtp
-            .relay_list()
-            .unwrap_or_default()
-            .iter()
+    /// What the settings allow that an operator should know of, one line
+    /// each: an SMTP relay on another host whose mail may travel in clear;
+    /// a `worker.shutdown_timeout` that leaves a send under way less than
+    /// `smtp.timeout` to finish (the worker keeps a tenth of it to close
+    /// its connection), so a deploy can cut the send off and its code be
+    /// answered "delivery unknown" (found by review). Shown by
+    /// `check-config` and logged at start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings: Vec<String> = (self.smtp.relay_list().unwrap_or_default().iter())
             .filter_map(|r| r.check_transport().ok().flatten())
-            .collect()
+            .collect();
+        let (drain, send) = (self.worker.shutdown_timeout, self.smtp.timeout);
+        if drain.mul_f64(0.9) < send {
+            warnings.push(format!(
+                "worker.shutdown_timeout ({}) leaves a send under way less than smtp.timeout ({}) \
+                 to finish when the worker stops: a deploy can cut it off, and its code is then \
+                 answered \"delivery unknown\"; make it at least {}",
+                humantime::format_duration(drain),
+                humantime::format_duration(send),
+                humantime::format_duration(send.mul_f64(1.2)),
+            ));
+        }
+        warnings
     }
 
     /// Every link's TLS settings load and go with a URL that uses TLS, and
@@ -2246,6 +2259,20 @@ mod tests {
         s.redis.url = "memory://".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("min_replicas_acked"), "{e}");
+    }
+
+    /// A shutdown that cannot wait for a send under way says so (found by
+    /// review: 1 s against the shipped 10 s passed as "settings: ok").
+    #[test]
+    fn a_shutdown_shorter_than_a_send_is_warned_of() {
+        let mut s = shipped();
+        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+        s.worker.shutdown_timeout = Duration::from_secs(1);
+        let w = s.warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("worker.shutdown_timeout (1s)") && w[0].contains("12s"),
+            "{w:?}"
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::domain::{Ticket, now_ms};
 use crate::ledger::clock::{Pace, Readings, Verdict, canary_ms};
 use crate::ledger::{Backend, Ledger, LedgerError};
 use crate::mailer::Mailer;
-use crate::pipeline::{Action, Message, Outbox, Pipeline, Stopping, Unpublished};
+use crate::pipeline::{Action, Message, Outbox, Pipeline, Stopping, Unpublished, Waiting};
 use crate::settings::{Settings, redact_url};
 use crate::telemetry;
 use crate::templates::Templates;
@@ -280,7 +280,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         )
     })?;
     let mailer = Mailer::new(&settings.smtp)?;
-    for warning in settings.transport_warnings() {
+    for warning in settings.warnings() {
         tracing::warn!("{warning}");
     }
     if let Some(dir) = mailer.outbox() {
@@ -301,6 +301,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
         .when(|e| !matches!(e, LedgerError::Unfit(_)))
         .notify(|e, wait| {
             log_redis_retry(settings, e, wait);
+            // A connection that failed is a check that failed: an alert
+            // on the gauge fires for a fleet started into an outage (found
+            // by review: no series, so none did).
+            telemetry::dependency_up("redis", false);
             let why = crate::telemetry::without_repeats(&e.to_string());
             endpoint.starting.set(
                 "redis",
@@ -842,20 +846,22 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
                 .delay(job, &queue, ticket, failed_attempt + 1, delay)
                 .await
         }
-        Action::Wait { delay, outage } => {
-            if outage {
-                tracing::info!(
+        Action::Wait { delay, why } => {
+            match why {
+                Waiting::Redis => tracing::info!(
                     ?delay,
                     "Redis is unavailable; the job waits, spending no attempt"
-                );
-                telemetry::retried("outage");
-            } else {
-                tracing::info!(
+                ),
+                Waiting::Relay => tracing::info!(
+                    ?delay,
+                    "no SMTP relay takes mail; the job waits, spending no attempt"
+                ),
+                Waiting::Lease => tracing::info!(
                     ?delay,
                     "another attempt owns the send; waiting for its lease"
-                );
-                telemetry::retried("lease");
+                ),
             }
+            telemetry::retried(why.label());
             let (queue, delay) = broker.topology().wait(delay);
             broker.delay(job, &queue, ticket, job.attempt, delay).await
         }

@@ -303,6 +303,12 @@ async fn healthz_answers_while_the_worker_starts() {
             && !metrics.contains("mailgate_dependency_up{dependency=\"smtp\"} 0"),
         "{metrics}"
     );
+    // The Redis it cannot reach is down, so an alert on the gauge fires
+    // for a fleet started into an outage.
+    assert!(
+        metrics.contains("mailgate_dependency_up{dependency=\"redis\"} 0"),
+        "{metrics}"
+    );
     assert_eq!(http_get(http, "/healthz").await.0, 200);
     let started = std::time::Instant::now();
     let _ = std::process::Command::new("kill")

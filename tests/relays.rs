@@ -959,3 +959,56 @@ async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
     );
     assert!(!circuit_is_open("primary"));
 }
+
+/// A relay that throttles at RCPT (451 to every recipient, as a relay over
+/// its rate does) while its NOOP probe passes: once its refusals are the
+/// relay's (the same one for 3 different recipients in a row), the jobs
+/// wait without spending attempts, and every one is sent once it lets mail
+/// through again. Found by review: 20 of 20 failed after their attempts and
+/// were dead-lettered, with "so it is the relay's" in their error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_relay_spends_no_attempt() {
+    let sink = SmtpSink::start();
+    let url = sink.url();
+    let h = Harness::with("relays-throttle", |s| {
+        s.smtp.url = String::new();
+        s.smtp.relays = vec![relay(url, "only")];
+        s.smtp.circuit = CircuitSettings {
+            failures: 5,
+            cool_down: Duration::from_millis(200),
+        };
+        s.retry.max_attempts = 3;
+        s.retry.initial = Duration::from_millis(50);
+        s.retry.max = Duration::from_millis(200);
+    })
+    .await;
+    // More refusals than 20 jobs' 3 attempts each could take.
+    sink.reply_with(&[451; 100]);
+    let w = h.start_worker().await;
+    let ids: Vec<String> = (0..20).map(|n| format!("t{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&job(id, n)).await;
+    }
+    let results = results_for(&h, &ids, Duration::from_secs(60)).await;
+    for (id, rs) in &results {
+        assert_eq!(rs.len(), 1, "{id}: {rs:?}");
+        assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
+    }
+    // The first refusals could be the mails' own (a full mailbox): at
+    // most those spent an attempt.
+    let retried = (results.values())
+        .filter(|rs| rs[0]["attempts"].as_u64() > Some(1))
+        .count();
+    assert!(retried <= 2, "{retried} spent an attempt: {results:?}");
+    for n in 0..ids.len() {
+        assert_eq!(sink.mails_to(&mailbox(n)).len(), 1, "{}", mailbox(n));
+    }
+    let waited = metric(w.http, r#"mailgate_retries_total{reason="relay"}"#)
+        .await
+        .unwrap_or(0.0);
+    assert!(waited >= 1.0, "{waited}");
+    eprintln!(
+        "RELAYS throttling jobs=20 failed=0 dead_lettered=0 retried={retried} waited={waited}"
+    );
+    w.stop().await.unwrap();
+}

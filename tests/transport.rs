@@ -133,7 +133,7 @@ fn settings_refuse_cleartext_credentials_and_warn_of_cleartext_mail() {
         "smtps://user:pass@relay.example.com",
     ] {
         let s = settings_with_smtp(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-        assert!(s.transport_warnings().is_empty(), "{url}");
+        assert!(s.warnings().is_empty(), "{url}");
     }
     for url in [
         "smtp://relay.example.com",
@@ -141,14 +141,14 @@ fn settings_refuse_cleartext_credentials_and_warn_of_cleartext_mail() {
         "smtp://relay.example.com?tls=none",
     ] {
         let s = settings_with_smtp(url).expect(url);
-        let w = s.transport_warnings();
+        let w = s.warnings();
         assert!(
             w.len() == 1 && w[0].contains("unencrypted") && w[0].contains("tls=required"),
             "{url}: {w:?}"
         );
     }
     let local = settings_with_smtp("smtp://127.0.0.1:1025").expect("local");
-    assert!(local.transport_warnings().is_empty());
+    assert!(local.warnings().is_empty());
 }
 
 /// `check-config` says so too, and so does the worker's start-up log.
@@ -641,7 +641,7 @@ fn review_findings_are_refused_at_load() {
     s.validate().expect("valkeys:// with [redis.tls]");
     // The first tls= counts, for the relay's name as for the mailer.
     let s = settings_with_smtp("smtp://relay.example.com?tls=none&tls=required").expect("valid");
-    let w = s.transport_warnings();
+    let w = s.warnings();
     assert!(
         w.len() == 1 && w[0].contains("relay.example.com:25") && w[0].contains("says tls=none"),
         "{w:?}"

@@ -215,6 +215,8 @@ def check(docs):
     alerts = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
     jobs = set(re.findall(r'job="([^"]+)"', alerts))
     service = one(docs, "Service")
+    if service["spec"].get("publishNotReadyAddresses") is not True:
+        fail("the metrics Service must publish not-ready addresses: a worker that is not ready is the one whose metrics say why")
     if service["spec"]["selector"] != labels:
         fail("the Service does not select the Deployment's pods")
     ports = {p["name"]: p for p in service["spec"]["ports"]}

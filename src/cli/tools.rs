@@ -744,7 +744,7 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         sets.join(", ")
     );
     let mailer = Mailer::new(&settings.smtp)?;
-    for warning in settings.transport_warnings() {
+    for warning in settings.warnings() {
         println!("warning: {warning}");
     }
     if let Some(dir) = mailer.outbox() {
