@@ -620,3 +620,50 @@ async fn a_deploy_reports_no_delivered_code_as_failed() {
     );
     w.stop().await.unwrap();
 }
+
+/// A deploy during a Redis stall answers no unsent code "delivery unknown"
+/// (found by review). Redis freezes (SIGSTOP) with 6 jobs' admissions
+/// waiting in it, 4 of them with a pooled connection (their admission marks
+/// the send begun); the worker is stopped meanwhile and gives up on them at
+/// its deadline. When Redis thaws, those calls run seconds after they were
+/// sent and are refused (`STALE`), writing nothing, so the next worker
+/// admits and sends every job. Before: the 4 marks were set with no worker
+/// left to send or release them, and the next worker answered those jobs
+/// `failed`, "delivery unknown", with no mail sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
+    let redis = common::PrivateRedis::start();
+    let url = redis.url();
+    let h = Harness::with("stall-deploy", |s| {
+        s.redis.url = url.clone();
+        s.smtp.pool_size = 4;
+        s.smtp.timeout = Duration::from_secs(2);
+        s.limits.send_lease = Duration::from_secs(8);
+        s.worker.shutdown_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let w = h.start_worker().await;
+    common::harness::wait_ready(w.http).await;
+    redis.pause();
+    let ids: Vec<String> = (0..6).map(|n| format!("f{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"}))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    w.stop().await.unwrap();
+    redis.resume();
+    let w = h.start_worker().await;
+    let results = results_for(&h, &ids, Duration::from_secs(40)).await;
+    for (id, rs) in &results {
+        for r in rs {
+            assert_eq!(r["status"], "sent", "{id}: {rs:?}");
+        }
+    }
+    for n in 0..ids.len() {
+        let mail = format!("u{n}@example.com");
+        assert_eq!(h.sink.mails_to(&mail).len(), 1, "{mail} mailed once");
+    }
+    eprintln!("FAULT stall-deploy jobs=6 lost=0 mailed_twice=0 unknown=0");
+    w.stop().await.unwrap();
+}

@@ -335,7 +335,8 @@ impl LedgerError {
     /// (no connection, a timeout, a server loading its data, busy with a
     /// script, out of memory, failing to persist, or between primaries, a
     /// cluster without a slot's owner, replicas that did not acknowledge, a
-    /// clock too far from the worker's: `CLOCKSKEW`), rather than anything
+    /// clock too far from the worker's: `CLOCKSKEW`, a call that ran too
+    /// late after it was sent: `STALE`), rather than anything
     /// about the job: the job waits
     /// without spending an attempt, and workers take no jobs until it
     /// passes.
@@ -345,13 +346,14 @@ impl LedgerError {
                 use ::redis::ErrorKind;
                 // Found by review: BUSY (a script running past its limit)
                 // failed every job after its attempts.
-                const OUTAGES: [&str; 10] = [
+                const OUTAGES: [&str; 11] = [
                     "LOADING",
                     "MASTERDOWN",
                     "READONLY",
                     "CLUSTERDOWN",
                     "TRYAGAIN",
                     "CLOCKSKEW",
+                    "STALE",
                     "BUSY",
                     "OOM",
                     "NOREPLICAS",

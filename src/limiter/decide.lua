@@ -56,6 +56,14 @@ local huge, mmin, mmax, floor = math.huge, math.min, math.max, math.floor
 local MAX_PERIOD_MS = 31622400000
 local MAX_KEEP_MS = MAX_PERIOD_MS + 3600000
 
+-- How late after the worker sent it a call may run (ms), judged by where
+-- the worker reckoned Redis's clock would be: a call that waited in a
+-- frozen or partitioned Redis longer than this may have been given up on
+-- (its worker stopped, its task ended at the shutdown deadline), and a send
+-- mark it set would be taken for a send that began ("delivery unknown").
+-- It writes nothing; the caller waits without spending an attempt.
+local LATE_MS = 2000
+
 -- Integers as Redis wants them in commands (never "1.7e+12").
 local function int(x)
   return format('%.0f', x)
@@ -77,7 +85,8 @@ end
 -- and redis.max_clock_skew, ms), nil and a CLOCKSKEW error to return if the
 -- server's clock is further than max from it (src/ledger/clock.rs):
 -- nothing is decided on a clock that stepped, and the caller waits without
--- spending an attempt.
+-- spending an attempt; and a STALE error if it is more than LATE_MS ahead
+-- of it (the call ran late).
 local function clock(i)
   local a = ARGV[i]
   if a ~= '' and sub(a, 1, 1) ~= '~' then return tonumber(a) end
@@ -90,6 +99,10 @@ local function clock(i)
   if off > tonumber(max) or -off > tonumber(max) then
     return nil, redis.error_reply(format('CLOCKSKEW the Redis clock is %.0f ms from where the '
       .. 'worker reckons it should be (redis.max_clock_skew %s ms)', off, max))
+  end
+  if off > LATE_MS then
+    return nil, redis.error_reply(format('STALE the call ran %.0f ms after the worker sent it '
+      .. '(a frozen or partitioned Redis, or its clock ahead): nothing was written', off))
   end
   return now
 end
