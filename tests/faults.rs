@@ -667,3 +667,51 @@ async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
     eprintln!("FAULT stall-deploy jobs=6 lost=0 mailed_twice=0 unknown=0");
     w.stop().await.unwrap();
 }
+
+/// A deploy while Redis does not answer (frozen, as in a partition) with
+/// sends under way: once the worker is stopping, a ledger write gets a
+/// second, so the delivered codes are answered `sent` before the shutdown
+/// deadline (found by review: the settle's retries spent the deadline, the
+/// jobs were left unacknowledged, and the next worker answered them
+/// "delivery unknown" though they had been delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_while_redis_does_not_answer_answers_delivered_codes_sent() {
+    let redis = common::PrivateRedis::start();
+    let url = redis.url();
+    let h = Harness::with("frozen-deploy", |s| {
+        s.redis.url = url.clone();
+        s.smtp.pool_size = 2;
+        s.smtp.timeout = Duration::from_secs(4);
+        s.worker.shutdown_timeout = Duration::from_secs(8);
+    })
+    .await;
+    h.sink.set_delay(Duration::from_secs(2));
+    let w = h.start_worker().await;
+    common::harness::wait_ready(w.http).await;
+    let ids: Vec<String> = (0..2).map(|n| format!("p{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"}))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.sink.transactions() < 2 {
+        assert!(Instant::now() < deadline, "the sends never began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.pause();
+    let stopping = Instant::now();
+    w.stop().await.unwrap();
+    let took = stopping.elapsed();
+    redis.resume();
+    let results = results_for(&h, &ids, Duration::from_secs(5)).await;
+    for (id, rs) in &results {
+        assert_eq!(rs.len(), 1, "{id}: {rs:?}");
+        assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
+    }
+    assert_eq!(h.sink.mails().len(), 2);
+    assert!(took < Duration::from_secs(8), "stopped in {took:?}");
+    eprintln!(
+        "FAULT frozen-deploy jobs=2 sent=2 unknown=0 stop_ms={}",
+        took.as_millis()
+    );
+}

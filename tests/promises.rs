@@ -435,12 +435,14 @@ async fn a_replayed_dead_letter_is_processed_afresh() {
     w.stop().await.unwrap();
 }
 
-/// Defect 10: a misconfigured relay (`?tls=required` without STARTTLS) is a
-/// transient failure: retried, the quota kept meanwhile, and `/readyz` and
-/// `mailgate_smtp_relay_up` say the relay is failing.
+/// Defect 10: a misconfigured relay (`?tls=required` without STARTTLS) is
+/// the relay's failure, not the job's: the job waits without spending
+/// attempts (issue 26's review), the quota kept meanwhile, and `/readyz`
+/// and `mailgate_smtp_relay_up` say the relay is failing; once the relay
+/// is set right, the job is sent on its first attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misconfigured_relay_is_retried_and_reported() {
-    let h = Harness::with("relay", |s| {
+    let mut h = Harness::with("relay", |s| {
         s.smtp.url = format!("{}?tls=required", s.smtp.url);
         s.retry.max_attempts = 3;
         s.retry.initial = Duration::from_millis(300);
@@ -464,13 +466,28 @@ async fn a_misconfigured_relay_is_retried_and_reported() {
     h.publish(&job("r2", "r@example.com")).await;
     let r2 = h.result().await;
     assert_eq!(r2["status"], "rejected", "{r2}");
+    // Past its 3 attempts' backoff, r1 is still waiting, not failed.
+    h.no_more_results(Duration::from_secs(3)).await;
+    let (_, metrics) = http_get(w.http, "/metrics").await;
+    assert!(
+        !metrics.contains("mailgate_retries_total{reason=\"relay\"} 0"),
+        "{metrics}"
+    );
+    w.stop().await.unwrap();
+    // The operator sets the relay right: r1 is sent, on its first attempt.
+    h.settings.smtp.url = h.sink.url();
+    let w = h.start_worker().await;
     let r = h.result().await;
     assert_eq!(
-        (r["status"].as_str(), r["attempts"].as_u64()),
-        (Some("failed"), Some(3)),
+        (
+            r["id"].as_str(),
+            r["status"].as_str(),
+            r["attempts"].as_u64()
+        ),
+        (Some("r1"), Some("sent"), Some(1)),
         "{r}"
     );
-    assert!(r["error"].as_str().unwrap().contains("STARTTLS"), "{r}");
+    assert_eq!(h.sink.mails_to("r@example.com").len(), 1);
     w.stop().await.unwrap();
 }
 
