@@ -1,12 +1,12 @@
 //! The `mailgate` binary's commands against the real services.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::harness::Harness;
-use common::*;
+use crate::common::harness::Harness;
+use crate::common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{RedisLedger, Verdict};
 use mailgate::limiter::Clock;

@@ -6,11 +6,11 @@
 //! Against a private `redis-server` whose wall clock `tests/clockshift.c`
 //! moves, the shared RabbitMQ and an in-process SMTP server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::harness::{Harness, WorkerHandle, http_get};
+use crate::common::harness::{Harness, WorkerHandle, http_get};
 use serde_json::json;
 
 const HOUR_MS: i64 = 3_600_000;

@@ -3,11 +3,11 @@
 //! against catch-all code farming, shadow rules, the quota left on a sent
 //! result, and superseded codes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::harness::Harness;
+use crate::common::harness::Harness;
 use mailgate::domain::RegistrableDomain;
 use mailgate::ledger::RedisLedger;
 use mailgate::limiter::{Clock, Quotas, Subject};

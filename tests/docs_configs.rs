@@ -3,8 +3,6 @@
 //! `mailgate check-config` (which loads and checks the settings and the
 //! templates, and parses every URL).
 
-mod common;
-
 use std::process::Command;
 
 /// Every `scheme://…` the docs mention for the three URLs mailgate takes,

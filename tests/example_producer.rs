@@ -1,8 +1,6 @@
 //! The README's Python producer snippet works against a real worker.
 
-mod common;
-
-use common::harness::Harness;
+use crate::common::harness::Harness;
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

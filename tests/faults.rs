@@ -1,12 +1,12 @@
 //! Faults injected on purpose: nothing is lost, nothing is mailed twice.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::harness::Harness;
-use common::{ReplyCutter, close_connections};
+use crate::common::harness::Harness;
+use crate::common::{ReplyCutter, close_connections};
 use serde_json::{Value, json};
 
 /// Collects results until every id in `ids` has one, allowing repeats

@@ -1,10 +1,8 @@
 //! Hostile input, end to end: each kind has a defined outcome.
 
-mod common;
-
 use std::time::Duration;
 
-use common::harness::Harness;
+use crate::common::harness::Harness;
 use lapin::BasicProperties;
 use serde_json::{Value, json};
 

@@ -1,9 +1,9 @@
 //! The operator's endpoint: metrics move with the work, health and
 //! readiness answer.
 
-mod common;
+use crate::common;
 
-use common::harness::{Harness, http_get};
+use crate::common::harness::{Harness, http_get};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::json;

@@ -6,13 +6,13 @@
 //! `templates/` are refused: `templates::tests` and
 //! `cli::check_config_refuses_ambiguous_or_escaping_templates`.)
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::harness::{Harness, http_get};
-use common::smtp::SmtpSink;
+use crate::common::harness::{Harness, http_get};
+use crate::common::smtp::SmtpSink;
 
 /// One password per service, each unlike anything else in the output.
 const AMQP_SECRET: &str = "AmqpS3cret7q";

@@ -6,11 +6,9 @@
 //! latest time it was called with. The limiter's decisions have their own
 //! suite (`limiter_conformance`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Ending, Entry, Ledger, Refund, Verdict};
 use mailgate::limiter::{Clock, Quotas, RuleRef, Scope, Subject};

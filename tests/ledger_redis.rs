@@ -3,12 +3,10 @@
 //! bytes per admission, a Redis that evicts, malformed calls, and the
 //! NOSCRIPT fallback. Also the in-memory ledger's memory bound.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use mailgate::domain::{RegistrableDomain, Ticket};
 use mailgate::ledger::{
     Admission, Backend, Ending, Entry, Ledger, LedgerError, MemoryLedger, RedisLedger, Refund,

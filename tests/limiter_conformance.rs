@@ -4,9 +4,7 @@
 //! backend runs against the real shared Redis, under a per-test key prefix.
 //! The job lifecycle has its own suite (`ledger_conformance`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mailgate::domain::Ticket;
 use mailgate::domain::now_ms;
 use mailgate::domain::{IpKey, RegistrableDomain};

@@ -6,12 +6,12 @@
 //! a minute behind the newest time, the slack the backends keep). The model
 //! judges a domain's client network's share as a key of its own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::model::{Model, Scopes};
-use common::*;
+use crate::common::model::{Model, Scopes};
+use crate::common::*;
 use mailgate::domain::{Normalization, RegistrableDomain, Ticket};
 use mailgate::ledger::{Ending, Ledger, MemoryLedger, RedisLedger, Refund};
 use mailgate::limiter::{Clock, Scope};

@@ -3,12 +3,12 @@
 //! what went wrong before the fix) and checks that the promise now holds,
 //! against real services (a private Redis or cluster for anything cut).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::ReplyCutter;
-use common::harness::Harness;
+use crate::common::ReplyCutter;
+use crate::common::harness::Harness;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};

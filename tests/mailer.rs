@@ -3,11 +3,11 @@
 //! never reused, replies are attributed to the right mail, and failures are
 //! classified by the SMTP phase they happened in.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::script::{ScriptedSmtp, base64, reply};
+use crate::common::script::{ScriptedSmtp, base64, reply};
 use mailgate::mailer::{MailError, Mailer};
 use mailgate::settings::SmtpSettings;
 

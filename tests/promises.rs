@@ -7,12 +7,12 @@
 //! Defect 3 (a timed-out SMTP connection reused) is reproduced at the
 //! mailer in `tests/mailer.rs`; defect 11's CLI ids here.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::harness::{Harness, http_get};
+use crate::common::harness::{Harness, http_get};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};

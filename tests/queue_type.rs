@@ -3,12 +3,10 @@
 //! the queues exist as another type. These tests set the type themselves;
 //! the rest of the suite runs on either (`MAILGATE_TEST_QUEUE_TYPE`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::harness::{Harness, http_get};
+use crate::common::harness::{Harness, http_get};
 use futures_lite::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::{

@@ -6,13 +6,11 @@
 //! The nodes are the test's own (names, ports, data dirs); the shared
 //! RabbitMQ is not touched.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::harness::Harness;
-use common::{KillOnDrop, LogOnFailure, PrivateRabbit};
+use crate::common::harness::Harness;
+use crate::common::{KillOnDrop, LogOnFailure, PrivateRabbit};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use mailgate::settings::QueueType;

@@ -2,13 +2,11 @@
 //! connection, holding them): what they are answered, and what a producer
 //! cannot fake. Found by review B; each test's doc says what went wrong.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::close_connections;
-use common::harness::{Harness, http_get};
+use crate::common::close_connections;
+use crate::common::harness::{Harness, http_get};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use mailgate::settings::QueueType;

@@ -3,13 +3,11 @@
 //! the primary that holds mailgate's slot, and when that primary dies
 //! mid-load the worker follows the replica the cluster promotes.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::PrivateCluster;
-use common::harness::{Harness, http_get};
+use crate::common::PrivateCluster;
+use crate::common::harness::{Harness, http_get};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

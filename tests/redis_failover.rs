@@ -13,8 +13,6 @@
 //! FAULTS.md. Either way the worker follows the new primary without a
 //! restart and no job goes unanswered.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -23,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use common::harness::{Harness, http_get};
-use common::{KillOnDrop, PrivateRedis, free_port};
+use crate::common::harness::{Harness, http_get};
+use crate::common::{KillOnDrop, PrivateRedis, free_port};
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use serde_json::{Value, json};
 

@@ -4,11 +4,9 @@
 //! unacknowledged reservation, copies of one job admitted at once. Each
 //! case was found by review (each of these tests failed before its fix).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Ending, Entry, Ledger, LedgerError, RedisLedger, Verdict};
 use mailgate::limiter::{Clock, Quotas, Subject};

@@ -3,14 +3,14 @@
 //! mid-load, no job taken while every relay's circuit is open, and the
 //! settings that describe them.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::harness::{Harness, http_get};
-use common::smtp::{ProxyMode, SmtpProxy, SmtpSink};
+use crate::common::harness::{Harness, http_get};
+use crate::common::smtp::{ProxyMode, SmtpProxy, SmtpSink};
 use mailgate::settings::{CircuitSettings, RelaySettings, Settings};
 use serde_json::{Value, json};
 

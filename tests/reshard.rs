@@ -5,12 +5,10 @@
 //! review: with the client's retries turned off, every attempt of such a
 //! job failed until it was answered `failed`, 2 of 2 runs).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::harness::Harness;
-use common::{PrivateCluster, redis_cli as cli};
+use crate::common::harness::Harness;
+use crate::common::{PrivateCluster, redis_cli as cli};
 use serde_json::{Value, json};
 
 async fn run(hash_tag: bool) {

@@ -2,12 +2,12 @@
 //! `traceparent` is continued by the worker's spans, exported over
 //! OTLP/HTTP to a receiver this test runs, and carried on the result.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::harness::Harness;
+use crate::common::harness::Harness;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};

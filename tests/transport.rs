@@ -5,15 +5,17 @@
 //! and client certificates for SMTP, Redis (a server, Sentinel, a cluster)
 //! and RabbitMQ, and errors that name the link and what to set.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::PrivateRabbit;
-use common::harness::Harness;
-use common::script::{ScriptedSmtp, all_verbs};
-use common::tls::{ClientCerts, Pki, RelayMode, TlsRedis, TlsRelay, Validity, server_config};
+use crate::common::PrivateRabbit;
+use crate::common::harness::Harness;
+use crate::common::script::{ScriptedSmtp, all_verbs};
+use crate::common::tls::{
+    ClientCerts, Pki, RelayMode, TlsRedis, TlsRelay, Validity, server_config,
+};
 use mailgate::mailer::{MailError, Mailer};
 use mailgate::settings::{Settings, SmtpSettings};
 use mailgate::tls::TlsSettings;

@@ -1,11 +1,11 @@
 //! The worker end to end: the real worker against the shared RabbitMQ and
 //! Redis and an SMTP server inside the test.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::harness::Harness;
+use crate::common::harness::Harness;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use serde_json::{Value, json};
