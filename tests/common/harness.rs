@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures_lite::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -421,26 +420,6 @@ impl Drop for Harness {
         })
         .join();
     }
-}
-
-/// Consumes everything on a queue into a stream, for tests that need it.
-#[allow(dead_code)]
-pub async fn drain_stream(channel: &Channel, queue: &str) -> Vec<Vec<u8>> {
-    let mut c = channel
-        .basic_consume(
-            queue.into(),
-            "drain".into(),
-            Default::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    let mut out = Vec::new();
-    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(300), c.next()).await {
-        d.ack(BasicAckOptions::default()).await.expect("ack");
-        out.push(d.data);
-    }
-    out
 }
 
 /// A plain HTTP/1.1 GET: `(status, body)`.

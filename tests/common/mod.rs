@@ -1,6 +1,5 @@
 //! Helpers shared by the integration tests: per-test names, connections to the
 //! real services, and clean-up that runs even when a test fails.
-#![allow(dead_code)] // each test binary uses its own subset
 
 pub mod harness;
 pub mod model;

@@ -68,7 +68,6 @@ pub struct Received {
     /// The connection (0-based, in accept order) it came on.
     pub conn: usize,
     pub to: Vec<String>,
-    pub data: String,
     /// What the server answered to the final dot.
     pub code: u16,
 }
@@ -313,7 +312,6 @@ impl ScriptedSmtp {
         self.state().mails.push(Received {
             conn,
             to: mail.to.clone(),
-            data: mail.data.clone(),
             code: reply.code,
         });
         respond(w, &reply, "queued").await
