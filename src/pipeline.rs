@@ -787,7 +787,9 @@ impl<L: Ledger> Pipeline<L> {
             // (an `expires_at` still ends it).
             Delivery::Failed(MailError::Relay(e)) => {
                 self.record(|| self.ledger.release(job_ref)).await;
-                tracing::info!(error = %e, "every SMTP relay fails whatever the mail; the job waits without spending an attempt");
+                // A relay's refusal may quote the recipient.
+                let error = telemetry::mask_emails(&e);
+                tracing::info!(%error, "every SMTP relay fails whatever the mail; the job waits without spending an attempt");
                 return Action::Wait {
                     delay: self.backoff(msg.attempt),
                     why: Waiting::Relay,
