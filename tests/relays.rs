@@ -995,11 +995,14 @@ async fn a_throttling_relay_spends_no_attempt() {
         assert_eq!(rs[0]["status"], "sent", "{id}: {rs:?}");
     }
     // The first refusals could be the mails' own (a full mailbox): at
-    // most those spent an attempt.
+    // most those spent an attempt, the 2 before the streak of 3 and the
+    // sends already under way on the pool's other connections then.
     let retried = (results.values())
         .filter(|rs| rs[0]["attempts"].as_u64() > Some(1))
         .count();
-    assert!(retried <= 2, "{retried} spent an attempt: {results:?}");
+    let bound = 2 + h.settings.smtp.pool_size as usize - 1;
+    assert!(retried <= bound, "{retried} spent an attempt: {results:?}");
+    assert!(retried < ids.len() / 2, "{retried} spent an attempt");
     for n in 0..ids.len() {
         assert_eq!(sink.mails_to(&mailbox(n)).len(), 1, "{}", mailbox(n));
     }
