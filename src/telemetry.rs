@@ -23,7 +23,7 @@
 //! Every label comes from a bounded set (the statuses, verdicts and scopes;
 //! the configured relays; the windows and maxima of the configured rules,
 //! their network shares and the stored overrides), never from a job's
-//! content: an attack adds no series (`cli::a_flood_of_hostile_jobs_adds_no_metric_series`).
+//! content: an attack adds no series (`tools::cli::a_flood_of_hostile_jobs_adds_no_metric_series`).
 //!
 //! The counters and gauges dashboards and alerts read are registered at
 //! zero when the worker starts ([`register`]).

@@ -477,8 +477,8 @@ async fn malformed_calls_write_nothing() {
         .unwrap();
     let script = format!(
         "{}\n{}",
-        include_str!("../src/limiter/decide.lua"),
-        include_str!("../src/ledger/ledger.lua")
+        include_str!("../../../src/limiter/decide.lua"),
+        include_str!("../../../src/ledger/ledger.lua")
     );
     let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
     let head = ["batch", "", "86400000", "30000"];

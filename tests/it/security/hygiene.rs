@@ -3,8 +3,8 @@
 //! `/metrics`, `/readyz`, `check-config` output or error messages; the HTTP
 //! listener is on loopback unless told otherwise; the Docker image runs as
 //! a user other than root. (Templates reached through a symlink out of
-//! `templates/` are refused: `templates::tests` and
-//! `cli::check_config_refuses_ambiguous_or_escaping_templates`.)
+//! `templates/` are refused: `mail::templates::tests` and
+//! `tools::cli::check_config_refuses_ambiguous_or_escaping_templates`.)
 
 use crate::common;
 

@@ -1,0 +1,5 @@
+//! The job ledger: one conformance suite for its lifecycle in both
+//! backends, and what only the Redis ledger promises.
+
+mod conformance;
+mod redis;
