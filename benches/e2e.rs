@@ -685,7 +685,7 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
 async fn ceiling_smtp(port: u16, n: u64) -> f64 {
     use mailgate::mailer::{Mailer, Outgoing};
     let mailer = Mailer::new(&mailgate::settings::SmtpSettings {
-        url: format!("smtp://127.0.0.1:{port}?tls=none"),
+        url: format!("smtp://127.0.0.1:{port}?tls=none").into(),
         relays: Vec::new(),
         circuit: Default::default(),
         from: "Bench <no-reply@example.com>".into(),

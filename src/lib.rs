@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod mailer;
 pub mod pipeline;
+pub mod redact;
 pub mod settings;
 pub mod telemetry;
 pub mod templates;

@@ -61,7 +61,7 @@ async fn the_leading_node_stops_mid_load_and_nothing_is_lost_or_mailed_twice() {
     // The test publishes and reads results through the third node, which
     // stays up; the worker is given all three and connects to the first.
     let h = Harness::with("rcluster", |s| {
-        s.amqp.url = nodes[2].url();
+        s.amqp.url = nodes[2].url().into();
         s.amqp.queue_type = QueueType::Quorum;
         s.amqp.prefetch = 16;
         s.smtp.pool_size = 2;

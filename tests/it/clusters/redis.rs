@@ -32,7 +32,7 @@ async fn the_worker_runs_on_a_cluster_with_its_keys_spread_over_the_shards() {
 /// the deployment's keys are.
 async fn runs_on(cluster: &PrivateCluster, name: &str, prefix: fn(&str) -> String) -> usize {
     let h = Harness::with(name, |s| {
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = prefix(&s.redis.key_prefix);
     })
     .await;
@@ -125,7 +125,7 @@ async fn a_primary_dies_mid_load_with_the_keys_spread_and_nothing_is_lost_or_mai
 async fn dies_mid_load(name: &str, prefix: fn(&str) -> String, victim: fn(&str) -> String) {
     let mut cluster = PrivateCluster::start_with(1);
     let h = Harness::with(name, |s| {
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = prefix(&s.redis.key_prefix);
         s.redis.min_replicas_acked = 1;
         s.limits.send_lease = Duration::from_secs(11);

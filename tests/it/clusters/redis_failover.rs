@@ -267,7 +267,7 @@ fn job(id: &str, mailbox: &str, n: usize) -> Value {
 async fn run(test: &str, min_replicas_acked: u32) -> Figures {
     let group = Group::start();
     let h = Harness::with(test, |s| {
-        s.redis.url = group.url();
+        s.redis.url = group.url().into();
         s.redis.min_replicas_acked = min_replicas_acked;
         s.redis.replica_ack_timeout = Duration::from_millis(500);
         // Room to retry through the failover, the promotion and the old

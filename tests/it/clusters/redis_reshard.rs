@@ -15,7 +15,7 @@ async fn run(hash_tag: bool) {
     let cluster = PrivateCluster::start();
     let h = Harness::with("reshard", |s| {
         let tag = format!("mgtest-reshard-{}", std::process::id());
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = if hash_tag {
             format!("{{{tag}}}:")
         } else {

@@ -86,7 +86,7 @@ impl Harness {
         let sink = SmtpSink::start();
         let mut settings = Settings {
             amqp: AmqpSettings {
-                url: amqp_url(),
+                url: amqp_url().into(),
                 jobs_queue: format!("{queue_prefix}jobs"),
                 results_queue: format!("{queue_prefix}results"),
                 prefetch: 16,
@@ -96,7 +96,7 @@ impl Harness {
             },
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {
-                url: sink.url(),
+                url: sink.url().into(),
                 relays: Vec::new(),
                 circuit: Default::default(),
                 from: "Acme <no-reply@acme.example>".into(),
@@ -189,10 +189,10 @@ impl Harness {
             .env("MAILGATE_CONFIG", self.config_file())
             .env("MAILGATE__AMQP__JOBS_QUEUE", &s.amqp.jobs_queue)
             .env("MAILGATE__AMQP__RESULTS_QUEUE", &s.amqp.results_queue)
-            .env("MAILGATE__AMQP__URL", &s.amqp.url)
+            .env("MAILGATE__AMQP__URL", s.amqp.url.as_str())
             .env("MAILGATE__REDIS__KEY_PREFIX", &s.redis.key_prefix)
-            .env("MAILGATE__REDIS__URL", &s.redis.url)
-            .env("MAILGATE__SMTP__URL", &s.smtp.url)
+            .env("MAILGATE__REDIS__URL", s.redis.url.as_str())
+            .env("MAILGATE__SMTP__URL", s.smtp.url.as_str())
             .env("MAILGATE__SMTP__POOL_SIZE", s.smtp.pool_size.to_string())
             .env("MAILGATE__AMQP__PREFETCH", s.amqp.prefetch.to_string())
             .env("MAILGATE__AMQP__QUEUE_TYPE", s.amqp.queue_type.as_str())

@@ -272,7 +272,7 @@ async fn publish_gives_every_line_its_own_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misconfigured_relay_is_retried_and_reported() {
     let mut h = Harness::with("relay", |s| {
-        s.smtp.url = format!("{}?tls=required", s.smtp.url);
+        s.smtp.url = format!("{}?tls=required", s.smtp.url.as_str()).into();
         s.retry.max_attempts = 3;
         s.retry.initial = Duration::from_millis(300);
     })
@@ -304,7 +304,7 @@ async fn a_misconfigured_relay_is_retried_and_reported() {
     );
     w.stop().await.unwrap();
     // The operator sets the relay right: r1 is sent, on its first attempt.
-    h.settings.smtp.url = h.sink.url();
+    h.settings.smtp.url = h.sink.url().into();
     let w = h.start_worker().await;
     let r = h.result().await;
     assert_eq!(
@@ -466,7 +466,7 @@ async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
     let redis = common::PrivateRedis::start();
     let url = redis.url();
     let h = Harness::with("stall-deploy", |s| {
-        s.redis.url = url.clone();
+        s.redis.url = url.clone().into();
         s.smtp.pool_size = 4;
         s.smtp.timeout = Duration::from_secs(2);
         s.limits.send_lease = Duration::from_secs(8);
@@ -510,7 +510,7 @@ async fn a_deploy_while_redis_does_not_answer_answers_delivered_codes_sent() {
     let redis = common::PrivateRedis::start();
     let url = redis.url();
     let h = Harness::with("frozen-deploy", |s| {
-        s.redis.url = url.clone();
+        s.redis.url = url.clone().into();
         s.smtp.pool_size = 2;
         s.smtp.timeout = Duration::from_secs(4);
         s.worker.shutdown_timeout = Duration::from_secs(8);
@@ -556,7 +556,7 @@ async fn a_deploy_while_redis_does_not_answer_answers_delivered_codes_sent() {
 async fn cluster_one_lost_batch_reply_fails_no_job_in_it() {
     let cluster = CutCluster::start();
     let h = Harness::with("lostclusterbatch", |s| {
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = "{lost}:".into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);

@@ -259,7 +259,7 @@ async fn smtp_stalls_the_deadline_fires_and_other_jobs_flow() {
     let proxy = SmtpProxy::start(proxy_for.port);
     let url = proxy.url();
     let h = Harness::with("stall", |s| {
-        s.smtp.url = url.clone();
+        s.smtp.url = url.clone().into();
         s.smtp.timeout = Duration::from_secs(1);
         s.retry.initial = Duration::from_millis(50);
     })
@@ -310,7 +310,7 @@ async fn smtp_gone_then_back() {
     let proxy = SmtpProxy::start(sink.port);
     let url = proxy.url();
     let h = Harness::with("smtpgone", |s| {
-        s.smtp.url = url.clone();
+        s.smtp.url = url.clone().into();
         s.retry.max_attempts = 8;
         s.retry.initial = Duration::from_millis(200);
         s.retry.max = Duration::from_secs(1);
@@ -367,7 +367,7 @@ async fn a_broker_alarm_is_reported_and_never_holds_shutdown() {
     let rabbit = common::PrivateRabbit::start();
     let url = rabbit.url();
     let h = Harness::with("alarm", |s| {
-        s.amqp.url = url;
+        s.amqp.url = url.into();
         s.worker.shutdown_timeout = Duration::from_secs(3);
     })
     .await;

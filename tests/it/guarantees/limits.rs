@@ -117,7 +117,7 @@ async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
 async fn spread_worker_mails_nobody_past_a_limit_after_a_lost_create_reply() {
     let cluster = CutCluster::start();
     let h = Harness::with("lostspreadlost", |s| {
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = "lost:spw:".into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);

@@ -174,7 +174,7 @@ async fn a_redis_stall_never_mails_twice() {
     let redis = common::PrivateRedis::start();
     let url = redis.url();
     let h = Harness::with("redisstall", |s| {
-        s.redis.url = url;
+        s.redis.url = url.into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);
         s.smtp.timeout = Duration::from_secs(2);
@@ -212,7 +212,7 @@ async fn a_lost_reply_to_an_admission_is_resumed_and_sent_once() {
     let redis = common::PrivateRedis::start();
     let cutter = ReplyCutter::start(redis.port);
     let h = Harness::with("lostreply", |s| {
-        s.redis.url = format!("redis://127.0.0.1:{}/0", cutter.port);
+        s.redis.url = format!("redis://127.0.0.1:{}/0", cutter.port).into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);
         s.smtp.timeout = Duration::from_secs(2);
@@ -243,7 +243,7 @@ async fn a_lost_reply_to_an_admission_is_resumed_and_sent_once() {
 async fn cluster_a_lost_admission_reply_is_resumed_and_sent() {
     let cluster = CutCluster::start();
     let h = Harness::with("lostclusterlost", |s| {
-        s.redis.url = cluster.url();
+        s.redis.url = cluster.url().into();
         s.redis.key_prefix = "{lost}:".into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);
@@ -389,7 +389,7 @@ async fn a_lost_reply_release_gives_back_only_a_mark_it_set() {
     let redis = common::PrivateRedis::start();
     let cutter = ReplyCutter::start(redis.port);
     let h = Harness::with("lostrelease", |s| {
-        s.redis.url = redis.url();
+        s.redis.url = redis.url().into();
         s.retry.initial = Duration::from_millis(100);
         s.retry.max = Duration::from_millis(200);
         s.smtp.timeout = Duration::from_secs(5);
@@ -411,7 +411,7 @@ async fn a_lost_reply_release_gives_back_only_a_mark_it_set() {
     }
     // Worker A: through the reply cutter.
     let mut sa = h.settings.clone();
-    sa.redis.url = format!("redis://127.0.0.1:{}/0", cutter.port);
+    sa.redis.url = format!("redis://127.0.0.1:{}/0", cutter.port).into();
     let a = mailgate::worker::build(&sa).await.expect("A builds");
     let (stop_a, rx) = tokio::sync::oneshot::channel::<()>();
     let join_a = tokio::spawn(a.run(async {

@@ -19,7 +19,7 @@ async fn redis_down_through_every_attempt_spends_none() {
     let mut redis = common::PrivateRedis::start();
     let url = redis.url();
     let h = Harness::with("redislast", |s| {
-        s.redis.url = url;
+        s.redis.url = url.into();
         s.retry.max_attempts = 2;
         s.retry.initial = Duration::from_millis(100);
     })
@@ -44,7 +44,7 @@ async fn redis_goes_away_mid_load_and_comes_back() {
     let mut redis = common::PrivateRedis::start();
     let url = redis.url();
     let h = Harness::with("redisdown", |s| {
-        s.redis.url = url.clone();
+        s.redis.url = url.clone().into();
         // Enough attempts to outlast a ~2 s outage.
         s.retry.max_attempts = 10;
         s.retry.initial = Duration::from_millis(200);
@@ -97,7 +97,7 @@ async fn a_redis_outage_holds_the_pool_and_spends_no_attempt() {
     let mut redis = common::PrivateRedis::start();
     let url = redis.url();
     // Five attempts within about a second: the outage outlasts them all.
-    let h = Harness::with("redisout", |s| s.redis.url = url.clone()).await;
+    let h = Harness::with("redisout", |s| s.redis.url = url.clone().into()).await;
     let w = h.start_worker().await;
     h.publish(&json!({"id": "warm", "email": "warm@example.com", "code": "1"}))
         .await;

@@ -39,7 +39,7 @@ async fn readyz_until(w: &WorkerHandle, status: u16, words: &str) -> String {
 async fn a_step_within_the_slack_holds_the_worker_and_loses_no_record() {
     let redis = common::PrivateRedis::start_shiftable();
     let url = redis.url();
-    let h = Harness::with("clockstep", |s| s.redis.url = url.clone()).await;
+    let h = Harness::with("clockstep", |s| s.redis.url = url.clone().into()).await;
     let w = h.start_worker().await;
     let first = json!({"id": "c1", "email": "owner@example.com", "code": "1"});
     h.publish(&first).await;
@@ -75,7 +75,7 @@ async fn a_step_within_the_slack_holds_the_worker_and_loses_no_record() {
 async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
     let redis = common::PrivateRedis::start_shiftable();
     let url = redis.url();
-    let h = Harness::with("clockjump", |s| s.redis.url = url.clone()).await;
+    let h = Harness::with("clockjump", |s| s.redis.url = url.clone().into()).await;
     let w = h.start_worker().await;
     let job = json!({"id": "j1", "email": "owner@example.com", "code": "1"});
     h.publish(&job).await;
@@ -140,7 +140,7 @@ async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
 async fn steps_a_restarted_worker_did_not_see_are_still_marked() {
     let redis = common::PrivateRedis::start_shiftable();
     let url = redis.url();
-    let h = Harness::with("clockrestart", |s| s.redis.url = url.clone()).await;
+    let h = Harness::with("clockrestart", |s| s.redis.url = url.clone().into()).await;
     let w = h.start_worker().await;
     h.publish(&json!({"id": "r1", "email": "owner@example.com", "code": "1"}))
         .await;
@@ -165,7 +165,7 @@ async fn steps_a_restarted_worker_did_not_see_are_still_marked() {
 async fn a_step_the_worker_shares_is_marked() {
     let redis = common::PrivateRedis::start_shiftable();
     let url = redis.url();
-    let h = Harness::with("clockshared", |s| s.redis.url = url.clone()).await;
+    let h = Harness::with("clockshared", |s| s.redis.url = url.clone().into()).await;
     let mut worker = h.command(env!("CARGO_BIN_EXE_mailgate"), &["worker"]);
     for (k, v) in redis.clock_env() {
         worker.env(k, v);

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 fn relay(url: String, name: &str) -> RelaySettings {
     RelaySettings {
-        url: format!("{url}?tls=none"),
+        url: format!("{url}?tls=none").into(),
         name: Some(name.to_owned()),
         tls: Default::default(),
     }
@@ -128,7 +128,7 @@ async fn the_first_relay_dies_mid_load_and_every_job_is_sent_once_by_one_of_them
     let second = SmtpSink::start();
     let (first_url, second_url) = (first.url(), second.url());
     let h = Harness::with("relays-failover", |s| {
-        s.smtp.url = String::new();
+        s.smtp.url = Default::default();
         s.smtp.relays = vec![relay(first_url, "first"), relay(second_url, "second")];
         s.smtp.circuit = CircuitSettings {
             failures: 3,
@@ -252,7 +252,7 @@ async fn with_every_relay_down_no_job_is_failed_and_the_worker_resumes_on_its_ow
     b.die();
     let (a_url, b_url) = (a.url(), b.url());
     let h = Harness::with("relays-alldown", |s| {
-        s.smtp.url = String::new();
+        s.smtp.url = Default::default();
         s.smtp.relays = vec![relay(a_url, "a"), relay(b_url, "b")];
         s.smtp.circuit = CircuitSettings {
             failures: 2,
@@ -331,7 +331,7 @@ async fn a_worker_waiting_for_a_relay_stops_at_once_and_loses_no_job() {
     a.die();
     let url = a.url();
     let h = Harness::with("relays-stop", |s| {
-        s.smtp.url = String::new();
+        s.smtp.url = Default::default();
         s.smtp.relays = vec![relay(url, "a")];
         s.smtp.circuit = CircuitSettings {
             failures: 1,
@@ -544,7 +544,7 @@ async fn only_a_relay_level_failure_fails_over() {
     use mailgate::mailer::{MailError, Mailer, Outgoing};
     let (one, two) = (SmtpSink::start(), SmtpSink::start());
     let smtp = |failures| mailgate::settings::SmtpSettings {
-        url: String::new(),
+        url: Default::default(),
         relays: vec![relay(one.url(), "one"), relay(two.url(), "two")],
         circuit: CircuitSettings {
             failures,
@@ -629,7 +629,7 @@ async fn a_relay_refusing_every_sender_keeps_its_circuit_open() {
     }
     let url = scripted.url();
     let h = Harness::with("relay-sender", |s| {
-        s.smtp.url = String::new();
+        s.smtp.url = Default::default();
         s.smtp.relays = vec![relay(url, "only")];
         s.smtp.circuit = CircuitSettings {
             failures: 2,
@@ -681,7 +681,7 @@ async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
     use mailgate::settings::SmtpSettings;
     let scripted = ScriptedSmtp::start().await;
     let m = Mailer::new(&SmtpSettings {
-        url: String::new(),
+        url: Default::default(),
         relays: vec![relay(scripted.url(), "only")],
         circuit: CircuitSettings {
             failures: 1,
@@ -730,7 +730,7 @@ async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
     use mailgate::settings::SmtpSettings;
     let scripted = ScriptedSmtp::start().await;
     let m = Mailer::new(&SmtpSettings {
-        url: String::new(),
+        url: Default::default(),
         relays: vec![relay(scripted.url(), "only")],
         circuit: CircuitSettings {
             failures: 5,
@@ -773,7 +773,7 @@ fn refusing_pair(
     failures: u32,
 ) -> mailgate::mailer::Mailer {
     mailgate::mailer::Mailer::new(&mailgate::settings::SmtpSettings {
-        url: String::new(),
+        url: Default::default(),
         relays: vec![
             relay(primary.url(), "primary"),
             relay(standby.url(), "standby"),
@@ -971,7 +971,7 @@ async fn a_throttling_relay_spends_no_attempt() {
     let sink = SmtpSink::start();
     let url = sink.url();
     let h = Harness::with("relays-throttle", |s| {
-        s.smtp.url = String::new();
+        s.smtp.url = Default::default();
         s.smtp.relays = vec![relay(url, "only")];
         s.smtp.circuit = CircuitSettings {
             failures: 5,

@@ -316,7 +316,7 @@ fn mutual(pki: &Pki, who: &str) -> TlsSettings {
 /// The worker, with Redis at `url` reached as `tls` says, mails a job.
 async fn worker_mails_over(test: &str, url: &str, tls: &TlsSettings) {
     let h = Harness::with(test, |s| {
-        s.redis.url = url.to_owned();
+        s.redis.url = url.into();
         s.redis.tls = tls.clone();
     })
     .await;
@@ -407,7 +407,7 @@ async fn amqps_with_a_private_ca_and_a_client_certificate_runs_the_job_path() {
     let url = format!("amqps://guest:guest@127.0.0.1:{tls_port}/%2f");
     let tls = mutual(&pki, "worker");
     let h = Harness::with("amqps", |s| {
-        s.amqp.url = url.clone();
+        s.amqp.url = url.clone().into();
         s.amqp.tls = tls.clone();
     })
     .await;
@@ -658,9 +658,9 @@ async fn a_relays_own_tls_table_replaces_the_shared_one() {
     let pki = Pki::new("own-tls");
     let relay = TlsRelay::start(RelayMode::Implicit, server_config(&pki.server("relay"))).await;
     let smtp = |own: Option<TlsSettings>| SmtpSettings {
-        url: String::new(),
+        url: Default::default(),
         relays: vec![RelaySettings {
-            url: format!("smtps://127.0.0.1:{}", relay.port),
+            url: format!("smtps://127.0.0.1:{}", relay.port).into(),
             name: None,
             tls: own,
         }],

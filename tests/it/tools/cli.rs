@@ -23,9 +23,9 @@ fn mailgate(h: &Harness, args: &[&str]) -> Command {
             &h.settings.amqp.results_queue,
         )
         .env("MAILGATE__REDIS__KEY_PREFIX", &h.settings.redis.key_prefix)
-        .env("MAILGATE__REDIS__URL", &h.settings.redis.url)
-        .env("MAILGATE__AMQP__URL", &h.settings.amqp.url)
-        .env("MAILGATE__SMTP__URL", &h.settings.smtp.url)
+        .env("MAILGATE__REDIS__URL", h.settings.redis.url.as_str())
+        .env("MAILGATE__AMQP__URL", h.settings.amqp.url.as_str())
+        .env("MAILGATE__SMTP__URL", h.settings.smtp.url.as_str())
         .env("MAILGATE__HTTP__LISTEN", "127.0.0.1:0")
         .env_remove("RUST_LOG");
     c

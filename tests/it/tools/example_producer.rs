@@ -8,7 +8,7 @@ async fn the_python_producer_gets_a_sent_result() {
     let h = Harness::new("pyexample").await;
     let w = h.start_worker().await;
     let (url, queue) = (
-        h.settings.amqp.url.clone(),
+        h.settings.amqp.url.as_str().to_owned(),
         h.settings.amqp.jobs_queue.clone(),
     );
     let out = tokio::task::spawn_blocking(move || {

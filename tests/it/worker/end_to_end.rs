@@ -424,7 +424,7 @@ async fn a_worker_given_several_nodes_uses_one_that_answers() {
     let down = |port: u16| format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
     let (a, b) = (common::free_port(), common::free_port());
     let url = format!("{}, {},{}", down(a), common::harness::amqp_url(), down(b));
-    let h = Harness::with("nodes", |s| s.amqp.url = url).await;
+    let h = Harness::with("nodes", |s| s.amqp.url = url.into()).await;
     let w = h.start_worker().await;
     h.publish(&job("n1", "n1@example.com")).await;
     assert_eq!(h.result().await["status"], "sent");
@@ -472,7 +472,8 @@ async fn a_node_that_never_speaks_costs_no_thread_per_attempt() {
         s.amqp.url = format!(
             "amqp://guest:guest@127.0.0.1:{port}/%2f,{}",
             common::harness::amqp_url()
-        );
+        )
+        .into();
         s.amqp.timeout = Duration::from_millis(200);
     })
     .await;
@@ -557,7 +558,8 @@ async fn a_node_that_answers_the_probe_then_stalls_costs_a_few_threads() {
         s.amqp.url = format!(
             "amqp://guest:guest@127.0.0.1:{port}/%2f,{}",
             common::harness::amqp_url()
-        );
+        )
+        .into();
         s.amqp.timeout = Duration::from_millis(200);
     })
     .await;

@@ -198,7 +198,7 @@ async fn readiness_names_a_redis_the_worker_cannot_use() {
     let redis = common::PrivateRedis::start();
     let other = common::PrivateRedis::start();
     let url = redis.url();
-    let h = Harness::with("http-redis", |s| s.redis.url = url).await;
+    let h = Harness::with("http-redis", |s| s.redis.url = url.into()).await;
     let w = h.start_worker().await;
     common::harness::wait_ready(w.http).await;
     let mut conn = redis::Client::open(redis.url())
@@ -437,7 +437,7 @@ async fn readiness_names_the_broker_it_cannot_reach() {
     let port = common::free_port();
     let h = Harness::new("http-nobroker").await;
     let mut settings = h.settings.clone();
-    settings.amqp.url = format!("amqp://guest:secret-pw@127.0.0.1:{port}/%2f");
+    settings.amqp.url = format!("amqp://guest:secret-pw@127.0.0.1:{port}/%2f").into();
     let worker = mailgate::worker::build(&settings)
         .await
         .expect("the worker builds");

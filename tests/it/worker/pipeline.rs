@@ -92,7 +92,7 @@ impl Env {
             },
             redis: RedisSettings::new("memory://", ""),
             smtp: SmtpSettings {
-                url: format!("file://{}", mails.display()),
+                url: format!("file://{}", mails.display()).into(),
                 relays: Vec::new(),
                 circuit: Default::default(),
                 from: "Acme <no-reply@acme.example>".into(),
