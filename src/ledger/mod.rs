@@ -461,7 +461,7 @@ pub enum Backend {
 impl Backend {
     /// Whether `redis.url` asks for the in-memory backend.
     pub fn is_memory(redis: &RedisSettings) -> bool {
-        redis.url.starts_with("memory:")
+        redis.is_memory()
     }
 
     /// Opens the backend `redis.url` names. For Redis this connects, loads
