@@ -140,8 +140,7 @@ impl Settings {
 
     /// Checks what serde cannot see key by key: each section on its own,
     /// then the rules that cross sections. Every section's bounds are
-    /// checked before the sums of [`Self::check_across`], so those cannot
-    /// overflow.
+    /// checked before the cross-section sums, so those cannot overflow.
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.limits.validate()?;
         self.telemetry.validate()?;
