@@ -1,0 +1,313 @@
+//! What a worker does with RabbitMQ once connected: consuming jobs, and
+//! publishing results, retries, lease waits and dead letters, each
+//! confirmed by the broker before the job it replaces is acknowledged.
+
+use std::time::Duration;
+
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Consumer};
+
+use super::incoming::put_trace;
+use super::{
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, ERROR_HEADER, Incoming, ORIGINAL_HEADER,
+    REDELIVERED_HEADER, TICKET_HEADER, TraceHeaders,
+};
+use crate::domain::Ticket;
+
+/// The two streams of jobs a worker consumes.
+pub struct Consumers {
+    /// `J`, up to `amqp.prefetch` at a time.
+    pub jobs: Consumer,
+    /// `J.redelivered`, one at a time.
+    pub redelivered: Consumer,
+}
+
+/// What became of a publish that RabbitMQ confirmed.
+enum Routed {
+    /// A queue took it.
+    Queued,
+    /// No queue by that name: it came back.
+    NoQueue,
+}
+
+impl Broker {
+    /// Starts consuming jobs, with manual acknowledgements: `J` as `tag`,
+    /// and `J.redelivered` one at a time as `tag.redelivered`.
+    pub async fn consume(&self, tag: &str) -> Result<Consumers, BrokerError> {
+        let one = |channel: &Channel, queue: &str, tag: String| {
+            let channel = channel.clone();
+            let queue = queue.to_owned();
+            self.bounded(async move {
+                Ok(channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        tag.as_str().into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?)
+            })
+        };
+        Ok(Consumers {
+            jobs: one(&self.channel, &self.topology.jobs, tag.to_owned()).await?,
+            redelivered: one(
+                &self.one_by_one,
+                &self.topology.redelivered,
+                format!("{tag}.redelivered"),
+            )
+            .await?,
+        })
+    }
+
+    /// Stops the consumers of [`Broker::consume`]: no new jobs arrive;
+    /// those in flight may still be acknowledged.
+    pub async fn stop_consuming(&self, tag: &str) -> Result<(), BrokerError> {
+        self.bounded(async {
+            self.channel
+                .basic_cancel(tag.into(), BasicCancelOptions::default())
+                .await?;
+            self.one_by_one
+                .basic_cancel(
+                    format!("{tag}.redelivered").as_str().into(),
+                    BasicCancelOptions::default(),
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many jobs wait in the jobs queue, ready and not yet handed to a
+    /// consumer (the backlog gauge). A passive declare, on a channel of its
+    /// own (a passive declare that fails closes its channel), within
+    /// `amqp.timeout`; it leaves the connection alone if it runs out.
+    pub async fn jobs_waiting(&self) -> Result<u32, BrokerError> {
+        let ask = async {
+            let channel = self.conn.create_channel().await?;
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let queue = channel
+                .queue_declare(
+                    self.topology.jobs.as_str().into(),
+                    passive,
+                    FieldTable::default(),
+                )
+                .await?;
+            let _ = channel.close(200, "done".into()).await;
+            Ok(queue.message_count())
+        };
+        tokio::time::timeout(self.timeout, ask)
+            .await
+            .unwrap_or(Err(BrokerError::Timeout(self.timeout)))
+    }
+
+    /// Publishes `body` persistently to `queue` (mandatory) and waits for the
+    /// broker's confirm.
+    async fn publish(
+        &self,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<Routed, BrokerError> {
+        self.publish_on(&self.channel, queue, body, props).await
+    }
+
+    /// [`Broker::publish`] on `channel`.
+    async fn publish_on(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<Routed, BrokerError> {
+        let confirm = self
+            .bounded(async {
+                let confirm = channel
+                    .basic_publish(
+                        "".into(),
+                        queue.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        body,
+                        props.with_delivery_mode(2),
+                    )
+                    .await?
+                    .await?;
+                Ok(confirm)
+            })
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(Routed::Queued),
+            Confirmation::Ack(Some(_returned)) => Ok(Routed::NoQueue),
+            Confirmation::Nack(_) => Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "negative confirm (the queue refuses messages: full, or a policy)".into(),
+            }),
+            Confirmation::NotRequested => Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "no confirm on a channel in confirm mode".into(),
+            }),
+        }
+    }
+
+    /// Publishes to one of mailgate's own queues, declaring it again if it
+    /// is gone (an operator deleted it while workers ran).
+    async fn publish_declared(
+        &self,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        if let Routed::Queued = self.publish(queue, body, props.clone()).await? {
+            return Ok(());
+        }
+        if self.topology.owns(queue) {
+            tracing::warn!(queue, "a queue of mailgate's is gone; declaring it again");
+            self.bounded(self.declare(queue)).await?;
+            if let Routed::Queued = self.publish(queue, body, props).await? {
+                return Ok(());
+            }
+        }
+        Err(BrokerError::Refused {
+            queue: queue.to_owned(),
+            why: "no such queue".into(),
+        })
+    }
+
+    /// Publishes a result for `job`: to its `reply_to` queue if it named one
+    /// that takes it (and is not one of mailgate's other queues), else to the
+    /// results queue (declared again if it is gone). Confirmed before returning. [`BrokerError::Refused`] means no
+    /// queue would take it.
+    pub async fn publish_result(
+        &self,
+        job: &Incoming,
+        body: &[u8],
+        trace: &TraceHeaders,
+    ) -> Result<(), BrokerError> {
+        let mut headers = FieldTable::default();
+        put_trace(&mut headers, trace);
+        let mut props = BasicProperties::default()
+            .with_content_type(ShortString::from("application/json"))
+            .with_timestamp(crate::domain::now_ms() / 1000)
+            .with_headers(headers);
+        if let Some(c) = &job.correlation_id {
+            props = props.with_correlation_id(c.as_str().into());
+        }
+        // mailgate's own queues are never a reply target: a result parked
+        // in a waiting queue (no TTL) would hold up every retry behind it.
+        let reply_to = job.reply_to.as_deref().filter(|q| {
+            let ours = self.topology.reserved(q) && *q != self.topology.results;
+            if ours {
+                tracing::warn!(
+                    reply_to = q,
+                    "reply_to names one of mailgate's queues; the result goes to the results queue"
+                );
+            }
+            !ours
+        });
+        if let Some(reply_to) = reply_to {
+            let (channel, one_at_a_time) = &self.replies;
+            let published = {
+                let _alone = one_at_a_time.lock().await;
+                self.publish_on(channel, reply_to, body, props.clone())
+                    .await
+            };
+            match published {
+                Ok(Routed::Queued) => return Ok(()),
+                Ok(Routed::NoQueue) => {
+                    tracing::warn!(
+                        reply_to,
+                        "reply_to queue does not exist; result goes to the results queue"
+                    );
+                }
+                Err(BrokerError::Refused { why, .. }) => {
+                    tracing::warn!(reply_to, %why, "reply_to queue refused the result; it goes to the results queue");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let results = self.topology.results.clone();
+        self.publish_declared(&results, body, props).await
+    }
+
+    /// Sends `job` to wait `delay` in `queue` (a retry or a wait queue),
+    /// then come back to the jobs queue as attempt `attempt` of lineage
+    /// `ticket`.
+    pub async fn delay(
+        &self,
+        job: &Incoming,
+        queue: &str,
+        ticket: &Ticket,
+        attempt: u32,
+        delay: Duration,
+    ) -> Result<(), BrokerError> {
+        let mut headers = job.copy_headers();
+        headers.insert(
+            TICKET_HEADER.into(),
+            AMQPValue::LongString(ticket.as_str().into()),
+        );
+        headers.insert(
+            ATTEMPT_HEADER.into(),
+            AMQPValue::LongLongInt(attempt.into()),
+        );
+        // A copy of a message delivered before may be answering a job whose
+        // mail went out under the first delivery (found by review: a copy
+        // waiting out the lease of its own first delivery was answered
+        // `duplicate`, the job's only result).
+        if job.redelivered {
+            headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        }
+        let ms = delay.as_millis().max(1).to_string();
+        let props = BasicProperties::default()
+            .with_headers(headers)
+            .with_expiration(ms.as_str().into());
+        self.publish_declared(queue, job.body(), props).await
+    }
+
+    /// Moves `job`, a message `J` handed out before without its being
+    /// settled, to `J.redelivered` as it is (its lineage and attempt, if it
+    /// is one of mailgate's copies; [`REDELIVERED_HEADER`]); confirmed
+    /// before returning. The caller then acknowledges the original.
+    pub async fn isolate(&self, job: &Incoming) -> Result<(), BrokerError> {
+        let mut headers = job.copy_headers();
+        if let Some(ticket) = &job.ticket {
+            headers.insert(
+                TICKET_HEADER.into(),
+                AMQPValue::LongString(ticket.as_str().into()),
+            );
+            headers.insert(
+                ATTEMPT_HEADER.into(),
+                AMQPValue::LongLongInt(job.attempt.into()),
+            );
+        }
+        if job.redelivered {
+            headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
+        }
+        let props = BasicProperties::default().with_headers(headers);
+        let queue = self.topology.redelivered.clone();
+        self.publish_declared(&queue, job.body(), props).await
+    }
+
+    /// Sends `job` to the dead-letter queue with `error`, its attempt count
+    /// and its original properties in the headers. It carries no ticket, so
+    /// moved back to the jobs queue it is processed afresh, as attempt 1.
+    pub async fn dead_letter(&self, job: &Incoming, error: &str) -> Result<(), BrokerError> {
+        let mut headers = job.copy_headers();
+        headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+        headers.insert(
+            ATTEMPTS_HEADER.into(),
+            AMQPValue::LongLongInt(job.attempt.into()),
+        );
+        headers.insert(ORIGINAL_HEADER.into(), job.original());
+        let props = BasicProperties::default().with_headers(headers);
+        let dead = self.topology.dead.clone();
+        self.publish_declared(&dead, job.body(), props).await
+    }
+}
