@@ -35,12 +35,12 @@ fn main() -> ExitCode {
     } else {
         "warn,lapin=error"
     };
-    // The worker exports its spans where its settings say; a command, or
-    // settings that do not load (the command says why), exports none.
-    let otlp = match cli.command {
-        Command::Worker => mailgate::settings::Settings::load(&cli.config)
-            .ok()
-            .and_then(|s| s.telemetry.otlp_endpoint),
+    // The settings load once, before logging starts: the worker exports its
+    // spans where they say. A command exports none; settings that do not
+    // load export none either, and the command says why once it runs.
+    let settings = cli::load_settings(&cli.config);
+    let otlp = match (&cli.command, &settings) {
+        (Command::Worker, Ok(s)) => s.telemetry.otlp_endpoint.clone(),
         _ => None,
     };
     let traces = match init_telemetry(cli.log_format, default_filter, otlp.as_deref()) {
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     // time (the e2e bench's profile, BENCHMARKS.md).
     let run = runtime.spawn(async move {
         let shutdown = shutdown_signal();
-        cli::run(&cli.config, cli.command, cli.connect_timeout, shutdown).await
+        cli::run(settings?, cli.command, cli.connect_timeout, shutdown).await
     });
     let outcome = runtime.block_on(run);
     // The last spans, before the process ends.

@@ -1,17 +1,36 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
-//! worker (`publish`, `results`, `limits`, `check-config`, `probe`). Each is
-//! an edge like `main`: it may use any stage, and it reports errors as one
-//! line with the cause and a hint.
+//! worker, one file each (`publish`, `results`, `limits`, `overrides`,
+//! `clock`, `probe`, `check_config`; `worker` runs [`crate::worker`]).
+//! Each is an edge like `main`: it may use any stage, and it reports errors
+//! as one line with the cause and a hint. This file holds the clap tree,
+//! the dispatch, and what several tools share: reaching RabbitMQ and Redis
+//! with a hint on failure, and writing a duration as the settings do.
 
-mod tools;
+mod check_config;
+mod clock;
+mod limits;
+mod overrides;
+mod probe;
+mod publish;
+mod results;
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use lapin::{Channel, Connection, ConnectionProperties};
 
-use crate::settings::Settings;
-pub use tools::*;
+use crate::broker;
+use crate::ledger::Backend;
+use crate::settings::{Settings, redact_url};
+
+pub use check_config::check_config;
+pub use clock::clock;
+pub use limits::{LimitsAction, Who, limits, limits_reset, limits_show, render_usage, usage_json};
+pub use overrides::{AddOverride, OverridesAction, overrides};
+pub use probe::{http_get, probe};
+pub use publish::{PublishArgs, jobs_from, publish};
+pub use results::results;
 
 /// Sends verification codes by mail, behind an exact rate limiter.
 #[derive(Parser)]
@@ -59,7 +78,7 @@ pub enum Command {
     /// Consume jobs and mail codes until SIGTERM or SIGINT.
     Worker,
     /// Publish jobs (one from flags, or JSON lines) with publisher confirms.
-    Publish(PublishFlags),
+    Publish(PublishArgs),
     /// Print results as JSON lines.
     Results {
         /// Keep printing new results until Ctrl-C.
@@ -102,172 +121,28 @@ pub enum Command {
     },
 }
 
-/// `publish`'s flags.
-#[derive(clap::Args)]
-pub struct PublishFlags {
-    /// The mailbox to send a code to.
-    #[arg(long)]
-    email: Option<String>,
-    /// The client IP that asked for it.
-    #[arg(long)]
-    ip: Option<String>,
-    /// The code (default: a random 6-digit code).
-    #[arg(long)]
-    code: Option<String>,
-    /// The template set (default: verify).
-    #[arg(long)]
-    purpose: Option<String>,
-    /// The locale, e.g. zh-CN.
-    #[arg(long)]
-    locale: Option<String>,
-    /// The attempt it is for (a sign-up or login session): only a newer
-    /// job of the same session supersedes it.
-    #[arg(long)]
-    session: Option<String>,
-    /// The job id (default: generated).
-    #[arg(long)]
-    id: Option<String>,
-    /// A template variable, `name=value`; repeatable.
-    #[arg(long = "var", value_parser = parse_var)]
-    vars: Vec<(String, String)>,
-    /// The code expires this long from now, e.g. 10m.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    expires_in: Option<std::time::Duration>,
-    /// Publish the JSON lines (one job object each) of this file; `-` for stdin.
-    #[arg(long, conflicts_with_all = ["email", "ip", "code", "purpose", "locale", "session", "id", "vars", "expires_in"])]
-    file: Option<PathBuf>,
-    /// Ask for results on this queue.
-    #[arg(long)]
-    reply_to: Option<String>,
-    /// Wait for each job's result (on a private queue) and print it.
-    #[arg(long)]
-    wait: bool,
-    /// With --wait: how long to wait for all results.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    timeout: std::time::Duration,
-}
-
-/// `limits`' actions.
-#[derive(Subcommand)]
-pub enum LimitsAction {
-    /// Show each rule's use and when the next send is allowed; consumes nothing.
-    Show {
-        /// A mailbox (normalized as the limiter does).
-        #[arg(long)]
-        email: Option<String>,
-        /// A client IP (grouped as the limiter does).
-        #[arg(long)]
-        ip: Option<String>,
-        /// A mail domain (counted by its registrable domain, as the limiter
-        /// does: `mail.example.co.uk` is `example.co.uk`); with `--ip`,
-        /// that client network's share of the domain's quota.
-        #[arg(long)]
-        domain: Option<String>,
-        /// Judge by this purpose's rules.
-        #[arg(long)]
-        purpose: Option<String>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Forget a mailbox's, IP's or domain's admissions (for support staff).
-    Reset {
-        /// A mailbox.
-        #[arg(long)]
-        email: Option<String>,
-        /// A client IP.
-        #[arg(long)]
-        ip: Option<String>,
-        /// A mail domain (its registrable domain); with `--ip`, that client
-        /// network's share of the domain's quota.
-        #[arg(long)]
-        domain: Option<String>,
-    },
-}
-
-/// `overrides`' actions.
-#[derive(Subcommand)]
-pub enum OverridesAction {
-    /// Add an override (replacing any of the same subject).
-    Add {
-        /// What it matches: `email:<mailbox>`, `domain:<registrable
-        /// domain>` or `ip:<address or network>` (e.g. `ip:10.0.0.0/8`).
-        target: String,
-        /// Not limited: a mailbox by any scope, a domain or a network by
-        /// its own scope.
-        #[arg(long, conflicts_with_all = ["deny", "rule"])]
-        allow: bool,
-        /// Always rejected while it lasts.
-        #[arg(long, conflicts_with = "rule")]
-        deny: bool,
-        /// Its own rules instead of the scope's: `<window>=<max>`, e.g.
-        /// `--rule 1h=500 --rule 24h=2000`.
-        #[arg(long, value_parser = parse_rule)]
-        rule: Vec<crate::settings::Rule>,
-        /// Why (required: whoever finds it later must know).
-        #[arg(long)]
-        reason: String,
-        /// How long it lasts (e.g. `2h`, `30d`); without it, until removed.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        expires_in: Option<std::time::Duration>,
-        /// Replace an override in force that this one loosens (a weaker
-        /// action, or other rules), for the same subject as the limiter
-        /// counts it; without it that is refused.
-        #[arg(long)]
-        replace: bool,
-        /// Accept an IP network wider than /8 (IPv4) or /32 (IPv6), which
-        /// takes that many clients out of (or into) the IP scope at once,
-        /// or a deny of a domain in `limits.domain.exempt` (a big
-        /// provider's: every user there).
-        #[arg(long)]
-        force: bool,
-    },
-    /// List the overrides stored (expired ones marked).
-    List {
-        /// Print JSON lines instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Remove the override of a subject.
-    Remove {
-        /// As `add` names it.
-        target: String,
-    },
-}
-
-fn parse_rule(s: &str) -> Result<crate::settings::Rule, String> {
-    let (window, max) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not <window>=<max>, e.g. 1h=500"))?;
-    let window = humantime::parse_duration(window).map_err(|e| format!("{window:?}: {e}"))?;
-    let max: u32 = max
-        .parse()
-        .map_err(|_| format!("{max:?} is not a whole number"))?;
-    Ok(crate::settings::Rule::new(window, max))
-}
-
-fn parse_var(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{s:?} is not name=value"))
-}
-
-/// Runs a command; `Ok(false)` means it ran but something it checked failed.
-pub async fn run(
-    config: &std::path::Path,
-    command: Command,
-    connect_timeout: std::time::Duration,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<bool> {
-    let mut settings = Settings::load(config).with_context(|| {
+/// Loads the settings from `config` (and `MAILGATE__*` variables), once
+/// for the whole run: `main` reads the worker's span export from them
+/// before logging starts, and hands them to [`run`].
+pub fn load_settings(config: &std::path::Path) -> anyhow::Result<Settings> {
+    Settings::load(config).with_context(|| {
         format!(
             "{} (choose another with --config or MAILGATE_CONFIG)",
             config.display()
         )
-    })?;
-    // A one-shot command fails fast (found by review: `check-config
-    // --connect` waited 30 s on a broker that never finished the handshake,
-    // then said it was reconnecting).
+    })
+}
+
+/// Runs a command with `settings` ([`load_settings`]); `Ok(false)` means it
+/// ran but something it checked failed.
+pub async fn run(
+    mut settings: Settings,
+    command: Command,
+    connect_timeout: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    // A one-shot command fails fast: it waits `--connect-timeout` for
+    // RabbitMQ, never the worker's `amqp.timeout`.
     if !matches!(command, Command::Worker) {
         anyhow::ensure!(
             !connect_timeout.is_zero(),
@@ -306,48 +181,8 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::Worker | Command::Results { .. } => {
             unreachable!("run handles worker and results itself")
         }
-        Command::Publish(f) => {
-            let args = PublishArgs {
-                email: f.email,
-                ip: f.ip,
-                code: f.code,
-                purpose: f.purpose,
-                locale: f.locale,
-                session: f.session,
-                id: f.id,
-                vars: f.vars,
-                expires_in: f.expires_in,
-                file: f.file,
-                reply_to: f.reply_to,
-                wait: f.wait,
-                timeout: f.timeout,
-            };
-            publish(settings, &args).await
-        }
-        Command::Limits { action } => match action {
-            LimitsAction::Show {
-                email,
-                ip,
-                domain,
-                purpose,
-                json,
-            } => {
-                let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
-                let usage = limits_show(settings, &who, purpose.as_deref()).await?;
-                if json {
-                    println!("{}", usage_json(&usage));
-                } else {
-                    let share = settings.limits.domain.network_share;
-                    print!("{}", render_usage(&usage, share));
-                }
-                Ok(true)
-            }
-            LimitsAction::Reset { email, ip, domain } => {
-                let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
-                println!("{}", limits_reset(settings, &who).await?);
-                Ok(true)
-            }
-        },
+        Command::Publish(args) => publish(settings, &args).await,
+        Command::Limits { action } => limits(settings, action).await,
         Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Clock { accept } => clock(settings, accept).await,
@@ -370,4 +205,62 @@ pub fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     crate::telemetry::without_repeats(&line)
+}
+
+/// Connects to RabbitMQ with a hint on failure.
+async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
+    let url = redact_url(&settings.amqp.url);
+    let conn = broker::connect_node(&settings.amqp, ConnectionProperties::default())
+        .await
+        .map_err(|e| {
+            match crate::tls::explain_url(&e, "amqp.tls", &settings.amqp.url, &settings.amqp.tls) {
+                Some(why) => anyhow!("cannot reach RabbitMQ at {url}: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "cannot reach RabbitMQ at {url} (set [amqp] url or MAILGATE__AMQP__URL)"
+                )),
+            }
+        })?;
+    let channel = conn
+        .create_channel()
+        .await
+        .context("opening a RabbitMQ channel")?;
+    Ok((conn, channel))
+}
+
+/// Connects the limiter with a hint on failure (one attempt: a tool should
+/// fail fast, unlike the worker).
+async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
+    if Backend::is_memory(&settings.redis) {
+        bail!(
+            "redis.url is memory://: the limits live inside the worker process, where no tool \
+             can reach them (use Redis to share them)"
+        );
+    }
+    let url = redact_url(&settings.redis.url);
+    Backend::open(&settings.redis, &settings.limits)
+        .await
+        .map_err(|e| {
+            match crate::tls::explain_url(&e, "redis.tls", &settings.redis.url, &settings.redis.tls)
+            {
+                Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
+                )),
+            }
+        })
+}
+
+/// `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the settings.
+fn short_duration(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ if ms > 60_000 => {
+            let secs = ms.div_ceil(1000);
+            format!("{}m{}s", secs / 60, secs % 60)
+        }
+        _ => format!("{:.1}s", ms as f64 / 1000.0),
+    }
 }

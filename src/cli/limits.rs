@@ -1,0 +1,225 @@
+//! `mailgate limits`: show or reset a mailbox's, an IP's or a domain's
+//! quota.
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::{limiter, short_duration};
+use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain};
+use crate::limiter::{Clock, Quotas, Scope, Subject, Usage};
+use crate::settings::Settings;
+
+/// `limits`' actions.
+#[derive(Subcommand)]
+pub enum LimitsAction {
+    /// Show each rule's use and when the next send is allowed; consumes nothing.
+    Show {
+        /// A mailbox (normalized as the limiter does).
+        #[arg(long)]
+        email: Option<String>,
+        /// A client IP (grouped as the limiter does).
+        #[arg(long)]
+        ip: Option<String>,
+        /// A mail domain (counted by its registrable domain, as the limiter
+        /// does: `mail.example.co.uk` is `example.co.uk`); with `--ip`,
+        /// that client network's share of the domain's quota.
+        #[arg(long)]
+        domain: Option<String>,
+        /// Judge by this purpose's rules.
+        #[arg(long)]
+        purpose: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a mailbox's, IP's or domain's admissions (for support staff).
+    Reset {
+        /// A mailbox.
+        #[arg(long)]
+        email: Option<String>,
+        /// A client IP.
+        #[arg(long)]
+        ip: Option<String>,
+        /// A mail domain (its registrable domain); with `--ip`, that client
+        /// network's share of the domain's quota.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+}
+
+/// Runs a `limits` action, printing what it found or did.
+pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result<bool> {
+    match action {
+        LimitsAction::Show {
+            email,
+            ip,
+            domain,
+            purpose,
+            json,
+        } => {
+            let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
+            let usage = limits_show(settings, &who, purpose.as_deref()).await?;
+            if json {
+                println!("{}", usage_json(&usage));
+            } else {
+                let share = settings.limits.domain.network_share;
+                print!("{}", render_usage(&usage, share));
+            }
+            Ok(true)
+        }
+        LimitsAction::Reset { email, ip, domain } => {
+            let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
+            println!("{}", limits_reset(settings, &who).await?);
+            Ok(true)
+        }
+    }
+}
+
+/// Parses `--email`, `--ip` or `--domain` (or `--domain` with `--ip`)
+/// into a subject's owned value.
+pub enum Who {
+    /// A mailbox.
+    Email(EmailAddress),
+    /// A client address.
+    Ip(IpKey),
+    /// A registrable domain.
+    Domain(RegistrableDomain),
+    /// A client network's share of a registrable domain's quota.
+    Share(RegistrableDomain, IpKey),
+}
+
+impl Who {
+    /// From the flags; exactly one must be given.
+    pub fn parse(
+        email: Option<&str>,
+        ip: Option<&str>,
+        domain: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        match (email, ip, domain) {
+            (Some(e), None, None) => Ok(Who::Email(EmailAddress::parse(e).context("--email")?)),
+            (None, Some(i), None) => Ok(Who::Ip(IpKey::parse(i).context("--ip")?)),
+            (None, None, Some(d)) => Ok(Who::Domain(
+                RegistrableDomain::parse(d).context("--domain")?,
+            )),
+            (None, Some(i), Some(d)) => Ok(Who::Share(
+                RegistrableDomain::parse(d).context("--domain")?,
+                IpKey::parse(i).context("--ip")?,
+            )),
+            _ => bail!(
+                "give exactly one of --email, --ip or --domain (or --domain with --ip: that \
+                 client network's share of the domain)"
+            ),
+        }
+    }
+
+    fn subject(&self) -> Subject<'_> {
+        match self {
+            Who::Email(e) => Subject::Email(e),
+            Who::Ip(i) => Subject::Ip(i),
+            Who::Domain(d) => Subject::Domain(d),
+            Who::Share(d, i) => Subject::Share(d, i),
+        }
+    }
+}
+
+/// The usage of `who`'s quota under `purpose`'s rules, consuming nothing.
+pub async fn limits_show(
+    settings: &Settings,
+    who: &Who,
+    purpose: Option<&str>,
+) -> anyhow::Result<Usage> {
+    let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
+    let limiter = limiter(settings).await?;
+    Ok(limiter
+        .usage(who.subject(), purpose.as_ref(), Clock::Server)
+        .await?)
+}
+
+/// Removes `who`'s admissions; says what it removed.
+pub async fn limits_reset(settings: &Settings, who: &Who) -> anyhow::Result<String> {
+    let limiter = limiter(settings).await?;
+    let (key, removed) = limiter.reset(who.subject()).await?;
+    Ok(format!("removed {removed} admission(s) from {key}"))
+}
+
+/// A JSON rendering of a [`Usage`], for scripts.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "key": u.key,
+        "at_ms": u.at_ms,
+        "retry_after_ms": u.retry_after_ms,
+        "exempt": u.exempt,
+        "override": u.by_override.as_ref().map(|o| json!({
+            "target": o.target,
+            "action": o.kind,
+            "reason": o.reason,
+            "expires_at_ms": o.expires_at_ms,
+        })),
+        "rules": u.rules.iter().map(|r| json!({
+            "scope": r.rule.scope.as_str(),
+            "window_ms": r.rule.window_ms,
+            "max": r.rule.max,
+            "enforce": r.enforce,
+            "count": r.count,
+            "retry_after_ms": r.retry_after_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A human rendering of a [`Usage`]; a domain's says that each client
+/// network may use only its `share` (`limits.domain.network_share`) of it.
+pub fn render_usage(u: &Usage, share: f64) -> String {
+    let mut out = format!("{}\n", u.key);
+    for r in &u.rules {
+        let window = short_duration(r.rule.window_ms);
+        out.push_str(&format!("  {} per {window}: {} used", r.rule.max, r.count));
+        if r.retry_after_ms > 0 {
+            out.push_str(&format!(", full for {}", short_duration(r.retry_after_ms)));
+        }
+        if !r.enforce {
+            out.push_str(" (shadow: counted, never rejects)");
+        }
+        out.push('\n');
+    }
+    if let Some(o) = &u.by_override {
+        let until = o.expires_at_ms.map_or_else(
+            || "until removed".to_owned(),
+            |t| format!("for {}", short_duration(t.saturating_sub(u.at_ms))),
+        );
+        out.push_str(&format!(
+            "override in force: {} {} {until}: {}\n",
+            o.target, o.kind, o.reason
+        ));
+    }
+    let domain = u
+        .rules
+        .first()
+        .is_some_and(|r| r.rule.scope == Scope::Domain);
+    if domain && share < 1.0 && !u.exempt && !u.key.contains(":net:") {
+        out.push_str(&format!(
+            "each client network may use only {share} of this (limits.domain.network_share); \
+             --domain with --ip shows, and resets, one network's share\n"
+        ));
+    }
+    if u.exempt {
+        let why = match u.by_override {
+            Some(_) => "the override allows it",
+            None => "limits.domain.exempt",
+        };
+        out.push_str(&format!("exempt ({why}): this scope does not count it\n"));
+    } else if u.retry_after_ms == 0 {
+        out.push_str("next send: allowed now\n");
+    } else {
+        let at = jiff::Timestamp::from_millisecond(
+            i64::try_from(u.at_ms + u.retry_after_ms).unwrap_or(0),
+        )
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+        out.push_str(&format!(
+            "next send: in {} ({at})\n",
+            short_duration(u.retry_after_ms)
+        ));
+    }
+    out
+}
