@@ -142,7 +142,7 @@ fn init_telemetry(
     // them itself, without the body, so this target is off whatever RUST_LOG
     // says.
     // The HTTP client that exports spans logs the collector's URL, password
-    // and all, at trace (found by review): off too.
+    // and all, at trace: off too.
     for quiet in [
         "lapin::returned_messages=off",
         "hyper_util=off",
@@ -158,7 +158,7 @@ fn init_telemetry(
             .with_filter(Targets::new().with_target("mailgate", LevelFilter::INFO))
     });
     // lapin's I/O loop logs every frame at trace: the connection's
-    // StartOk (the broker password, found by review), jobs and results
+    // StartOk (the broker password), jobs and results
     // (codes, addresses). Nothing of lapin's is shown at trace, whatever
     // RUST_LOG says; debug still shows its connection steps.
     // The cap is decided once per callsite (a FilterFn caches its answer),

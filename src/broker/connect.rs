@@ -114,7 +114,7 @@ async fn open(
 /// again only once it does. A node that answers the probe and then stalls
 /// lapin again (a login backend that hangs) rests, 10 s doubling up to
 /// 10 min, between attempts: each still costs a thread, a few an hour at
-/// most (found by review: one thread and socket per attempt, ~360 an hour).
+/// most, where retrying it every 10 s would leave ~360 an hour.
 static SILENT: std::sync::Mutex<Vec<(String, u32, Option<std::time::Instant>)>> =
     std::sync::Mutex::new(Vec::new());
 

@@ -97,8 +97,8 @@ impl Incoming {
             redelivered: header(REDELIVERED_HEADER).is_some()
                 || (producers && delivery.redelivered),
             // Only on a message RabbitMQ says it delivered before: a
-            // producer can write the header on a first delivery (found by
-            // review: it pushed jobs through the one-at-a-time lane).
+            // producer can write the header on a first delivery, and must
+            // not push its jobs through the one-at-a-time lane so.
             deliveries_before: match delivery.redelivered {
                 true => header(DELIVERY_COUNT_HEADER).and_then(as_u32).unwrap_or(0),
                 false => 0,

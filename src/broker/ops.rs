@@ -258,9 +258,9 @@ impl Broker {
             AMQPValue::LongLongInt(attempt.into()),
         );
         // A copy of a message delivered before may be answering a job whose
-        // mail went out under the first delivery (found by review: a copy
-        // waiting out the lease of its own first delivery was answered
-        // `duplicate`, the job's only result).
+        // mail went out under the first delivery: a copy waiting out the
+        // lease of its own first delivery must be answered `sent`, never
+        // `duplicate` (which would be the job's only result).
         if job.redelivered {
             headers.insert(REDELIVERED_HEADER.into(), AMQPValue::Boolean(true));
         }
