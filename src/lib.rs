@@ -19,6 +19,7 @@ pub mod mailer;
 pub mod pipeline;
 pub mod redact;
 pub mod settings;
+pub mod store;
 pub mod telemetry;
 pub mod templates;
 pub mod tls;

@@ -21,34 +21,23 @@
 //! the first in order (scopes as listed, rules as configured) binds.
 //!
 //! # Where the decision runs
-//! In Redis, `decide.lua` holds the decision as Lua functions; the ledger's
-//! script runs them in the same atomic call that looks up and writes the
-//! job's record, so a job is counted once however many copies of it arrive.
+//! In Redis, `decide.lua` (in `src/store/scripts/`) holds the decision as
+//! Lua functions; the ledger's script runs them in the same atomic call that
+//! looks up and writes the job's record, so a job is counted once however
+//! many copies of it arrive.
 //! In process, `MemoryLogs` holds the same logs for the in-memory ledger.
 //! Both ledgers answer the support tools' questions through [`Quotas`].
 
-mod conn;
 mod memory;
 pub mod overrides;
-mod redis;
 
 use std::fmt;
 use std::future::Future;
 
-pub(crate) use self::conn::{Conn, connect};
 pub(crate) use self::memory::MemoryLogs;
-pub(crate) use self::redis::{reset as redis_reset, usage as redis_usage};
 
 use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain, Session};
 use crate::settings::{LimitSettings, Rule, SCOPES};
-
-/// The limiter's decision as Lua functions, for the scripts that decide (see
-/// the module docs).
-pub(crate) const DECIDE_LUA: &str = include_str!("decide.lua");
-
-/// One scope's log on its own (peek, reserve, unreserve), for keys spread
-/// over a cluster's shards; sent after [`DECIDE_LUA`].
-pub(crate) const SCOPE_LUA: &str = include_str!("scope.lua");
 
 /// What a rate-limit key identifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -1024,33 +1013,4 @@ fn wait_of(rule: &Rule, times: &[u64], now: u64) -> Option<u64> {
     let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
     let count = times.len().saturating_sub(lo);
     (count >= max).then(|| (times[lo + count - max] + w).saturating_sub(now))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The value of `local NAME = <integer>` in decide.lua; `MAX_KEEP_MS`
-    /// is written as `MAX_PERIOD_MS + <slack>`, so it reads the slack.
-    fn lua_constant(name: &str) -> u64 {
-        let line = DECIDE_LUA
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("local {name} = ")))
-            .expect("decide.lua defines the constant");
-        let n = line.rsplit(' ').next().expect("a value");
-        n.parse().expect("an integer")
-    }
-
-    /// The script refuses what settings refuse, and no keep that the
-    /// clock slack makes valid: its constants are Rust's.
-    #[test]
-    fn the_scripts_limits_are_the_settings() {
-        let max_period = crate::settings::MAX_PERIOD.as_millis() as u64;
-        assert_eq!(lua_constant("MAX_PERIOD_MS"), max_period);
-        assert_eq!(lua_constant("MAX_KEEP_MS"), CLOCK_SLACK_MS);
-        assert!(
-            DECIDE_LUA.contains("local MAX_KEEP_MS = MAX_PERIOD_MS + "),
-            "MAX_KEEP_MS is MAX_PERIOD_MS plus the slack"
-        );
-    }
 }

@@ -32,10 +32,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{CLOCK_SLACK_MS, Conn, RuleSet, Scope};
+use super::{CLOCK_SLACK_MS, RuleSet, Scope};
 use crate::domain::Normalization;
 use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
 use crate::settings::{MAX_PERIOD, Rule};
+use crate::store::Conn;
+use crate::store::scripts::PRUNE;
 
 /// The widest IPv4 network an override may name without `--force` (a /8:
 /// 16 777 216 addresses).
@@ -665,32 +667,6 @@ fn hits_of(
     }));
     (hits, rebuild_at)
 }
-
-/// Drops the overrides whose expiry passed, atomically (an `add` that
-/// read them first and deleted them after could delete one re-added in
-/// between).
-/// KEYS[1] the overrides' hash; ARGV[1] now, ms; ARGV[2] a new version,
-/// set if it dropped any; returns how many.
-static PRUNE: std::sync::LazyLock<::redis::Script> = std::sync::LazyLock::new(|| {
-    ::redis::Script::new(
-        r"
-        if #KEYS ~= 1 or #ARGV ~= 2 or not tonumber(ARGV[1]) or ARGV[2] == '' then
-          return redis.error_reply('mailgate overrides prune: takes 1 key, a time and a version')
-        end
-        local now, all, n = tonumber(ARGV[1]), redis.call('HGETALL', KEYS[1]), 0
-        for i = 1, #all, 2 do
-          local ok, o = pcall(cjson.decode, all[i + 1])
-          if all[i] ~= '~version' and ok and type(o) == 'table'
-            and type(o.expires_at_ms) == 'number' and o.expires_at_ms <= now then
-            redis.call('HDEL', KEYS[1], all[i])
-            n = n + 1
-          end
-        end
-        if n > 0 then redis.call('HSET', KEYS[1], '~version', ARGV[2]) end
-        return n
-        ",
-    )
-});
 
 /// A version no earlier one repeats (a counter would start again if the
 /// hash were deleted, and a worker holding that number would never see the

@@ -9,7 +9,6 @@
 //!
 //! [`RedisSettings::spreads_keys`]: crate::settings::RedisSettings::spreads_keys
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{
@@ -18,14 +17,8 @@ use super::{
 };
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{
-    Applied, Clock, DECIDE_LUA, Keyspace, Request, Rooms, RuleRef, SCOPE_LUA, Scope, Subject,
-};
-
-/// The scope script: the limiter's decision chunk, then `scope.lua` (whose
-/// header documents its KEYS and ARGV).
-static SCOPE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{SCOPE_LUA}")));
+use crate::limiter::{Applied, Clock, Keyspace, Request, Rooms, RuleRef, Scope, Subject};
+use crate::store::scripts::SCOPE;
 
 /// The time of a reservation whose "reserve" reply was lost: it is given
 /// back by the job's suffix alone (scope.lua's "unreserve" with no time).

@@ -475,11 +475,7 @@ async fn malformed_calls_write_nothing() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let script = format!(
-        "{}\n{}",
-        include_str!("../../../src/limiter/decide.lua"),
-        include_str!("../../../src/ledger/ledger.lua")
-    );
+    let script = mailgate::store::scripts::LEDGER.source();
     let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
     let head = ["batch", "", "86400000", "30000"];
     let batch = |items: &[&'static str]| [&head[..], &sets[..], items].concat();
@@ -668,7 +664,7 @@ async fn malformed_calls_write_nothing() {
     ];
     for (keys, args) in calls {
         let r: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
-            .arg(&script)
+            .arg(script)
             .arg(keys.len())
             .arg(&keys)
             .arg(&args)
@@ -681,7 +677,7 @@ async fn malformed_calls_write_nothing() {
     // The same shape, well formed, is accepted and written.
     let good = batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]);
     let _: redis::Value = redis::cmd("EVAL")
-        .arg(&script)
+        .arg(script)
         .arg(2)
         .arg(&["t:job:a", "t:email:a"])
         .arg(&good)

@@ -1,23 +1,17 @@
+mod quotas;
 mod spread;
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::clock::{self, Mark, Readings};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
-use crate::domain::Name;
 use crate::limiter::overrides::{self, Override, OverrideError, Target};
-use crate::limiter::{
-    Clock, Conn, DECIDE_LUA, Keyspace, LimitError, Quotas, Room, RuleRef, RuleSet, Scope, Subject,
-    Usage, redis_reset, redis_usage,
-};
+use crate::limiter::{Clock, Keyspace, Room, RuleRef, RuleSet, Scope};
 use crate::settings::{LimitSettings, RedisSettings};
-
-/// The ledger's script: the limiter's decision chunk, then `ledger.lua`
-/// (whose header documents every operation's KEYS and ARGV).
-static SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&format!("{DECIDE_LUA}\n{}", include_str!("ledger.lua"))));
+use crate::store::scripts::{self, LEDGER};
+use crate::store::{self as store, Conn};
 
 /// How items share script calls: most items in one call, and calls in
 /// flight at once (while they run, new items gather into the next batch).
@@ -154,19 +148,17 @@ struct Reply {
 
 impl RedisLedger {
     /// Connects to Redis (failing if it does not answer now) and loads the
-    /// script, so a bad URL or an unusable server shows at start-up. Must be
+    /// scripts, so a bad URL or an unusable server shows at start-up. Must be
     /// called within a Tokio runtime: it starts the batching task, which ends
     /// when the last clone of the ledger is dropped.
     pub async fn connect(
         redis: &RedisSettings,
         limits: &LimitSettings,
     ) -> Result<Self, LedgerError> {
-        let mut conn = crate::limiter::connect(redis)
+        let mut conn = store::connect(redis)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
-        SCRIPT
-            .prepare_invoke()
-            .load_async(&mut conn)
+        scripts::preload(&mut conn)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
         let mut keys = Keyspace::new(&redis.key_prefix, limits);
@@ -483,7 +475,7 @@ async fn run_batch(
         }
     }
     let mut eval = redis::cmd("EVALSHA");
-    eval.arg(SCRIPT.get_hash())
+    eval.arg(LEDGER.get_hash())
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
@@ -493,7 +485,7 @@ async fn run_batch(
         .arg(keys.rule_set_args(&sets))
         .arg(&args);
     let wait = batch.iter().any(|p| p.wait);
-    let (reply, unreplicated) = eval_waiting(conn, &SCRIPT, eval, replication, wait).await?;
+    let (reply, unreplicated) = eval_waiting(conn, &LEDGER, eval, replication, wait).await?;
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
@@ -753,7 +745,7 @@ impl Ledger for RedisLedger {
     }
 
     async fn health(&self) -> Result<(), LedgerError> {
-        let probe: Result<i64, _> = SCRIPT
+        let probe: Result<i64, _> = LEDGER
             .key(format!("{}probe", self.keys.prefix))
             .arg("probe")
             .invoke_async(&mut self.conn.clone())
@@ -870,7 +862,7 @@ impl RedisLedger {
     async fn clock_op(&self, how: &str) -> Result<(bool, u64), LedgerError> {
         let life = clock::canary_ms(self.keys.clock_guard_ms.unwrap_or(0));
         let hold = self.keys.horizon_ms();
-        let mut script = SCRIPT.prepare_invoke();
+        let mut script = LEDGER.prepare_invoke();
         for key in self.clock_keys() {
             script.key(key);
         }
@@ -1192,21 +1184,6 @@ fn put_shape(shape: &mut String, at: usize, set: usize) {
     }
 }
 
-impl Quotas for RedisLedger {
-    async fn usage(
-        &self,
-        subject: Subject<'_>,
-        purpose: Option<&Name>,
-        clock: Clock,
-    ) -> Result<Usage, LimitError> {
-        redis_usage(&self.conn, &self.keys, subject, purpose, clock).await
-    }
-
-    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
-        redis_reset(&self.conn, &self.keys, subject).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1214,7 +1191,7 @@ mod tests {
     /// The Lua `CODE` table and [`CODES`] name the same numbers.
     #[test]
     fn result_codes_agree_with_the_script() {
-        let lua = include_str!("ledger.lua");
+        let lua = include_str!("../../store/scripts/ledger.lua");
         let table = lua
             .split_once("local CODE = {")
             .and_then(|(_, rest)| rest.split_once('}'))

@@ -1,5 +1,6 @@
-//! The one connection the limiter and the ledger share: to a fixed Redis
-//! server, to the primary that Redis Sentinel names, or to a Redis Cluster.
+//! The one connection the ledger, its support tools and the overrides
+//! share: to a fixed Redis server, to the primary that Redis Sentinel
+//! names, or to a Redis Cluster.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
