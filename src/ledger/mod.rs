@@ -38,7 +38,7 @@
 
 pub mod clock;
 mod memory;
-mod redis;
+pub(crate) mod redis;
 
 use std::future::Future;
 

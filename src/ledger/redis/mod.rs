@@ -38,7 +38,7 @@ const ONE_BY_ONE: Batching = Batching {
 /// The result codes of `ledger.lua`'s "admit" item, named as in its `CODE` table
 /// (a unit test checks the two agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Code {
+pub(crate) enum Code {
     Rejected = 0,
     Admitted = 1,
     Expired = 2,
@@ -53,7 +53,7 @@ enum Code {
 }
 
 /// Every code with its name in `ledger.lua`.
-const CODES: [(Code, &str); 11] = [
+pub(crate) const CODES: [(Code, &str); 11] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -128,7 +128,7 @@ struct Pending {
 
 /// How many integers answer each item of a batch (`WIDTH` in ledger.lua;
 /// keep both in step).
-const REPLY_WIDTH: usize = 5;
+pub(crate) const REPLY_WIDTH: usize = 5;
 
 /// What the script answered for one item.
 struct Reply {
@@ -1181,36 +1181,5 @@ fn put_shape(shape: &mut String, at: usize, set: usize) {
     push_shape(&mut two, set);
     if shape.len() >= 2 * at + 2 {
         shape.replace_range(2 * at..2 * at + 2, &two);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The Lua `CODE` table and [`CODES`] name the same numbers.
-    #[test]
-    fn result_codes_agree_with_the_script() {
-        let lua = include_str!("../../store/scripts/ledger.lua");
-        let table = lua
-            .split_once("local CODE = {")
-            .and_then(|(_, rest)| rest.split_once('}'))
-            .map(|(t, _)| t)
-            .expect("ledger.lua has a CODE table");
-        let mut in_lua: Vec<(String, i64)> = table
-            .lines()
-            .filter_map(|l| {
-                let (name, rest) = l.trim().split_once('=')?;
-                let n = rest.trim().split(',').next()?.trim().parse().ok()?;
-                Some((name.trim().to_owned(), n))
-            })
-            .collect();
-        in_lua.sort_by_key(|(_, n)| *n);
-        let mut in_rust: Vec<(String, i64)> = CODES
-            .iter()
-            .map(|(c, name)| ((*name).to_owned(), *c as i64))
-            .collect();
-        in_rust.sort_by_key(|(_, n)| *n);
-        assert_eq!(in_lua, in_rust);
     }
 }

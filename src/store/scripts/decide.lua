@@ -1,9 +1,11 @@
 --[[
-mailgate limiter: the decision, as Lua functions. This is a chunk, not a
-script: it defines local functions and is placed in front of each script
-that decides (the ledger's, src/ledger/ledger.lua), so the limiter's
-semantics live here once. Requires Redis >= 5 (effects replication, so TIME
-may be read before writing).
+mailgate limiter: the decision, as Lua functions. This is a library, not a
+script: the registry (src/store/scripts/mod.rs) places it, as the body of a
+function, in front of each script that decides (ledger.lua, scope.lua), and
+binds the table it returns (at the end of this file: its whole API) to
+their local `decide`; nothing else of it is visible to them. So the
+limiter's semantics live here once. Requires Redis >= 5 (effects
+replication, so TIME may be read before writing).
 
 Data: one sorted set per scope key (<prefix>email:<mailbox>,
 <prefix>ip:<network>, <prefix>domain:<domain>, and a client network's share
@@ -352,3 +354,21 @@ local function forget(first, last, member)
     call('ZREM', KEYS[k], member)
   end
 end
+
+-- The API: what the scripts composed after this one call, as decide.<name>
+-- (a unit test checks that they use exactly these).
+return {
+  MAX_PERIOD_MS = MAX_PERIOD_MS,
+  MAX_KEEP_MS = MAX_KEEP_MS,
+  int = int,
+  time_of = time_of,
+  clock = clock,
+  member_of = member_of,
+  rule_sets = rule_sets,
+  set_of = set_of,
+  shape_ok = shape_ok,
+  judge = judge,
+  room = room,
+  record = record,
+  forget = forget,
+}

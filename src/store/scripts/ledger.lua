@@ -1,7 +1,6 @@
 --[[
-mailgate ledger: each job's lifecycle, and its admission. Sent to Redis after
-the limiter's decision chunk (src/limiter/decide.lua), whose local functions
-rule_sets, shape_ok, judge, record, forget, member_of, int and call it uses.
+mailgate ledger: each job's lifecycle, and its admission. Composed after the
+limiter's decision (decide.lua), which it calls as decide.<name>.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
 for many at once), "probe" (readiness) or "clock" (has Redis's clock run ahead?);
 each checks its argument counts and every argument before its first write,
@@ -14,7 +13,7 @@ dedup_for:
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
-         is member_of(at, id)
+         is decide.member_of(at, id)
   st     the state (JobState in src/ledger/mod.rs, one character):
            a  admitted; its SMTP transaction has not begun
            x  sending: an SMTP transaction began, its outcome is not recorded
@@ -41,7 +40,7 @@ dedup_for:
   rv     spread over a cluster's shards only (see "look" below): the job's
          reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
          had none; records of earlier versions lack t_domain);
-         its member in scope log s is member_of(t_s, id .. ':' .. nonce)
+         its member in scope log s is decide.member_of(t_s, id .. ':' .. nonce)
 
 Newest KEYS <prefix>newest:<purpose>:<mailbox>, a sorted set: the newest
 16 jobs admitted for a mailbox and purpose whose purpose supersedes older
@@ -52,6 +51,8 @@ versions from failing on each other's keys during an upgrade.)
 
 Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
 ]]
+local call, tonumber, sub = redis.call, tonumber, string.sub
+
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
   admitted = 1, -- at, shadow scope, shadow rule, rooms: admitted now, the
@@ -85,7 +86,7 @@ local NONE = {false, false, false, false, false, false, false}
 -- may be longer by the slack).
 local function period_ok(v, max)
   local n = tonumber(v)
-  return n ~= nil and n >= 1 and n <= (max or MAX_PERIOD_MS)
+  return n ~= nil and n >= 1 and n <= (max or decide.MAX_PERIOD_MS)
 end
 
 local function fail(why)
@@ -183,7 +184,7 @@ local function admit_ok(a, sets, kind)
   if not made_ok then return false end
   local last_ok
   if kind == 'admit' then
-    last_ok = last ~= nil and shape_ok(last, sets)
+    last_ok = last ~= nil and decide.shape_ok(last, sets)
   elseif kind == 'look' then
     last_ok = last == ''
   else
@@ -199,7 +200,7 @@ end
 -- refunded (a refunded job mails nothing). `record`: this job's record
 -- key, whose prefix the others' share.
 local function superseded(newest, made, skew, id, record)
-  local others = call('ZRANGEBYSCORE', newest, '(' .. int(made + skew), '+inf')
+  local others = call('ZRANGEBYSCORE', newest, '(' .. decide.int(made + skew), '+inf')
   local prefix = sub(record, 1, #record - #id)
   for _, other in ipairs(others) do
     if other ~= id then
@@ -256,7 +257,7 @@ local function admit(k, a, b, kind)
     return CODE.unknown, at, mine, 0
   elseif fp and st == 'a' and expired and mine == 1 then
     -- Admitted, never sent, and now too late: give the quota back.
-    forget(first, last, member_of(at, id))
+    decide.forget(first, last, decide.member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
     call('PEXPIRE', key, keep_s)
     return CODE.expired, reserved(rec[8])
@@ -267,7 +268,7 @@ local function admit(k, a, b, kind)
   elseif fp and st == 'a' and latest
     and superseded(latest, math.min(made or at, at), skew, id, key) then
     -- Its code is stale: refunded unsent, and answered by the caller.
-    forget(first, last, member_of(at, id))
+    decide.forget(first, last, decide.member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
       'ans', '0')
     call('PEXPIRE', key, keep_s)
@@ -290,12 +291,12 @@ local function admit(k, a, b, kind)
     end
     local d, s, rule, shadow_d
     local logs = {}
-    d, s, rule, shadow_d, shadow_s, shadow_r = judge(first, shape, sets, now, logs)
+    d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
-    rooms = room(first, shape, sets, now, logs, b.rooms)
-    record(first, shape, sets, now, b.now_s, member_of(now, id))
+    rooms = decide.room(first, shape, sets, now, logs, b.rooms)
+    decide.record(first, shape, sets, now, b.now_s, decide.member_of(now, id))
     if latest then
-      call('ZADD', latest, int(made), id)
+      call('ZADD', latest, decide.int(made), id)
       call('ZREMRANGEBYRANK', latest, 0, -17)
       call('PEXPIRE', latest, keep_s)
     end
@@ -384,7 +385,7 @@ local function settle(k, a, b)
     -- again, which the caller gives back again (ZREM is idempotent).
     if owning and st == 'r' then return 0, reserved(rec[5]) end
     if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
-    forget(k + 1, k + tonumber(ARGV[a + 5]), member_of(at, id))
+    decide.forget(k + 1, k + tonumber(ARGV[a + 5]), decide.member_of(at, id))
     call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
     e, i, d, nonce = reserved(rec[5])
   end
@@ -426,13 +427,14 @@ local ITEMS = {
 }
 
 local function batch()
-  local now, skewed = clock(2)
+  local now, skewed = decide.clock(2)
   if skewed then return skewed end
   local keep_s, lease = ARGV[3], tonumber(ARGV[4])
-  if not now or not period_ok(keep_s, MAX_KEEP_MS) or not lease or not period_ok(ARGV[4]) then
+  if not now or not period_ok(keep_s, decide.MAX_KEEP_MS) or not lease
+    or not period_ok(ARGV[4]) then
     return fail('bad clock, dedup or lease')
   end
-  local sets, first_item = rule_sets(5)
+  local sets, first_item = decide.rule_sets(5)
   if not sets then return fail(first_item) end
   -- Every item is checked before the first write.
   local nargs = #ARGV
@@ -448,8 +450,8 @@ local function batch()
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
-  local b = {now = now, now_s = int(now), lease_s = int(now + lease), keep_s = keep_s, sets = sets,
-    rooms = {}}
+  local b = {now = now, now_s = decide.int(now), lease_s = decide.int(now + lease),
+    keep_s = keep_s, sets = sets, rooms = {}}
   local out, o = {now}, 1
   a, k = first_item, 1
   while a <= nargs do
@@ -503,15 +505,16 @@ local function watch_clock()
   local step_s = string.match(how, '^step:(%d+)$')
   if step_s then how, ahead = 'step', tonumber(step_s) end
   if #KEYS ~= 3 or #ARGV ~= 4 or (how ~= '0' and how ~= '1' and how ~= 'step' and how ~= 'accept')
-    or not life or life < 1 or life > MAX_KEEP_MS or not period_ok(ARGV[4], MAX_KEEP_MS) then
+    or not life or life < 1 or life > decide.MAX_KEEP_MS
+    or not period_ok(ARGV[4], decide.MAX_KEEP_MS) then
     return fail('takes 3 keys, whether the clocks agree, a canary life and a hold')
   end
   local t = call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if how == 'accept' then
     local removed = call('DEL', KEYS[1])
-    call('SET', KEYS[2], '1', 'PX', int(life))
-    call('SET', KEYS[3], int(now), 'PX', int(MAX_KEEP_MS))
+    call('SET', KEYS[2], '1', 'PX', decide.int(life))
+    call('SET', KEYS[3], decide.int(now), 'PX', decide.int(decide.MAX_KEEP_MS))
     return {now, 0, removed}
   end
   local mark = call('GET', KEYS[1])
@@ -531,13 +534,14 @@ local function watch_clock()
     since = math.min(since or seen, seen)
     if not until_ms or until_ms < now + hold then
       until_ms = now + hold
-      call('SET', KEYS[1], int(until_ms) .. ' ' .. int(seen) .. ' ' .. int(since), 'PX',
-        int(hold + 3600000))
+      call('SET', KEYS[1],
+        decide.int(until_ms) .. ' ' .. decide.int(seen) .. ' ' .. decide.int(since),
+        'PX', decide.int(hold + 3600000))
     end
   end
   if lost == 1 or how == '1' then
-    call('SET', KEYS[2], '1', 'PX', int(life))
-    call('SET', KEYS[3], int(now), 'PX', int(MAX_KEEP_MS))
+    call('SET', KEYS[2], '1', 'PX', decide.int(life))
+    call('SET', KEYS[3], decide.int(now), 'PX', decide.int(decide.MAX_KEEP_MS))
   end
   if until_ms and until_ms <= now then until_ms = nil end
   return {now, until_ms or 0, lost}

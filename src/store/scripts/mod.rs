@@ -17,11 +17,16 @@ use std::sync::LazyLock;
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
 
-/// A Lua chunk that other scripts share; it is placed, as text, in front
-/// of each script composed with it.
+/// Lua that scripts share, as a Lua module: a chunk that ends by returning
+/// a table, its API. A script composed with it runs the chunk as a
+/// function and binds the table to a local of the library's name; the
+/// chunk's own locals stay private to it, so the script can use nothing
+/// but what the table exports (a unit test checks the names).
 #[derive(Debug, Clone, Copy)]
 struct Library {
-    /// Its source.
+    /// The local that holds its table in the scripts that use it.
+    name: &'static str,
+    /// Its source, ending with `return { ... }`.
     source: &'static str,
 }
 
@@ -29,6 +34,7 @@ struct Library {
 /// recording an admission. Shared by the ledger's script and the scope
 /// script, so the limiter's semantics live in Redis once.
 const DECIDE: Library = Library {
+    name: "decide",
     source: include_str!("decide.lua"),
 };
 
@@ -43,12 +49,16 @@ pub struct Script {
 }
 
 impl Script {
-    /// The script `body` after the `libraries` it uses.
+    /// The script `body` after the `libraries` it uses, each bound to its
+    /// name: `local decide = (function() <decide.lua> end)()`.
     fn compose(name: &'static str, libraries: &[Library], body: &str) -> Self {
         let mut source = String::new();
         for library in libraries {
+            source.push_str("local ");
+            source.push_str(library.name);
+            source.push_str(" = (function()\n");
             source.push_str(library.source);
-            source.push('\n');
+            source.push_str("\nend)()\n");
         }
         source.push_str(body);
         let script = redis::Script::new(&source);
@@ -108,3 +118,6 @@ pub async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

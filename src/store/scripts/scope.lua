@@ -3,9 +3,9 @@ mailgate scope script: one scope's log on its own, for keys spread over a
 Redis Cluster's shards (a key prefix without a hash tag). An admission then
 judges each scope, reserves in each, and gives the reservations back if one
 rejects (src/ledger/redis/spread.rs); the job's record is ledger.lua's
-("look", "create"). Sent after decide.lua, whose functions it uses. One
-operation per call; each checks its argument count and values before it
-writes.
+("look", "create"). Composed after the limiter's decision (decide.lua),
+which it calls as decide.<name>. One operation per call; each checks its
+argument count and values before it writes.
 
 KEYS[1]  the scope key (one sorted set, as decide.lua describes)
 ARGV[1]  the operation: "peek", "reserve" or "unreserve"
@@ -25,7 +25,7 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
 "reserve" -- the same, and if it has room records the reservation.
   ARGV[3..]  the rule set, then the job's id, then a nonce
   returns    {now, 1, shadow wait, shadow rule, rule, remaining,
-             reset_ms} (recorded as member_of(now, id .. ':' .. nonce);
+             reset_ms} (recorded as decide.member_of(now, id .. ':' .. nonce);
              the last three: what is left of the scope's quota with it,
              decide.lua's `room`), else as "peek"; run again (its reply
              lost), {its time, 1, 0, 0}
@@ -36,6 +36,7 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   returns    {now, 1} if it was there, else {now, 0}
 ]]
 
+local call, tonumber, sub = redis.call, tonumber, string.sub
 local op = ARGV[1]
 
 local function fail(why)
@@ -43,7 +44,7 @@ local function fail(why)
 end
 
 if #KEYS ~= 1 then return fail('takes 1 key') end
-local now, skewed = clock(2)
+local now, skewed = decide.clock(2)
 if skewed then return skewed end
 if not now then return fail('bad clock') end
 
@@ -52,7 +53,7 @@ if op == 'unreserve' then
   if #ARGV ~= 4 or (ARGV[3] ~= '' and (not t or t < 0)) or suffix == '' then
     return fail('takes a time (or "") and a suffix')
   end
-  if t then return {now, call('ZREM', KEYS[1], member_of(t, suffix))} end
+  if t then return {now, call('ZREM', KEYS[1], decide.member_of(t, suffix))} end
   -- Its time unknown: a log holds what its rules allow in its keep, a few
   -- dozen entries, so look through it.
   local tail, found = ':' .. suffix, 0
@@ -64,11 +65,11 @@ elseif op ~= 'peek' and op ~= 'reserve' then
   return fail('unknown op')
 end
 
-local sets, a = rule_sets(3)
+local sets, a = decide.rule_sets(3)
 if not sets then return fail(a) end
 local id, nonce = ARGV[a], ARGV[a + 1]
 local values = op == 'reserve' and 2 or 1
-if #sets ~= 1 or not shape_ok('01', sets) or #ARGV ~= a - 1 + values or id == ''
+if #sets ~= 1 or not decide.shape_ok('01', sets) or #ARGV ~= a - 1 + values or id == ''
   or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
 end
@@ -77,27 +78,27 @@ if op == 'reserve' then
   -- its reply was lost): the nonce is drawn per reservation, so an entry
   -- with the same suffix made in the last minute is this one's.
   local tail = ':' .. id .. ':' .. nonce
-  for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[1], int(now - 60000), '+inf')) do
-    if sub(m, 13) == tail then return {time_of(m), 1, 0, 0} end
+  for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[1], decide.int(now - 60000), '+inf')) do
+    if sub(m, 13) == tail then return {decide.time_of(m), 1, 0, 0} end
   end
 end
 local logs = {}
-local d, _, rule, shadow_d, _, shadow = judge(1, '01', sets, now, logs)
+local d, _, rule, shadow_d, _, shadow = decide.judge(1, '01', sets, now, logs)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
-  -- (Members are member_of(t, id .. ':' .. nonce), the nonce digits.)
+  -- (Members are decide.member_of(t, id .. ':' .. nonce), the nonce digits.)
   local mine, after = ':' .. id .. ':', 13 + #id + 2
-  for _, m in ipairs(call('ZRANGE', KEYS[1], set_of('01', 1, sets).top_s, '-1')) do
+  for _, m in ipairs(call('ZRANGE', KEYS[1], decide.set_of('01', 1, sets).top_s, '-1')) do
     if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
-      return {now, 2, time_of(m), d, rule}
+      return {now, 2, decide.time_of(m), d, rule}
     end
   end
   return {now, 0, d, rule}
 end
 if op == 'reserve' then
   local out = {now, 1, shadow_d, shadow}
-  room(1, '01', sets, now, logs, out)
-  record(1, '01', sets, now, int(now), member_of(now, id .. ':' .. nonce))
+  decide.room(1, '01', sets, now, logs, out)
+  decide.record(1, '01', sets, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce))
   return out
 end
 return {now, 1, shadow_d, shadow}
