@@ -415,10 +415,10 @@ fn main() {
             let ov_ledger = RedisLedger::connect(&ov_settings, &LimitSettings::default())
                 .await
                 .expect("Redis must answer at BENCH_REDIS_URL");
-            (ov_ledger.add_overrides(&thousand_overrides()))
+            (ov_ledger.overrides().add_all(&thousand_overrides()))
                 .await
                 .expect("overrides");
-            ov_ledger.reload_overrides().await.expect("overrides");
+            ov_ledger.overrides().reload().await.expect("overrides");
             let ov_round = round_mailgate(
                 &ov_ledger,
                 &pool,

@@ -230,6 +230,17 @@ async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
 /// Connects the limiter with a hint on failure (one attempt: a tool should
 /// fail fast, unlike the worker).
 async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
+    in_redis(settings, Backend::open(&settings.redis, &settings.limits)).await
+}
+
+/// Opens what `open` opens in Redis, with [`limiter`]'s hints on failure.
+async fn in_redis<T, E>(
+    settings: &Settings,
+    open: impl Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     if Backend::is_memory(&settings.redis) {
         bail!(
             "redis.url is memory://: the limits live inside the worker process, where no tool \
@@ -237,17 +248,14 @@ async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
         );
     }
     let url = redact_url(&settings.redis.url);
-    Backend::open(&settings.redis, &settings.limits)
-        .await
-        .map_err(|e| {
-            match crate::tls::explain_url(&e, "redis.tls", &settings.redis.url, &settings.redis.tls)
-            {
-                Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
-                None => anyhow::Error::new(e).context(format!(
-                    "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
-                )),
-            }
-        })
+    open.await.map_err(|e| {
+        match crate::tls::explain_url(&e, "redis.tls", &settings.redis.url, &settings.redis.tls) {
+            Some(why) => anyhow!("cannot reach Redis at {url}: {why}"),
+            None => anyhow::Error::new(e).context(format!(
+                "cannot reach Redis at {url} (set [redis] url or MAILGATE__REDIS__URL)"
+            )),
+        }
+    })
 }
 
 /// `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the settings.

@@ -7,10 +7,10 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{limiter, short_duration};
-use crate::ledger::{Backend, RedisLedger};
+use super::{in_redis, short_duration};
 use crate::limiter::overrides::{Action, Override, Target};
 use crate::settings::Settings;
+use crate::store::overrides::OverrideStore;
 
 /// `overrides`' actions.
 #[derive(Subcommand)]
@@ -79,14 +79,13 @@ fn parse_rule(s: &str) -> Result<crate::settings::Rule, String> {
 
 /// Runs an `overrides` action, printing what it did.
 pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::Result<bool> {
-    let Backend::Redis(ledger) = limiter(settings).await? else {
-        bail!("overrides live in Redis");
-    };
+    let opened = OverrideStore::open(&settings.redis, &settings.limits);
+    let store = in_redis(settings, opened).await?;
     match action {
-        OverridesAction::Add(add) => add_override(settings, &ledger, add).await,
+        OverridesAction::Add(add) => add_override(settings, &store, add).await,
         OverridesAction::List { json } => {
             let now = crate::domain::now_ms();
-            for ov in ledger.list_overrides().await? {
+            for ov in store.list().await? {
                 match json {
                     true => println!("{}", override_json(&ov, now)),
                     false => println!("{}", render_override(&ov, now)),
@@ -96,7 +95,7 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
         }
         OverridesAction::Remove { target } => {
             let target = Target::parse(&target)?;
-            let done = ledger.remove_override(&target).await?;
+            let done = store.remove(&target).await?;
             if done.removed.is_empty() {
                 println!("{target} had no override");
             }
@@ -115,15 +114,13 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
 /// subject it counts as, and what it covers.
 async fn add_override(
     settings: &Settings,
-    ledger: &RedisLedger,
+    store: &OverrideStore,
     add: AddOverride,
 ) -> anyhow::Result<bool> {
     let replace = add.replace;
     let now = crate::domain::now_ms();
     let ov = add.into_override(settings, now)?;
-    let (stored, replaced) = ledger
-        .store_overrides(std::slice::from_ref(&ov), replace)
-        .await?;
+    let (stored, replaced) = store.store(std::slice::from_ref(&ov), replace).await?;
     let Some(stored) = stored.into_iter().next() else {
         bail!("nothing was stored");
     };

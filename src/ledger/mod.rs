@@ -465,12 +465,16 @@ impl Backend {
     }
 
     /// Opens the backend `redis.url` names. For Redis this connects, loads
-    /// the script and checks the store ([`Ledger::health`]).
+    /// the scripts, puts the overrides in force (then polls them while the
+    /// ledger lives: [`RedisLedger::overrides`]) and checks the store
+    /// ([`Ledger::health`]).
     pub async fn open(redis: &RedisSettings, limits: &LimitSettings) -> Result<Self, LedgerError> {
         if Self::is_memory(redis) {
             return Ok(Backend::Memory(MemoryLedger::new(limits)));
         }
         let ledger = RedisLedger::connect(redis, limits).await?;
+        (ledger.overrides().start().await)
+            .map_err(|e| LedgerError::Unfit(format!("reading the overrides: {e}")))?;
         ledger.health().await?;
         Ok(Backend::Redis(ledger))
     }

@@ -17,27 +17,20 @@
 //! A deny beats everything. Each override has a required reason and an
 //! optional expiry (at most 366 days).
 //!
-//! They live in one Redis hash, `<prefix>overrides`: one field per subject
-//! (a new one replaces the old), its JSON as the value, and a `~version`
-//! field bumped by each change, which every worker polls (every
-//! [`POLL`]), so a change applies within a few seconds everywhere. Expired
-//! overrides are ignored at once, and dropped from the hash by the next
-//! change.
+//! They are stored in Redis, and polled by every worker, by the
+//! [`OverrideStore`](crate::store::overrides::OverrideStore); here is what
+//! they are and how a request finds the one that applies ([`Table`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
 use super::{CLOCK_SLACK_MS, RuleSet, Scope};
 use crate::domain::Normalization;
 use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
 use crate::settings::{MAX_PERIOD, Rule};
-use crate::store::Conn;
-use crate::store::scripts::PRUNE;
 
 /// The widest IPv4 network an override may name without `--force` (a /8:
 /// 16 777 216 addresses).
@@ -74,17 +67,10 @@ fn coverage(net: &IpNet) -> String {
     }
 }
 
-/// How often a worker asks Redis whether the overrides changed: a change
-/// applies everywhere within this (and the poll's round trip).
-pub const POLL: Duration = Duration::from_secs(2);
-
 /// At most this many overrides are kept: each one with rules of its own is
 /// a rule set a script call may name (`decide.lua` numbers sets with two
 /// base-64 digits, 4095 at most, and settings use up to 303).
 pub const MAX_OVERRIDES: usize = 3_000;
-
-/// The hash field holding the version.
-const VERSION: &str = "~version";
 
 /// What an override matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,7 +273,7 @@ impl Override {
     /// What every override must be, however it was written (a hand-made
     /// entry in Redis is checked too, and ignored if it fails: one bad rule
     /// set would fail every script call it rode in).
-    fn check_shape(&self) -> Result<(), OverrideError> {
+    pub(crate) fn check_shape(&self) -> Result<(), OverrideError> {
         let bad = |why: &str| Err(OverrideError::Invalid(why.to_owned()));
         if self.reason.trim().is_empty() || self.reason.len() > 500 {
             return bad("an override needs a reason (1 to 500 bytes)");
@@ -318,87 +304,15 @@ pub enum OverrideError {
     /// Redis could not be reached or refused.
     #[error("redis: {0}")]
     Redis(Arc<::redis::RedisError>),
+    /// Redis refuses mailgate for good: credentials, an ACL, a database it
+    /// does not have (the message says which).
+    #[error("{0}")]
+    Unfit(String),
 }
 
 impl From<::redis::RedisError> for OverrideError {
     fn from(e: ::redis::RedisError) -> Self {
         OverrideError::Redis(Arc::new(e))
-    }
-}
-
-/// An override as stored in the hash.
-#[derive(Debug, Serialize, Deserialize)]
-struct Stored {
-    target: String,
-    action: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    rules: Vec<StoredRule>,
-    reason: String,
-    expires_at_ms: Option<u64>,
-    added_at_ms: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct StoredRule {
-    window_ms: u64,
-    max: u32,
-    #[serde(default = "yes")]
-    enforce: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl From<&Override> for Stored {
-    fn from(o: &Override) -> Self {
-        let rules = match &o.action {
-            Action::Rules(rules) => (rules.iter())
-                .map(|r| StoredRule {
-                    window_ms: r.window_ms(),
-                    max: r.max,
-                    enforce: r.enforce,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        Stored {
-            target: o.target.to_string(),
-            action: o.action.kind().to_owned(),
-            rules,
-            reason: o.reason.clone(),
-            expires_at_ms: o.expires_at_ms,
-            added_at_ms: o.added_at_ms,
-        }
-    }
-}
-
-impl TryFrom<Stored> for Override {
-    type Error = OverrideError;
-
-    fn try_from(s: Stored) -> Result<Self, OverrideError> {
-        let action = match s.action.as_str() {
-            "allow" => Action::Allow,
-            "deny" => Action::Deny,
-            "rules" => Action::Rules(
-                (s.rules.iter())
-                    .map(|r| Rule {
-                        enforce: r.enforce,
-                        ..Rule::new(Duration::from_millis(r.window_ms), r.max)
-                    })
-                    .collect(),
-            ),
-            other => return Err(OverrideError::Invalid(format!("unknown action {other:?}"))),
-        };
-        let ov = Override {
-            target: Target::parse(&s.target)?,
-            action,
-            reason: s.reason,
-            expires_at_ms: s.expires_at_ms,
-            added_at_ms: s.added_at_ms,
-        };
-        ov.check_shape()?;
-        Ok(ov)
     }
 }
 
@@ -445,7 +359,8 @@ pub(crate) struct Table {
     nets: Vec<(u8, bool, HashMap<IpNet, Hits>)>,
     /// How many subjects have one.
     len: usize,
-    /// The stamp of the hash this was built from ([`stamp`]).
+    /// The stamp of the hash this was built from (see
+    /// [`crate::store::overrides`]: its version and length).
     pub version: Option<String>,
     /// What it was built from.
     pub all: Vec<Override>,
@@ -666,169 +581,6 @@ fn hits_of(
         share: None,
     }));
     (hits, rebuild_at)
-}
-
-/// A version no earlier one repeats (a counter would start again if the
-/// hash were deleted, and a worker holding that number would never see the
-/// change).
-fn new_version() -> String {
-    uuid::Uuid::now_v7().to_string()
-}
-
-/// The overrides' hash key.
-pub(crate) fn hash_key(prefix: &str) -> String {
-    format!("{prefix}overrides")
-}
-
-/// Whether storing `new` over `old` (one field: the same subject as the
-/// limiter counts it) would loosen what holds: a weaker action (deny >
-/// rules > allow), other rules, or an earlier end. Found by reviews I and
-/// J: an allow of one address silently replaced the deny of its network,
-/// to which it widened, and a deny of an alias for 2 s a permanent one.
-fn loosens(old: &Override, new: &Override) -> bool {
-    let strength = |a: &Action| match a {
-        Action::Deny => 2,
-        Action::Rules(_) => 1,
-        Action::Allow => 0,
-    };
-    let end = |o: &Override| o.expires_at_ms.unwrap_or(u64::MAX);
-    strength(&new.action) < strength(&old.action)
-        || matches!((&old.action, &new.action), (Action::Rules(a), Action::Rules(b)) if a != b)
-        || (!matches!(old.action, Action::Allow) && end(new) < end(old))
-}
-
-/// Drops expired overrides, then stores `ovs` (each replacing any override
-/// of the same subject) and bumps the version, atomically. A live override
-/// that one would loosen ([`loosens`]) is replaced only with `replace`;
-/// else nothing is stored and the error names it. Returns the live
-/// overrides replaced.
-pub(crate) async fn add(
-    conn: &Conn,
-    prefix: &str,
-    norm: &Normalization,
-    ovs: &[Override],
-    now_ms: u64,
-    replace: bool,
-) -> Result<Vec<Override>, OverrideError> {
-    let key = hash_key(prefix);
-    let _: i64 = PRUNE
-        .key(&key)
-        .arg(now_ms)
-        .arg(new_version())
-        .invoke_async(&mut conn.clone())
-        .await?;
-    let current = read(conn, &key).await?;
-    let live: HashMap<&str, &Override> = (current.iter())
-        .filter(|(_, o)| o.live(now_ms))
-        .map(|(f, o)| (f.as_str(), o))
-        .collect();
-    let mut fields = std::collections::HashSet::new();
-    let mut replaced = Vec::new();
-    let mut pipe = ::redis::pipe();
-    pipe.atomic();
-    for ov in ovs {
-        ov.check(now_ms)?;
-        let field = ov.target.field(norm);
-        if let Some(old) = live.get(field.as_str()) {
-            if !replace && loosens(old, ov) {
-                return Err(OverrideError::Invalid(format!(
-                    "{} has an override in force that this would loosen: {} ({}); \
-                     give --replace to replace it",
-                    ov.target,
-                    old.action.kind(),
-                    old.reason
-                )));
-            }
-            replaced.push((*old).clone());
-        }
-        let json = serde_json::to_string(&Stored::from(ov))
-            .map_err(|e| OverrideError::Invalid(e.to_string()))?;
-        pipe.hset(&key, &field, json).ignore();
-        fields.insert(field);
-    }
-    let kept = (current.iter())
-        .filter(|(f, o)| o.live(now_ms) && !fields.contains(f))
-        .count();
-    if kept + fields.len() > MAX_OVERRIDES {
-        return Err(OverrideError::Invalid(format!(
-            "at most {MAX_OVERRIDES} overrides can be in force: remove some first"
-        )));
-    }
-    pipe.hset(&key, VERSION, new_version()).ignore();
-    let () = pipe.query_async(&mut conn.clone()).await?;
-    Ok(replaced)
-}
-
-/// What `mailgate overrides remove` did.
-#[derive(Debug, Clone, Default)]
-pub struct Removal {
-    /// The stored overrides it removed (none: the subject had none).
-    pub removed: Vec<Target>,
-    /// Others stored for a subject the limiter counts as the same one,
-    /// left in force (only when one was stored for exactly the target).
-    pub still: Vec<Target>,
-}
-
-/// Removes the overrides stored under `fields`, bumping the version,
-/// atomically; how many there were.
-pub(crate) async fn remove(
-    conn: &Conn,
-    prefix: &str,
-    fields: &[String],
-) -> Result<i64, OverrideError> {
-    let key = hash_key(prefix);
-    let (removed, _): (i64, i64) = ::redis::pipe()
-        .atomic()
-        .hdel(&key, fields)
-        .hset(&key, VERSION, new_version())
-        .query_async(&mut conn.clone())
-        .await?;
-    Ok(removed)
-}
-
-/// Every stored override (expired ones too), by field.
-pub(crate) async fn read(conn: &Conn, key: &str) -> Result<Vec<(String, Override)>, OverrideError> {
-    let all: HashMap<String, String> = ::redis::cmd("HGETALL")
-        .arg(key)
-        .query_async(&mut conn.clone())
-        .await?;
-    let mut out = Vec::with_capacity(all.len());
-    for (field, json) in all {
-        if field == VERSION {
-            continue;
-        }
-        let parsed = serde_json::from_str::<Stored>(&json)
-            .map_err(|e| OverrideError::Invalid(e.to_string()))
-            .and_then(Override::try_from);
-        match parsed {
-            Ok(ov) => out.push((field, ov)),
-            // One unreadable entry (written by hand, or by a later
-            // version) must not take the others down.
-            Err(e) => {
-                let kind = field.split(':').next().unwrap_or_default();
-                tracing::warn!(kind, error = %e, "an override cannot be read; ignored");
-            }
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
-}
-
-/// What the hash looks like from outside, in one round trip: its version
-/// and its length (`v7/3`; `-/0` when there is none). It changes with
-/// every change `mailgate overrides` makes, and with an entry written by
-/// hand, so the hash is read again only when it differs.
-pub(crate) async fn stamp(conn: &Conn, prefix: &str) -> Result<String, OverrideError> {
-    let key = hash_key(prefix);
-    let (version, len): (Option<String>, u64) = ::redis::pipe()
-        .cmd("HGET")
-        .arg(&key)
-        .arg(VERSION)
-        .cmd("HLEN")
-        .arg(&key)
-        .query_async(&mut conn.clone())
-        .await?;
-    Ok(format!("{}/{len}", version.as_deref().unwrap_or("-")))
 }
 
 #[cfg(test)]

@@ -88,6 +88,39 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
     }
 }
 
+/// Why Redis refuses mailgate for good, if `e` says it does: a refusal
+/// that will not go away by itself (an ACL that forbids the scripts or the
+/// keys under `prefix`, a read-only replica, credentials refused, a
+/// database the server does not have); `None` for any other error.
+pub(crate) fn refusal(e: &redis::RedisError, prefix: &str) -> Option<String> {
+    // A command the script runs and the ACL forbids fails the script with
+    // an ERR naming the script's user, not with NOPERM.
+    let in_script = e.to_string().contains("executing the script can't run");
+    Some(match e.code() {
+        _ if in_script => format!(
+            "the Redis user may not run a command of mailgate's script ({e}); it needs \
+             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+        ),
+        Some("NOPERM") => format!(
+            "the Redis user may not run mailgate's script or write its keys ({e}); it needs \
+             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+        ),
+        Some("READONLY") => {
+            format!("Redis is a read-only replica ({e}); point redis.url at the primary")
+        }
+        Some("WRONGPASS" | "NOAUTH") => {
+            format!("Redis refused the credentials in redis.url ({e})")
+        }
+        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+            format!("Redis refused the credentials in redis.url ({e})")
+        }
+        _ if e.to_string().contains("DB index is out of range") => {
+            format!("redis.url names a database this Redis does not have ({e})")
+        }
+        _ => return None,
+    })
+}
+
 impl Conn {
     /// `INFO section` of the server that holds `key` (on a cluster, that
     /// key's primary; elsewhere, the one server), or with no key of every

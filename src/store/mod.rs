@@ -1,12 +1,16 @@
 //! Redis, in one place: the connection ([`conn`]) that the ledger, the
-//! limiter's support tools and the overrides share, and every Lua script
+//! limiter's support tools and the overrides share; every Lua script
 //! mailgate runs there ([`scripts`]), with one registry that builds each
-//! once and can load them all.
+//! once and can load them all; and the overrides' storage and polling
+//! ([`overrides`]).
 //!
-//! The store depends on [`crate::domain`] and [`crate::settings`]; the
-//! [`crate::ledger`] and the support tools use it.
+//! The store depends on [`crate::domain`] and [`crate::settings`], and,
+//! for the overrides, on the limiter's override types and its keyspace
+//! (how the limiter counts a subject, and the table it judges by); the
+//! [`crate::ledger`], the worker and the support tools use it.
 
 pub(crate) mod conn;
+pub mod overrides;
 pub mod scripts;
 
 pub(crate) use self::conn::{Conn, connect};

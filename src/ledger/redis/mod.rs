@@ -7,9 +7,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::clock::{self, Mark, Readings};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Refund, Verdict};
-use crate::limiter::overrides::{self, Override, OverrideError, Target};
 use crate::limiter::{Clock, Keyspace, Room, RuleRef, RuleSet, Scope};
 use crate::settings::{LimitSettings, RedisSettings};
+use crate::store::overrides::OverrideStore;
 use crate::store::scripts::{self, LEDGER};
 use crate::store::{self as store, Conn};
 
@@ -182,15 +182,6 @@ impl RedisLedger {
         }
         let batching = if spread { ONE_BY_ONE } else { BATCHED };
         let (queue, rx) = mpsc::channel(4 * batching.max_batch.max(batching.max_in_flight));
-        // The overrides in force from the start; then polled.
-        refresh_overrides(&conn, &keys)
-            .await
-            .map_err(|e| LedgerError::Unfit(format!("reading the overrides: {e}")))?;
-        tokio::spawn(poll_overrides(
-            queue.downgrade(),
-            conn.clone(),
-            keys.clone(),
-        ));
         tokio::spawn(dispatch(
             rx,
             conn.clone(),
@@ -206,6 +197,12 @@ impl RedisLedger {
             replication,
             spread,
         })
+    }
+
+    /// The overrides this ledger judges by: stored on its connection, and
+    /// put in force in its table ([`OverrideStore::start`] polls them).
+    pub fn overrides(&self) -> OverrideStore {
+        OverrideStore::on(self.conn.clone(), self.keys.clone())
     }
 
     /// A Redis error as the ledger reports it: a refusal that will not go
@@ -313,31 +310,9 @@ fn stopped() -> LedgerError {
 
 /// See [`RedisLedger::unfit`].
 fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
-    // A command the script runs and the ACL forbids fails the script with
-    // an ERR naming the script's user, not with NOPERM.
-    let in_script = e.to_string().contains("executing the script can't run");
-    match e.code() {
-        _ if in_script => LedgerError::Unfit(format!(
-            "the Redis user may not run a command of mailgate's script ({e}); it needs \
-             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
-        )),
-        Some("NOPERM") => LedgerError::Unfit(format!(
-            "the Redis user may not run mailgate's script or write its keys ({e}); it needs \
-             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
-        )),
-        Some("READONLY") => LedgerError::Unfit(format!(
-            "Redis is a read-only replica ({e}); point redis.url at the primary"
-        )),
-        Some("WRONGPASS" | "NOAUTH") => {
-            LedgerError::Unfit(format!("Redis refused the credentials in redis.url ({e})"))
-        }
-        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => {
-            LedgerError::Unfit(format!("Redis refused the credentials in redis.url ({e})"))
-        }
-        _ if e.to_string().contains("DB index is out of range") => LedgerError::Unfit(format!(
-            "redis.url names a database this Redis does not have ({e})"
-        )),
-        _ => e.into(),
+    match store::conn::refusal(&e, prefix) {
+        Some(why) => LedgerError::Unfit(why),
+        None => e.into(),
     }
 }
 
@@ -921,176 +896,6 @@ impl RedisLedger {
             )));
         }
         Ok(())
-    }
-}
-
-/// Puts the overrides stored in Redis in force if their hash changed
-/// ([`overrides::stamp`]: one round trip when it did not, and nothing
-/// logged); whether it did. A change made after the stamp was read is
-/// installed under the older stamp, so the next poll reads it again.
-async fn refresh_overrides(conn: &Conn, keys: &Keyspace) -> Result<bool, OverrideError> {
-    let stamp = overrides::stamp(conn, &keys.prefix).await?;
-    if keys.overrides_version().as_deref() == Some(stamp.as_str()) {
-        return Ok(false);
-    }
-    let all = overrides::read(conn, &overrides::hash_key(&keys.prefix)).await?;
-    let now = crate::domain::now_ms();
-    let live: Vec<Override> = (all.into_iter())
-        .map(|(_, o)| o)
-        .filter(|o| o.live(now))
-        .collect();
-    let n = keys.install(live, Some(stamp));
-    tracing::info!(overrides = n, "overrides in force");
-    Ok(true)
-}
-
-/// Polls the overrides every [`overrides::POLL`] until the ledger is
-/// dropped (`alive` no longer upgrades). A failed poll is logged and the
-/// overrides in force stay.
-async fn poll_overrides(alive: mpsc::WeakSender<Pending>, conn: Conn, keys: Arc<Keyspace>) {
-    let mut failing = false;
-    loop {
-        tokio::time::sleep(overrides::POLL).await;
-        if alive.upgrade().is_none() {
-            return;
-        }
-        match refresh_overrides(&conn, &keys).await {
-            Ok(_) if failing => {
-                failing = false;
-                tracing::info!("reading the overrides works again");
-            }
-            Ok(_) => {}
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "cannot read the overrides; those in force stay");
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-impl RedisLedger {
-    /// Stores `ov`, replacing any override of the same subject; every
-    /// worker applies it within [`overrides::POLL`].
-    pub async fn add_override(&self, ov: &Override) -> Result<Override, OverrideError> {
-        let mut stored = self.add_overrides(std::slice::from_ref(ov)).await?;
-        stored
-            .pop()
-            .ok_or_else(|| OverrideError::Invalid("nothing stored".into()))
-    }
-
-    /// Stores `ovs` at once (as [`Self::add_override`] does one).
-    /// Each is stored as the limiter counts its subject
-    /// ([`Keyspace::counted`]); returns them so. One that would loosen an
-    /// override in force is refused ([`Self::store_overrides`]).
-    pub async fn add_overrides(&self, ovs: &[Override]) -> Result<Vec<Override>, OverrideError> {
-        Ok(self.store_overrides(ovs, false).await?.0)
-    }
-
-    /// Stores `ovs` as the limiter counts their subjects; with `replace`,
-    /// even where one loosens an override in force (a weaker action, or
-    /// other rules: without it that is refused). Returns them as stored,
-    /// and the overrides in force they replaced.
-    pub async fn store_overrides(
-        &self,
-        ovs: &[Override],
-        replace: bool,
-    ) -> Result<(Vec<Override>, Vec<Override>), OverrideError> {
-        let now = crate::domain::now_ms();
-        let norm = &self.keys.limits.normalize;
-        let ovs: Vec<Override> = ovs.iter().map(|o| self.keys.counted(o.clone())).collect();
-        let replaced =
-            overrides::add(&self.conn, &self.keys.prefix, norm, &ovs, now, replace).await?;
-        Ok((ovs, replaced))
-    }
-
-    /// Reads the overrides now rather than at the next poll; whether they
-    /// changed.
-    pub async fn reload_overrides(&self) -> Result<bool, OverrideError> {
-        refresh_overrides(&self.conn, &self.keys).await
-    }
-
-    /// Removes the override stored for exactly `target` (its field, even
-    /// an entry this version cannot read); if there is none, the one
-    /// stored for a subject that widens to the same one as the limiter
-    /// counts it ([`Keyspace::counted`]; found by review: removing the /24
-    /// a stored /32 widens to said "no override" and left it in force).
-    /// Several such are refused, naming each (removing them all could take
-    /// a deny of another address with them). Says which it removed, and
-    /// which others in force still apply to that subject.
-    pub async fn remove_override(
-        &self,
-        target: &Target,
-    ) -> Result<overrides::Removal, OverrideError> {
-        let norm = &self.keys.limits.normalize;
-        // A subject as the limiter counts it: the field of its widened
-        // target (one per mailbox however it is spelled).
-        let subject = |t: &Target| {
-            let probe = Override {
-                target: t.clone(),
-                action: overrides::Action::Allow,
-                reason: String::new(),
-                expires_at_ms: None,
-                added_at_ms: 0,
-            };
-            self.keys.counted(probe).target.field(norm)
-        };
-        let (wanted, exact) = (subject(target), target.field(norm));
-        let key = overrides::hash_key(&self.keys.prefix);
-        let all = overrides::read(&self.conn, &key).await?;
-        let now = crate::domain::now_ms();
-        // Its own entry: under the field this normalization gives, or
-        // stored for exactly this target under another (found by review:
-        // entries written with `strip_plus_tag = false` could not be
-        // removed at all).
-        let own = |field: &str, ov: &Override| field == exact || ov.target == *target;
-        let (same, _): (Vec<_>, Vec<_>) = (all.into_iter())
-            .filter(|(field, ov)| own(field, ov) || ov.live(now))
-            .partition(|(field, ov)| own(field, ov) || subject(&ov.target) == wanted);
-        let (mine, others): (Vec<_>, Vec<_>) = same.into_iter().partition(|(f, ov)| own(f, ov));
-        let mut fields: Vec<String> = mine.iter().map(|(f, _)| f.clone()).collect();
-        if !fields.contains(&exact) {
-            fields.push(exact.clone());
-        }
-        // The exact field even if this version cannot read its entry.
-        let removed = overrides::remove(&self.conn, &self.keys.prefix, &fields).await?;
-        if removed > 0 {
-            let mut removed: Vec<Target> = mine.into_iter().map(|(_, ov)| ov.target).collect();
-            if removed.is_empty() {
-                removed.push(target.clone());
-            }
-            return Ok(overrides::Removal {
-                removed,
-                still: others.into_iter().map(|(_, ov)| ov.target).collect(),
-            });
-        }
-        let same = others;
-        match same.as_slice() {
-            [] => Ok(overrides::Removal::default()),
-            [(field, ov)] => {
-                overrides::remove(&self.conn, &self.keys.prefix, std::slice::from_ref(field))
-                    .await?;
-                Ok(overrides::Removal {
-                    removed: vec![ov.target.clone()],
-                    still: Vec::new(),
-                })
-            }
-            several => Err(OverrideError::Invalid(format!(
-                "{target} has no override of its own, and several count as its subject: \
-                 remove each by its target: {}",
-                (several.iter().map(|(_, ov)| ov.target.to_string()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        }
-    }
-
-    /// Every stored override, expired ones too (an expired one is no longer
-    /// in force; the next change drops it).
-    pub async fn list_overrides(&self) -> Result<Vec<Override>, OverrideError> {
-        let key = overrides::hash_key(&self.keys.prefix);
-        let all = overrides::read(&self.conn, &key).await?;
-        Ok(all.into_iter().map(|(_, o)| o).collect())
     }
 }
 

@@ -137,6 +137,14 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         .collect();
     assert_eq!(exported, used, "decide.lua exports exactly what is used");
     ledger_codes_and_width_agree();
+    let version = format!("'{}'", crate::store::overrides::VERSION);
+    let prune = include_str!("prune.lua");
+    assert_eq!(
+        prune.matches("'~").count(),
+        prune.matches(version.as_str()).count(),
+        "prune.lua names the version field as the store does"
+    );
+    assert!(prune.contains(&version));
 }
 
 /// A script composed with `decide.lua` calls none of its names bare (it

@@ -87,13 +87,13 @@ pub trait Overridable {
 
 impl Overridable for RedisLedger {
     async fn put_overrides(&self, ovs: Vec<Override>) {
-        for old in self.list_overrides().await.expect("list") {
-            self.remove_override(&old.target).await.expect("remove");
+        for old in self.overrides().list().await.expect("list") {
+            self.overrides().remove(&old.target).await.expect("remove");
         }
         for ov in &ovs {
-            self.add_override(ov).await.expect("add");
+            self.overrides().add(ov).await.expect("add");
         }
-        self.reload_overrides().await.expect("reload");
+        self.overrides().reload().await.expect("reload");
     }
 }
 

@@ -935,10 +935,11 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
         expires_at_ms: lasts.map(|ms| now + ms),
         added_at_ms: now,
     };
-    l.add_override(&ov("email:a@example.com", Some(300)))
+    l.overrides()
+        .add(&ov("email:a@example.com", Some(300)))
         .await
         .unwrap();
-    l.reload_overrides().await.unwrap();
+    l.overrides().reload().await.unwrap();
     let denied = TestJob::new("j1", "a@example.com", None)
         .admit(&l, &Ticket::new(), Clock::Server)
         .await;
@@ -951,20 +952,22 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
         .admit(&l, &Ticket::new(), Clock::Server)
         .await;
     assert_eq!(v, Verdict::Admitted, "expired: no longer in force");
-    assert_eq!(l.list_overrides().await.unwrap().len(), 1);
-    l.add_override(&ov("email:b@example.com", None))
+    assert_eq!(l.overrides().list().await.unwrap().len(), 1);
+    l.overrides()
+        .add(&ov("email:b@example.com", None))
         .await
         .unwrap();
-    let left: Vec<String> = (l.list_overrides().await.unwrap().iter())
+    let left: Vec<String> = (l.overrides().list().await.unwrap().iter())
         .map(|o| o.target.to_string())
         .collect();
     assert_eq!(left, ["email:b@example.com"]);
     let done = l
-        .remove_override(&Target::parse("email:b@example.com").unwrap())
+        .overrides()
+        .remove(&Target::parse("email:b@example.com").unwrap())
         .await
         .unwrap();
     assert_eq!(done.removed.len(), 1);
-    assert!(l.reload_overrides().await.unwrap());
+    assert!(l.overrides().reload().await.unwrap());
     assert_eq!(
         TestJob::new("j3", "b@example.com", None)
             .admit(&l, &Ticket::new(), Clock::Server)
@@ -1012,7 +1015,7 @@ async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
             .query(&mut conn)
             .unwrap();
     }
-    l.reload_overrides().await.unwrap();
+    l.overrides().reload().await.unwrap();
     for (n, (mail, ip)) in [
         ("a@example.com", "203.0.113.9"),
         ("b@example.com", "203.0.113.8"),
@@ -1038,7 +1041,7 @@ async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
         expires_at_ms: None,
         added_at_ms: now,
     };
-    assert!(l.add_override(&sub_ms).await.is_err());
+    assert!(l.overrides().add(&sub_ms).await.is_err());
     // A deny, then the hash deleted and written again: reloaded.
     let deny = |t: &str| Override {
         target: Target::parse(t).unwrap(),
@@ -1047,11 +1050,17 @@ async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
         expires_at_ms: None,
         added_at_ms: now,
     };
-    l.add_override(&deny("email:d@example.com")).await.unwrap();
-    assert!(l.reload_overrides().await.unwrap());
+    l.overrides()
+        .add(&deny("email:d@example.com"))
+        .await
+        .unwrap();
+    assert!(l.overrides().reload().await.unwrap());
     let () = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
-    l.add_override(&deny("email:e@example.com")).await.unwrap();
-    assert!(l.reload_overrides().await.unwrap(), "a new version");
+    l.overrides()
+        .add(&deny("email:e@example.com"))
+        .await
+        .unwrap();
+    assert!(l.overrides().reload().await.unwrap(), "a new version");
     let v = TestJob::new("j8", "d@example.com", None)
         .admit(&l, &Ticket::new(), Clock::Server)
         .await;
@@ -1092,10 +1101,11 @@ async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
         expires_at_ms: None,
         added_at_ms: mailgate::domain::now_ms(),
     };
-    l.add_override(&ov("ip:198.51.100.66", Action::Deny))
+    l.overrides()
+        .add(&ov("ip:198.51.100.66", Action::Deny))
         .await
         .unwrap();
-    l.reload_overrides().await.unwrap();
+    l.overrides().reload().await.unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let swapper = {
         let (l, stop) = (l.clone(), stop.clone());
@@ -1109,11 +1119,11 @@ async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
         tokio::spawn(async move {
             let mut swaps = 0;
             while !stop.load(Ordering::Relaxed) {
-                l.add_override(&rules).await.unwrap();
-                l.reload_overrides().await.unwrap();
+                l.overrides().add(&rules).await.unwrap();
+                l.overrides().reload().await.unwrap();
                 tokio::task::yield_now().await;
-                l.remove_override(&rules.target).await.unwrap();
-                l.reload_overrides().await.unwrap();
+                l.overrides().remove(&rules.target).await.unwrap();
+                l.overrides().reload().await.unwrap();
                 swaps += 1;
             }
             swaps
@@ -1203,7 +1213,7 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
             .query(&mut conn)
             .unwrap();
     }
-    l.reload_overrides().await.unwrap();
+    l.overrides().reload().await.unwrap();
     for (n, ip) in ["10.1.2.7", "10.1.2.99"].into_iter().enumerate() {
         let v = TestJob::new(&format!("w{n}"), &format!("u{n}@example.com"), Some(ip))
             .admit(&l, &Ticket::new(), Clock::Server)
@@ -1214,7 +1224,8 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
         );
     }
     let done = l
-        .remove_override(&Target::parse("ip:10.1.2.7").unwrap())
+        .overrides()
+        .remove(&Target::parse("ip:10.1.2.7").unwrap())
         .await
         .unwrap();
     let names = |ts: &[Target]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
@@ -1224,7 +1235,7 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
         ["ip:10.1.2.0/24"],
         "named as still in force"
     );
-    l.reload_overrides().await.unwrap();
+    l.overrides().reload().await.unwrap();
     let v = TestJob::new("w9", "u9@example.com", Some("10.1.2.7"))
         .admit(&l, &Ticket::new(), Clock::Server)
         .await;
@@ -1232,12 +1243,13 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
     // An address with no override of its own reaches the one its group
     // has (it said "no override" and left it in force).
     let done = l
-        .remove_override(&Target::parse("ip:10.1.2.99").unwrap())
+        .overrides()
+        .remove(&Target::parse("ip:10.1.2.99").unwrap())
         .await
         .unwrap();
     assert_eq!(names(&done.removed), ["ip:10.1.2.0/24"]);
     assert!(done.still.is_empty());
-    assert!(l.list_overrides().await.unwrap().is_empty());
+    assert!(l.overrides().list().await.unwrap().is_empty());
 }
 
 /// Found by review I: adding an override that widens or normalizes to the
@@ -1276,27 +1288,29 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
             "email:V.I.C.T.I.M+qa@googlemail.com",
         ),
     ] {
-        l.add_override(&ov(deny, Action::Deny)).await.unwrap();
-        let refused = l.add_override(&ov(allow, Action::Allow)).await;
+        l.overrides().add(&ov(deny, Action::Deny)).await.unwrap();
+        let refused = l.overrides().add(&ov(allow, Action::Allow)).await;
         assert!(
             matches!(&refused, Err(e) if e.to_string().contains("--replace")),
             "{refused:?}"
         );
-        let kinds: Vec<&str> = (l.list_overrides().await.unwrap().iter())
+        let kinds: Vec<&str> = (l.overrides().list().await.unwrap().iter())
             .filter(|o| o.target.scope() == Target::parse(deny).unwrap().scope())
             .map(|o| o.action.kind())
             .collect();
         assert_eq!(kinds, ["deny"], "{deny} is still denied");
         // Asked for: replaced, and said so.
         let (_, replaced) = l
-            .store_overrides(&[ov(allow, Action::Allow)], true)
+            .overrides()
+            .store(&[ov(allow, Action::Allow)], true)
             .await
             .unwrap();
         assert_eq!(replaced.len(), 1);
         assert_eq!(replaced[0].action, Action::Deny);
         // A stronger one needs no asking.
         let (_, replaced) = l
-            .store_overrides(&[ov(deny, Action::Deny)], false)
+            .overrides()
+            .store(&[ov(deny, Action::Deny)], false)
             .await
             .unwrap();
         assert_eq!(replaced[0].action, Action::Allow);
@@ -1304,14 +1318,15 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
 
     // Found by re-review J: a deny of an alias that ends sooner replaced a
     // permanent one.
-    l.add_override(&ov("email:victim2@gmail.com", Action::Deny))
+    l.overrides()
+        .add(&ov("email:victim2@gmail.com", Action::Deny))
         .await
         .unwrap();
     let shorter = Override {
         expires_at_ms: Some(mailgate::domain::now_ms() + 2_000),
         ..ov("email:V.I.C.T.I.M.2+qa@googlemail.com", Action::Deny)
     };
-    let refused = l.add_override(&shorter).await;
+    let refused = l.overrides().add(&shorter).await;
     assert!(
         matches!(&refused, Err(e) if e.to_string().contains("--replace")),
         "{refused:?}"
@@ -1328,7 +1343,8 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
         .query(&mut conn)
         .unwrap();
     let done = l
-        .remove_override(&Target::parse("ip:10.9.9.0/24").unwrap())
+        .overrides()
+        .remove(&Target::parse("ip:10.9.9.0/24").unwrap())
         .await
         .unwrap();
     assert_eq!(done.removed.len(), 1);
@@ -1354,7 +1370,8 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
             .unwrap();
     }
     let refused = l
-        .remove_override(&Target::parse("ip:10.7.7.9").unwrap())
+        .overrides()
+        .remove(&Target::parse("ip:10.7.7.9").unwrap())
         .await;
     assert!(
         matches!(&refused, Err(e) if e.to_string().contains("10.7.7.7") && e.to_string().contains("10.7.7.8")),
@@ -1392,18 +1409,20 @@ async fn the_overrides_are_read_again_only_when_they_change() {
     let l = RedisLedger::connect(&settings, &limits(&[(HOUR, 5)], &[]))
         .await
         .unwrap();
-    let poll = mailgate::limiter::overrides::POLL;
+    l.overrides().start().await.unwrap();
+    let poll = mailgate::store::overrides::POLL;
     tokio::time::sleep(poll * 2 + Duration::from_millis(500)).await;
     assert_eq!(reads(), 1, "read once at start, then only stamps");
-    l.add_override(&Override {
-        target: Target::parse("email:a@example.com").unwrap(),
-        action: Action::Deny,
-        reason: "r".into(),
-        expires_at_ms: None,
-        added_at_ms: mailgate::domain::now_ms(),
-    })
-    .await
-    .unwrap();
+    l.overrides()
+        .add(&Override {
+            target: Target::parse("email:a@example.com").unwrap(),
+            action: Action::Deny,
+            reason: "r".into(),
+            expires_at_ms: None,
+            added_at_ms: mailgate::domain::now_ms(),
+        })
+        .await
+        .unwrap();
     let before = reads();
     tokio::time::sleep(poll + Duration::from_millis(500)).await;
     let denied = TestJob::new("p1", "a@example.com", None)
