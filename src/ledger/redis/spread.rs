@@ -11,13 +11,14 @@
 
 use std::time::Duration;
 
-use super::{
-    Code, Conn, REPLY_WIDTH, RedisLedger, Replication, Reply, admission_args, answered, clock_arg,
-    eval_waiting, room_named, rule_named, stopped, verdict,
-};
+use super::batch::{answered, clock_arg, eval_waiting, stopped};
+use super::replicas::Replication;
+use super::reply::{Code, REPLY_WIDTH, Reply, room_named, rule_named, verdict};
+use super::{RedisLedger, admission_args};
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
 use crate::limiter::{Applied, Clock, Keyspace, Request, Rooms, RuleRef, Scope, Subject};
+use crate::store::Conn;
 use crate::store::scripts::SCOPE;
 
 /// The time of a reservation whose "reserve" reply was lost: it is given

@@ -168,7 +168,7 @@ fn the_deciders_use_decide_only_through_its_table() {
 
 /// `ledger.lua`'s result codes and reply width are the ledger's.
 fn ledger_codes_and_width_agree() {
-    use crate::ledger::redis::{CODES, REPLY_WIDTH};
+    use crate::ledger::redis::reply::{CODES, REPLY_WIDTH};
     let lua = include_str!("ledger.lua");
     let table = lua
         .split_once("local CODE = {")

@@ -1,0 +1,379 @@
+//! The ledger's batching: items asked while earlier script calls are in
+//! flight gather into the next call of `ledger.lua`'s "batch", all at one
+//! Redis instant; an idle ledger sends each at once.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::replicas::Replication;
+use super::reply::{Code, REPLY_WIDTH, Reply};
+use super::{RedisLedger, push_shape};
+use crate::ledger::{JobRef, LedgerError};
+use crate::limiter::{Clock, Keyspace, RuleSet};
+use crate::store::Conn;
+use crate::store::scripts::LEDGER;
+
+/// How items share script calls: most items in one call, and calls in
+/// flight at once (while they run, new items gather into the next batch).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Batching {
+    pub(super) max_batch: usize,
+    pub(super) max_in_flight: usize,
+}
+
+/// One server, or every key in one slot of a cluster: items share calls.
+pub(super) const BATCHED: Batching = Batching {
+    max_batch: 64,
+    max_in_flight: 2,
+};
+
+/// Keys spread over a cluster's shards: each item names keys of its own
+/// slot, which no other item's call may touch, so each item is a call of its
+/// own, and many are in flight (on the shards' connections).
+pub(super) const ONE_BY_ONE: Batching = Batching {
+    max_batch: 1,
+    max_in_flight: 64,
+};
+
+/// An item waiting for its batch.
+pub(super) struct Pending {
+    /// The clock the item is judged by, if it reads one (admit, sending);
+    /// items that do not join any batch.
+    clock: Option<Clock>,
+    /// Its kind, then its values, as `ledger.lua`'s ITEMS take them.
+    args: Vec<String>,
+    /// Its record key, then its scope keys.
+    keys: Vec<String>,
+    /// Whether its batch must be acknowledged by the replicas before it is
+    /// answered (it may set a send mark).
+    wait: bool,
+    /// The overrides' rule sets its shape names, by their place in the
+    /// shape: each batch numbers them after the configured sets itself (a
+    /// batch may hold items built before and after the overrides changed).
+    sets: Vec<(usize, Arc<RuleSet>)>,
+    reply: oneshot::Sender<Result<Reply, LedgerError>>,
+}
+
+/// The answer to a queued item.
+pub(super) type Answer = oneshot::Receiver<Result<Reply, LedgerError>>;
+
+impl RedisLedger {
+    /// Runs one item (`args`: its kind and values) in the next batch.
+    pub(super) async fn submit(
+        &self,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        keys: Vec<String>,
+        wait: bool,
+    ) -> Result<Reply, LedgerError> {
+        answered(self.enqueue(clock, args, keys, wait).await?).await
+    }
+
+    /// [`Self::submit`] of an admission whose shape names the overrides'
+    /// rule sets `sets`.
+    pub(super) async fn submit_judged(
+        &self,
+        clock: Clock,
+        item: (Vec<String>, Vec<String>),
+        wait: bool,
+        sets: Vec<(usize, Arc<RuleSet>)>,
+    ) -> Result<Reply, LedgerError> {
+        let (reply, rx) = oneshot::channel();
+        let (args, keys) = item;
+        let pending = Pending {
+            clock: Some(clock),
+            args,
+            keys,
+            wait,
+            sets,
+            reply,
+        };
+        self.queue.send(pending).await.map_err(|_| stopped())?;
+        answered(rx).await
+    }
+
+    /// Queues one item for the next batch; its answer arrives on the
+    /// receiver (so that several items can be queued before any is awaited).
+    pub(super) async fn enqueue(
+        &self,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        keys: Vec<String>,
+        wait: bool,
+    ) -> Result<Answer, LedgerError> {
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            clock,
+            args,
+            keys,
+            wait,
+            sets: Vec::new(),
+            reply,
+        };
+        self.queue.send(pending).await.map_err(|_| stopped())?;
+        Ok(rx)
+    }
+
+    /// Runs a "release", "settle" or "answered" item on `job`'s record (with
+    /// `scope_keys` after it): the script's reply.
+    pub(super) async fn mark(
+        &self,
+        job: &JobRef<'_>,
+        clock: Option<Clock>,
+        args: Vec<String>,
+        scope_keys: Vec<String>,
+        wait: bool,
+    ) -> Result<Reply, LedgerError> {
+        let mut keys = Vec::with_capacity(1 + scope_keys.len());
+        keys.push(self.keys.record_key(job.request.id));
+        keys.extend(scope_keys);
+        self.submit(clock, args, keys, wait).await
+    }
+}
+
+/// What a queued item's batch answered for it.
+pub(super) async fn answered(answer: Answer) -> Result<Reply, LedgerError> {
+    answer.await.map_err(|_| stopped())?
+}
+
+/// The error of an item whose batching task is gone.
+pub(super) fn stopped() -> LedgerError {
+    LedgerError::Protocol("the ledger's batching task stopped".into())
+}
+
+/// Gathers queued items into batches and runs up to
+/// `batching.max_in_flight` script calls at once.
+pub(super) async fn dispatch(
+    mut rx: mpsc::Receiver<Pending>,
+    conn: Conn,
+    keys: Arc<Keyspace>,
+    replication: Replication,
+    batching: Batching,
+) {
+    let in_flight = Arc::new(Semaphore::new(batching.max_in_flight));
+    let mut carried: Option<Pending> = None;
+    loop {
+        // Wait for a free slot first: items arriving meanwhile join the batch.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        // Callers whose answers just arrived are about to ask again: let them
+        // run before the batch closes (no timer, so an idle ledger adds no
+        // latency).
+        tokio::task::yield_now().await;
+        let mut clock = first.clock;
+        let mut batch = vec![first];
+        while batch.len() < batching.max_batch {
+            match rx.try_recv() {
+                // One batch is one instant: an item that reads another
+                // explicit clock ends the batch.
+                Ok(p) if clock.is_none() || p.clock.is_none() || p.clock == clock => {
+                    clock = clock.or(p.clock);
+                    batch.push(p);
+                }
+                Ok(p) => {
+                    carried = Some(p);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        tokio::spawn(async move {
+            let clock = clock.unwrap_or(Clock::Server);
+            match run_batch(&mut conn, &keys, replication, clock, &batch).await {
+                Ok(replies) => {
+                    for (p, r) in batch.into_iter().zip(replies) {
+                        let _ = p.reply.send(Ok(r));
+                    }
+                }
+                Err(e) => {
+                    for p in batch {
+                        let _ = p.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// A script's time argument: the given time, or Redis's own clock, which
+/// the script refuses to decide by if it is further than
+/// [`Keyspace::clock_guard_ms`] from where it should be
+/// ([`Keyspace::expected_redis_ms`]): a step of Redis's clock, shared with
+/// this host's wall clock or not, is refused from its first moment.
+pub(super) fn clock_arg(clock: Clock, keys: &Keyspace) -> String {
+    match (clock, keys.clock_guard_ms) {
+        (Clock::At(ms), _) => ms.to_string(),
+        (Clock::Server, Some(max)) => format!("~{}:{max}", keys.expected_redis_ms()),
+        (Clock::Server, None) => String::new(),
+    }
+}
+
+/// Runs `batch` in one script call; if an item asks to wait and
+/// `replication` names replicas, `WAIT`s for them in the same pipeline (on
+/// the same connection, so the wait covers the script's writes).
+async fn run_batch(
+    conn: &mut Conn,
+    keys: &Keyspace,
+    replication: Replication,
+    clock: Clock,
+    batch: &[Pending],
+) -> Result<Vec<Reply>, LedgerError> {
+    let (mut item_keys, mut args) = (Vec::new(), Vec::new());
+    let (sets, shapes) = numbered_sets(keys, batch);
+    let mut rewritten = shapes.iter();
+    for p in batch {
+        item_keys.extend(p.keys.iter().map(String::as_str));
+        for (i, arg) in p.args.iter().enumerate() {
+            let arg = match (i, p.sets.is_empty()) {
+                (SHAPE_ARG, false) => rewritten.next().map_or(arg.as_str(), String::as_str),
+                _ => arg.as_str(),
+            };
+            args.push(arg);
+        }
+    }
+    let mut eval = redis::cmd("EVALSHA");
+    eval.arg(LEDGER.get_hash())
+        .arg(item_keys.len())
+        .arg(&item_keys)
+        .arg("batch")
+        .arg(clock_arg(clock, keys))
+        .arg(keys.record_keep_ms())
+        .arg(keys.lease_ms())
+        .arg(keys.rule_set_args(&sets))
+        .arg(&args);
+    let wait = batch.iter().any(|p| p.wait);
+    let (reply, unreplicated) = eval_waiting(conn, &LEDGER, eval, replication, wait).await?;
+    replies_of(reply, batch, unreplicated)
+}
+
+/// The overrides' rule sets a batch's items name, numbered for the batch
+/// after the configured ones, and the shapes that name them rewritten so
+/// (one for each item that names any, in order).
+fn numbered_sets(keys: &Keyspace, batch: &[Pending]) -> (Vec<(usize, Arc<RuleSet>)>, Vec<String>) {
+    let mut sets: Vec<(usize, Arc<RuleSet>)> = Vec::new();
+    let mut shapes: Vec<String> = Vec::new();
+    for p in batch {
+        let mut shape = None;
+        for (at, set) in &p.sets {
+            let index = match sets.iter().find(|(_, s)| Arc::ptr_eq(s, set)) {
+                Some((index, _)) => *index,
+                None => {
+                    let index = keys.sets.len() + sets.len();
+                    sets.push((index, set.clone()));
+                    index
+                }
+            };
+            let shape = shape.get_or_insert_with(|| p.args[SHAPE_ARG].clone());
+            put_shape(shape, *at, index);
+        }
+        shapes.extend(shape);
+    }
+    (sets, shapes)
+}
+
+/// A batch's reply (`unreplicated`: replicas that acknowledged it, if too
+/// few) as each of its items' [`Reply`].
+fn replies_of(
+    reply: redis::Value,
+    batch: &[Pending],
+    unreplicated: Option<i64>,
+) -> Result<Vec<Reply>, LedgerError> {
+    let reply: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
+    let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
+    let fixed = 1 + REPLY_WIDTH * batch.len();
+    if reply.len() < fixed {
+        return Err(bad());
+    }
+    let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
+    // After the items, the rooms of those admitted now, in order.
+    let mut rooms = reply[fixed..].iter().copied();
+    let replies = reply[1..fixed]
+        .chunks_exact(REPLY_WIDTH)
+        .zip(batch)
+        .map(|(r, p)| {
+            let admitted = p.args[0] == "admit" && r[0] == Code::Admitted as i64;
+            let keys = if admitted {
+                usize::try_from(r[4]).unwrap_or(0)
+            } else {
+                0
+            };
+            Reply {
+                now_ms,
+                values: [r[0], r[1], r[2], r[3], r[4]],
+                rooms: rooms.by_ref().take(3 * keys).collect(),
+                unreplicated: unreplicated.filter(|_| p.wait),
+            }
+        })
+        .collect();
+    match rooms.next() {
+        None => Ok(replies),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Runs `eval`, an `EVALSHA` of `script` (loaded again on `NOSCRIPT`, e.g.
+/// after a Redis restart), and, if `wait` and `replication` names
+/// replicas, `WAIT`s for them in the same pipeline (on the same connection,
+/// so the wait covers the script's writes). Returns the script's reply
+/// and, if fewer replicas than asked acknowledged, how many did.
+pub(super) async fn eval_waiting(
+    conn: &mut Conn,
+    script: &redis::Script,
+    eval: redis::Cmd,
+    replication: Replication,
+    wait: bool,
+) -> Result<(redis::Value, Option<i64>), LedgerError> {
+    let mut pipe = redis::pipe();
+    pipe.add_command(eval);
+    let wait = wait && replication.replicas > 0;
+    if wait {
+        pipe.cmd("WAIT")
+            .arg(replication.replicas)
+            .arg(replication.timeout_ms);
+    }
+    let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            pipe.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let mut values = values.into_iter();
+    let (Some(reply), acked) = (values.next(), values.next()) else {
+        return Err(LedgerError::Protocol(
+            "an empty reply to a script call".into(),
+        ));
+    };
+    let acked: Option<i64> = acked
+        .map(redis::from_redis_value)
+        .transpose()
+        .map_err(|e| LedgerError::Protocol(format!("WAIT's reply: {e}")))?;
+    Ok((
+        reply,
+        acked.filter(|n| *n < i64::from(replication.replicas)),
+    ))
+}
+
+/// Where an "admit" item's shape is among its kind and values.
+const SHAPE_ARG: usize = 7;
+
+/// Sets the rule set of a shape's `at`-th key (0-based) to `set`.
+fn put_shape(shape: &mut String, at: usize, set: usize) {
+    let mut two = String::with_capacity(2);
+    push_shape(&mut two, set);
+    if shape.len() >= 2 * at + 2 {
+        shape.replace_range(2 * at..2 * at + 2, &two);
+    }
+}

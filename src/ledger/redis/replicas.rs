@@ -1,0 +1,66 @@
+//! `redis.min_replicas_acked`: how many replicas must hold a send mark
+//! before its job is sent, and what happens when fewer do.
+
+use super::RedisLedger;
+use crate::ledger::{JobRef, Ledger, LedgerError};
+
+/// `redis.min_replicas_acked` and its timeout: how a batch that sets a send
+/// mark waits for replicas (`WAIT`) before its items are answered.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Replication {
+    /// Replicas that must acknowledge; 0 waits for none.
+    pub(super) replicas: u32,
+    /// The longest wait, ms (at least 1: `WAIT n 0` would block forever).
+    pub(super) timeout_ms: u64,
+}
+
+impl RedisLedger {
+    /// After `job`'s send mark was set by a batch too few replicas
+    /// acknowledged (`acked`): gives the mark back, so that a retry resumes
+    /// the job rather than finding its delivery unknown, and fails.
+    pub(super) async fn unreplicated(&self, job: &JobRef<'_>, acked: i64) -> LedgerError {
+        if let Err(e) = self.release(job).await {
+            tracing::warn!(error = %e, "could not give back a send mark the replicas did not acknowledge");
+        }
+        LedgerError::Unreplicated(format!(
+            "{acked} of the {} Redis replicas redis.min_replicas_acked asks for acknowledged \
+             the send mark within {} ms; it was given back, and the job is not sent now",
+            self.replication.replicas, self.replication.timeout_ms
+        ))
+    }
+
+    /// With `redis.min_replicas_acked` set: whether the primary has that
+    /// many replicas online now (connected and synced; if not, no job can
+    /// be sent).
+    pub(super) async fn replicas_connected(&self) -> Result<(), LedgerError> {
+        let wanted = self.replication.replicas;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let on = (!self.spread).then_some(self.keys.prefix.as_str());
+        let infos = self
+            .conn
+            .info("replication", on)
+            .await
+            .map_err(|e| self.unfit(e))?;
+        // `slave0:ip=…,port=…,state=online,offset=…,lag=…`: a replica still
+        // in its first sync is connected but acknowledges nothing yet. Spread
+        // over shards, the primary with the fewest counts.
+        let online = infos
+            .iter()
+            .map(|info| {
+                info.lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count()
+            })
+            .min()
+            .unwrap_or(0);
+        if online < wanted as usize {
+            return Err(LedgerError::Unreplicated(format!(
+                "the Redis primary has {online} replicas online and \
+                 redis.min_replicas_acked is {wanted}: no job can be sent until enough are back"
+            )));
+        }
+        Ok(())
+    }
+}
