@@ -9,6 +9,7 @@
 //!
 //! [`RedisSettings::spreads_keys`]: crate::settings::RedisSettings::spreads_keys
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::batch::{answered, clock_arg, eval_waiting, stopped};
@@ -17,7 +18,7 @@ use super::reply::{Code, REPLY_WIDTH, Reply, room_named, rule_named, verdict};
 use super::{RedisLedger, admission_args};
 use crate::domain::RegistrableDomain;
 use crate::ledger::{Admission, Entry, LedgerError, Verdict};
-use crate::limiter::{Applied, Clock, Keyspace, Request, Rooms, RuleRef, Scope, Subject};
+use crate::limiter::{Applied, Clock, Keyspace, Request, Rooms, RuleRef, RuleSet, Scope, Subject};
 use crate::store::Conn;
 use crate::store::scripts::SCOPE;
 
@@ -88,21 +89,50 @@ impl RedisLedger {
         // winner's. Never 0 (see `give_back_refunded`).
         let nonce = (uuid::Uuid::new_v4().as_u128() as u32).max(1);
         let suffix = format!("{id}:{nonce}");
-        // One scope after another: a request that loses the race for one
-        // scope's room holds none in the scopes after it. Every scope is
-        // judged, and its entry made, at the first reservation's time, so
-        // one admission has one time, as in one script on one server (found
-        // by review: each shard's own clock stamped its entry, and the result
-        // said the record's time, so a later rejection's wait was 2-3 ms off
-        // what its own decided_at_ms and the admission's implied).
+        let (held, at, shadow, rooms) =
+            match self.reserve(clock, &scopes, id, nonce, &suffix).await? {
+                (Reservations::Held(held, shadow, rooms), at) => (held, at, shadow, rooms),
+                (Reservations::Rejected(rejection), _) => return Ok(rejection),
+                (Reservations::Copy, _) => return self.look_again(entry, clock, &record).await,
+            };
+        let created = self
+            .create(entry, clock, &record, (nonce, &suffix), &held)
+            .await?;
+        let mut admission = self.decided(entry, &[], created).await?;
+        if admission.verdict == Verdict::Admitted {
+            if let Clock::At(t) = at {
+                admission.decided_at_ms = t;
+            }
+            admission.shadow = shadow.map(|(_, rule)| rule);
+            admission.rooms = rooms;
+            admission.by_override = by_override;
+        }
+        Ok(admission)
+    }
+
+    /// Reserves job `id`'s room in each of `scopes`, one scope after
+    /// another: a request that loses the race for one scope's room holds
+    /// none in the scopes after it. Every scope is judged, and its entry
+    /// made, at the first reservation's time (returned), so one admission
+    /// has one time, as in one script on one server. If a scope rejects,
+    /// or another copy of the job holds its room, every reservation of
+    /// `suffix` is given back, and that is the answer.
+    async fn reserve(
+        &self,
+        clock: Clock,
+        scopes: &[Applied],
+        id: &str,
+        nonce: u32,
+        suffix: &str,
+    ) -> Result<(Reservations, Clock), LedgerError> {
         let mut at = clock;
         let mut held = Vec::with_capacity(scopes.len());
         let mut shadow: Option<(u64, RuleRef)> = None;
         let mut rooms = Rooms::default();
-        for scope in &scopes {
+        for scope in scopes {
             let one = std::slice::from_ref(scope);
             let reply = self.each_scope(at, one, id, Some(nonce)).await;
-            let answer = match self.gather(one, reply, Some(&suffix)).await {
+            let answer = match self.gather(one, reply, Some(suffix)).await {
                 Ok(Reservations::Held(h, would_bind, room)) => {
                     if let (Clock::Server, Some((_, _, t))) = (at, h.first())
                         && *t != TIME_UNKNOWN
@@ -116,12 +146,24 @@ impl RedisLedger {
                 }
                 other => other,
             };
-            self.give_back(&suffix, &held).await;
-            return match answer? {
-                Reservations::Rejected(rejection) => Ok(rejection),
-                _ => self.look_again(entry, clock, &record).await,
-            };
+            self.give_back(suffix, &held).await;
+            return answer.map(|answer| (answer, at));
         }
+        Ok((Reservations::Held(held, shadow, rooms), at))
+    }
+
+    /// Creates the job's record (`ledger.lua`'s "create") with the
+    /// reservations `held` of `nonce` (and `suffix`); if it was not created
+    /// with them (another copy of the job won the record meanwhile, or the
+    /// call failed and Redis can tell that it did not), gives them back.
+    async fn create(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+        record: &str,
+        (nonce, suffix): (u32, &str),
+        held: &[(Scope, String, u64)],
+    ) -> Result<Reply, LedgerError> {
         let time_in = |scope| {
             held.iter()
                 .find(|(s, ..)| *s == scope)
@@ -135,33 +177,24 @@ impl RedisLedger {
         );
         let args = admission_args("create", entry, reservations);
         let created = match self
-            .submit(Some(clock), args, vec![record.clone()], entry.send_now)
+            .submit(Some(clock), args, vec![record.to_owned()], entry.send_now)
             .await
         {
             Ok(created) => created,
             Err(e) => {
                 // It may have created the record, or not: if Redis can tell
                 // now that it did not, the reservations go back.
-                if self.not_created(&record, nonce).await {
-                    self.give_back(&suffix, &held).await;
+                if self.not_created(record, nonce).await {
+                    self.give_back(suffix, held).await;
                 }
                 return Err(e);
             }
         };
         if created.values[0] != Code::Admitted as i64 {
             // Another copy of the job won the record meanwhile.
-            self.give_back(&suffix, &held).await;
+            self.give_back(suffix, held).await;
         }
-        let mut admission = self.decided(entry, &[], created).await?;
-        if admission.verdict == Verdict::Admitted {
-            if let Clock::At(t) = at {
-                admission.decided_at_ms = t;
-            }
-            admission.shadow = shadow.map(|(_, rule)| rule);
-            admission.rooms = rooms;
-            admission.by_override = by_override;
-        }
-        Ok(admission)
+        Ok(created)
     }
 
     /// A "peek" (no nonce) or a "reserve" of job `id` with `nonce` in each
@@ -311,36 +344,19 @@ impl RedisLedger {
                 }
                 continue;
             }
-            let [code, made_at, d, rule, _] = reply.values;
-            if code == 2 {
-                // Another copy's, within a lease: it is being admitted. An
-                // older one (its worker died before creating the record)
-                // just fills the scope.
-                let lease = i64::try_from(self.keys.lease_ms()).unwrap_or(i64::MAX);
-                let now = i64::try_from(reply.now_ms).unwrap_or(i64::MAX);
-                if now.saturating_sub(made_at) < lease {
-                    copy = true;
-                    continue;
-                }
-            }
-            let values = [Code::Rejected as i64, d, 1, rule, 0];
             let wait = |a: &Admission| match a.verdict {
                 Verdict::Rejected { retry_after_ms, .. } => retry_after_ms,
                 _ => 0,
             };
-            match verdict(&one, &values) {
-                Some(verdict @ Verdict::Rejected { retry_after_ms, .. })
+            match self.no_room(&one, &reply) {
+                None => copy = true,
+                Some(Ok(verdict @ Verdict::Rejected { retry_after_ms, .. }))
                     if rejected.as_ref().is_none_or(|r| retry_after_ms > wait(r)) =>
                 {
                     rejected = Some(Admission::at(reply.now_ms, verdict));
                 }
-                Some(Verdict::Rejected { .. }) => {}
-                _ => {
-                    failed = Some(LedgerError::Protocol(format!(
-                        "a scope answered {:?}",
-                        reply.values
-                    )));
-                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => failed = Some(e),
             }
         }
         if rejected.is_none() && failed.is_none() && !copy {
@@ -354,6 +370,34 @@ impl RedisLedger {
             (Some(rejection), _) => Ok(Reservations::Rejected(rejection)),
             (None, failed) => Err(failed.unwrap_or_else(stopped)),
         }
+    }
+
+    /// What a scope without room answered (`one`: its scope and rule set):
+    /// `None` if one of the entries that fill it is another copy's of the
+    /// job, made within a lease (that copy is being admitted; an older one,
+    /// whose worker died before creating the record, just fills the scope);
+    /// else its rejection, or why its values make no sense.
+    fn no_room(
+        &self,
+        one: &[(Scope, Arc<RuleSet>)],
+        reply: &Reply,
+    ) -> Option<Result<Verdict, LedgerError>> {
+        let [code, made_at, d, rule, _] = reply.values;
+        if code == 2 {
+            let lease = i64::try_from(self.keys.lease_ms()).unwrap_or(i64::MAX);
+            let now = i64::try_from(reply.now_ms).unwrap_or(i64::MAX);
+            if now.saturating_sub(made_at) < lease {
+                return None;
+            }
+        }
+        let values = [Code::Rejected as i64, d, 1, rule, 0];
+        Some(match verdict(one, &values) {
+            Some(verdict @ Verdict::Rejected { .. }) => Ok(verdict),
+            _ => Err(LedgerError::Protocol(format!(
+                "a scope answered {:?}",
+                reply.values
+            ))),
+        })
     }
 
     /// Gives back the reservations a refunded record named (`values`: the
