@@ -206,9 +206,9 @@ fn cluster_client(
     // out a failover; they also send a call again after a dropped
     // connection or a response timeout, when the script may have run. So
     // every script call is safe to run again: a run again answers as the
-    // first did (ledger.lua's batch, scope.lua's reserve; found by review:
-    // a create run twice gave its reservations back under its own record,
-    // and with no retries a reshard failed every job whose slot moved).
+    // first did (ledger.lua's batch, scope.lua's reserve: a create run twice
+    // must not give its reservations back under its own record). Without
+    // retries, a reshard would fail every job whose slot moved.
     let mut builder = ClusterClientBuilder::new(nodes)
         .connection_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)

@@ -331,9 +331,8 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
 
 /// Appends rule set `set` (0-based) to a shape: its 1-based number in two
 /// base-64 digits from '0' (see `decide.lua`). Settings allow at most 100
-/// purposes, so at most 303 sets, far below the 4095 two digits hold (found
-/// by review: one character per set ran past ASCII at the 79th set, and
-/// every batch with such an admission failed).
+/// purposes, so at most 303 sets, far below the 4095 two digits hold (one
+/// character per set would run past ASCII at the 79th set).
 fn push_shape(shape: &mut String, set: usize) {
     let n = (set + 1).min(4095);
     shape.push(char::from(b'0' + (n / 64) as u8));

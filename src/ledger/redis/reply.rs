@@ -7,8 +7,8 @@ use super::RedisLedger;
 use crate::ledger::{Admission, Entry, LedgerError, Refund, Verdict};
 use crate::limiter::{Room, RuleRef, RuleSet, Scope};
 
-/// The result codes of `ledger.lua`'s "admit" item, named as in its `CODE` table
-/// (a unit test checks the two agree).
+/// The result codes of `ledger.lua`'s "admit" item, named as in its `CODE`
+/// table (the test in `store::scripts` checks the two agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Code {
     Rejected = 0,
@@ -39,8 +39,8 @@ pub(crate) const CODES: [(Code, &str); 11] = [
     (Code::Superseded, "superseded"),
 ];
 
-/// How many integers answer each item of a batch (`WIDTH` in ledger.lua;
-/// keep both in step).
+/// How many integers answer each item of a batch (`WIDTH` in `ledger.lua`;
+/// the test in `store::scripts` checks the two agree).
 pub(crate) const REPLY_WIDTH: usize = 5;
 
 /// What the script answered for one item.

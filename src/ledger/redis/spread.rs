@@ -317,9 +317,9 @@ impl RedisLedger {
             let reply = match reply {
                 Ok(reply) => reply,
                 // A reserve whose reply was lost may have reserved: that one
-                // is given back too, found by the job's suffix (found by
-                // review: left counted, it rejected the job's own retry for
-                // the whole window).
+                // is given back too, found by the job's suffix (left
+                // counted, it would reject the job's own retry for the whole
+                // window).
                 Err(e) => {
                     if suffix.is_some() {
                         held.push((*scope, key.clone(), TIME_UNKNOWN));

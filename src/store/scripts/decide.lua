@@ -116,7 +116,7 @@ end
 
 -- Why the rule set at ARGV[a] (the i-th) is malformed, or nil. Every
 -- check is written as what must hold, so NaN and infinities fail it
--- (found by review: "nan" passed checks written as what must not).
+-- ("nan" passes a check written as what must not).
 local function set_error(a, i)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)

@@ -49,7 +49,8 @@ it was made (ms); lives keep_ms after its last write. (An earlier version
 kept one job, as a string, under latest:…; the new name keeps the two
 versions from failing on each other's keys during an upgrade.)
 
-Result codes of an "admit" item (Code in src/ledger/redis.rs; keep both in step):
+Result codes of an "admit" item (Code in src/ledger/redis/reply.rs; a test in
+src/store/scripts/ checks that both agree):
 ]]
 local call, tonumber, sub = redis.call, tonumber, string.sub
 
@@ -78,7 +79,7 @@ local CODE = {
 
 local op = ARGV[1]
 -- How many integers answer each item of a batch (REPLY_WIDTH in
--- src/ledger/redis.rs; keep both in step).
+-- src/ledger/redis/reply.rs; the same test checks it).
 local WIDTH = 5
 local NONE = {false, false, false, false, false, false, false}
 
@@ -156,7 +157,7 @@ items "look" and "create" -- the same decision when the scope keys live on
   supersede with the keys spread); KEYS: the record.
   "look": '' instead of the shape. Where "admit" would judge the scopes, it
     answers `absent` and writes nothing. The caller judges each scope
-    (src/limiter/scope.lua's "peek", at the same time as the look): if one
+    (scope.lua's "peek", at the same time as the look): if one
     rejects, that is the answer, and nothing was written anywhere. Else it
     reserves in each ("reserve") and, if one rejects after all (a request
     that came in between took the room), gives the others back
