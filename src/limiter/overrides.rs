@@ -19,7 +19,7 @@
 //!
 //! They are stored in Redis, and polled by every worker, by the
 //! [`OverrideStore`](crate::store::overrides::OverrideStore); here is what
-//! they are and how a request finds the one that applies ([`Table`]).
+//! they are and how a request finds the one that applies (`Table`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;

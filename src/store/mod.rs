@@ -1,4 +1,4 @@
-//! Redis, in one place: the connection ([`conn`]) that the ledger, the
+//! Redis, in one place: the connection (`conn`) that the ledger, the
 //! limiter's support tools and the overrides share; every Lua script
 //! mailgate runs there ([`scripts`]), with one registry that builds each
 //! once and can load them all; and the overrides' storage and polling

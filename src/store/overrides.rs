@@ -8,7 +8,7 @@
 //! so a change applies within a few seconds everywhere. Expired overrides
 //! are ignored at once, and dropped from the hash by the next change.
 //!
-//! The store needs the limiter's override types and its [`Keyspace`]: the
+//! The store needs the limiter's override types and its `Keyspace`: the
 //! keyspace says how the limiter counts a subject (an override is stored
 //! so), and holds the table of the overrides in force, which the store
 //! fills and the ledger judges by.
@@ -106,7 +106,7 @@ impl OverrideStore {
     }
 
     /// Stores `ovs` at once (as [`Self::add`] does one). Each is stored as
-    /// the limiter counts its subject ([`Keyspace::counted`]); returns them
+    /// the limiter counts its subject (`Keyspace::counted`); returns them
     /// so. One that would loosen an override in force is refused
     /// ([`Self::store`]).
     pub async fn add_all(&self, ovs: &[Override]) -> Result<Vec<Override>, OverrideError> {
@@ -132,7 +132,7 @@ impl OverrideStore {
     /// Removes the override stored for exactly `target` (its field, even
     /// an entry this version cannot read); if there is none, the one
     /// stored for a subject that widens to the same one as the limiter
-    /// counts it ([`Keyspace::counted`]: removing the /24 a stored /32
+    /// counts it (`Keyspace::counted`: removing the /24 a stored /32
     /// widens to removes that /32). Several such are refused, naming each
     /// (removing them all could take a deny of another address with them).
     /// Says which it removed, and which others in force still apply to

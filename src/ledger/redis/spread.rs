@@ -55,7 +55,7 @@ const NOT_CREATED_PAUSE: Duration = Duration::from_millis(500);
 const COPY_WAIT_MS: u64 = 1_000;
 
 impl RedisLedger {
-    /// [`Ledger::admit`] with keys spread over a cluster's shards: look at
+    /// [`crate::ledger::Ledger::admit`] with keys spread over a cluster's shards: look at
     /// the record and judge every scope at once; then reserve in every
     /// scope; then create the record with the reservations (`ledger.lua`'s
     /// "look", "peek", "reserve" and "create").
