@@ -58,7 +58,7 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
             purpose,
             json,
         } => {
-            let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
+            let who = Named::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
             let usage = limits_show(settings, &who, purpose.as_deref()).await?;
             if json {
                 println!("{}", usage_json(&usage));
@@ -69,64 +69,60 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
             Ok(true)
         }
         LimitsAction::Reset { email, ip, domain } => {
-            let who = Who::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
+            let who = Named::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
             println!("{}", limits_reset(settings, &who).await?);
             Ok(true)
         }
     }
 }
 
-/// Parses `--email`, `--ip` or `--domain` (or `--domain` with `--ip`)
-/// into a subject's owned value.
-pub enum Who {
-    /// A mailbox.
-    Email(EmailAddress),
-    /// A client address.
-    Ip(IpKey),
-    /// A registrable domain.
-    Domain(RegistrableDomain),
-    /// A client network's share of a registrable domain's quota.
-    Share(RegistrableDomain, IpKey),
+/// What `--email`, `--ip` and `--domain` name, parsed once: the values a
+/// [`Subject`] borrows.
+pub struct Named {
+    email: Option<EmailAddress>,
+    ip: Option<IpKey>,
+    domain: Option<RegistrableDomain>,
 }
 
-impl Who {
-    /// From the flags; exactly one must be given.
+impl Named {
+    /// From the flags: exactly one of them, or `--domain` with `--ip`.
     pub fn parse(
         email: Option<&str>,
         ip: Option<&str>,
         domain: Option<&str>,
     ) -> anyhow::Result<Self> {
-        match (email, ip, domain) {
-            (Some(e), None, None) => Ok(Who::Email(EmailAddress::parse(e).context("--email")?)),
-            (None, Some(i), None) => Ok(Who::Ip(IpKey::parse(i).context("--ip")?)),
-            (None, None, Some(d)) => Ok(Who::Domain(
-                RegistrableDomain::parse(d).context("--domain")?,
-            )),
-            (None, Some(i), Some(d)) => Ok(Who::Share(
-                RegistrableDomain::parse(d).context("--domain")?,
-                IpKey::parse(i).context("--ip")?,
-            )),
-            _ => bail!(
+        let named = Self {
+            email: email
+                .map(EmailAddress::parse)
+                .transpose()
+                .context("--email")?,
+            ip: ip.map(IpKey::parse).transpose().context("--ip")?,
+            domain: (domain.map(RegistrableDomain::parse).transpose()).context("--domain")?,
+        };
+        if named.subject_or_none().is_none() {
+            bail!(
                 "give exactly one of --email, --ip or --domain (or --domain with --ip: that \
                  client network's share of the domain)"
-            ),
+            );
         }
+        Ok(named)
     }
 
+    fn subject_or_none(&self) -> Option<Subject<'_>> {
+        Subject::of(self.email.as_ref(), self.ip.as_ref(), self.domain.as_ref())
+    }
+
+    /// The subject the flags name.
     fn subject(&self) -> Subject<'_> {
-        match self {
-            Who::Email(e) => Subject::Email(e),
-            Who::Ip(i) => Subject::Ip(i),
-            Who::Domain(d) => Subject::Domain(d),
-            Who::Share(d, i) => Subject::Share(d, i),
-        }
+        // `parse` refused flags that name no subject.
+        (self.subject_or_none()).unwrap_or_else(|| unreachable!("Named::parse checked the flags"))
     }
 }
 
 /// The usage of `who`'s quota under `purpose`'s rules, consuming nothing.
 pub async fn limits_show(
     settings: &Settings,
-    who: &Who,
+    who: &Named,
     purpose: Option<&str>,
 ) -> anyhow::Result<Usage> {
     let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
@@ -137,7 +133,7 @@ pub async fn limits_show(
 }
 
 /// Removes `who`'s admissions; says what it removed.
-pub async fn limits_reset(settings: &Settings, who: &Who) -> anyhow::Result<String> {
+pub async fn limits_reset(settings: &Settings, who: &Named) -> anyhow::Result<String> {
     let limiter = limiter(settings).await?;
     let (key, removed) = limiter.reset(who.subject()).await?;
     Ok(format!("removed {removed} admission(s) from {key}"))

@@ -26,7 +26,9 @@ use crate::settings::{Settings, redact_url};
 
 pub use check_config::check_config;
 pub use clock::clock;
-pub use limits::{LimitsAction, Who, limits, limits_reset, limits_show, render_usage, usage_json};
+pub use limits::{
+    LimitsAction, Named, limits, limits_reset, limits_show, render_usage, usage_json,
+};
 pub use overrides::{AddOverride, OverridesAction, overrides};
 pub use probe::{http_get, probe};
 pub use publish::{PublishArgs, jobs_from, publish};

@@ -9,6 +9,7 @@ mod ip;
 mod job;
 mod job_id;
 mod mail_domain;
+mod scope;
 mod ticket;
 
 pub use email::{EmailAddress, Normalization};
@@ -16,6 +17,7 @@ pub use ip::IpKey;
 pub use job::{Code, Job, Name, Session, VarValue, Vars};
 pub use job_id::JobId;
 pub use mail_domain::RegistrableDomain;
+pub use scope::{Scope, ScopeMap};
 pub use ticket::Ticket;
 
 /// The wall clock, ms since the Unix epoch: for publish times and

@@ -31,50 +31,13 @@
 mod memory;
 pub mod overrides;
 
-use std::fmt;
 use std::future::Future;
 
 pub(crate) use self::memory::MemoryLogs;
 
 use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain, Session};
-use crate::settings::{LimitSettings, Rule, SCOPES};
-
-/// What a rate-limit key identifies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Scope {
-    /// A normalized mailbox: stops mail bombing of one victim.
-    Email,
-    /// A client network: stops one client from farming codes for many mailboxes.
-    Ip,
-    /// The mailbox's registrable domain: stops a farmer who owns a
-    /// catch-all domain from asking for codes to a new mailbox each time.
-    Domain,
-}
-
-impl Scope {
-    /// Every scope, in the order a request is judged (and ties are broken).
-    pub const ALL: [Scope; 3] = [Scope::Email, Scope::Ip, Scope::Domain];
-
-    /// The scope's name in keys, results and settings.
-    pub fn as_str(self) -> &'static str {
-        SCOPES[self.index()]
-    }
-
-    /// The scope's place in [`Scope::ALL`] (and in the settings' `SCOPES`).
-    fn index(self) -> usize {
-        match self {
-            Scope::Email => 0,
-            Scope::Ip => 1,
-            Scope::Domain => 2,
-        }
-    }
-}
-
-impl fmt::Display for Scope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::domain::{Scope, ScopeMap};
+use crate::settings::{LimitSettings, Rule};
 
 /// A rule as named in a decision: which scope, which window, which max.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,24 +83,24 @@ pub struct Room {
 /// the admission did not count the request now (a resumed job, or an
 /// admission made in an earlier call).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Rooms([Option<Room>; 3]);
+pub struct Rooms(ScopeMap<Option<Room>>);
 
 impl Rooms {
     /// The room left in `scope`, if the admission counted it there.
     pub fn get(&self, scope: Scope) -> Option<Room> {
-        self.0[scope.index()]
+        self.0[scope]
     }
 
     /// Each scope's room, in [`Scope::ALL`] order.
     pub fn iter(&self) -> impl Iterator<Item = Room> + '_ {
-        self.0.iter().flatten().copied()
+        self.0.values().flatten().copied()
     }
 
     /// Records `room` as its rule's scope's, unless the scope already has
     /// a tighter one (a domain's log and a network's share of it: the
     /// fewer `remaining`, then the later `reset_ms`).
     pub(crate) fn set(&mut self, room: Room) {
-        let at = &mut self.0[room.rule.scope.index()];
+        let at = &mut self.0[room.rule.scope];
         if at.is_none_or(|b| {
             room.remaining < b.remaining
                 || (room.remaining == b.remaining && room.reset_ms > b.reset_ms)
@@ -302,11 +265,14 @@ pub(crate) struct Applied {
 pub(crate) struct Keyspace {
     pub prefix: String,
     pub limits: LimitSettings,
-    /// The defaults of each scope in [`Scope::ALL`] order, then each
-    /// purpose's own; the overrides' sets are numbered after them.
+    /// The defaults of each scope, then each purpose's own; the
+    /// overrides' sets are numbered after them. A set's number is how
+    /// script calls name it.
     pub sets: Vec<std::sync::Arc<RuleSet>>,
-    /// purpose → its own set per scope ([`Scope::ALL`] order), if any.
-    purposes: std::collections::HashMap<String, [Option<usize>; 3]>,
+    /// Each scope's default set's number in `sets`.
+    defaults: ScopeMap<usize>,
+    /// purpose → its own set's number per scope, if any.
+    purposes: std::collections::HashMap<String, ScopeMap<Option<usize>>>,
     /// A domain rule set's number → the number of its network share
     /// ([`RuleSet::shared`]), where the share holds anything back.
     shares: std::collections::HashMap<usize, usize>,
@@ -329,35 +295,29 @@ impl Keyspace {
         let set = |scope: Scope, rules: &[Rule]| RuleSet {
             deny_until_ms: None,
             rules: rules.to_vec(),
-            keep_ms: (limits.rule_lists(scope.index()).flatten())
+            keep_ms: (limits.rule_lists(scope).flatten())
                 .map(Rule::window_ms)
                 .max()
                 .unwrap_or(1)
                 .max(1)
                 .saturating_add(CLOCK_SLACK_MS),
         };
-        let defaults = limits.scope_rules();
-        let mut sets: Vec<std::sync::Arc<RuleSet>> = Scope::ALL
-            .iter()
-            .map(|&scope| std::sync::Arc::new(set(scope, defaults[scope.index()])))
-            .collect();
+        let mut sets: Vec<std::sync::Arc<RuleSet>> = Vec::new();
+        let number = |sets: &mut Vec<_>, scope: Scope, rules: &[Rule]| {
+            sets.push(std::sync::Arc::new(set(scope, rules)));
+            sets.len() - 1
+        };
+        let defaults = (limits.scope_rules()).map(|scope, rules| number(&mut sets, scope, rules));
         let mut purposes = std::collections::HashMap::new();
         for purpose in limits.purpose.keys() {
-            let mut idx = [None; 3];
-            for scope in Scope::ALL {
-                if let Some(rules) = limits.purpose_rules(purpose, scope.index()) {
-                    idx[scope.index()] = Some(sets.len());
-                    sets.push(std::sync::Arc::new(set(scope, rules)));
-                }
-            }
-            purposes.insert(purpose.clone(), idx);
+            let own = ScopeMap::from_fn(|scope| {
+                (limits.purpose_rules(purpose, scope)).map(|rules| number(&mut sets, scope, rules))
+            });
+            purposes.insert(purpose.clone(), own);
         }
         let mut shares = std::collections::HashMap::new();
-        let domain_sets = std::iter::once(Scope::Domain.index()).chain(
-            purposes
-                .values()
-                .filter_map(|idx| idx[Scope::Domain.index()]),
-        );
+        let domain_sets = std::iter::once(defaults[Scope::Domain])
+            .chain(purposes.values().filter_map(|own| own[Scope::Domain]));
         for index in domain_sets.collect::<std::collections::BTreeSet<_>>() {
             if let Some(share) = sets[index].shared(limits.domain.network_share) {
                 shares.insert(index, sets.len());
@@ -368,6 +328,7 @@ impl Keyspace {
             prefix: prefix.to_owned(),
             limits: limits.clone(),
             sets,
+            defaults,
             purposes,
             shares,
             exempt: limits.domain.exempt.iter().cloned().collect(),
@@ -413,7 +374,7 @@ impl Keyspace {
     /// hash);
     /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
     pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<String>) -> usize {
-        let keep = |scope: Scope| self.sets[scope.index()].keep_ms;
+        let keep = |scope: Scope| self.sets[self.defaults[scope]].keep_ms;
         let overrides = overrides.into_iter().map(|o| self.counted(o)).collect();
         let mut table = overrides::Table::new(
             overrides,
@@ -489,8 +450,8 @@ impl Keyspace {
     fn set_for(&self, scope: Scope, purpose: Option<&Name>) -> usize {
         purpose
             .and_then(|p| self.purposes.get(p.as_str()))
-            .and_then(|o| o[scope.index()])
-            .unwrap_or(scope.index())
+            .and_then(|own| own[scope])
+            .unwrap_or(self.defaults[scope])
     }
 
     /// A subject's key, the rules it is judged by under `purpose`, and the
@@ -541,7 +502,7 @@ impl Keyspace {
     /// domain's rule, and a stranger's flood locked them out).
     fn leaves_out_domain(&self, purpose: Option<&Name>) -> bool {
         (purpose.and_then(|p| self.purposes.get(p.as_str())))
-            .and_then(|own| own[Scope::Domain.index()])
+            .and_then(|own| own[Scope::Domain])
             .is_some_and(|i| self.sets[i].rules.is_empty())
     }
 
@@ -583,74 +544,44 @@ impl Keyspace {
     /// [`Keyspace::applicable`], and the kind of the override that changed
     /// them, if one did (the deny, else the allow, else rules).
     pub fn applicable_by(&self, req: &Request<'_>) -> (Vec<Applied>, Option<&'static str>) {
-        use overrides::Action;
         let now = crate::domain::now_ms();
         let table = self.table_at(now);
-        let email = self.key_of(Subject::Email(req.email));
-        let ip = req.ip.map(|ip| (self.key_of(Subject::Ip(ip)), ip));
         // The domain is worked out only if something counts it.
         let domain_set = self.set_for(Scope::Domain, req.purpose);
         let domain = (!self.sets[domain_set].rules.is_empty() || table.has_domains())
             .then(|| RegistrableDomain::of(req.email, &self.limits.normalize));
-        let hits = [
-            table.email(&email, now),
-            ip.as_ref().and_then(|(_, ip)| table.ip(ip.addr(), now)),
-            None,
-        ];
-        let domain_key = domain.as_ref().map(|d| self.key_of(Subject::Domain(d)));
-        let hits = [
-            hits[0],
-            hits[1],
-            domain_key.as_deref().and_then(|k| table.domain(k, now)),
-        ];
-        let keys = [Some(email), ip.map(|(k, _)| k), domain_key];
+        let keys = ScopeMap::from_fn(|scope| match scope {
+            Scope::Email => Some(self.key_of(Subject::Email(req.email))),
+            Scope::Ip => req.ip.map(|ip| self.key_of(Subject::Ip(ip))),
+            Scope::Domain => domain.as_ref().map(|d| self.key_of(Subject::Domain(d))),
+        });
+        let hits = ScopeMap::from_fn(|scope| match scope {
+            Scope::Email => keys[scope].as_deref().and_then(|k| table.email(k, now)),
+            Scope::Ip => req.ip.and_then(|ip| table.ip(ip.addr(), now)),
+            Scope::Domain => keys[scope].as_deref().and_then(|k| table.domain(k, now)),
+        });
         let mut out = Vec::with_capacity(4);
-        let mut by = None;
         // A deny beats everything: judged first, beside the usual scopes
         // (which may set a longer wait).
-        for (scope, hit) in Scope::ALL.into_iter().zip(&hits) {
-            if let (Some(h), Some(key)) = (hit, &keys[scope.index()])
-                && let (Action::Deny, Some((index, set))) = (&h.ov.action, &h.set)
-            {
-                by = Some("deny");
-                out.push(Applied {
-                    scope,
-                    key: key.clone(),
-                    index: *index,
-                    set: set.clone(),
-                });
-            }
-        }
-        for (scope, (hit, key)) in Scope::ALL.into_iter().zip(hits.iter().zip(keys)) {
+        let mut by = self.denials(&hits, &keys, &mut out);
+        let trusted =
+            hits[Scope::Ip].is_some_and(|h| matches!(h.ov.action, overrides::Action::Allow));
+        for (scope, key) in keys {
             let Some(key) = key else { continue };
             // A known mailbox is not a new account: the domain scope,
             // against catch-all farming, neither counts nor judges it, its
-            // rules overrides included (a deny, above, still holds). Found
-            // by review: a stranger's 50 requests to made-up mailboxes
-            // locked every real employee of a small company out. Nor a job
-            // of a purpose that leaves the domain scope out.
+            // rules overrides included (a deny, above, still holds); nor a
+            // job of a purpose that leaves the domain scope out.
             if scope == Scope::Domain && (req.known_mailbox || self.leaves_out_domain(req.purpose))
             {
                 continue;
             }
-            let (index, set) = match hit.map(|h| (&h.ov.action, &h.set)) {
-                Some((Action::Allow, _)) => {
-                    by = by.or(Some("allow"));
-                    continue;
-                }
-                Some((Action::Rules(_), Some((index, set)))) => {
-                    by = by.or(Some("rules"));
-                    (*index, set.clone())
-                }
-                _ => {
-                    let index = self.set_for(scope, req.purpose);
-                    let exempt = scope == Scope::Domain
-                        && domain.as_ref().is_some_and(|d| self.exempt.contains(d));
-                    if exempt || self.sets[index].rules.is_empty() {
-                        continue;
-                    }
-                    (index, self.sets[index].clone())
-                }
+            let hit = hits[scope];
+            let exempt =
+                scope == Scope::Domain && domain.as_ref().is_some_and(|d| self.exempt.contains(d));
+            let Some((index, set)) = self.judged_by(scope, hit, exempt, req.purpose, &mut by)
+            else {
+                continue;
             };
             // The network's share of a domain's rules (only domain sets
             // have one): an override's rules carry their own. A network an
@@ -660,8 +591,6 @@ impl Keyspace {
                 Some(h) => h.share.clone(),
                 None => (self.shares.get(&index)).map(|&i| (i, self.sets[i].clone())),
             };
-            let trusted =
-                hits[Scope::Ip.index()].is_some_and(|h| matches!(h.ov.action, Action::Allow));
             let share = share.filter(|_| !trusted).zip(req.ip);
             let share_key = share.as_ref().map(|(_, ip)| self.share_key(&key, ip));
             out.push(Applied {
@@ -680,6 +609,64 @@ impl Keyspace {
             }
         }
         (out, by)
+    }
+
+    /// Pushes onto `out` each scope whose override is a deny (with its
+    /// key and set); `Some("deny")` if there was one.
+    fn denials(
+        &self,
+        hits: &ScopeMap<Option<&overrides::Hit>>,
+        keys: &ScopeMap<Option<String>>,
+        out: &mut Vec<Applied>,
+    ) -> Option<&'static str> {
+        let mut by = None;
+        for (scope, hit) in hits.iter() {
+            if let (Some(h), Some(key)) = (hit, &keys[scope])
+                && let (overrides::Action::Deny, Some((index, set))) = (&h.ov.action, &h.set)
+            {
+                by = Some("deny");
+                out.push(Applied {
+                    scope,
+                    key: key.clone(),
+                    index: *index,
+                    set: set.clone(),
+                });
+            }
+        }
+        by
+    }
+
+    /// The rule set (number and rules) `scope` judges a request by: an
+    /// override's rules, else the purpose's or the default set; `None`
+    /// where nothing limits it there (an allow, an exempt domain, no
+    /// rules). Notes in `by` the override kind that decided, unless one
+    /// already did.
+    fn judged_by(
+        &self,
+        scope: Scope,
+        hit: Option<&overrides::Hit>,
+        exempt: bool,
+        purpose: Option<&Name>,
+        by: &mut Option<&'static str>,
+    ) -> Option<(usize, std::sync::Arc<RuleSet>)> {
+        use overrides::Action;
+        match hit.map(|h| (&h.ov.action, &h.set)) {
+            Some((Action::Allow, _)) => {
+                *by = by.or(Some("allow"));
+                None
+            }
+            Some((Action::Rules(_), Some((index, set)))) => {
+                *by = by.or(Some("rules"));
+                Some((*index, set.clone()))
+            }
+            _ => {
+                let index = self.set_for(scope, purpose);
+                if exempt || self.sets[index].rules.is_empty() {
+                    return None;
+                }
+                Some((index, self.sets[index].clone()))
+            }
+        }
     }
 
     /// The key of one client network's share of a domain's log
@@ -815,7 +802,8 @@ fn push_rule_set(set: &RuleSet, args: &mut Vec<i64>) {
 }
 
 /// What a support tool asks about: one mailbox, one client address, one
-/// domain, or one client network's share of a domain.
+/// domain, or one client network's share of a domain. It borrows the
+/// parsed values ([`Subject::of`] names the subject a tool's flags give).
 #[derive(Debug, Clone, Copy)]
 pub enum Subject<'a> {
     /// A mailbox (normalized as the limiter does).
@@ -828,6 +816,24 @@ pub enum Subject<'a> {
     /// network uses ([`Keyspace::share_key`]); no rules where the share
     /// holds nothing back.
     Share(&'a RegistrableDomain, &'a IpKey),
+}
+
+impl<'a> Subject<'a> {
+    /// The subject a mailbox, an address, a domain, or a domain with an
+    /// address (its network's share) names; `None` for any other mix.
+    pub fn of(
+        email: Option<&'a EmailAddress>,
+        ip: Option<&'a IpKey>,
+        domain: Option<&'a RegistrableDomain>,
+    ) -> Option<Self> {
+        match (email, ip, domain) {
+            (Some(e), None, None) => Some(Subject::Email(e)),
+            (None, Some(i), None) => Some(Subject::Ip(i)),
+            (None, None, Some(d)) => Some(Subject::Domain(d)),
+            (None, Some(i), Some(d)) => Some(Subject::Share(d, i)),
+            _ => None,
+        }
+    }
 }
 
 impl Subject<'_> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use super::{MAX_PERIOD, SettingsError, human_duration};
-use crate::domain::Normalization;
+use crate::domain::{Normalization, Scope, ScopeMap};
 
 /// One sliding-window rule: at most `max` admissions in any window of length
 /// `window`. Both are positive (checked when parsed).
@@ -194,15 +194,15 @@ pub struct PurposeLimits {
 }
 
 impl PurposeLimits {
-    /// The purpose's own rules of each scope, in [`SCOPES`] order.
-    fn scopes(&self) -> [Option<&ScopeRules>; 3] {
-        [self.email.as_ref(), self.ip.as_ref(), self.domain.as_ref()]
+    /// The purpose's own rules of each scope.
+    fn scopes(&self) -> ScopeMap<Option<&ScopeRules>> {
+        ScopeMap::from_fn(|scope| match scope {
+            Scope::Email => self.email.as_ref(),
+            Scope::Ip => self.ip.as_ref(),
+            Scope::Domain => self.domain.as_ref(),
+        })
     }
 }
-
-/// The scopes, in the order they are judged, as the settings name them:
-/// `limits.<scope>` and `limits.purpose.<name>.<scope>`.
-pub const SCOPES: [&str; 3] = ["email", "ip", "domain"];
 
 /// The domain scope's rules, the domains it does not count, and how much
 /// of a domain's quota one client network may use.
@@ -252,38 +252,34 @@ impl LimitSettings {
         self.supersede || self.purpose.values().any(|p| p.supersede == Some(true))
     }
 
-    /// The default rules of each scope, in [`SCOPES`] order.
-    pub fn scope_rules(&self) -> [&[Rule]; 3] {
-        [&self.email.rules, &self.ip.rules, &self.domain.rules]
+    /// The default rules of each scope (`limits.<scope>`).
+    pub fn scope_rules(&self) -> ScopeMap<&[Rule]> {
+        ScopeMap::from_fn(|scope| match scope {
+            Scope::Email => self.email.rules.as_slice(),
+            Scope::Ip => self.ip.rules.as_slice(),
+            Scope::Domain => self.domain.rules.as_slice(),
+        })
     }
 
-    /// Purpose `purpose`'s own rules of scope `scope` (an index into
-    /// [`SCOPES`]), if it has them.
-    pub fn purpose_rules(&self, purpose: &str, scope: usize) -> Option<&[Rule]> {
-        let own = self.purpose.get(purpose)?.scopes();
-        own.get(scope)
-            .copied()
-            .flatten()
-            .map(|s| s.rules.as_slice())
+    /// Purpose `purpose`'s own rules of `scope`
+    /// (`limits.purpose.<name>.<scope>`), if it has them.
+    pub fn purpose_rules(&self, purpose: &str, scope: Scope) -> Option<&[Rule]> {
+        let own = self.purpose.get(purpose)?.scopes()[scope];
+        own.map(|s| s.rules.as_slice())
     }
 
-    /// Every rule list of scope `scope` (an index into [`SCOPES`]): the
-    /// default, then each purpose's own.
-    pub fn rule_lists(&self, scope: usize) -> impl Iterator<Item = &[Rule]> {
-        let default = self.scope_rules().get(scope).copied().unwrap_or_default();
-        std::iter::once(default).chain(self.purpose.values().filter_map(move |p| {
-            p.scopes()
-                .get(scope)
-                .copied()
-                .flatten()
-                .map(|s| s.rules.as_slice())
-        }))
+    /// Every rule list of `scope`: the default, then each purpose's own.
+    pub fn rule_lists(&self, scope: Scope) -> impl Iterator<Item = &[Rule]> {
+        std::iter::once(self.scope_rules()[scope]).chain(
+            (self.purpose.values())
+                .filter_map(move |p| p.scopes()[scope].map(|s| s.rules.as_slice())),
+        )
     }
 
     /// The longest window of any rule in any scope or purpose (zero if there
     /// are none).
     pub fn longest_window(&self) -> Duration {
-        (0..SCOPES.len())
+        (Scope::ALL.into_iter())
             .flat_map(|scope| self.rule_lists(scope))
             .flatten()
             .map(|r| r.window)
@@ -309,7 +305,7 @@ impl LimitSettings {
         for (what, d) in std::iter::once(("limits.dedup_for", self.dedup_for))
             .chain(std::iter::once(("limits.send_lease", self.send_lease)))
             .chain(
-                (0..SCOPES.len())
+                (Scope::ALL.into_iter())
                     .flat_map(|scope| self.rule_lists(scope))
                     .flatten()
                     .map(|r| ("a rule window in limits", r.window)),
@@ -377,8 +373,15 @@ mod tests {
         .unwrap();
         let exempt: Vec<&str> = l.domain.exempt.iter().map(|d| d.as_str()).collect();
         assert_eq!(exempt, ["gmail.com", "qq.com"]);
-        assert_eq!(l.purpose_rules("login", 2).map(<[Rule]>::len), Some(1));
-        assert_eq!(l.rule_lists(2).count(), 2, "the default and the purpose's");
+        assert_eq!(
+            l.purpose_rules("login", Scope::Domain).map(<[Rule]>::len),
+            Some(1)
+        );
+        assert_eq!(
+            l.rule_lists(Scope::Domain).count(),
+            2,
+            "the default and the purpose's"
+        );
         let err = limits(r#"domain.exempt = ["mail.gmail.com"]"#).unwrap_err();
         assert!(
             err.contains(r#""mail.gmail.com" is not a registrable domain"#)

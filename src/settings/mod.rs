@@ -22,7 +22,7 @@ mod tests;
 mod worker;
 
 pub use self::amqp::{AmqpSettings, QueueType};
-pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, SCOPES, ScopeRules};
+pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
 pub use self::redis::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
 pub use self::smtp::{CircuitSettings, MAX_RELAYS, Relay, RelaySettings, SmtpSettings};
 pub use self::worker::{
