@@ -5,7 +5,7 @@ use super::{
     Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
 use crate::domain::{Name, Ticket};
-use crate::limiter::{Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
+use crate::limiter::{Applied, Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
 use crate::settings::LimitSettings;
 
 /// How many admissions pass between sweeps of idle keys and records.
@@ -143,106 +143,110 @@ impl State {
     fn admit(&mut self, entry: &Entry<'_>, now: u64, found: &mut Admission) -> Verdict {
         let job = &entry.job;
         let keys = self.logs.keyspace().clone();
-        let (lease, dedup) = (keys.lease_ms(), keys.dedup_ms());
         let (scopes, by_override) = keys.applicable_by(&job.request);
         found.by_override = by_override;
-        let fingerprint = Fingerprint::of(&job.request);
-        let expired = entry.expires_at_ms.is_some_and(|at| at <= now);
-        let sending = if entry.send_now {
-            JobState::Sending
-        } else {
-            JobState::Admitted
+        let asked = Asked {
+            id: job.request.id.as_str(),
+            ticket: job.ticket,
+            fingerprint: Fingerprint::of(&job.request),
+            scopes,
+            expired: entry.expires_at_ms.is_some_and(|at| at <= now),
+            sending: if entry.send_now {
+                JobState::Sending
+            } else {
+                JobState::Admitted
+            },
+            attempt: (job.attempt.max(1), job.holder),
+            latest: keys.latest_key(&job.request),
+            skew: keys.supersede_skew_ms(),
+            lease: keys.lease_ms(),
+            dedup: keys.dedup_ms(),
         };
-        let id = job.request.id.as_str();
-        let attempt = (job.attempt.max(1), job.holder);
-        let latest = keys.latest_key(&job.request);
-        let skew = keys.supersede_skew_ms();
-        let stale = |state: &Self, made: u64| {
-            (latest.as_deref()).is_some_and(|l| state.superseded(l, made, skew, id, now))
-        };
+        if let Some(verdict) = self.readmit(entry, &asked, now) {
+            return verdict;
+        }
+        self.admit_afresh(entry, asked, now, found)
+    }
+
+    /// Whether a job `asked` for, made at `made`, is superseded at `now`.
+    fn stale(&self, asked: &Asked<'_>, made: u64, now: u64) -> bool {
+        (asked.latest.as_deref())
+            .is_some_and(|l| self.superseded(l, made, asked.skew, asked.id, now))
+    }
+
+    /// "admit" for a job with a live record: its verdict, or `None` where
+    /// the request is decided afresh (no live record, or another lineage's
+    /// refunded admission).
+    fn readmit(&mut self, entry: &Entry<'_>, asked: &Asked<'_>, now: u64) -> Option<Verdict> {
+        let (id, dedup) = (asked.id, asked.dedup);
         let admitted_at = self.record(id, now).map(|rec| rec.admitted_at);
         // A time after the admission (a producer's clock ahead) counts as
         // the admission's.
-        let stale_admission =
-            admitted_at.is_some_and(|at| stale(self, entry.made_at_ms.map_or(at, |m| m.min(at))));
-        if let Some(rec) = self.record(id, now) {
-            let mine = rec.owner == *job.ticket;
-            let answered = rec.answered;
-            let admitted_at_ms = rec.admitted_at;
-            match rec.state {
-                _ if rec.fingerprint != fingerprint => return Verdict::Conflict,
-                JobState::Refunded(how) if mine => return Verdict::Finished { how, answered },
-                JobState::Sent => {
-                    return Verdict::Sent {
-                        admitted_at_ms,
-                        by_owner: mine,
-                        answered,
-                    };
-                }
-                JobState::Unknown => {
-                    return Verdict::Unknown {
-                        by_owner: mine,
-                        answered,
-                    };
-                }
-                JobState::Admitted | JobState::Sending if rec.lease_until > now => {
-                    return Verdict::Busy {
-                        lease_left_ms: rec.lease_until - now,
-                    };
-                }
-                JobState::Sending => {
-                    // Its send began and its owner vanished: never resent.
-                    rec.state = JobState::Unknown;
-                    rec.answered = false;
-                    rec.until = now.saturating_add(dedup);
-                    return Verdict::Unknown {
-                        by_owner: mine,
-                        answered: false,
-                    };
-                }
-                // Another message of the job, and too late for it: the
-                // owner's copy judges its admission by its own expiry.
-                JobState::Admitted if expired && !mine => return Verdict::Expired,
-                JobState::Admitted if expired => {
-                    rec.state = JobState::Refunded(Refund::Expired);
-                    rec.attempt = attempt;
-                    rec.lease_until = 0;
-                    rec.answered = false;
-                    rec.until = now.saturating_add(dedup);
-                    self.logs.forget(&scopes, admitted_at_ms, id);
-                    return Verdict::Expired;
-                }
-                JobState::Admitted if stale_admission => {
-                    rec.state = JobState::Refunded(Refund::Superseded);
-                    rec.owner = job.ticket.clone();
-                    rec.attempt = attempt;
-                    rec.lease_until = 0;
-                    rec.answered = false;
-                    rec.until = now.saturating_add(dedup);
-                    self.logs.forget(&scopes, admitted_at_ms, id);
-                    return Verdict::Superseded { refunded: true };
-                }
-                JobState::Admitted => {
-                    rec.state = sending;
-                    rec.owner = job.ticket.clone();
-                    rec.attempt = attempt;
-                    rec.lease_until = now.saturating_add(lease);
-                    rec.answered = false;
-                    rec.until = now.saturating_add(dedup);
-                    return Verdict::Resumed { admitted_at_ms };
-                }
-                // Another lineage's refunded admission: decide afresh.
-                JobState::Refunded(_) => {}
-            }
+        let stale_admission = admitted_at
+            .is_some_and(|at| self.stale(asked, entry.made_at_ms.map_or(at, |m| m.min(at)), now));
+        let rec = self.record(id, now)?;
+        let mine = rec.owner == *asked.ticket;
+        if let Some(verdict) = rec.settled(asked, mine, now) {
+            return Some(verdict);
         }
-        if expired {
+        let admitted_at_ms = rec.admitted_at;
+        match rec.state {
+            // Another message of the job, and too late for it: the
+            // owner's copy judges its admission by its own expiry.
+            JobState::Admitted if asked.expired && !mine => Some(Verdict::Expired),
+            JobState::Admitted if asked.expired => {
+                rec.state = JobState::Refunded(Refund::Expired);
+                rec.attempt = asked.attempt;
+                rec.lease_until = 0;
+                rec.answered = false;
+                rec.until = now.saturating_add(dedup);
+                self.logs.forget(&asked.scopes, admitted_at_ms, id);
+                Some(Verdict::Expired)
+            }
+            JobState::Admitted if stale_admission => {
+                rec.state = JobState::Refunded(Refund::Superseded);
+                rec.owner = asked.ticket.clone();
+                rec.attempt = asked.attempt;
+                rec.lease_until = 0;
+                rec.answered = false;
+                rec.until = now.saturating_add(dedup);
+                self.logs.forget(&asked.scopes, admitted_at_ms, id);
+                Some(Verdict::Superseded { refunded: true })
+            }
+            JobState::Admitted => {
+                rec.state = asked.sending;
+                rec.owner = asked.ticket.clone();
+                rec.attempt = asked.attempt;
+                rec.lease_until = now.saturating_add(asked.lease);
+                rec.answered = false;
+                rec.until = now.saturating_add(dedup);
+                Some(Verdict::Resumed { admitted_at_ms })
+            }
+            // Another lineage's refunded admission (every other state is
+            // settled above): decide afresh.
+            _ => None,
+        }
+    }
+
+    /// "admit" for a job without a live record of its lineage: expired,
+    /// superseded, rejected by a limit, or admitted (its logs, latest key
+    /// and record written).
+    fn admit_afresh(
+        &mut self,
+        entry: &Entry<'_>,
+        asked: Asked<'_>,
+        now: u64,
+        found: &mut Admission,
+    ) -> Verdict {
+        let (id, scopes, dedup) = (asked.id, &asked.scopes, asked.dedup);
+        if asked.expired {
             return Verdict::Expired;
         }
         let made = entry.made_at_ms.map_or(now, |m| m.min(now));
-        if stale(self, made) {
+        if self.stale(&asked, made, now) {
             return Verdict::Superseded { refunded: false };
         }
-        let [binding, would_bind] = self.logs.judge(&scopes, now);
+        let [binding, would_bind] = self.logs.judge(scopes, now);
         if let Some((retry_after_ms, rule)) = binding {
             return Verdict::Rejected {
                 retry_after_ms,
@@ -250,9 +254,9 @@ impl State {
             };
         }
         found.shadow = would_bind.map(|(_, rule)| rule);
-        found.rooms = self.logs.rooms(&scopes, now);
-        self.logs.record(&scopes, now, id);
-        if let Some(latest) = latest {
+        found.rooms = self.logs.rooms(scopes, now);
+        self.logs.record(scopes, now, id);
+        if let Some(latest) = asked.latest {
             let (jobs, until) = self.latest.entry(latest).or_default();
             jobs.retain(|(_, other)| other != id);
             jobs.push((made, id.to_owned()));
@@ -265,17 +269,80 @@ impl State {
         self.records.insert(
             id.to_owned(),
             Record {
-                fingerprint,
+                fingerprint: asked.fingerprint,
                 admitted_at: now,
-                state: sending,
-                owner: job.ticket.clone(),
-                attempt,
-                lease_until: now.saturating_add(lease),
+                state: asked.sending,
+                owner: asked.ticket.clone(),
+                attempt: asked.attempt,
+                lease_until: now.saturating_add(asked.lease),
                 answered: false,
                 until: now.saturating_add(dedup),
             },
         );
         Verdict::Admitted
+    }
+}
+
+/// One request as "admit" judges it, worked out once before its record is
+/// looked at.
+struct Asked<'a> {
+    id: &'a str,
+    /// The asking lineage.
+    ticket: &'a Ticket,
+    fingerprint: Fingerprint,
+    /// The limiter keys and rules that apply to it.
+    scopes: Vec<Applied>,
+    /// Its own expiry has passed.
+    expired: bool,
+    /// The state an admission takes: sending at once, or admitted.
+    sending: JobState,
+    /// The lineage's attempt (at least 1) and this handling of it.
+    attempt: (u32, u64),
+    /// Its latest key, where its purpose supersedes.
+    latest: Option<String>,
+    skew: u64,
+    lease: u64,
+    dedup: u64,
+}
+
+impl Record {
+    /// "admit"'s verdict on a live record that settles the request as it
+    /// stands: another job's fingerprint, the lineage's own refund, sent,
+    /// unknown, a lease still held, or a send whose owner vanished (marked
+    /// unknown, never resent). `None` for an admitted record whose lease
+    /// lapsed, or another lineage's refund.
+    fn settled(&mut self, asked: &Asked<'_>, mine: bool, now: u64) -> Option<Verdict> {
+        let answered = self.answered;
+        let admitted_at_ms = self.admitted_at;
+        match self.state {
+            _ if self.fingerprint != asked.fingerprint => Some(Verdict::Conflict),
+            JobState::Refunded(how) if mine => Some(Verdict::Finished { how, answered }),
+            JobState::Sent => Some(Verdict::Sent {
+                admitted_at_ms,
+                by_owner: mine,
+                answered,
+            }),
+            JobState::Unknown => Some(Verdict::Unknown {
+                by_owner: mine,
+                answered,
+            }),
+            JobState::Admitted | JobState::Sending if self.lease_until > now => {
+                Some(Verdict::Busy {
+                    lease_left_ms: self.lease_until - now,
+                })
+            }
+            JobState::Sending => {
+                // Its send began and its owner vanished: never resent.
+                self.state = JobState::Unknown;
+                self.answered = false;
+                self.until = now.saturating_add(asked.dedup);
+                Some(Verdict::Unknown {
+                    by_owner: mine,
+                    answered: false,
+                })
+            }
+            JobState::Admitted | JobState::Refunded(_) => None,
+        }
     }
 }
 
