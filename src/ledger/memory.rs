@@ -17,7 +17,7 @@ const SWEEP_EVERY: u64 = 1024;
 /// and for tests; several workers with in-memory ledgers do **not** share
 /// quotas, and nothing survives a restart.
 ///
-/// Memory stays bounded: every [`SWEEP_EVERY`] admissions, records past
+/// Memory stays bounded: every `SWEEP_EVERY` (1024) admissions, records past
 /// their dedup period and logs idle for their keep (longest window and a
 /// minute) are dropped.
 #[derive(Clone)]
