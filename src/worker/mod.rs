@@ -204,9 +204,8 @@ impl<L: Ledger + 'static> Worker<L> {
         tasks: &mut JoinSet<()>,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> Stop {
-        let this = self;
-        let mailer = this.pipeline.mailer();
-        let mut redis = this.redis_hold.subscribe();
+        let mailer = self.pipeline.mailer();
+        let mut redis = self.redis_hold.subscribe();
         loop {
             // While every SMTP relay's circuit is open no job is taken
             // (they wait in RabbitMQ, or unacknowledged in this
@@ -231,7 +230,7 @@ impl<L: Ledger + 'static> Worker<L> {
                         // finishes: waiting on the set would wake this
                         // loop once more per job.
                         while tasks.try_join_next().is_some() {}
-                        let (this, broker) = (this.clone(), broker.clone());
+                        let (this, broker) = (self.clone(), broker.clone());
                         tasks.spawn(async move { this.take(&broker, Incoming::new(delivery)).await });
                     }
                     Some(Err(e)) => break lost(&e),
@@ -240,7 +239,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 next = consumers.redelivered.next(), if can_take => match next {
                     Some(Ok(delivery)) => {
                         while tasks.try_join_next().is_some() {}
-                        let (this, broker) = (this.clone(), broker.clone());
+                        let (this, broker) = (self.clone(), broker.clone());
                         tasks.spawn(async move { this.process(&broker, Incoming::new(delivery)).await });
                     }
                     Some(Err(e)) => break lost(&e),

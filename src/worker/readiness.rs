@@ -1,5 +1,5 @@
-//! What `/readyz` and the dependency gauges say of RabbitMQ, Redis and
-//! SMTP once the worker runs.
+//! What `/readyz` and the gauges say of RabbitMQ, Redis, SMTP and the
+//! jobs waiting, once the worker runs.
 
 use std::future::Future;
 use std::sync::Arc;
