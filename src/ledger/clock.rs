@@ -42,27 +42,7 @@ pub struct Readings {
     pub boot_ms: u64,
 }
 
-/// This host's boot clock, ms: `CLOCK_BOOTTIME` on Linux, which no one
-/// steps and which counts the time a suspended host slept (elsewhere the
-/// monotonic clock).
-pub fn boot_ms() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec for the call to fill in.
-        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } == 0 {
-            let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-            let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
-            return secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
-        }
-    }
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(std::time::Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+pub use crate::domain::boot_ms;
 
 /// How each primary's clock runs against this worker's boot clock. Redis's
 /// clock running ahead of it by more than the canary's life means Redis may

@@ -733,7 +733,7 @@ impl Keyspace {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match last {
             Some((redis, boot)) => {
-                redis.saturating_add(crate::ledger::clock::boot_ms().saturating_sub(boot))
+                redis.saturating_add(crate::domain::boot_ms().saturating_sub(boot))
             }
             None => crate::domain::now_ms(),
         }
