@@ -4,8 +4,37 @@
 //! through an exact multi-window rate limiter ([`limiter`]) keyed by mailbox and
 //! client IP, renders and mails the code, and publishes the outcome.
 //!
-//! Layout: [`domain`] holds parsed input types and depends on nothing;
-//! [`limiter`] is a stage depending only on `domain` and [`settings`].
+//! # Layout
+//!
+//! A job goes decode → screen → admit → deliver → settle; each stage is a
+//! module, [`pipeline`] alone combines them, [`worker`] runs the loop.
+//! `docs/architecture.md` draws it and says where a change goes. Each
+//! module may import only the modules listed beside it (a test,
+//! `tools::layout`, checks this), so the arrows point one way and a module
+//! never reaches up:
+//!
+//! | module | what it is | may import |
+//! |---|---|---|
+//! | [`domain`] | parsed input types (mailbox, IP, job, scopes), clocks | nothing |
+//! | [`redact`] | what logs may show of a URL or password | nothing |
+//! | [`tls`] | rustls configuration for every link | nothing |
+//! | [`wire`] | the job and result JSON of the contract | domain |
+//! | [`settings`] | configuration, one file per section, checked at load | domain, redact, tls |
+//! | [`telemetry`] | metric names and recorders | domain, wire |
+//! | [`limiter`] | stage: the rate limiter's decision, keys, overrides' matching | domain, settings |
+//! | [`store`] | Redis: the connection, every Lua script, the overrides' storage | domain, settings, tls, redact, limiter |
+//! | [`ledger`] | stage: each job's record and lifecycle (admit, send, settle) | domain, settings, limiter, store |
+//! | [`templates`] | stage: rendering the mail | domain, settings, wire |
+//! | [`mailer`] | stage: composing and sending over SMTP, relays, circuits | domain, settings, tls, redact, telemetry |
+//! | [`broker`] | stage: RabbitMQ queues, confirms, retries, dead letters | domain, settings, tls, redact |
+//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | the stages, domain, settings, wire, telemetry |
+//! | [`traces`] | W3C trace context across the queue, OTLP export | settings, redact, broker |
+//! | [`http`] | `/metrics`, `/healthz`, `/readyz` | telemetry |
+//! | [`worker`] | the consume loop: concurrency, reconnects, shutdown | all of the above |
+//! | [`cli`] | the command line: an edge, like `main` | all of the above |
+//!
+//! The promises every module keeps are in `docs/contract.md`, the one
+//! normative text; module docs point there rather than restate it.
 
 #![warn(missing_docs)]
 

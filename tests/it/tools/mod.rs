@@ -4,4 +4,5 @@
 mod cli;
 mod docs_configs;
 mod example_producer;
+mod layout;
 mod settings;
