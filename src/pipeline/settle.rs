@@ -1,0 +1,209 @@
+//! Settle: what a delivery came to is answered and recorded in the ledger.
+//! Ledger writes after the fact go through [`Pipeline::record`], which
+//! never holds a job's answer back past a moment once the worker stops.
+
+use std::future::Future;
+use std::time::Duration;
+
+use backon::Retryable;
+
+use crate::domain::Job;
+use crate::ledger::{Ending, JobRef, Ledger, LedgerError, Refund};
+use crate::mailer::MailError;
+use crate::telemetry;
+
+use super::admit::Admitted;
+use super::deliver::Delivery;
+use super::outcome::{DELIVERY_UNKNOWN, Outcome};
+use super::retry::ledger_error;
+use super::{Action, Message, Outbox, Pipeline, Waiting};
+
+/// How long a ledger write may still take once the worker is stopping
+/// (see [`Pipeline::record`]).
+const STOPPING_WRITE: Duration = Duration::from_secs(1);
+
+impl<L: Ledger> Pipeline<L> {
+    /// Settle: answers the delivery and records it in the ledger.
+    pub(super) async fn settle(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        delivery: Delivery,
+        admitted: Admitted,
+    ) -> Action {
+        let error = match delivery {
+            Delivery::Sent => return self.sent(job, job_ref, msg, out, admitted).await,
+            Delivery::Stopped => return Action::HandBack,
+            Delivery::NotNow => {
+                return Action::Wait {
+                    delay: Duration::from_secs(1),
+                    why: Waiting::Lease,
+                };
+            }
+            Delivery::Expired => {
+                return self
+                    .end(
+                        job,
+                        job_ref,
+                        msg,
+                        out,
+                        Ending::Refund(Refund::Expired),
+                        String::new(),
+                    )
+                    .await;
+            }
+            Delivery::Unbuildable(e) => {
+                // Templates are test-rendered at start-up, so this takes a
+                // job whose variables break a template.
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Invalid), e)
+                    .await;
+            }
+            Delivery::Failed(MailError::Unknown(e)) => {
+                let e = format!("{DELIVERY_UNKNOWN} ({e})");
+                return self.end(job, job_ref, msg, out, Ending::Unknown, e).await;
+            }
+            Delivery::Failed(e @ (MailError::Permanent(_) | MailError::Address(_))) => {
+                let e = e.to_string();
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
+                    .await;
+            }
+            Delivery::Failed(MailError::Relay(e)) => return self.no_relay(job_ref, msg, &e).await,
+            Delivery::Failed(e) => e.to_string(),
+            Delivery::LedgerDown(e) if e.is_outage() => return self.outage(msg, &e),
+            Delivery::LedgerDown(e) => ledger_error(&e),
+        };
+        self.transient(job, job_ref, msg, out, error).await
+    }
+
+    /// The mail went out: recorded, then answered `sent`.
+    ///
+    /// Recorded before the result goes out, so a copy of the job seen after
+    /// a crash is answered `sent` again, never "delivery unknown". Whether
+    /// the result was confirmed is not recorded (it would cost a round trip
+    /// per mail): a crash between the confirm and the ack repeats `sent`.
+    async fn sent(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        admitted: Admitted,
+    ) -> Action {
+        self.record(|| self.ledger.settle(job_ref, &Ending::Sent, false))
+            .await;
+        let sent = Outcome::Sent {
+            decided_at_ms: admitted.at_ms,
+            shadow: admitted.shadow,
+            rooms: admitted.rooms,
+        };
+        let r = sent.result(job.id.as_str(), Some(job), msg, self.disclose);
+        self.publish(out, &r).await.err().unwrap_or(Action::Done)
+    }
+
+    /// Every relay failed whatever the mail, and nothing was handed over:
+    /// not the job's fault, so its lease is given back and it waits without
+    /// spending an attempt (an `expires_at` still ends it).
+    async fn no_relay(&self, job_ref: &JobRef<'_>, msg: &Message<'_>, e: &str) -> Action {
+        self.record(|| self.ledger.release(job_ref)).await;
+        // A relay's refusal may quote the recipient.
+        let error = telemetry::mask_emails(e);
+        tracing::info!(%error, "every SMTP relay fails whatever the mail; the job waits without spending an attempt");
+        Action::Wait {
+            delay: self.backoff(msg.attempt),
+            why: Waiting::Relay,
+        }
+    }
+
+    /// A transient failure, nothing handed over: the lease is given back
+    /// and the job retried, or, out of attempts, it ends `failed` and is
+    /// dead-lettered.
+    async fn transient(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        error: String,
+    ) -> Action {
+        if msg.attempt < self.settings.retry.max_attempts {
+            self.record(|| self.ledger.release(job_ref)).await;
+            return self.retry(msg, error);
+        }
+        let gave_up = format!("gave up after {} attempts: {error}", msg.attempt);
+        match self
+            .end(
+                job,
+                job_ref,
+                msg,
+                out,
+                Ending::Refund(Refund::Failed),
+                gave_up.clone(),
+            )
+            .await
+        {
+            Action::Done => Action::DeadLetter { error: gave_up },
+            other => other,
+        }
+    }
+
+    /// Ends an owned job without a confirmed mail: records `ending`, answers
+    /// `error` (as the ending's status), then records that it was answered.
+    async fn end(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        ending: Ending,
+        error: String,
+    ) -> Action {
+        self.record(|| self.ledger.settle(job_ref, &ending, false))
+            .await;
+        let outcome = match ending {
+            Ending::Refund(Refund::Invalid) => Outcome::Invalid(error),
+            Ending::Refund(Refund::Expired) => Outcome::Expired,
+            Ending::Refund(Refund::Superseded) => Outcome::Superseded,
+            Ending::Refund(Refund::Failed) | Ending::Unknown | Ending::Sent => {
+                Outcome::Failed(error)
+            }
+        };
+        let action = self.answer(out, msg, job, outcome).await;
+        if action == Action::Done {
+            self.record(|| self.ledger.answered(job_ref)).await;
+        }
+        action
+    }
+
+    /// Runs a ledger write after the fact (the mail is out, or the result
+    /// is), retried briefly: if it is lost, a later copy of the job is
+    /// answered from what the ledger knew before.
+    pub(super) async fn record<Fut>(&self, write: impl FnMut() -> Fut)
+    where
+        Fut: Future<Output = Result<bool, LedgerError>>,
+    {
+        let retried = write.retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_times(5),
+        );
+        // Stopping, a write Redis does not answer gets a moment, no more:
+        // the job's answer (a `sent` result) must go out before the
+        // shutdown deadline, or the next worker would answer a delivered
+        // code "delivery unknown".
+        let stopping = async {
+            self.stopping.wait().await;
+            tokio::time::sleep(STOPPING_WRITE).await;
+        };
+        let done = tokio::select! {
+            done = retried => done.map(|_| ()).map_err(|e| e.to_string()),
+            () = stopping => Err("Redis did not answer in time while the worker stops".into()),
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "could not record the job's progress in the ledger");
+        }
+    }
+}
