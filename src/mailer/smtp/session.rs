@@ -1,0 +1,266 @@
+//! Opening a session: where the relay is and how to reach it, read once
+//! from its URL ([`Endpoint::from_url`]), then connect, TLS, the greeting,
+//! EHLO, STARTTLS and AUTH ([`Endpoint::open`]).
+
+use std::time::Duration;
+
+use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
+use lettre::transport::smtp::client::{
+    AsyncSmtpConnection, Certificate, CertificateStore, Tls, TlsParameters,
+};
+use lettre::transport::smtp::extension::ClientId;
+use tokio::time::Instant;
+
+use super::{Connection, Failed, Phase, discard, step};
+use crate::mailer::MailError;
+use crate::tls::LinkTls;
+
+/// Where and how to reach the relay, parsed once from `smtp.url`.
+pub(in crate::mailer) struct Endpoint {
+    host: String,
+    port: u16,
+    tls: Tls,
+    credentials: Option<Credentials>,
+    /// The relay is this machine (`localhost`, a loopback address): the
+    /// only one credentials may go to unencrypted (`tls=none`).
+    local: bool,
+    /// The settings table of its TLS (`smtp.tls`, `smtp.relays[1].tls`),
+    /// named by a TLS failure's message.
+    pub(super) tls_table: String,
+    hello: ClientId,
+    /// The send deadline, only to name it in error messages.
+    pub(super) timeout: Duration,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Endpoint {
+    /// Reads an `smtp://` or `smtps://` URL: `?tls=opportunistic` (the
+    /// default for `smtp://` without credentials; with them, it means
+    /// `required`), `required` or `none`; `user:pass@` credentials, percent-decoded.
+    /// Default ports: 25, 587 with `tls=required`, 465. Certificates are
+    /// verified against `trust`.
+    pub(in crate::mailer) fn from_url(
+        url: &url::Url,
+        timeout: Duration,
+        trust: &LinkTls,
+    ) -> Result<Self, MailError> {
+        let host = match url.host() {
+            Some(url::Host::Domain(d)) => d.to_owned(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            None => return Err(MailError::Config("smtp.url has no host".into())),
+        };
+        let local = crate::tls::is_loopback(&host);
+        let credentials = credentials(url)?;
+        let (tls, default_port) = tls_mode(url, &host, credentials.is_some(), trust)?;
+        Ok(Self {
+            port: url.port().unwrap_or(default_port),
+            host,
+            tls,
+            credentials,
+            local,
+            tls_table: trust.table().to_owned(),
+            hello: ClientId::default(),
+            timeout,
+        })
+    }
+
+    /// Opens a session ready for MAIL FROM: connects (implicit TLS for
+    /// `smtps://`), reads the greeting, says EHLO, upgrades with STARTTLS
+    /// when offered (or fails when required and not offered), and
+    /// authenticates when credentials are set. All within `deadline`.
+    pub(in crate::mailer) async fn open(&self, deadline: Instant) -> Result<Connection, Failed> {
+        let mut conn = self.connect(deadline).await?;
+        let setup = async {
+            self.starttls(&mut conn, deadline).await?;
+            self.authenticate(&mut conn, deadline).await
+        };
+        match setup.await {
+            Ok(()) => Ok(conn),
+            Err(failed) => {
+                discard(conn, &failed, deadline).await;
+                Err(failed)
+            }
+        }
+    }
+
+    async fn connect(&self, deadline: Instant) -> Result<Connection, Failed> {
+        let implicit = match &self.tls {
+            Tls::Wrapper(params) => Some(params.clone()),
+            _ => None,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let connecting = AsyncSmtpConnection::connect_tokio1(
+            (self.host.as_str(), self.port),
+            Some(left),
+            &self.hello,
+            implicit,
+            None,
+        );
+        step(deadline, Phase::Connect, connecting).await
+    }
+
+    async fn starttls(&self, conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
+        let params = match &self.tls {
+            Tls::Required(_) if !conn.can_starttls() => {
+                return Err(Failed::unsupported(
+                    Phase::StartTls,
+                    format!("STARTTLS required but not offered by {self}"),
+                ));
+            }
+            Tls::Required(params) => params,
+            Tls::Opportunistic(params) if conn.can_starttls() => params,
+            _ => return Ok(()),
+        };
+        let upgrade = conn.starttls(params.clone(), &self.hello);
+        step(deadline, Phase::StartTls, upgrade).await
+    }
+
+    async fn authenticate(&self, conn: &mut Connection, deadline: Instant) -> Result<(), Failed> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        // Settings refuse every way to this, and `tls_mode` requires TLS
+        // with credentials; this is the last line: a password goes to a
+        // relay on another host only inside TLS.
+        if !conn.is_encrypted() && !self.local {
+            return Err(Failed::unsupported(
+                Phase::Auth,
+                format!("{self}: the session is not encrypted; the password is not sent"),
+            ));
+        }
+        let offered = conn.server_info().get_auth_mechanism(DEFAULT_MECHANISMS);
+        if offered.is_none() {
+            return Err(Failed::unsupported(
+                Phase::Auth,
+                format!(
+                    "AUTH (PLAIN or LOGIN) required by the credentials in smtp.url but not offered by {self}"
+                ),
+            ));
+        }
+        let auth = conn.auth(DEFAULT_MECHANISMS, credentials);
+        step(deadline, Phase::Auth, auth).await.map(drop)
+    }
+}
+
+/// The TLS mode and default port. With credentials, TLS is required unless
+/// `tls=none` says otherwise (which settings allow only for this machine):
+/// opportunistic STARTTLS would hand the password to whoever strips
+/// STARTTLS from the relay's EHLO reply.
+fn tls_mode(
+    url: &url::Url,
+    host: &str,
+    credentials: bool,
+    trust: &LinkTls,
+) -> Result<(Tls, u16), MailError> {
+    let tls_param = url
+        .query_pairs()
+        .find(|(k, _)| k == "tls")
+        .map(|(_, v)| v.into_owned());
+    let params = || tls_parameters(host, trust);
+    Ok(match (url.scheme(), tls_param.as_deref()) {
+        ("smtps", _) => (Tls::Wrapper(params()?), 465),
+        ("smtp", None | Some("opportunistic")) if credentials => (Tls::Required(params()?), 25),
+        ("smtp", None | Some("opportunistic")) => (Tls::Opportunistic(params()?), 25),
+        ("smtp", Some("required")) => (Tls::Required(params()?), 587),
+        ("smtp", Some("none")) => (Tls::None, 25),
+        ("smtp", Some(other)) => {
+            return Err(MailError::Config(format!(
+                "smtp.url: tls={other:?} (use required, opportunistic or none)"
+            )));
+        }
+        (other, _) => {
+            return Err(MailError::Config(format!(
+                "smtp.url: {other}:// is not an SMTP scheme"
+            )));
+        }
+    })
+}
+
+/// lettre's TLS parameters for `host`: its certificate must name `host`
+/// and chain to `trust`'s roots.
+fn tls_parameters(host: &str, trust: &LinkTls) -> Result<TlsParameters, MailError> {
+    let failed = |e: lettre::transport::smtp::Error| MailError::Config(format!("smtp TLS: {e}"));
+    crate::tls::install_provider();
+    let builder = TlsParameters::builder(host.to_owned());
+    let builder = match trust.roots_der() {
+        None => builder.certificate_store(CertificateStore::WebpkiRoots),
+        Some(roots) => {
+            let mut builder = builder.certificate_store(CertificateStore::None);
+            for root in roots {
+                builder = builder.add_root_certificate(
+                    Certificate::from_der(root.as_ref().to_vec()).map_err(failed)?,
+                );
+            }
+            builder
+        }
+    };
+    builder.build_rustls().map_err(failed)
+}
+
+fn credentials(url: &url::Url) -> Result<Option<Credentials>, MailError> {
+    let Some(password) = url.password() else {
+        return Ok(None);
+    };
+    let decode = |s: &str| {
+        percent_decode(s)
+            .ok_or_else(|| MailError::Config("smtp.url: credentials are not UTF-8".into()))
+    };
+    Ok(Some(Credentials::new(
+        decode(url.username())?,
+        decode(password)?,
+    )))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes: Vec<u8> = url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned().into_bytes())?;
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint::from_url(
+            &url::Url::parse(url).unwrap(),
+            Duration::from_secs(1),
+            &LinkTls::bundled("smtp.tls"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn urls_choose_tls_port_and_credentials() {
+        let e = endpoint("smtp://u%20x:p%40ss@mail.example.com?tls=required");
+        assert!(matches!(e.tls, Tls::Required(_)));
+        assert_eq!(e.port, 587);
+        let c = e.credentials.as_ref().unwrap();
+        assert_eq!(c, &Credentials::new("u x".into(), "p@ss".into()));
+        assert!(matches!(endpoint("smtp://h").tls, Tls::Opportunistic(_)));
+        // Credentials without tls= require TLS (never opportunistic).
+        let with_password = endpoint("smtp://u:p@h");
+        assert!(matches!(with_password.tls, Tls::Required(_)));
+        assert_eq!(with_password.port, 25);
+        assert!(matches!(endpoint("smtp://h:2525?tls=none").tls, Tls::None));
+        let s = endpoint("smtps://h");
+        assert!(matches!(s.tls, Tls::Wrapper(_)));
+        assert_eq!((s.port, s.credentials.is_none()), (465, true));
+        let v6 = endpoint("smtp://[::1]:2525");
+        assert_eq!(
+            (v6.host.as_str(), v6.to_string()),
+            ("::1", "[::1]:2525".into())
+        );
+    }
+}
