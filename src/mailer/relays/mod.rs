@@ -1,0 +1,376 @@
+//! Several SMTP relays in order of preference, each with its own
+//! connection pool and a circuit breaker.
+//!
+//! A send goes to the first relay whose circuit is closed; a relay-level
+//! failure ([`MailError::Relay`]: nothing of the mail was handed over) moves
+//! it on to the next one, within the same deadline. Any other outcome ends
+//! the send where it happened: a mail refused or deferred by a relay is not
+//! offered to another (unless the refusal is the relay's, whatever the
+//! mail: [`super::smtp::Refusal`], and a suspect refusal that repeats for
+//! other recipients in a row, [`Relays::judge_suspect`]), and one whose
+//! final dot was written is never sent again anywhere.
+//!
+//! Each relay's [`Circuit`] counts its relay-level failures in a row
+//! ([`super::smtp::Failed::is_relay_fault`]); at `smtp.circuit.failures` it
+//! opens: the relay takes no mail for `smtp.circuit.cool_down`. Then it is
+//! half-open and one probe runs, a session set up and a NOOP, as `/readyz`
+//! does: success closes the circuit, failure opens it for another
+//! cool-down. The probe is a NOOP rather than a real mail because when
+//! every circuit is open the worker takes no jobs, so there is no mail to
+//! probe with, and a probe that fails then costs no job an attempt.
+//!
+//! Here: choosing a relay and failing over (`send`, `check`) and reporting
+//! health; in `circuit.rs` the state machine; in `breaker.rs` how outcomes
+//! drive it (recording, publishing availability, probing).
+
+mod breaker;
+mod circuit;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use lettre::address::Envelope;
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+
+use super::MailError;
+use super::pool::{Failure, SmtpPool};
+use crate::telemetry;
+use circuit::{Circuit, State};
+
+/// One relay: its name, connections, circuit and latest health.
+struct Relay {
+    name: String,
+    pool: SmtpPool,
+    status: Mutex<Status>,
+}
+
+struct Status {
+    circuit: Circuit,
+    /// `Err(why)` after a relay-level failure, `Ok` after a send or a
+    /// session setup that worked.
+    health: Result<(), String>,
+    /// The latest run of one suspect refusal ([`Failure::suspect`]) to
+    /// different recipients in a row; ended by a mail it took (not by a
+    /// probe: a relay that refuses every RCPT passes one).
+    streak: Option<Streak>,
+}
+
+/// A run of one refusal code to different recipients in a row.
+#[derive(Debug, Clone)]
+struct Streak {
+    code: u16,
+    /// The different recipients it came for (hashes of their lower-cased
+    /// addresses), at most [`STREAK`].
+    recipients: Vec<u64>,
+}
+
+/// How many different recipients one suspect refusal must come for in a
+/// row to be the relay's: enough that two full mailboxes and their own
+/// retries (taking turns) are never taken for a failing relay.
+const STREAK: usize = 3;
+
+impl Streak {
+    /// The streak after a refusal `code` to `recipient`: it grows by a
+    /// recipient it has not seen (a recipient refused again, a full mailbox
+    /// retried, adds nothing), else a new one starts.
+    fn after(old: Option<Streak>, code: u16, recipient: u64) -> Streak {
+        match old {
+            Some(mut s) if s.code == code => {
+                if !s.recipients.contains(&recipient) && s.recipients.len() < STREAK {
+                    s.recipients.push(recipient);
+                }
+                s
+            }
+            _ => Streak {
+                code,
+                recipients: vec![recipient],
+            },
+        }
+    }
+}
+
+/// Poisoning cannot leave these values half-updated (each update is a few
+/// assignments with no panic between them), so a poisoned lock is used as
+/// it is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The relays, in order of preference.
+pub(super) struct Relays {
+    list: Vec<Relay>,
+    /// `smtp.timeout`, for probes.
+    timeout: Duration,
+    /// The mailer's `pool_size` slots: a probe takes one, so connections
+    /// never exceed `pool_size`.
+    slots: Arc<Semaphore>,
+    /// Whether some circuit is closed; watched by [`Relays::until_available`].
+    available: watch::Sender<bool>,
+    /// Callers of [`Relays::until_available`] waiting right now.
+    waiting: AtomicUsize,
+    /// Itself, for the probe tasks (which hold it weakly, so they end with
+    /// the mailer).
+    this: Weak<Relays>,
+}
+
+impl Relays {
+    pub(super) fn new(
+        relays: Vec<(String, SmtpPool)>,
+        circuit: &crate::settings::CircuitSettings,
+        timeout: Duration,
+        slots: Arc<Semaphore>,
+    ) -> Arc<Self> {
+        let (available, _) = watch::channel(true);
+        let list = relays
+            .into_iter()
+            .map(|(name, pool)| {
+                telemetry::smtp_relay_registered(&name);
+                Relay {
+                    name,
+                    pool,
+                    status: Mutex::new(Status {
+                        circuit: Circuit::new(circuit.failures, circuit.cool_down),
+                        health: Ok(()),
+                        streak: None,
+                    }),
+                }
+            })
+            .collect();
+        let relays = Arc::new_cyclic(|this| Self {
+            list,
+            timeout,
+            slots,
+            available,
+            waiting: AtomicUsize::new(0),
+            this: this.clone(),
+        });
+        telemetry::smtp_relay_up(true);
+        relays
+    }
+
+    /// Sends one mail by the first relay that takes mail, going on to the
+    /// next after a relay-level failure, all within `deadline`. With no
+    /// relay taking mail, a [`MailError::Relay`] naming each one's state.
+    pub(super) async fn send(
+        &self,
+        envelope: &Envelope,
+        message: &[u8],
+        deadline: Instant,
+    ) -> Result<(), MailError> {
+        let mut tried: Vec<String> = Vec::new();
+        for (i, relay) in self.list.iter().enumerate() {
+            if !lock(&relay.status).circuit.takes_mail() {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // A relay that is not the last to try gets half the time left
+            // to set a session up, so a silent one leaves time for the next.
+            let later = self.list[i + 1..]
+                .iter()
+                .any(|r| lock(&r.status).circuit.takes_mail());
+            let open_by = if later {
+                now + (deadline - now) / 2
+            } else {
+                deadline
+            };
+            match relay.pool.send(envelope, message, open_by, deadline).await {
+                Ok(()) => {
+                    telemetry::smtp_relay_sent(&relay.name);
+                    lock(&relay.status).streak = None;
+                    self.worked(i);
+                    return Ok(());
+                }
+                Err(failure) => {
+                    let failure = self.judge_suspect(i, failure, envelope);
+                    self.record(i, &failure);
+                    match failure.error {
+                        // Nothing of the mail was handed over: the next relay.
+                        MailError::Relay(why) => tried.push(self.named(i, &why)),
+                        // Deferred, refused, or maybe delivered: this mail's
+                        // answer, never offered to another relay.
+                        other => return Err(other),
+                    }
+                }
+            }
+        }
+        if tried.is_empty() {
+            return Err(MailError::Relay(format!(
+                "relay: no SMTP relay takes mail now: {}",
+                self.states()
+            )));
+        }
+        Err(MailError::Relay(tried.join("; ")))
+    }
+
+    /// A suspect refusal ([`Failure::suspect`]) that has come for
+    /// [`STREAK`] different recipients in a row is the relay's: a relay
+    /// failure (counted against its circuit, and the mail goes on to the
+    /// next relay; nothing was delivered). Before that each keeps its own
+    /// class: a full mailbox, or two, and their retries fail alone.
+    fn judge_suspect(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
+        let Some(code) = failure.suspect else {
+            return failure;
+        };
+        let recipient = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for to in envelope.to() {
+                to.to_string().to_ascii_lowercase().hash(&mut h);
+            }
+            h.finish()
+        };
+        let mut s = lock(&self.list[i].status);
+        let streak = Streak::after(s.streak.take(), code, recipient);
+        let seen = streak.recipients.len();
+        s.streak = Some(streak);
+        drop(s);
+        if seen < STREAK {
+            return failure;
+        }
+        Failure {
+            error: MailError::Relay(format!(
+                "relay: {} refused {seen} different recipients in a row with {code}, so it \
+                 is the relay's: {}",
+                self.list[i].name, failure.error
+            )),
+            relay_fault: true,
+            suspect: None,
+        }
+    }
+
+    /// For readiness: a session and NOOP on the first relay that takes
+    /// mail, then the next if it fails. Each outcome counts as a send's.
+    pub(super) async fn check(&self, deadline: Instant) -> Result<(), MailError> {
+        let mut errors: Vec<String> = Vec::new();
+        for (i, relay) in self.list.iter().enumerate() {
+            if !lock(&relay.status).circuit.takes_mail() {
+                continue;
+            }
+            match relay.pool.check(deadline).await {
+                Ok(()) => {
+                    self.worked(i);
+                    return Ok(());
+                }
+                Err(failure) => {
+                    self.record(i, &failure);
+                    errors.push(self.named(i, &failure.error.to_string()));
+                }
+            }
+        }
+        match self.health() {
+            Err(why) => Err(MailError::Relay(why)),
+            Ok(()) if errors.is_empty() => Ok(()),
+            Ok(()) => Err(MailError::Relay(errors.join("; "))),
+        }
+    }
+
+    /// Each relay checked on its own (for `check-config --connect`), even
+    /// those whose circuit is open.
+    pub(super) async fn check_each(&self) -> Vec<(String, Result<(), MailError>)> {
+        let mut out = Vec::new();
+        for relay in &self.list {
+            let r = relay
+                .pool
+                .check(Instant::now() + self.timeout)
+                .await
+                .map_err(|f| f.error);
+            out.push((relay.name.clone(), r));
+        }
+        out
+    }
+
+    /// `Ok` while some relay takes mail and its latest send or session
+    /// setup worked; else `Err` with each relay's state and why.
+    pub(super) fn health(&self) -> Result<(), String> {
+        let healthy = self.list.iter().any(|r| {
+            let s = lock(&r.status);
+            s.circuit.takes_mail() && s.health.is_ok()
+        });
+        if healthy {
+            return Ok(());
+        }
+        if let [relay] = &self.list[..] {
+            // One relay: its failure in its own words.
+            let s = lock(&relay.status);
+            let why = s.health.clone().err().unwrap_or_default();
+            return Err(match s.circuit.state() {
+                State::Closed => why,
+                state => format!("{why} (circuit {}{})", state.as_str(), self.next_probe(&s)),
+            });
+        }
+        Err(format!("no SMTP relay takes mail: {}", self.states()))
+    }
+
+    /// Whether some relay's circuit is closed.
+    pub(super) fn available(&self) -> bool {
+        *self.available.borrow()
+    }
+
+    /// Waits until some relay's circuit is closed.
+    pub(super) async fn until_available(&self) {
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let mut rx = self.available.subscribe();
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = rx.wait_for(|up| *up).await;
+    }
+
+    /// How many callers wait in [`Relays::until_available`] now.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Every relay's name, circuit state and latest failure.
+    fn states(&self) -> String {
+        self.list
+            .iter()
+            .map(|r| {
+                let s = lock(&r.status);
+                let state = match (s.circuit.state(), &s.health) {
+                    (State::Closed, Ok(())) => "ok".to_owned(),
+                    (State::Closed, Err(_)) => format!(
+                        "failing, {} failure(s) in a row, circuit closed",
+                        s.circuit.failures()
+                    ),
+                    (state, _) => format!("circuit {}{}", state.as_str(), self.next_probe(&s)),
+                };
+                match &s.health {
+                    Err(why) => format!("{} ({state}): {why}", r.name),
+                    Ok(()) => format!("{} ({state})", r.name),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn next_probe(&self, s: &Status) -> String {
+        match s.circuit.probe_at() {
+            Some(at) => format!(
+                ", next probe in {}",
+                humantime::format_duration(Duration::from_secs(
+                    at.saturating_duration_since(Instant::now()).as_secs()
+                ))
+            ),
+            None => String::new(),
+        }
+    }
+
+    fn named(&self, i: usize, why: &str) -> String {
+        if self.list.len() == 1 {
+            why.to_owned()
+        } else {
+            format!("{}: {why}", self.list[i].name)
+        }
+    }
+}
