@@ -3,14 +3,15 @@
 //!
 //! Mail goes to one relay (`smtp.url`) or to several in order of
 //! preference (`[[smtp.relays]]`), each with its own connections and a
-//! circuit breaker ([`relays`]): a send fails over to the next relay only
+//! circuit breaker (`relays/`): a send fails over to the next relay only
 //! while nothing of the mail was handed over.
 //!
 //! Addresses are parsed by lettre and headers are written by lettre, never
 //! spliced as text, so no field can add a header. Every send has one deadline
 //! for the whole SMTP transaction. Failures are classified by the SMTP phase
 //! they happened in ([`MailError`]); a connection is reused only after a
-//! fully successful transaction ([`pool`], [`smtp`]).
+//! fully successful transaction (`pool.rs`; `smtp/` runs a session and
+//! classifies its failures).
 
 mod pool;
 mod relays;

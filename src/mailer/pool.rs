@@ -40,7 +40,9 @@ struct Parked {
 /// [`Failed::is_relay_fault`]), so it counts against the relay's circuit.
 #[derive(Debug, Clone)]
 pub(super) struct Failure {
+    /// The error for the caller.
     pub(super) error: MailError,
+    /// Whether it counts against the relay's circuit.
     pub(super) relay_fault: bool,
     /// A refusal that is the relay's if it repeats for other recipients in
     /// a row: its code ([`smtp::Refusal::Suspect`]).

@@ -116,6 +116,9 @@ pub(super) struct Relays {
 }
 
 impl Relays {
+    /// The named relays, in order of preference, every circuit closed
+    /// (opening as `circuit` says); a probe takes one of `slots` and has
+    /// `timeout`.
     pub(super) fn new(
         relays: Vec<(String, SmtpPool)>,
         circuit: &crate::settings::CircuitSettings,

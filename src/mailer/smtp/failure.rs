@@ -134,6 +134,8 @@ pub(in crate::mailer) struct Failed {
 }
 
 impl Failed {
+    /// A failure found before anything was sent: the server cannot do
+    /// what `phase` needs, for the reason `why`.
     pub(super) fn unsupported(phase: Phase, why: String) -> Self {
         Self {
             phase,
