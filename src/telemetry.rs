@@ -33,8 +33,6 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::ledger::Verdict;
-use crate::limiter::RuleRef;
 use crate::wire::Status;
 
 /// The process-wide Prometheus recorder, installed on first use. Metrics
@@ -83,55 +81,6 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
         metrics::histogram!("mailgate_publish_to_result_seconds", "status" => s)
             .record(d.as_secs_f64());
     }
-}
-
-/// The ledger answered an admission (`verdict`: what it found or did; on
-/// rejections also the binding rule; `shadow`: the shadow rule that would
-/// have rejected an admitted job; `by_override`: the kind of the override
-/// that changed how it was judged).
-pub fn admission(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Option<&'static str>) {
-    if let (Some(kind), Verdict::Admitted | Verdict::Rejected { .. }) = (by_override, verdict) {
-        metrics::counter!("mailgate_limiter_override_decisions_total", "kind" => kind).increment(1);
-    }
-    if let Some(rule) = shadow {
-        metrics::counter!(
-            "mailgate_limiter_shadow_rejections_total",
-            "scope" => rule.scope.as_str(),
-            "window" => rule.window_ms.to_string(),
-            "max" => rule.max.to_string(),
-        )
-        .increment(1);
-    }
-    let v = match verdict {
-        Verdict::Rejected { rule, .. } => {
-            // A deny's "window" is the time it has left, different on every
-            // rejection: labelled so, each would be a series of its own
-            // (found by review). Every deny is one series per scope.
-            let window = match rule.max {
-                0 => "deny".to_owned(),
-                _ => rule.window_ms.to_string(),
-            };
-            metrics::counter!(
-                "mailgate_limiter_decisions_total",
-                "verdict" => "rejected",
-                "scope" => rule.scope.as_str(),
-                "window_ms" => window,
-                "max" => rule.max.to_string(),
-            )
-            .increment(1);
-            return;
-        }
-        Verdict::Admitted => "admitted",
-        Verdict::Resumed { .. } => "resumed",
-        Verdict::Expired => "expired",
-        Verdict::Busy { .. } => "busy",
-        Verdict::Sent { .. } => "sent",
-        Verdict::Unknown { .. } => "unknown",
-        Verdict::Finished { .. } => "finished",
-        Verdict::Conflict => "conflict",
-        Verdict::Superseded { .. } => "superseded",
-    };
-    metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
 }
 
 /// Every counter and gauge `deploy/grafana` and `deploy/prometheus` read,

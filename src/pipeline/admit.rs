@@ -10,7 +10,6 @@ use tracing::Instrument as _;
 use crate::domain::Job;
 use crate::ledger::{Admission, Entry, JobRef, Ledger, LedgerError, Verdict};
 use crate::limiter::{Clock, Request, Rooms, RuleRef};
-use crate::telemetry;
 
 use super::outcome::{DELIVERY_UNKNOWN, Outcome, refund_outcome};
 use super::retry::ledger_error;
@@ -76,7 +75,7 @@ impl<L: Ledger> Pipeline<L> {
                     .await);
             }
         };
-        telemetry::admission(
+        record(
             &admission.verdict,
             admission.shadow.as_ref(),
             admission.by_override,
@@ -248,4 +247,55 @@ pub(super) fn request(job: &Job) -> Request<'_> {
 /// A timestamp as ms since the epoch (0 before it).
 fn ms_since_epoch(t: jiff::Timestamp) -> u64 {
     u64::try_from(t.as_millisecond()).unwrap_or(0)
+}
+
+/// Counts the ledger's answer to an admission in the limiter's metrics
+/// (`mailgate_limiter_*`; [`crate::telemetry::register`] lists them):
+/// `verdict` is what it found or did, with the binding rule of a
+/// rejection; `shadow` the shadow rule that would have rejected an
+/// admitted job; `by_override` the kind of the override that changed how
+/// it was judged.
+fn record(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Option<&'static str>) {
+    if let (Some(kind), Verdict::Admitted | Verdict::Rejected { .. }) = (by_override, verdict) {
+        metrics::counter!("mailgate_limiter_override_decisions_total", "kind" => kind).increment(1);
+    }
+    if let Some(rule) = shadow {
+        metrics::counter!(
+            "mailgate_limiter_shadow_rejections_total",
+            "scope" => rule.scope.as_str(),
+            "window" => rule.window_ms.to_string(),
+            "max" => rule.max.to_string(),
+        )
+        .increment(1);
+    }
+    let v = match verdict {
+        Verdict::Rejected { rule, .. } => {
+            // A deny's "window" is the time it has left, different on every
+            // rejection: labelled so, each would be a series of its own.
+            // Every deny is one series per scope.
+            let window = match rule.max {
+                0 => "deny".to_owned(),
+                _ => rule.window_ms.to_string(),
+            };
+            metrics::counter!(
+                "mailgate_limiter_decisions_total",
+                "verdict" => "rejected",
+                "scope" => rule.scope.as_str(),
+                "window_ms" => window,
+                "max" => rule.max.to_string(),
+            )
+            .increment(1);
+            return;
+        }
+        Verdict::Admitted => "admitted",
+        Verdict::Resumed { .. } => "resumed",
+        Verdict::Expired => "expired",
+        Verdict::Busy { .. } => "busy",
+        Verdict::Sent { .. } => "sent",
+        Verdict::Unknown { .. } => "unknown",
+        Verdict::Finished { .. } => "finished",
+        Verdict::Conflict => "conflict",
+        Verdict::Superseded { .. } => "superseded",
+    };
+    metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
 }
