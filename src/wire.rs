@@ -55,7 +55,7 @@ struct JobWire {
     created_at: Option<Value>,
     /// Read leniently, as `created_at`: a producer may already send
     /// fields of these names; a value of another type is ignored, never a
-    /// reason to refuse the job (found by review).
+    /// reason to refuse the job.
     session: Option<Value>,
     known_mailbox: Option<Value>,
 }

@@ -40,8 +40,8 @@ pub struct Job {
 /// one of the same requester, so a stranger asking for the same mailbox
 /// cannot cancel its owner's code. It may be a session token: only its
 /// digest is kept (compared, hashed into a key), never the text, and any
-/// non-empty string is one (found by review: refusing long or odd ones
-/// made an existing producer's jobs invalid).
+/// non-empty string is one (refusing long or odd ones would make an
+/// existing producer's jobs invalid).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Session([u8; 16]);
 

@@ -48,8 +48,8 @@ pub use crate::domain::boot_ms;
 /// clock running ahead of it by more than the canary's life means Redis may
 /// have expired what still counts, even where the canary cannot tell: the
 /// worker's wall clock stepped with Redis's (one bad NTP source for both),
-/// or the step lasted longer than the canary's life (found by review: both
-/// mailed a code twice). A worker's own wall clock plays no part, and its
+/// or the step lasted longer than the canary's life (either could mail a
+/// code twice). A worker's own wall clock plays no part, and its
 /// boot clock counts a suspended host's sleep. What was there before the
 /// worker started is its baseline.
 #[derive(Debug, Default)]

@@ -168,9 +168,8 @@ pub struct JobRef<'a> {
     /// send with the attempt, so two deliveries of one message (a copy
     /// delivered twice, headers a producer wrote) cannot give back or
     /// settle each other's send: a delivery whose admission reply was lost
-    /// gives back the mark only if it set it (found by review: one twin's
-    /// release undid the other's mark mid-send, and the job was mailed
-    /// twice).
+    /// gives back the mark only if it set it (else one twin's release
+    /// could undo the other's mark mid-send, and the job be mailed twice).
     pub holder: u64,
 }
 
@@ -344,8 +343,8 @@ impl LedgerError {
         match self {
             LedgerError::Redis(e) => {
                 use ::redis::ErrorKind;
-                // Found by review: BUSY (a script running past its limit)
-                // failed every job after its attempts.
+                // BUSY (a script running past its limit) is the server's
+                // state, not the job's: it must not spend attempts.
                 const OUTAGES: [&str; 11] = [
                     "LOADING",
                     "MASTERDOWN",
