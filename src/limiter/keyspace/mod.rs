@@ -1,0 +1,342 @@
+//! Key naming and policy shared by both backends: which key counts a
+//! mailbox, a network, a domain or a network's share of it; which rule
+//! sets there are and how scripts name them; the overrides in force; and
+//! the keeps and periods derived from `limits`.
+
+mod applicable;
+
+use super::rules::push_rule_set;
+use super::{CLOCK_SLACK_MS, Request, RuleSet, Scope, ScopeMap, Subject, overrides};
+use crate::domain::{IpKey, JobId, RegistrableDomain};
+use crate::settings::{LimitSettings, Rule};
+
+pub(crate) use self::applicable::Applied;
+
+/// The widest IPv4 network one client counts as in a domain's network
+/// share ([`Keyspace::share_key`]): a /24, as hosting providers and
+/// offices are commonly given.
+pub const SHARE_IPV4_PREFIX: u8 = 24;
+
+/// The widest IPv6 network one client counts as in a domain's network
+/// share: a /48, a whole site's allocation (a host given a /48 holds
+/// 65 536 /64s, each a network of the IP scope's default grouping).
+pub const SHARE_IPV6_PREFIX: u8 = 48;
+
+/// Key naming and policy lookup shared by both backends, so a mailbox or
+/// network means the same key and the same rules whichever backend counts.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyspace {
+    pub prefix: String,
+    pub limits: LimitSettings,
+    /// The defaults of each scope, then each purpose's own; the
+    /// overrides' sets are numbered after them. A set's number is how
+    /// script calls name it.
+    pub sets: Vec<std::sync::Arc<RuleSet>>,
+    /// Each scope's default set's number in `sets`.
+    defaults: ScopeMap<usize>,
+    /// purpose → its own set's number per scope, if any.
+    purposes: std::collections::HashMap<String, ScopeMap<Option<usize>>>,
+    /// A domain rule set's number → the number of its network share
+    /// ([`RuleSet::shared`]), where the share holds anything back.
+    shares: std::collections::HashMap<usize, usize>,
+    /// Registrable domains the domain scope does not count.
+    exempt: std::collections::HashSet<RegistrableDomain>,
+    /// The overrides in force (shared by clones: swapped as they change).
+    table: std::sync::Arc<arc_swap::ArcSwap<overrides::Table>>,
+    /// `redis.max_clock_skew`, ms: a decision on Redis's own clock is
+    /// refused where that clock is further from the worker's (see
+    /// `ledger::clock`); `None` in memory (one clock).
+    pub clock_guard_ms: Option<u64>,
+    /// Redis's time and this host's boot clock at the worker's last reading
+    /// of Redis's clocks (`ledger::clock`), so that a decision can tell
+    /// where Redis's clock should be now; shared by clones.
+    pub redis_clock: std::sync::Arc<std::sync::Mutex<Option<(u64, u64)>>>,
+}
+
+impl Keyspace {
+    pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
+        let set = |scope: Scope, rules: &[Rule]| RuleSet {
+            deny_until_ms: None,
+            rules: rules.to_vec(),
+            keep_ms: (limits.rule_lists(scope).flatten())
+                .map(Rule::window_ms)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+                .saturating_add(CLOCK_SLACK_MS),
+        };
+        let mut sets: Vec<std::sync::Arc<RuleSet>> = Vec::new();
+        let number = |sets: &mut Vec<_>, scope: Scope, rules: &[Rule]| {
+            sets.push(std::sync::Arc::new(set(scope, rules)));
+            sets.len() - 1
+        };
+        let defaults = (limits.scope_rules()).map(|scope, rules| number(&mut sets, scope, rules));
+        let mut purposes = std::collections::HashMap::new();
+        for purpose in limits.purpose.keys() {
+            let own = ScopeMap::from_fn(|scope| {
+                (limits.purpose_rules(purpose, scope)).map(|rules| number(&mut sets, scope, rules))
+            });
+            purposes.insert(purpose.clone(), own);
+        }
+        let mut shares = std::collections::HashMap::new();
+        let domain_sets = std::iter::once(defaults[Scope::Domain])
+            .chain(purposes.values().filter_map(|own| own[Scope::Domain]));
+        for index in domain_sets.collect::<std::collections::BTreeSet<_>>() {
+            if let Some(share) = sets[index].shared(limits.domain.network_share) {
+                shares.insert(index, sets.len());
+                sets.push(std::sync::Arc::new(share));
+            }
+        }
+        Self {
+            prefix: prefix.to_owned(),
+            limits: limits.clone(),
+            sets,
+            defaults,
+            purposes,
+            shares,
+            exempt: limits.domain.exempt.iter().cloned().collect(),
+            table: Default::default(),
+            clock_guard_ms: None,
+            redis_clock: Default::default(),
+        }
+    }
+
+    /// An override as the limiter counts its subject: a network narrower
+    /// than the IP scope's grouping (`ipv4_prefix`, `ipv6_prefix`) widened
+    /// to it, since the clients of one group share one log;
+    /// `googlemail.com` as `gmail.com` where mailboxes are normalized so.
+    pub fn counted(&self, mut ov: overrides::Override) -> overrides::Override {
+        use overrides::Target;
+        let l = &self.limits;
+        match &mut ov.target {
+            Target::Net(net) => {
+                let group = match net {
+                    ipnet::IpNet::V4(_) => l.ipv4_prefix.min(32),
+                    ipnet::IpNet::V6(_) => l.ipv6_prefix.min(128),
+                };
+                if net.prefix_len() > group
+                    && let Ok(wide) = ipnet::IpNet::new(net.addr(), group)
+                {
+                    *net = wide.trunc();
+                }
+            }
+            Target::Domain(d)
+                if l.normalize.googlemail_alias && d.to_string() == "googlemail.com" =>
+            {
+                if let Ok(gmail) = RegistrableDomain::parse_exact("gmail.com") {
+                    *d = gmail;
+                }
+            }
+            _ => {}
+        }
+        ov
+    }
+
+    /// Puts `overrides` in force (as read at `version`, the stamp of their
+    /// hash);
+    /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
+    pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<String>) -> usize {
+        let keep = |scope: Scope| self.sets[self.defaults[scope]].keep_ms;
+        let overrides = overrides.into_iter().map(|o| self.counted(o)).collect();
+        let mut table = overrides::Table::new(
+            overrides,
+            |e| self.key_of(Subject::Email(e)),
+            |d| self.key_of(Subject::Domain(d)),
+            self.sets.len(),
+            keep,
+            |set| set.shared(self.limits.domain.network_share),
+        );
+        table.version = version;
+        let n = table.len();
+        self.table.store(std::sync::Arc::new(table));
+        n
+    }
+
+    /// The overrides in force at `now_ms`: built again first if one of
+    /// several merged for a subject expired ([`overrides::Table`]).
+    fn table_at(&self, now_ms: u64) -> std::sync::Arc<overrides::Table> {
+        let table = self.table.load_full();
+        if table.rebuild_at.is_none_or(|t| t > now_ms) {
+            return table;
+        }
+        let live = (table.all.iter())
+            .filter(|o| o.live(now_ms))
+            .cloned()
+            .collect();
+        self.install(live, table.version.clone());
+        self.table.load_full()
+    }
+
+    /// The stamp of the overrides' hash in force, if any was read.
+    pub fn overrides_version(&self) -> Option<String> {
+        self.table.load().version.clone()
+    }
+
+    /// The key of job `id`'s ledger record.
+    pub fn record_key(&self, id: &JobId) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + 4 + id.as_str().len());
+        key.push_str(&self.prefix);
+        key.push_str("job:");
+        key.push_str(id.as_str());
+        key
+    }
+
+    /// The rule sets as `decide.lua` reads them from ARGV: their count, then
+    /// for each its number of rules, how long its keys keep admissions, and
+    /// each rule's `(window_ms, max)`; then the overrides' sets `extra`
+    /// names (their count, then each one's number and set).
+    pub fn rule_set_args(&self, extra: &[(usize, std::sync::Arc<RuleSet>)]) -> Vec<i64> {
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut args = vec![int(self.sets.len())];
+        for set in &self.sets {
+            push_rule_set(set, &mut args);
+        }
+        args.push(int(extra.len()));
+        for (index, set) in extra {
+            args.push(int(index + 1));
+            push_rule_set(set, &mut args);
+        }
+        args
+    }
+
+    /// Rule set `set` alone, as `decide.lua` reads rule sets (a count of 1,
+    /// then the set, and no extra ones).
+    pub fn one_rule_set_args(set: &RuleSet) -> Vec<i64> {
+        let mut args = vec![1];
+        push_rule_set(set, &mut args);
+        args.push(0);
+        args
+    }
+
+    /// The key of a subject's log.
+    pub fn key_of(&self, subject: Subject<'_>) -> String {
+        let l = &self.limits;
+        match subject {
+            Subject::Email(email) => {
+                let mut key = String::with_capacity(self.prefix.len() + 6 + email.as_str().len());
+                key.push_str(&self.prefix);
+                key.push_str("email:");
+                email.push_mailbox_key(&l.normalize, &mut key);
+                key
+            }
+            Subject::Ip(ip) => format!(
+                "{}ip:{}",
+                self.prefix,
+                ip.network(l.ipv4_prefix, l.ipv6_prefix)
+            ),
+            Subject::Domain(domain) => format!("{}domain:{domain}", self.prefix),
+            Subject::Share(domain, ip) => self.share_key(&self.key_of(Subject::Domain(domain)), ip),
+        }
+    }
+
+    /// The key of one client network's share of a domain's log
+    /// (`domain_key` is the domain's): `<domain key>:net:<network>`, the
+    /// network an IPv4 /24 or an IPv6 /48 (narrower if the IP scope groups
+    /// wider), so that one customer's whole allocation is one network. A
+    /// domain holds no `:`, so no domain's key is another's share.
+    pub fn share_key(&self, domain_key: &str, ip: &IpKey) -> String {
+        let l = &self.limits;
+        let net = ip.network(
+            SHARE_IPV4_PREFIX.min(l.ipv4_prefix),
+            SHARE_IPV6_PREFIX.min(l.ipv6_prefix),
+        );
+        format!("{domain_key}:net:{net}")
+    }
+
+    /// The key naming the newest job admitted for `req`'s mailbox and
+    /// purpose by its requester, if its purpose `supersede`s (see
+    /// [`LimitSettings::supersede`]). The requester is the job's `session`,
+    /// or without one its client network as the IP scope groups it, or
+    /// without either nobody in particular: a job is superseded only by a
+    /// newer one of the same requester, so a stranger asking for the
+    /// owner's mailbox never has the owner's waiting code answered
+    /// `superseded`. The requester is hashed into the key, so no session is
+    /// stored.
+    pub fn latest_key(&self, req: &Request<'_>) -> Option<String> {
+        use sha2::Digest;
+        let purpose = req.purpose.map_or("", |p| p.as_str());
+        if !self.limits.supersedes(purpose) {
+            return None;
+        }
+        let requester = match (req.session, req.ip) {
+            (Some(s), _) => [b"s".as_slice(), s.digest()].concat(),
+            (None, Some(ip)) => format!("n{}", self.key_of(Subject::Ip(ip))).into_bytes(),
+            (None, None) => b"-".to_vec(),
+        };
+        let digest = sha2::Sha256::digest(&requester);
+        let mut key = String::with_capacity(self.prefix.len() + 28 + purpose.len() + 64);
+        key.push_str(&self.prefix);
+        key.push_str("newest:");
+        key.push_str(purpose);
+        key.push(':');
+        for b in &digest[..8] {
+            key.push_str(&format!("{b:02x}"));
+        }
+        key.push(':');
+        req.email.push_mailbox_key(&self.limits.normalize, &mut key);
+        Some(key)
+    }
+
+    /// Whether `subject` is left uncounted (a domain `limits.domain.exempt`
+    /// names).
+    pub fn exempts(&self, subject: Subject<'_>) -> bool {
+        matches!(subject, Subject::Domain(d) | Subject::Share(d, _) if self.exempt.contains(d))
+    }
+
+    /// Where Redis's clock should be now (ms): its time at the last reading
+    /// moved on by this host's boot clock, which no one steps; before any
+    /// reading, this host's wall clock.
+    pub fn expected_redis_ms(&self) -> u64 {
+        let last = *self
+            .redis_clock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last {
+            Some((redis, boot)) => {
+                redis.saturating_add(crate::domain::boot_ms().saturating_sub(boot))
+            }
+            None => crate::domain::now_ms(),
+        }
+    }
+
+    /// `limits.supersede_skew` in ms.
+    pub fn supersede_skew_ms(&self) -> u64 {
+        u64::try_from(self.limits.supersede_skew.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        u64::try_from(self.limits.send_lease.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    pub fn dedup_ms(&self) -> u64 {
+        u64::try_from(self.limits.dedup_for.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// How long Redis keeps a job record (and a `newest` key) after its last
+    /// write: `limits.dedup_for` and [`CLOCK_SLACK_MS`], so a forward step
+    /// of Redis's clock within the slack deletes no record that still
+    /// keeps an id from being mailed twice.
+    pub fn record_keep_ms(&self) -> u64 {
+        self.dedup_ms().saturating_add(CLOCK_SLACK_MS)
+    }
+
+    /// How long anything mailgate keeps can still count: the longest of
+    /// `limits.dedup_for` and the configured rules' windows (and stored
+    /// overrides' own windows), in ms. Whatever Redis lost by a step of its
+    /// clock no longer matters this long after it (see `ledger::clock`).
+    pub fn horizon_ms(&self) -> u64 {
+        let table = self.table.load();
+        let overrides = table.all.iter().flat_map(|ov| match &ov.action {
+            overrides::Action::Rules(rules) => rules.as_slice(),
+            overrides::Action::Allow | overrides::Action::Deny => &[],
+        });
+        (self.sets.iter().flat_map(|set| set.rules.iter()))
+            .chain(overrides)
+            .map(Rule::window_ms)
+            .fold(self.dedup_ms(), u64::max)
+    }
+}
