@@ -1,3 +1,6 @@
+//! Overrides: how targets parse and how a subject's overrides hold in the
+//! [`Table`].
+
 use super::*;
 
 #[test]
@@ -63,47 +66,65 @@ fn the_narrowest_live_network_matches() {
     assert_eq!(table.len(), 3);
 }
 
-/// Overrides of one subject (stored apart, widened to one) hold by what
-/// they do and how long they last, not by the order their fields are read
-/// in: every live rules override holds (1 a minute and 1000 a day
-/// together), a newer, shorter deny hides no longer one, and once the
-/// stronger expires the weaker holds at once.
-#[test]
-fn overrides_of_one_subject_hold_together_in_order() {
-    use crate::settings::Rule;
-    use std::time::Duration;
-    let ov = |action: Action, expires: Option<u64>, added| Override {
+// Overrides of one subject (stored apart, widened to one) hold by what
+// they do and how long they last, not by the order their fields are read
+// in: every live rules override holds (1 a minute and 1000 a day
+// together), a newer, shorter deny hides no longer one, and once the
+// stronger expires the weaker holds at once.
+
+/// An override of the network 10.1.2.0/24.
+fn ov(action: Action, expires: Option<u64>, added: u64) -> Override {
+    Override {
         target: Target::parse("ip:10.1.2.0/24").unwrap(),
         action,
         reason: format!("r{added}"),
         expires_at_ms: expires,
         added_at_ms: added,
-    };
-    let rule = |s: u64, n: u32| Rule::new(Duration::from_secs(s), n);
-    // As the table is built again when a merged one expires.
-    let held = |ovs: Vec<Override>, now| {
-        let ovs = ovs.into_iter().filter(|o| o.live(now)).collect();
-        let table = Table::new(
-            ovs,
-            |e| e.to_string(),
-            |d| d.to_string(),
-            3,
-            |_| 1,
-            |_| None,
-        );
-        assert!(table.len() <= 1);
-        let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
-        hit.map(|h| (h.ov.action.clone(), h.ov.expires_at_ms))
-    };
-    let rules_of = |held: Option<(Action, Option<u64>)>| match held {
+    }
+}
+
+/// `n` per `s` seconds.
+fn rule(s: u64, n: u32) -> Rule {
+    Rule::new(std::time::Duration::from_secs(s), n)
+}
+
+/// The table of `ovs`, rule sets numbered from 3.
+fn table_of(ovs: Vec<Override>) -> Table {
+    Table::new(
+        ovs,
+        |e| e.to_string(),
+        |d| d.to_string(),
+        3,
+        |_| 1,
+        |_| None,
+    )
+}
+
+/// What holds for 10.1.2.3 at `now` among `ovs`, the table built of the
+/// live ones (as it is built again when a merged one expires).
+fn held(ovs: Vec<Override>, now: u64) -> Option<(Action, Option<u64>)> {
+    let ovs = ovs.into_iter().filter(|o| o.live(now)).collect();
+    let table = table_of(ovs);
+    assert!(table.len() <= 1);
+    let hit = table.ip("10.1.2.3".parse().unwrap(), now).cloned();
+    hit.map(|h| (h.ov.action.clone(), h.ov.expires_at_ms))
+}
+
+/// The rules of what holds, sorted.
+fn rules_of(held: Option<(Action, Option<u64>)>) -> Vec<Rule> {
+    match held {
         Some((Action::Rules(mut r), _)) => {
             r.sort_by_key(|r| (r.window, r.max));
             r
         }
         other => panic!("{other:?}"),
-    };
-    // 1 a minute and 1000 a day both apply, in either order; when the
-    // first to expire does, the other alone.
+    }
+}
+
+/// 1 a minute and 1000 a day both apply, in either order; when the first
+/// to expire does, the other alone.
+#[test]
+fn rules_overrides_of_one_subject_all_hold() {
     for ovs in [
         vec![
             ov(Action::Rules(vec![rule(60, 1)]), Some(100), 1),
@@ -120,8 +141,12 @@ fn overrides_of_one_subject_hold_together_in_order() {
         );
         assert_eq!(rules_of(held(ovs, 150)), [rule(86400, 1000)]);
     }
-    // However many, one set: the tightest max per window; built again
-    // when the first of them expires.
+}
+
+/// However many, one set: the tightest max per window; built again when
+/// the first of them expires.
+#[test]
+fn many_rules_overrides_make_one_set_of_the_tightest() {
     let many: Vec<Override> = (1..=1000)
         .map(|i| {
             ov(
@@ -134,14 +159,7 @@ fn overrides_of_one_subject_hold_together_in_order() {
             )
         })
         .collect();
-    let table = Table::new(
-        many.clone(),
-        |e| e.to_string(),
-        |d| d.to_string(),
-        3,
-        |_| 1,
-        |_| None,
-    );
+    let table = table_of(many);
     assert_eq!(table.rebuild_at, Some(1001));
     let hit = table.ip("10.1.2.3".parse().unwrap(), 10).unwrap();
     let set = &hit.set.as_ref().unwrap().1;
@@ -150,10 +168,14 @@ fn overrides_of_one_subject_hold_together_in_order() {
         set.rules.contains(&rule(60, 1)),
         "the tightest of the minute rules"
     );
-    // Of two denies the longest-lasting holds, newer or not.
+}
+
+/// Of two denies the longest-lasting holds, newer or not; a deny holds
+/// while it lasts, then the rules, then the allow.
+#[test]
+fn denies_then_rules_then_allows_hold_in_turn() {
     let denies = vec![ov(Action::Deny, None, 1), ov(Action::Deny, Some(100), 2)];
     assert_eq!(held(denies, 10), Some((Action::Deny, None)));
-    // A deny holds while it lasts; then the rules; then the allow.
     let all = || {
         vec![
             ov(Action::Allow, None, 1),
