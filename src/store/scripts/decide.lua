@@ -4,7 +4,7 @@ script: the registry (src/store/scripts/mod.rs) places it, as the body of a
 function, in front of each script that decides (ledger.lua, scope.lua), and
 binds the table it returns (at the end of this file: its whole API) to
 their local `decide`; nothing else of it is visible to them. So the
-limiter's semantics live here once. Requires Redis >= 5 (effects
+decision's code lives here once. Requires Redis >= 5 (effects
 replication, so TIME may be read before writing).
 
 Data: one sorted set per scope key (<prefix>email:<mailbox>,
@@ -16,17 +16,14 @@ repeated in the member so reads need no WITHSCORES (formatting scores costs
 Redis more than the rest of a decision). A key lives keep_ms (its scope's
 longest window and an hour) after its newest admission.
 
-Semantics: a request is admitted iff for every rule (W, N) of every scope,
-fewer than N admissions of that key lie after now - W. Admissions "after
-now" (recorded before Redis's clock stepped back) count as inside every
-window, and an admission is forgotten only keep_ms after it (an hour more
-than the longest window), so quota is never freed while the clock is at most
-an hour behind the newest time it showed. That holds iff the N-th newest
-admission (if any) is at or before now - W, so only the newest few entries of
-a log are ever read. A full rule frees up at
-t_N + W, where t_N is that N-th newest time; retry_after is the largest such
-wait over all rules, and the first rule (scope order, then rule order) with
-that wait is the binding one.
+Semantics: docs/contract.md is the normative text (Behaviour: "Rules and
+windows", "Scopes"); these functions implement it. A rule (W, N) has room
+iff the N-th newest admission of its key (if any) is at or before now - W,
+so only the newest few entries of a log are ever read, and a full rule
+frees up at that admission's time + W. An admission is forgotten only
+keep_ms after it (an hour more than the longest window), so quota is never
+freed while Redis's clock is at most an hour behind the newest time it
+showed.
 
 Rule sets travel in ARGV (written by limiter::Keyspace::rule_set_args):
   R, the number of rule sets; then for each: r, the number of its rules;

@@ -2,8 +2,7 @@
 mailgate overrides prune: drops the overrides whose expiry passed,
 atomically (an `add` that read them first and deleted them after could
 delete one re-added in between). The hash's layout is described in
-src/limiter/overrides.rs; '~version' is its version field (VERSION in
-src/store/overrides.rs).
+src/store/overrides.rs; '~version' is its version field (VERSION there).
 
 KEYS[1]  the overrides' hash
 ARGV[1]  now, ms
