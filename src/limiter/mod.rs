@@ -12,7 +12,7 @@
 //! implement it.
 //!
 //! # Layout
-//! [`Keyspace`] (`keyspace/`) names the keys and finds the rule sets
+//! `Keyspace` (`keyspace/`) names the keys and finds the rule sets
 //! (`rules`) that judge a request, as the [`overrides`] in force change
 //! them; `usage` holds what a decision or a read of usage says ([`Room`],
 //! [`RuleUsage`]) and how it is worked out from a log; `memory` holds the
