@@ -218,7 +218,7 @@ pub struct DomainRules {
     /// domain itself (`gmail.com`, not `mail.gmail.com`).
     pub exempt: Vec<crate::domain::RegistrableDomain>,
     /// The share of each domain rule's max that one client network (an
-    /// IPv4 /24, an IPv6 /48: see `limiter::share_network`) may use: a
+    /// IPv4 /24, an IPv6 /48: see `limiter` and its keyspace's `share_key`) may use: a
     /// rule (W, N) also holds each network to `ceil(N × share)` per W.
     /// Whoever floods a domain with requests from one network can then use
     /// only that share of its quota, and needs `1 / share` networks to
