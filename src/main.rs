@@ -76,14 +76,14 @@ fn main() -> ExitCode {
     }
     match outcome {
         Ok(Ok(true)) => ExitCode::SUCCESS,
-        Ok(Ok(false)) => ExitCode::FAILURE,
         Ok(Err(e)) => {
             // One line: the error and its causes, no backtrace.
             eprintln!("error: {}", cli::one_line(&e));
             ExitCode::FAILURE
         }
-        // A panic was already printed by the panic hook.
-        Err(_) => ExitCode::FAILURE,
+        // The command said what failed; a panic was already printed by the
+        // panic hook.
+        Ok(Ok(false)) | Err(_) => ExitCode::FAILURE,
     }
 }
 

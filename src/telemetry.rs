@@ -160,6 +160,7 @@ pub fn smtp_send(outcome: &'static str, took: Duration) {
 
 /// Counts one job in flight for as long as it lives, even if its task is
 /// aborted.
+#[derive(Debug)]
 pub struct InFlight(());
 
 impl InFlight {

@@ -58,6 +58,7 @@ pub enum TemplateError {
 }
 
 /// The loaded templates.
+#[derive(Debug)]
 pub struct Templates {
     env: Environment<'static>,
     /// purpose → (lower-case locale → locale directory name).
@@ -395,9 +396,9 @@ mod tests {
     }
 
     mod tempdir {
-        pub struct Dir(pub std::path::PathBuf);
+        pub(super) struct Dir(pub std::path::PathBuf);
         impl Dir {
-            pub fn new() -> Self {
+            pub(super) fn new() -> Self {
                 static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let p =
@@ -452,18 +453,18 @@ mod tests {
         files.push(("verify/de/subject.txt", "{{ code "));
         files.push(("verify/de/body.txt", "x"));
         let (_d, s) = set(&files);
-        let err = Templates::load(&s).err().expect("syntax error");
+        let err = Templates::load(&s).expect_err("syntax error");
         assert!(err.to_string().contains("verify/de/subject.txt"), "{err}");
 
         let mut files = OK.to_vec();
         files.push(("verify/fr/subject.txt", "{{ cod }}"));
         files.push(("verify/fr/body.txt", "x"));
         let (_d, s) = set(&files);
-        let err = Templates::load(&s).err().expect("undefined variable");
+        let err = Templates::load(&s).expect_err("undefined variable");
         assert!(err.to_string().contains("verify/fr/subject.txt"), "{err}");
 
         let (_d, s) = set(&[("reset/de/subject.txt", "x"), ("reset/de/body.txt", "x")]);
-        let err = Templates::load(&s).err().expect("no default locale");
+        let err = Templates::load(&s).expect_err("no default locale");
         assert!(err.to_string().contains("default locale"), "{err}");
 
         let (_d, s) = set(&[("bad.name/en/subject.txt", "x")]);
@@ -499,7 +500,7 @@ mod tests {
         files.push(("verify/zh_cn/subject.txt", "x"));
         files.push(("verify/zh_cn/body.txt", "x"));
         let (_d, s) = set(&files);
-        let err = Templates::load(&s).err().expect("ambiguous").to_string();
+        let err = Templates::load(&s).expect_err("ambiguous").to_string();
         assert!(err.contains("zh-CN") && err.contains("zh_cn"), "{err}");
 
         // A template file linked to a file outside the directory.
@@ -510,10 +511,7 @@ mod tests {
         let link = d.0.join("verify/en/body.html");
         std::fs::remove_file(&link).unwrap();
         std::os::unix::fs::symlink(&secret, &link).unwrap();
-        let err = Templates::load(&s)
-            .err()
-            .expect("escaping link")
-            .to_string();
+        let err = Templates::load(&s).expect_err("escaping link").to_string();
         assert!(
             err.contains("body.html") && err.contains("outside"),
             "{err}"
@@ -528,7 +526,7 @@ mod tests {
         // A purpose directory linked to elsewhere is refused.
         let (d, s) = set(OK);
         std::os::unix::fs::symlink(&outside.0, d.0.join("other")).unwrap();
-        let err = Templates::load(&s).err().expect("escaping dir").to_string();
+        let err = Templates::load(&s).expect_err("escaping dir").to_string();
         assert!(err.contains("other") && err.contains("outside"), "{err}");
     }
 

@@ -123,6 +123,13 @@ pub struct LinkTls {
     table: Arc<str>,
 }
 
+/// Names the type only: it holds a private key.
+impl std::fmt::Debug for LinkTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkTls").finish_non_exhaustive()
+    }
+}
+
 #[derive(Clone)]
 enum Roots {
     /// webpki-roots, compiled in.

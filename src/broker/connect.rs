@@ -187,7 +187,7 @@ async fn speaks(url: &str, timeout: Duration) -> bool {
 
 /// One connection and channel to RabbitMQ, with publisher confirms on.
 /// Cheap to clone; clones share the connection and channel.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Broker {
     /// The connection every channel is on.
     pub(super) conn: std::sync::Arc<Connection>,

@@ -31,6 +31,7 @@ pub struct TraceHeaders {
 }
 
 /// A job message as it arrived.
+#[derive(Debug)]
 pub struct Incoming {
     /// Where the producer wants the result, if not the results queue: the
     /// `reply_to` property, else (on mailgate's copies) [`REPLY_TO_HEADER`].

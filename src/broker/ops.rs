@@ -18,6 +18,7 @@ use super::{
 use crate::domain::Ticket;
 
 /// The two streams of jobs a worker consumes.
+#[derive(Debug)]
 pub struct Consumers {
     /// `J`, up to `amqp.prefetch` at a time.
     pub jobs: Consumer,

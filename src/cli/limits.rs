@@ -11,7 +11,7 @@ use crate::limiter::{Clock, Quotas, Scope, Subject, Usage};
 use crate::settings::Settings;
 
 /// `limits`' actions.
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 pub enum LimitsAction {
     /// Show each rule's use and when the next send is allowed; consumes nothing.
     Show {
@@ -78,6 +78,7 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
 
 /// What `--email`, `--ip` and `--domain` name, parsed once: the values a
 /// [`Subject`] borrows.
+#[derive(Debug)]
 pub struct Named {
     email: Option<EmailAddress>,
     ip: Option<IpKey>,

@@ -37,6 +37,7 @@ pub use results::results;
 /// Sends verification codes by mail, behind an exact rate limiter.
 #[derive(Parser)]
 #[command(name = "mailgate", version, about)]
+#[derive(Debug)]
 pub struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty, global = true, env = "MAILGATE_LOG_FORMAT")]
@@ -66,7 +67,7 @@ pub struct Cli {
 }
 
 /// How log lines are written.
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, ValueEnum, Debug)]
 pub enum LogFormat {
     /// For people.
     Pretty,
@@ -75,7 +76,7 @@ pub enum LogFormat {
 }
 
 /// What to do.
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 pub enum Command {
     /// Consume jobs and mail codes until SIGTERM or SIGINT.
     Worker,

@@ -13,7 +13,7 @@ use crate::settings::Settings;
 use crate::store::overrides::OverrideStore;
 
 /// `overrides`' actions.
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 pub enum OverridesAction {
     /// Add an override (replacing any of the same subject).
     Add(AddOverride),
@@ -31,7 +31,7 @@ pub enum OverridesAction {
 }
 
 /// `overrides add`'s flags: the override to add, and what it may do.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct AddOverride {
     /// What it matches: `email:<mailbox>`, `domain:<registrable
     /// domain>` or `ip:<address or network>` (e.g. `ip:10.0.0.0/8`).

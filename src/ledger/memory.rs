@@ -25,6 +25,13 @@ pub struct MemoryLedger {
     inner: Arc<Mutex<State>>,
 }
 
+/// Names the type only: its state is every record and log.
+impl std::fmt::Debug for MemoryLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLedger").finish_non_exhaustive()
+    }
+}
+
 struct State {
     logs: MemoryLogs,
     /// Job id → its record.

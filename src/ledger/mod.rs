@@ -450,6 +450,7 @@ pub trait Ledger: Send + Sync {
 /// The ledger a worker uses, chosen by `redis.url`: Redis, or `memory://`
 /// for a single worker without Redis (limits are not shared with other
 /// workers and nothing survives a restart).
+#[derive(Debug)]
 pub enum Backend {
     /// Shared, in Redis.
     Redis(RedisLedger),

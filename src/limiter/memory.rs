@@ -38,7 +38,7 @@ impl Log {
 
 impl MemoryLogs {
     /// Empty logs for `keys`' policy.
-    pub fn new(keys: Keyspace) -> Self {
+    pub(crate) fn new(keys: Keyspace) -> Self {
         Self {
             keys,
             logs: HashMap::new(),
@@ -46,14 +46,14 @@ impl MemoryLogs {
     }
 
     /// The policy and key names.
-    pub fn keyspace(&self) -> &Keyspace {
+    pub(crate) fn keyspace(&self) -> &Keyspace {
         &self.keys
     }
 
     /// Which enforced rule binds `scopes` (as [`Keyspace::applicable`]
     /// lists them) at `now`, and after how long (`None` if each has room);
     /// then the same of the shadow rules.
-    pub fn judge(&mut self, scopes: &[Applied], now: u64) -> [Option<(u64, RuleRef)>; 2] {
+    pub(crate) fn judge(&mut self, scopes: &[Applied], now: u64) -> [Option<(u64, RuleRef)>; 2] {
         let mut best: [Option<(u64, RuleRef)>; 2] = [None, None];
         let mut times = Vec::new();
         for Applied {
@@ -92,7 +92,7 @@ impl MemoryLogs {
 
     /// What is left of each of `scopes`' quota once an admission at `now`
     /// is recorded (asked before [`MemoryLogs::record`]).
-    pub fn rooms(&self, scopes: &[Applied], now: u64) -> Rooms {
+    pub(crate) fn rooms(&self, scopes: &[Applied], now: u64) -> Rooms {
         let mut rooms = Rooms::default();
         let mut times = Vec::new();
         for Applied {
@@ -111,7 +111,7 @@ impl MemoryLogs {
     }
 
     /// Records job `id`'s admission at `now` in each of `scopes`.
-    pub fn record(&mut self, scopes: &[Applied], now: u64, id: &str) {
+    pub(crate) fn record(&mut self, scopes: &[Applied], now: u64, id: &str) {
         let id: Arc<str> = Arc::from(id);
         // A deny's entry records nothing: its scope's own entry does.
         for Applied { key, set, .. } in scopes.iter().filter(|a| a.set.deny_until_ms.is_none()) {
@@ -129,7 +129,7 @@ impl MemoryLogs {
     /// Removes job `id`'s admission made at `at` from `scopes` (a refund).
     /// An admission of the same id at another time (made after an earlier
     /// record of the id was forgotten) stays.
-    pub fn forget(&mut self, scopes: &[Applied], at: u64, id: &str) {
+    pub(crate) fn forget(&mut self, scopes: &[Applied], at: u64, id: &str) {
         for Applied { key, .. } in scopes {
             if let Some(log) = self.logs.get_mut(key) {
                 log.entries
@@ -142,7 +142,7 @@ impl MemoryLogs {
     }
 
     /// See [`super::Quotas::usage`].
-    pub fn usage(&self, subject: Subject<'_>, purpose: Option<&Name>, now: u64) -> Usage {
+    pub(crate) fn usage(&self, subject: Subject<'_>, purpose: Option<&Name>, now: u64) -> Usage {
         let (key, set, hit) = self.keys.lookup(subject, purpose);
         let times: Vec<u64> = self
             .logs
@@ -162,7 +162,7 @@ impl MemoryLogs {
     }
 
     /// See [`super::Quotas::reset`].
-    pub fn reset(&mut self, subject: Subject<'_>) -> (String, u64) {
+    pub(crate) fn reset(&mut self, subject: Subject<'_>) -> (String, u64) {
         let key = self.keys.key_of(subject);
         let removed = self
             .logs
@@ -172,7 +172,7 @@ impl MemoryLogs {
     }
 
     /// Drops every key idle at `now` for its keep.
-    pub fn sweep(&mut self, now: u64) {
+    pub(crate) fn sweep(&mut self, now: u64) {
         self.logs.retain(|_, log| {
             log.prune(now);
             !log.entries.is_empty()
@@ -180,7 +180,7 @@ impl MemoryLogs {
     }
 
     /// How many keys are held, for memory-bound tests.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.logs.len()
     }
 }

@@ -21,7 +21,7 @@ impl RuleSet {
     /// [`Keyspace::applicable`](super::Keyspace::applicable)): each rule's
     /// max times `share`, rounded up; `None` if that holds nothing back
     /// (`share` 1, a deny, no rules).
-    pub fn shared(&self, share: f64) -> Option<RuleSet> {
+    pub(crate) fn shared(&self, share: f64) -> Option<RuleSet> {
         if self.deny_until_ms.is_some() || self.rules.is_empty() || share >= 1.0 {
             return None;
         }
@@ -40,7 +40,7 @@ impl RuleSet {
     }
 
     /// A deny's wait at `now` (`None` once it has passed, and for rules).
-    pub fn deny_wait(&self, now: u64) -> Option<u64> {
+    pub(crate) fn deny_wait(&self, now: u64) -> Option<u64> {
         let longest = crate::settings::MAX_PERIOD.as_millis() as u64;
         match self.deny_until_ms? {
             0 => Some(longest),

@@ -114,6 +114,13 @@ pub struct Mailer {
     ids: Arc<MessageIds>,
 }
 
+/// Names the type only: it holds connections and relays' credentials.
+impl std::fmt::Debug for Mailer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailer").finish_non_exhaustive()
+    }
+}
+
 /// `Message-ID`s without a system call per mail (lettre's own asks the
 /// host name and the OS random source for each one): a random 64-bit
 /// prefix drawn once per process, a counter, and the sender's domain, so
@@ -141,6 +148,7 @@ impl MessageIds {
 
 /// The right to send one mail now; see [`Mailer::reserve`]. Dropping it
 /// gives the slot back.
+#[derive(Debug)]
 pub struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 impl Mailer {

@@ -184,6 +184,7 @@ pub trait Outbox: Send + Sync {
 }
 
 /// The stages, combined.
+#[derive(Debug)]
 pub struct Pipeline<L> {
     ledger: L,
     templates: Templates,

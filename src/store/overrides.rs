@@ -47,6 +47,13 @@ pub struct OverrideStore {
     keys: Arc<Keyspace>,
 }
 
+/// Names the type only: it holds a connection.
+impl std::fmt::Debug for OverrideStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OverrideStore").finish_non_exhaustive()
+    }
+}
+
 /// What `mailgate overrides remove` did.
 #[derive(Debug, Clone, Default)]
 pub struct Removal {
@@ -255,12 +262,12 @@ async fn poll(conn: Conn, keys: Weak<Keyspace>) {
                 failing = false;
                 tracing::info!("reading the overrides works again");
             }
-            Ok(_) => {}
             Err(e) if !failing => {
                 failing = true;
                 tracing::warn!(error = %e, "cannot read the overrides; those in force stay");
             }
-            Err(_) => {}
+            // Logged once when it changes.
+            Ok(_) | Err(_) => {}
         }
     }
 }

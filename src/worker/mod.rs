@@ -84,6 +84,13 @@ pub struct Worker<L> {
     http_addr: std::net::SocketAddr,
 }
 
+/// Names the type only: it holds connections and the stages.
+impl<L> std::fmt::Debug for Worker<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").finish_non_exhaustive()
+    }
+}
+
 /// Why the worker stopped taking jobs from a connection.
 enum Stop {
     /// `shutdown` completed.

@@ -54,6 +54,13 @@ pub struct RedisLedger {
     spread: bool,
 }
 
+/// Names the type only: its connection and queue say nothing useful.
+impl std::fmt::Debug for RedisLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLedger").finish_non_exhaustive()
+    }
+}
+
 impl RedisLedger {
     /// Connects to Redis (failing if it does not answer now) and loads the
     /// scripts, so a bad URL or an unusable server shows at start-up. Must be

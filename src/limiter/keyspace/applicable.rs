@@ -30,7 +30,7 @@ impl Keyspace {
     /// A subject's key, the rules it is judged by under `purpose`, and the
     /// override in force for it, if any (its rules, or a deny, replace the
     /// scope's; an allow leaves it unlimited by the scope).
-    pub fn lookup(
+    pub(crate) fn lookup(
         &self,
         subject: Subject<'_>,
         purpose: Option<&Name>,
@@ -89,13 +89,13 @@ impl Keyspace {
     /// max cut by `limits.domain.network_share`). One network cannot spend
     /// a whole domain's quota and lock its other users out; the domain's
     /// own log still counts every network, so farming is cut at its rule.
-    pub fn applicable(&self, req: &Request<'_>) -> Vec<Applied> {
+    pub(crate) fn applicable(&self, req: &Request<'_>) -> Vec<Applied> {
         self.applicable_by(req).0
     }
 
     /// [`Keyspace::applicable`], and the kind of the override that changed
     /// them, if one did (the deny, else the allow, else rules).
-    pub fn applicable_by(&self, req: &Request<'_>) -> (Vec<Applied>, Option<&'static str>) {
+    pub(crate) fn applicable_by(&self, req: &Request<'_>) -> (Vec<Applied>, Option<&'static str>) {
         let now = crate::domain::now_ms();
         let table = self.table_at(now);
         // The domain is worked out only if something counts it.

@@ -54,7 +54,7 @@ pub(crate) struct Keyspace {
 }
 
 impl Keyspace {
-    pub fn new(prefix: &str, limits: &LimitSettings) -> Self {
+    pub(crate) fn new(prefix: &str, limits: &LimitSettings) -> Self {
         let set = |scope: Scope, rules: &[Rule]| RuleSet {
             deny_until_ms: None,
             rules: rules.to_vec(),
@@ -105,7 +105,7 @@ impl Keyspace {
     /// than the IP scope's grouping (`ipv4_prefix`, `ipv6_prefix`) widened
     /// to it, since the clients of one group share one log;
     /// `googlemail.com` as `gmail.com` where mailboxes are normalized so.
-    pub fn counted(&self, mut ov: overrides::Override) -> overrides::Override {
+    pub(crate) fn counted(&self, mut ov: overrides::Override) -> overrides::Override {
         use overrides::Target;
         let l = &self.limits;
         match &mut ov.target {
@@ -135,7 +135,11 @@ impl Keyspace {
     /// Puts `overrides` in force (as read at `version`, the stamp of their
     /// hash);
     /// how many are (one per subject, at most [`overrides::MAX_OVERRIDES`]).
-    pub fn install(&self, overrides: Vec<overrides::Override>, version: Option<String>) -> usize {
+    pub(crate) fn install(
+        &self,
+        overrides: Vec<overrides::Override>,
+        version: Option<String>,
+    ) -> usize {
         let keep = |scope: Scope| self.sets[self.defaults[scope]].keep_ms;
         let overrides = overrides.into_iter().map(|o| self.counted(o)).collect();
         let mut table = overrides::Table::new(
@@ -168,12 +172,12 @@ impl Keyspace {
     }
 
     /// The stamp of the overrides' hash in force, if any was read.
-    pub fn overrides_version(&self) -> Option<String> {
+    pub(crate) fn overrides_version(&self) -> Option<String> {
         self.table.load().version.clone()
     }
 
     /// The key of job `id`'s ledger record.
-    pub fn record_key(&self, id: &JobId) -> String {
+    pub(crate) fn record_key(&self, id: &JobId) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 4 + id.as_str().len());
         key.push_str(&self.prefix);
         key.push_str("job:");
@@ -185,7 +189,7 @@ impl Keyspace {
     /// for each its number of rules, how long its keys keep admissions, and
     /// each rule's `(window_ms, max)`; then the overrides' sets `extra`
     /// names (their count, then each one's number and set).
-    pub fn rule_set_args(&self, extra: &[(usize, std::sync::Arc<RuleSet>)]) -> Vec<i64> {
+    pub(crate) fn rule_set_args(&self, extra: &[(usize, std::sync::Arc<RuleSet>)]) -> Vec<i64> {
         let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let mut args = vec![int(self.sets.len())];
         for set in &self.sets {
@@ -201,7 +205,7 @@ impl Keyspace {
 
     /// Rule set `set` alone, as `decide.lua` reads rule sets (a count of 1,
     /// then the set, and no extra ones).
-    pub fn one_rule_set_args(set: &RuleSet) -> Vec<i64> {
+    pub(crate) fn one_rule_set_args(set: &RuleSet) -> Vec<i64> {
         let mut args = vec![1];
         push_rule_set(set, &mut args);
         args.push(0);
@@ -209,7 +213,7 @@ impl Keyspace {
     }
 
     /// The key of a subject's log.
-    pub fn key_of(&self, subject: Subject<'_>) -> String {
+    pub(crate) fn key_of(&self, subject: Subject<'_>) -> String {
         let l = &self.limits;
         match subject {
             Subject::Email(email) => {
@@ -234,7 +238,7 @@ impl Keyspace {
     /// network an IPv4 /24 or an IPv6 /48 (narrower if the IP scope groups
     /// wider), so that one customer's whole allocation is one network. A
     /// domain holds no `:`, so no domain's key is another's share.
-    pub fn share_key(&self, domain_key: &str, ip: &IpKey) -> String {
+    pub(crate) fn share_key(&self, domain_key: &str, ip: &IpKey) -> String {
         let l = &self.limits;
         let net = ip.network(
             SHARE_IPV4_PREFIX.min(l.ipv4_prefix),
@@ -252,7 +256,7 @@ impl Keyspace {
     /// owner's mailbox never has the owner's waiting code answered
     /// `superseded`. The requester is hashed into the key, so no session is
     /// stored.
-    pub fn latest_key(&self, req: &Request<'_>) -> Option<String> {
+    pub(crate) fn latest_key(&self, req: &Request<'_>) -> Option<String> {
         use sha2::Digest;
         let purpose = req.purpose.map_or("", |p| p.as_str());
         if !self.limits.supersedes(purpose) {
@@ -279,14 +283,14 @@ impl Keyspace {
 
     /// Whether `subject` is left uncounted (a domain `limits.domain.exempt`
     /// names).
-    pub fn exempts(&self, subject: Subject<'_>) -> bool {
+    pub(crate) fn exempts(&self, subject: Subject<'_>) -> bool {
         matches!(subject, Subject::Domain(d) | Subject::Share(d, _) if self.exempt.contains(d))
     }
 
     /// Where Redis's clock should be now (ms): its time at the last reading
     /// moved on by this host's boot clock, which no one steps; before any
     /// reading, this host's wall clock.
-    pub fn expected_redis_ms(&self) -> u64 {
+    pub(crate) fn expected_redis_ms(&self) -> u64 {
         let last = *self
             .redis_clock
             .lock()
@@ -300,17 +304,17 @@ impl Keyspace {
     }
 
     /// `limits.supersede_skew` in ms.
-    pub fn supersede_skew_ms(&self) -> u64 {
+    pub(crate) fn supersede_skew_ms(&self) -> u64 {
         u64::try_from(self.limits.supersede_skew.as_millis()).unwrap_or(u64::MAX)
     }
 
-    pub fn lease_ms(&self) -> u64 {
+    pub(crate) fn lease_ms(&self) -> u64 {
         u64::try_from(self.limits.send_lease.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
     }
 
-    pub fn dedup_ms(&self) -> u64 {
+    pub(crate) fn dedup_ms(&self) -> u64 {
         u64::try_from(self.limits.dedup_for.as_millis())
             .unwrap_or(u64::MAX)
             .max(1)
@@ -320,7 +324,7 @@ impl Keyspace {
     /// write: `limits.dedup_for` and [`CLOCK_SLACK_MS`], so a forward step
     /// of Redis's clock within the slack deletes no record that still
     /// keeps an id from being mailed twice.
-    pub fn record_keep_ms(&self) -> u64 {
+    pub(crate) fn record_keep_ms(&self) -> u64 {
         self.dedup_ms().saturating_add(CLOCK_SLACK_MS)
     }
 
@@ -328,7 +332,7 @@ impl Keyspace {
     /// `limits.dedup_for` and the configured rules' windows (and stored
     /// overrides' own windows), in ms. Whatever Redis lost by a step of its
     /// clock no longer matters this long after it (see `ledger::clock`).
-    pub fn horizon_ms(&self) -> u64 {
+    pub(crate) fn horizon_ms(&self) -> u64 {
         let table = self.table.load();
         let overrides = table.all.iter().flat_map(|ov| match &ov.action {
             overrides::Action::Rules(rules) => rules.as_slice(),

@@ -81,7 +81,7 @@ impl Table {
     /// scope key; rule sets are numbered from `first_set`, and a scope's
     /// keys keep admissions for at least `keep_ms` of that scope (its
     /// longest window).
-    pub fn new(
+    pub(crate) fn new(
         overrides: Vec<Override>,
         email_key: impl Fn(&EmailAddress) -> String,
         domain_key: impl Fn(&RegistrableDomain) -> String,
@@ -143,30 +143,30 @@ impl Table {
     }
 
     /// How many subjects have overrides.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Whether any override names a domain (else the domain of a request
     /// need not be worked out for them).
-    pub fn has_domains(&self) -> bool {
+    pub(crate) fn has_domains(&self) -> bool {
         !self.domains.is_empty()
     }
 
     /// The override of a mailbox (by its full email scope key) live at
     /// `now_ms`.
-    pub fn email(&self, key: &str, now_ms: u64) -> Option<&Hit> {
+    pub(crate) fn email(&self, key: &str, now_ms: u64) -> Option<&Hit> {
         first_live(self.emails.get(key), now_ms)
     }
 
     /// The override of a domain (by its full domain scope key) live at
     /// `now_ms`.
-    pub fn domain(&self, key: &str, now_ms: u64) -> Option<&Hit> {
+    pub(crate) fn domain(&self, key: &str, now_ms: u64) -> Option<&Hit> {
         first_live(self.domains.get(key), now_ms)
     }
 
     /// The override of the narrowest network holding `ip` live at `now_ms`.
-    pub fn ip(&self, ip: IpAddr, now_ms: u64) -> Option<&Hit> {
+    pub(crate) fn ip(&self, ip: IpAddr, now_ms: u64) -> Option<&Hit> {
         let v4 = ip.is_ipv4();
         self.nets
             .iter()

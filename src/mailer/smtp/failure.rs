@@ -116,10 +116,9 @@ impl Refusal {
             Some(p) if p[1] == "3" && p[2] != "4" => Refusal::Relay,
             Some(p) if p[1] == "4" && transient => Refusal::Relay,
             Some(p) if p[1] == "7" && transient && throttles => Refusal::Relay,
-            Some(_) => Refusal::Mail,
             None if code == 454 || (transient && throttles) => Refusal::Relay,
             None if matches!(code, 451 | 452 | 554) => Refusal::Suspect(code),
-            None => Refusal::Mail,
+            Some(_) | None => Refusal::Mail,
         }
     }
 }

@@ -18,14 +18,14 @@ use tokio::sync::oneshot;
 use super::smtp::SmtpSink;
 use super::{RedisCleanup, redis_settings, unique_prefix};
 
-pub fn amqp_url() -> String {
+pub(crate) fn amqp_url() -> String {
     std::env::var("MAILGATE_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// The queue type tests declare: the product's default (quorum), or what
 /// `MAILGATE_TEST_QUEUE_TYPE` (`classic` or `quorum`) says.
-pub fn queue_type() -> QueueType {
+pub(crate) fn queue_type() -> QueueType {
     match std::env::var("MAILGATE_TEST_QUEUE_TYPE").as_deref() {
         Ok("classic") => QueueType::Classic,
         Ok("quorum") => QueueType::Quorum,
@@ -34,7 +34,7 @@ pub fn queue_type() -> QueueType {
     }
 }
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub settings: Settings,
     pub sink: SmtpSink,
     pub channel: Channel,
@@ -45,7 +45,7 @@ pub struct Harness {
 }
 
 /// A worker running in this process.
-pub struct WorkerHandle {
+pub(crate) struct WorkerHandle {
     /// Where its HTTP endpoint listens.
     pub http: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -54,7 +54,7 @@ pub struct WorkerHandle {
 
 impl WorkerHandle {
     /// Asks the worker to stop (as SIGTERM does) and waits for it to return.
-    pub async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -66,12 +66,12 @@ impl WorkerHandle {
 }
 
 impl Harness {
-    pub async fn new(test: &str) -> Self {
+    pub(crate) async fn new(test: &str) -> Self {
         Self::with(test, |_| {}).await
     }
 
     /// A harness whose settings `tweak` adjusts.
-    pub async fn with(test: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
+    pub(crate) async fn with(test: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
         // The worker's log, at info unless RUST_LOG says otherwise: the test
         // runner shows it when the test fails (a fault seen once under CI's
         // load leaves its evidence).
@@ -135,7 +135,7 @@ impl Harness {
         }
     }
 
-    pub async fn start_worker(&self) -> WorkerHandle {
+    pub(crate) async fn start_worker(&self) -> WorkerHandle {
         let worker = mailgate::worker::build(&self.settings)
             .await
             .expect("the worker builds");
@@ -155,7 +155,7 @@ impl Harness {
     }
 
     /// Waits until `name` exists and has a consumer.
-    pub async fn wait_for_queue(&self, name: &str) {
+    pub(crate) async fn wait_for_queue(&self, name: &str) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let passive = QueueDeclareOptions {
@@ -182,7 +182,7 @@ impl Harness {
 
     /// The `mailgate` binary at `exe` running `args`, with the environment
     /// pointed at this harness's queues, keys and SMTP server.
-    pub fn command(&self, exe: &str, args: &[&str]) -> std::process::Command {
+    pub(crate) fn command(&self, exe: &str, args: &[&str]) -> std::process::Command {
         let s = &self.settings;
         let mut c = std::process::Command::new(exe);
         c.args(args)
@@ -262,13 +262,13 @@ impl Harness {
 
     /// A fresh channel, for checks that may close it (a passive declare of
     /// a missing queue does).
-    pub async fn channel_for_checks(&self) -> Channel {
+    pub(crate) async fn channel_for_checks(&self) -> Channel {
         self._conn.create_channel().await.expect("channel")
     }
 
     /// Every Redis key under the test's prefix, but the clock watch's
     /// (`<prefix>{clock}…`: a few, whatever the jobs).
-    pub fn redis_keys(&self) -> Vec<String> {
+    pub(crate) fn redis_keys(&self) -> Vec<String> {
         self._redis
             .keys_with_ttl()
             .into_iter()
@@ -278,7 +278,7 @@ impl Harness {
     }
 
     /// Declares a queue of the test's own (e.g. a reply_to queue).
-    pub async fn declare(&self, suffix: &str) -> String {
+    pub(crate) async fn declare(&self, suffix: &str) -> String {
         let name = format!(
             "{}{suffix}",
             self.settings.amqp.jobs_queue.trim_end_matches("jobs")
@@ -296,7 +296,7 @@ impl Harness {
     }
 
     /// Publishes a raw job body with properties.
-    pub async fn publish_raw(&self, body: &[u8], props: BasicProperties) {
+    pub(crate) async fn publish_raw(&self, body: &[u8], props: BasicProperties) {
         self.channel
             .basic_publish(
                 "".into(),
@@ -312,13 +312,13 @@ impl Harness {
     }
 
     /// Publishes a job.
-    pub async fn publish(&self, job: &Value) {
+    pub(crate) async fn publish(&self, job: &Value) {
         self.publish_raw(job.to_string().as_bytes(), BasicProperties::default())
             .await;
     }
 
     /// The next message on `queue` (body and properties), within `timeout`.
-    pub async fn next_on(
+    pub(crate) async fn next_on(
         &self,
         queue: &str,
         timeout: Duration,
@@ -345,7 +345,7 @@ impl Harness {
     }
 
     /// The next result on the results queue.
-    pub async fn result(&self) -> Value {
+    pub(crate) async fn result(&self) -> Value {
         let q = self.settings.amqp.results_queue.clone();
         let (body, _) = self
             .next_on(&q, Duration::from_secs(20))
@@ -355,7 +355,7 @@ impl Harness {
     }
 
     /// `n` results, by job id.
-    pub async fn results(&self, n: usize) -> std::collections::BTreeMap<String, Value> {
+    pub(crate) async fn results(&self, n: usize) -> std::collections::BTreeMap<String, Value> {
         let mut by_id = std::collections::BTreeMap::new();
         for _ in 0..n {
             let r = self.result().await;
@@ -369,7 +369,7 @@ impl Harness {
     }
 
     /// Asserts no further result arrives within `wait`.
-    pub async fn no_more_results(&self, wait: Duration) {
+    pub(crate) async fn no_more_results(&self, wait: Duration) {
         let q = self.settings.amqp.results_queue.clone();
         if let Some((body, _)) = self.next_on(&q, wait).await {
             panic!("unexpected result: {}", String::from_utf8_lossy(&body));
@@ -377,7 +377,7 @@ impl Harness {
     }
 
     /// The next dead letter.
-    pub async fn dead_letter(&self) -> (Vec<u8>, BasicProperties) {
+    pub(crate) async fn dead_letter(&self) -> (Vec<u8>, BasicProperties) {
         let q = format!("{}.dead", self.settings.amqp.jobs_queue);
         self.next_on(&q, Duration::from_secs(20))
             .await
@@ -423,7 +423,7 @@ impl Drop for Harness {
 }
 
 /// A plain HTTP/1.1 GET: `(status, body)`.
-pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     mailgate::cli::http_get(addr, path)
         .await
         .expect("an HTTP answer")
@@ -431,7 +431,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// Waits until `/readyz` at `addr` answers 200: a worker says it is ready a
 /// moment after its consumer is registered (what `start_worker` waits for).
-pub async fn wait_ready(addr: std::net::SocketAddr) {
+pub(crate) async fn wait_ready(addr: std::net::SocketAddr) {
     let mut last = (0, String::new());
     for _ in 0..100 {
         last = http_get(addr, "/readyz").await;

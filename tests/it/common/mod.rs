@@ -1,11 +1,11 @@
 //! Helpers shared by the integration tests: per-test names, connections to the
 //! real services, and clean-up that runs even when a test fails.
 
-pub mod harness;
-pub mod model;
-pub mod script;
-pub mod smtp;
-pub mod tls;
+pub(crate) mod harness;
+pub(crate) mod model;
+pub(crate) mod script;
+pub(crate) mod smtp;
+pub(crate) mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,12 +17,12 @@ use mailgate::limiter::{Clock, Quotas, Request};
 use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
 
 /// The Redis the tests share (the development machine's, or CI's).
-pub fn redis_url() -> String {
+pub(crate) fn redis_url() -> String {
     std::env::var("MAILGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
 
 /// A name no other test, run or process uses: `mgtest:<test>:<pid>-<n>-<nanos>:`.
-pub fn unique_prefix(test: &str) -> String {
+pub(crate) fn unique_prefix(test: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -36,12 +36,12 @@ pub fn unique_prefix(test: &str) -> String {
 }
 
 /// Redis settings with a fresh key prefix.
-pub fn redis_settings(prefix: &str) -> RedisSettings {
+pub(crate) fn redis_settings(prefix: &str) -> RedisSettings {
     RedisSettings::new(redis_url(), prefix.to_owned())
 }
 
 /// A ledger plus whatever must be cleaned up after it.
-pub struct Built<L> {
+pub(crate) struct Built<L> {
     pub ledger: L,
     _cleanup: Option<RedisCleanup>,
     /// The Redis (URL) and key prefix the ledger writes to; `None` in memory.
@@ -52,7 +52,7 @@ impl<L> Built<L> {
     /// Deletes job `id`'s record, as Redis does once it lapses (records
     /// outlive `dedup_for` by an hour, longer than a test waits). In
     /// memory, a record lapses as the test's clock moves on.
-    pub async fn lapse_record(&self, id: &str) {
+    pub(crate) async fn lapse_record(&self, id: &str) {
         let Some((url, prefix)) = &self.store else {
             return;
         };
@@ -80,7 +80,7 @@ impl<L> Built<L> {
 }
 
 /// A ledger whose overrides a test sets.
-pub trait Overridable {
+pub(crate) trait Overridable {
     /// Puts exactly `ovs` in force.
     async fn put_overrides(&self, ovs: Vec<Override>);
 }
@@ -104,13 +104,13 @@ impl Overridable for MemoryLedger {
 }
 
 /// Builds a fresh, empty ledger of one backend.
-pub trait Make {
+pub(crate) trait Make {
     type L: Ledger + Quotas + Overridable + Clone + 'static;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<Self::L>;
 }
 
 /// The Redis ledger on the shared Redis, under a fresh prefix.
-pub struct RedisBackend;
+pub(crate) struct RedisBackend;
 impl Make for RedisBackend {
     type L = RedisLedger;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
@@ -132,7 +132,7 @@ impl Make for RedisBackend {
 /// The Redis ledger on a [`PrivateCluster`] (the one [`PrivateCluster::url`]
 /// the running test started), under a fresh prefix whose hash tag puts all
 /// of a ledger's keys in one slot.
-pub struct ClusterBackend;
+pub(crate) struct ClusterBackend;
 impl Make for ClusterBackend {
     type L = RedisLedger;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
@@ -156,7 +156,7 @@ impl Make for ClusterBackend {
 /// The Redis ledger on a [`PrivateCluster`] (as [`ClusterBackend`]), under a
 /// fresh prefix without a hash tag: its keys spread over the shards, and
 /// every admission reserves in each scope (`redis.spreads_keys`).
-pub struct SpreadBackend;
+pub(crate) struct SpreadBackend;
 impl Make for SpreadBackend {
     type L = RedisLedger;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
@@ -183,20 +183,20 @@ static CLUSTER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 /// A Redis Cluster of the test's own: three primaries on free ports, their
 /// slots assigned by `redis-cli --cluster create`. Killed, and its files
 /// removed, when dropped.
-pub struct PrivateCluster {
+pub(crate) struct PrivateCluster {
     nodes: Vec<KillOnDrop>,
     pub ports: Vec<u16>,
     dir: std::path::PathBuf,
 }
 
 impl PrivateCluster {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with(0)
     }
 
     /// Three primaries with `replicas` replicas each; a primary that stops
     /// answering is failed over after a second (`cluster-node-timeout`).
-    pub fn start_with(replicas: usize) -> Self {
+    pub(crate) fn start_with(replicas: usize) -> Self {
         let ports: Vec<u16> = (0..3 * (1 + replicas)).map(|_| free_port()).collect();
         let dir = std::env::temp_dir().join(format!("mgtest-cluster-{}", ports[0]));
         std::fs::create_dir_all(&dir).expect("a temp dir");
@@ -244,7 +244,7 @@ impl PrivateCluster {
 
     /// The port of the primary that holds `key`'s slot now, if one does (not
     /// while a failover is under way).
-    pub fn primary_of(&self, key: &str) -> Option<u16> {
+    pub(crate) fn primary_of(&self, key: &str) -> Option<u16> {
         // Asked of the first node that answers (one may have been killed).
         let cli = |args: &[&str]| {
             self.ports
@@ -297,7 +297,7 @@ impl PrivateCluster {
 
     /// Starts the node on `port` again, empty: it rejoins the cluster (its
     /// cluster file remembers it), as a replica if another took its place.
-    pub fn restart(&mut self, port: u16) {
+    pub(crate) fn restart(&mut self, port: u16) {
         let i = self
             .ports
             .iter()
@@ -307,7 +307,7 @@ impl PrivateCluster {
     }
 
     /// Kills (SIGKILL) the node on `port`.
-    pub fn kill(&mut self, port: u16) {
+    pub(crate) fn kill(&mut self, port: u16) {
         let i = self
             .ports
             .iter()
@@ -318,7 +318,7 @@ impl PrivateCluster {
     }
 
     /// `redis+cluster://` naming every node.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let nodes: Vec<String> = self
             .ports
             .iter()
@@ -336,7 +336,7 @@ impl Drop for PrivateCluster {
 }
 
 /// The in-memory ledger.
-pub struct MemoryBackend;
+pub(crate) struct MemoryBackend;
 impl Make for MemoryBackend {
     type L = MemoryLedger;
     async fn make(&self, _test: &str, limits: LimitSettings) -> Built<MemoryLedger> {
@@ -350,7 +350,7 @@ impl Make for MemoryBackend {
 
 /// One job as the tests name it: id, mailbox, client, purpose.
 #[derive(Clone)]
-pub struct TestJob {
+pub(crate) struct TestJob {
     pub id: JobId,
     pub email: EmailAddress,
     pub ip: Option<IpKey>,
@@ -359,7 +359,7 @@ pub struct TestJob {
 }
 
 impl TestJob {
-    pub fn new(job: &str, mail: &str, from: Option<&str>) -> Self {
+    pub(crate) fn new(job: &str, mail: &str, from: Option<&str>) -> Self {
         Self {
             id: id(job),
             email: email(mail),
@@ -369,12 +369,12 @@ impl TestJob {
         }
     }
 
-    pub fn purpose(mut self, purpose: Option<&str>) -> Self {
+    pub(crate) fn purpose(mut self, purpose: Option<&str>) -> Self {
         self.purpose = purpose.map(|p| Name::parse("purpose", p).expect("test purpose"));
         self
     }
 
-    pub fn request(&self) -> Request<'_> {
+    pub(crate) fn request(&self) -> Request<'_> {
         Request {
             id: &self.id,
             email: &self.email,
@@ -385,12 +385,12 @@ impl TestJob {
         }
     }
 
-    pub fn by<'a>(&'a self, ticket: &'a Ticket) -> JobRef<'a> {
+    pub(crate) fn by<'a>(&'a self, ticket: &'a Ticket) -> JobRef<'a> {
         self.attempt(ticket, 1)
     }
 
     /// Attempt `attempt` of lineage `ticket`.
-    pub fn attempt<'a>(&'a self, ticket: &'a Ticket, attempt: u32) -> JobRef<'a> {
+    pub(crate) fn attempt<'a>(&'a self, ticket: &'a Ticket, attempt: u32) -> JobRef<'a> {
         JobRef {
             request: self.request(),
             ticket,
@@ -400,7 +400,12 @@ impl TestJob {
     }
 
     /// The whole admission for lineage `ticket` at `clock`.
-    pub async fn admission<L: Ledger>(&self, l: &L, ticket: &Ticket, clock: Clock) -> Admission {
+    pub(crate) async fn admission<L: Ledger>(
+        &self,
+        l: &L,
+        ticket: &Ticket,
+        clock: Clock,
+    ) -> Admission {
         let entry = Entry {
             job: self.by(ticket),
             send_now: false,
@@ -411,7 +416,7 @@ impl TestJob {
     }
 
     /// Admission for lineage `ticket` at `clock`.
-    pub async fn admit<L: Ledger>(&self, l: &L, ticket: &Ticket, clock: Clock) -> Verdict {
+    pub(crate) async fn admit<L: Ledger>(&self, l: &L, ticket: &Ticket, clock: Clock) -> Verdict {
         let a = self.admission(l, ticket, clock).await;
         if let Clock::At(t) = clock {
             assert_eq!(a.decided_at_ms, t, "decided_at_ms is the decision time");
@@ -423,7 +428,7 @@ impl TestJob {
 /// The holder of attempt `attempt` of lineage `ticket` in the tests: one
 /// per lineage and attempt, as if each were handled once. A test of two
 /// handlings of one attempt sets `JobRef::holder` itself.
-pub fn holder(ticket: &Ticket, attempt: u32) -> u64 {
+pub(crate) fn holder(ticket: &Ticket, attempt: u32) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (ticket.as_str(), attempt).hash(&mut h);
@@ -431,13 +436,13 @@ pub fn holder(ticket: &Ticket, attempt: u32) -> u64 {
 }
 
 /// Deletes every Redis key under a prefix when dropped, pass or fail.
-pub struct RedisCleanup {
+pub(crate) struct RedisCleanup {
     pub prefix: String,
 }
 
 impl RedisCleanup {
     /// Every key under the prefix, with its remaining TTL in ms (-1: none).
-    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+    pub(crate) fn keys_with_ttl(&self) -> Vec<(String, i64)> {
         let mut conn = sync_redis();
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{}*", self.prefix))
@@ -465,14 +470,14 @@ impl Drop for RedisCleanup {
     }
 }
 
-pub fn sync_redis() -> redis::Connection {
+pub(crate) fn sync_redis() -> redis::Connection {
     redis::Client::open(redis_url())
         .and_then(|c| c.get_connection())
         .expect("the shared Redis must answer (see README: the test command starts it)")
 }
 
 /// Rules from `(window_ms, max)` pairs.
-pub fn rules(rs: &[(u64, u32)]) -> ScopeRules {
+pub(crate) fn rules(rs: &[(u64, u32)]) -> ScopeRules {
     ScopeRules {
         rules: rs
             .iter()
@@ -482,7 +487,7 @@ pub fn rules(rs: &[(u64, u32)]) -> ScopeRules {
 }
 
 /// The default policy with other rules.
-pub fn limits(email: &[(u64, u32)], ip: &[(u64, u32)]) -> LimitSettings {
+pub(crate) fn limits(email: &[(u64, u32)], ip: &[(u64, u32)]) -> LimitSettings {
     LimitSettings {
         email: rules(email),
         ip: rules(ip),
@@ -490,25 +495,25 @@ pub fn limits(email: &[(u64, u32)], ip: &[(u64, u32)]) -> LimitSettings {
     }
 }
 
-pub fn email(s: &str) -> EmailAddress {
+pub(crate) fn email(s: &str) -> EmailAddress {
     EmailAddress::parse(s).expect("test email")
 }
 
-pub fn ip(s: &str) -> IpKey {
+pub(crate) fn ip(s: &str) -> IpKey {
     IpKey::parse(s).expect("test ip")
 }
 
-pub fn id(s: &str) -> JobId {
+pub(crate) fn id(s: &str) -> JobId {
     JobId::parse(s).expect("test id")
 }
 
-pub const SEC: u64 = 1000;
-pub const MIN: u64 = 60 * SEC;
-pub const HOUR: u64 = 60 * MIN;
+pub(crate) const SEC: u64 = 1000;
+pub(crate) const MIN: u64 = 60 * SEC;
+pub(crate) const HOUR: u64 = 60 * MIN;
 
 /// A `redis-server` of the test's own on a free port, for tests that break
 /// or flush a server. Killed when dropped.
-pub struct PrivateRedis {
+pub(crate) struct PrivateRedis {
     child: std::process::Child,
     pub port: u16,
     args: Vec<String>,
@@ -518,12 +523,12 @@ pub struct PrivateRedis {
 }
 
 impl PrivateRedis {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with(&[])
     }
 
     /// A server started with these extra arguments (e.g. a memory policy).
-    pub fn start_with(args: &[&str]) -> Self {
+    pub(crate) fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let child = Self::spawn(port, &args, None);
@@ -540,7 +545,7 @@ impl PrivateRedis {
     /// A server whose wall clock [`PrivateRedis::shift_clock`] moves (as an
     /// NTP step on its host would), through `tests/clockshift.c`, built
     /// here with `cc` and preloaded.
-    pub fn start_shiftable() -> Self {
+    pub(crate) fn start_shiftable() -> Self {
         let port = free_port();
         let file =
             std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("clockshift-{port}"));
@@ -558,7 +563,7 @@ impl PrivateRedis {
 
     /// Moves the server's wall clock to `offset_ms` from the real time
     /// (its monotonic clock keeps going).
-    pub fn shift_clock(&self, offset_ms: i64) {
+    pub(crate) fn shift_clock(&self, offset_ms: i64) {
         use std::os::unix::fs::FileExt as _;
         let file = self.shift.as_ref().expect("a shiftable server");
         // Overwritten in place, at a fixed width, never truncated: the
@@ -573,7 +578,7 @@ impl PrivateRedis {
 
     /// The environment that moves another process's wall clock with this
     /// server's (as one bad NTP source would both hosts').
-    pub fn clock_env(&self) -> [(&'static str, std::path::PathBuf); 2] {
+    pub(crate) fn clock_env(&self) -> [(&'static str, std::path::PathBuf); 2] {
         let file = self.shift.clone().expect("a shiftable server");
         [
             ("LD_PRELOAD", clockshift().to_path_buf()),
@@ -609,19 +614,19 @@ impl PrivateRedis {
     }
 
     /// Kills the server (SIGKILL): everything in it is gone.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// Stops the server in its tracks (SIGSTOP): connections stay open and
     /// nothing is answered, as in a long stall; `resume` lets it go on.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.signal("-STOP");
     }
 
     /// See [`PrivateRedis::pause`].
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.signal("-CONT");
     }
 
@@ -634,13 +639,13 @@ impl PrivateRedis {
     }
 
     /// Starts a fresh server on the same port.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         self.child = Self::spawn(self.port, &self.args, self.shift.as_deref());
         self.wait_until_up();
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 }
@@ -674,7 +679,7 @@ impl Drop for PrivateRedis {
 }
 
 /// A TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -684,19 +689,19 @@ pub fn free_port() -> u16 {
 /// A RabbitMQ node of the test's own (name, ports and data dir of its own),
 /// for tests that break a broker (an alarm) without touching the shared one.
 /// Stopped, and its files removed, when dropped.
-pub struct PrivateRabbit {
+pub(crate) struct PrivateRabbit {
     pub node: String,
     pub port: u16,
     dir: std::path::PathBuf,
 }
 
 impl PrivateRabbit {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with("")
     }
 
     /// A node with these lines in its `rabbitmq.conf` (e.g. a TLS listener).
-    pub fn start_with(conf: &str) -> Self {
+    pub(crate) fn start_with(conf: &str) -> Self {
         let port = free_port();
         let dist = free_port();
         let node = format!("mgtest{}x{port}@localhost", std::process::id());
@@ -739,12 +744,12 @@ impl PrivateRabbit {
         me
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
 
     /// `rabbitmqctl -n <node> args…`; whether it succeeded.
-    pub fn ctl(&self, args: &[&str]) -> bool {
+    pub(crate) fn ctl(&self, args: &[&str]) -> bool {
         std::process::Command::new("rabbitmqctl")
             .args(["-q", "-n", &self.node])
             .args(args)
@@ -755,7 +760,7 @@ impl PrivateRabbit {
     }
 
     /// Raises a memory alarm (every publisher is blocked), or clears it.
-    pub fn memory_alarm(&self, on: bool) {
+    pub(crate) fn memory_alarm(&self, on: bool) {
         let watermark = if on { "0.000001" } else { "0.4" };
         assert!(self.ctl(&["set_vm_memory_high_watermark", watermark]));
     }
@@ -770,7 +775,7 @@ impl Drop for PrivateRabbit {
 
 /// A child process (a worker binary) killed when the test ends, failed
 /// assertions included, so a failing test leaves nothing running.
-pub struct KillOnDrop(pub std::process::Child);
+pub(crate) struct KillOnDrop(pub std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -783,17 +788,17 @@ impl Drop for KillOnDrop {
 /// so a fault seen once (under CI's load) leaves its evidence in CI's
 /// output. Declare it before the [`KillOnDrop`] of its worker, so the
 /// worker is gone, its log complete, when this prints it.
-pub struct LogOnFailure(pub std::path::PathBuf);
+pub(crate) struct LogOnFailure(pub std::path::PathBuf);
 
 impl LogOnFailure {
     /// A fresh file for `test`'s worker log.
-    pub fn new(test: &str) -> Self {
+    pub(crate) fn new(test: &str) -> Self {
         let name = unique_prefix(test).replace(':', "-");
         Self(std::env::temp_dir().join(format!("{name}log")))
     }
 
     /// Where the worker writes its log (its stderr).
-    pub fn stderr(&self) -> std::process::Stdio {
+    pub(crate) fn stderr(&self) -> std::process::Stdio {
         std::fs::File::create(&self.0)
             .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from)
     }
@@ -811,13 +816,13 @@ impl Drop for LogOnFailure {
 
 /// A TCP proxy in front of Redis that can drop the next reply: it cuts the
 /// connection when Redis answers, after Redis has run the command.
-pub struct ReplyCutter {
+pub(crate) struct ReplyCutter {
     pub port: u16,
     pub cut_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ReplyCutter {
-    pub fn start(upstream: u16) -> Self {
+    pub(crate) fn start(upstream: u16) -> Self {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -858,7 +863,7 @@ impl ReplyCutter {
 /// Force-closes every RabbitMQ connection whose name contains `needle`
 /// (as an operator would with `rabbitmqctl close_connection`). Returns how
 /// many were closed.
-pub fn close_connections(needle: &str) -> usize {
+pub(crate) fn close_connections(needle: &str) -> usize {
     let out = std::process::Command::new("rabbitmqctl")
         .args(["-q", "list_connections", "pid", "client_properties"])
         .output()
@@ -879,7 +884,7 @@ pub fn close_connections(needle: &str) -> usize {
 
 /// `redis-cli -p port args…`, its output trimmed (for tests that drive a
 /// private server or cluster node).
-pub fn redis_cli(port: u16, args: &[&str]) -> String {
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &port.to_string()])
         .args(args)
@@ -891,7 +896,7 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 /// Sends `signal` (e.g. "-TERM") to `child` and waits for it to exit within
 /// `within`, returning its output (stderr piped by the caller). A child
 /// that outlives the wait is killed and the test fails.
-pub async fn signal_and_wait(
+pub(crate) async fn signal_and_wait(
     child: std::process::Child,
     signal: &str,
     within: Duration,

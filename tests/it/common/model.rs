@@ -35,9 +35,9 @@ struct Record {
 }
 
 /// Scopes that apply to one request: `(scope, key, rules)` in decision order.
-pub type Scopes<'a> = Vec<(Scope, String, &'a [Rule])>;
+pub(crate) type Scopes<'a> = Vec<(Scope, String, &'a [Rule])>;
 
-pub struct Model {
+pub(crate) struct Model {
     admissions: Vec<Admission>,
     records: Vec<Record>,
     lease_ms: u64,
@@ -51,7 +51,7 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(lease_ms: u64) -> Self {
+    pub(crate) fn new(lease_ms: u64) -> Self {
         Self {
             admissions: Vec::new(),
             records: Vec::new(),
@@ -94,7 +94,7 @@ impl Model {
 
     /// A new message of lineage `ticket` for job `id` (admitted for `fp`)
     /// at `t`.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         id: &str,
         fp: &str,
@@ -259,7 +259,7 @@ impl Model {
     }
 
     /// The owner's send begins.
-    pub fn sending(&mut self, id: &str, ticket: u32, t: u64) -> bool {
+    pub(crate) fn sending(&mut self, id: &str, ticket: u32, t: u64) -> bool {
         let lease_ms = self.lease_ms;
         match self.record(id) {
             Some(r) if r.state == State::Admitted && r.owner == ticket => {
@@ -272,7 +272,7 @@ impl Model {
     }
 
     /// The mail went out.
-    pub fn sent(&mut self, id: &str, ticket: u32) -> bool {
+    pub(crate) fn sent(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
             Some(r) if r.state != State::Refunded => {
                 r.state = State::Sent;
@@ -286,7 +286,7 @@ impl Model {
     }
 
     /// A refund, as failed.
-    pub fn refund(&mut self, id: &str, ticket: u32) -> bool {
+    pub(crate) fn refund(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
             Some(r) if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) => {
                 r.state = State::Refunded;
@@ -300,7 +300,7 @@ impl Model {
     }
 
     /// A transient failure gives the lease back.
-    pub fn release(&mut self, id: &str, ticket: u32) -> bool {
+    pub(crate) fn release(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
             Some(r) if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) => {
                 r.state = State::Admitted;

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A scripted answer.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub code: u16,
     pub delay: Duration,
     /// Close the connection right after answering.
@@ -27,7 +27,7 @@ pub struct Reply {
 }
 
 /// `code`, at once, connection kept.
-pub fn reply(code: u16) -> Reply {
+pub(crate) fn reply(code: u16) -> Reply {
     Reply {
         code,
         delay: Duration::ZERO,
@@ -38,19 +38,19 @@ pub fn reply(code: u16) -> Reply {
 
 impl Reply {
     /// Answer only after `delay`.
-    pub fn after(mut self, delay: Duration) -> Self {
+    pub(crate) fn after(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
     }
 
     /// Close the connection after answering.
-    pub fn then_close(mut self) -> Self {
+    pub(crate) fn then_close(mut self) -> Self {
         self.close = true;
         self
     }
 
     /// Answer with this text after the code.
-    pub fn saying(mut self, text: &str) -> Self {
+    pub(crate) fn saying(mut self, text: &str) -> Self {
         self.text = Some(text.to_owned());
         self
     }
@@ -64,7 +64,7 @@ struct Rule {
 
 /// A mail whose final dot the server received.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     /// The connection (0-based, in accept order) it came on.
     pub conn: usize,
     pub to: Vec<String>,
@@ -86,13 +86,13 @@ struct State {
 
 /// The running server; it lives until the test's runtime ends.
 #[derive(Clone)]
-pub struct ScriptedSmtp {
+pub(crate) struct ScriptedSmtp {
     pub port: u16,
     state: Arc<Mutex<State>>,
 }
 
 impl ScriptedSmtp {
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let state = Arc::new(Mutex::new(State {
@@ -118,7 +118,7 @@ impl ScriptedSmtp {
     }
 
     /// `smtp://127.0.0.1:<port>` (opportunistic STARTTLS, never offered).
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.port)
     }
 
@@ -127,12 +127,12 @@ impl ScriptedSmtp {
     }
 
     /// The greeting code for new connections (220; e.g. 421 to refuse them).
-    pub fn greet_with(&self, code: u16) {
+    pub(crate) fn greet_with(&self, code: u16) {
         self.state().greeting = code;
     }
 
     /// EHLO keywords besides `8BITMIME`, e.g. `STARTTLS`, `AUTH PLAIN LOGIN`.
-    pub fn advertise(&self, keywords: &[&str]) {
+    pub(crate) fn advertise(&self, keywords: &[&str]) {
         let mut s = self.state();
         s.capabilities
             .extend(keywords.iter().map(|k| k.to_string()));
@@ -141,7 +141,7 @@ impl ScriptedSmtp {
     /// The next `verb` (`MAIL`, `RCPT`, `DATA`, `NOOP`, `AUTH`, or `.` for
     /// the end of data) whose line (for `.`: whose message) contains
     /// `needle` gets `reply`, once.
-    pub fn on(&self, verb: &str, needle: Option<&str>, reply: Reply) {
+    pub(crate) fn on(&self, verb: &str, needle: Option<&str>, reply: Reply) {
         self.state().rules.push(Rule {
             verb: verb.into(),
             needle: needle.map(Into::into),
@@ -151,32 +151,32 @@ impl ScriptedSmtp {
 
     /// Close each connection right after accepting a mail on it, as a
     /// server does with idle clients.
-    pub fn close_after_mail(&self, yes: bool) {
+    pub(crate) fn close_after_mail(&self, yes: bool) {
         self.state().close_after_mail = yes;
     }
 
     /// Every end of data is answered after `delay`.
-    pub fn slow_end_of_data(&self, delay: Duration) {
+    pub(crate) fn slow_end_of_data(&self, delay: Duration) {
         self.state().end_of_data_delay = delay;
     }
 
     /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.state().sessions.len()
     }
 
     /// The most connections open at the same time.
-    pub fn max_open(&self) -> usize {
+    pub(crate) fn max_open(&self) -> usize {
         self.state().max_open
     }
 
     /// The command lines connection `n` received, in order.
-    pub fn commands(&self, n: usize) -> Vec<String> {
+    pub(crate) fn commands(&self, n: usize) -> Vec<String> {
         self.state().sessions[n].clone()
     }
 
     /// The first word of each command connection `n` received.
-    pub fn verbs(&self, n: usize) -> Vec<String> {
+    pub(crate) fn verbs(&self, n: usize) -> Vec<String> {
         self.commands(n)
             .iter()
             .map(|c| c.split(' ').next().unwrap_or("").to_ascii_uppercase())
@@ -184,12 +184,12 @@ impl ScriptedSmtp {
     }
 
     /// Every mail whose final dot arrived, accepted or not.
-    pub fn mails(&self) -> Vec<Received> {
+    pub(crate) fn mails(&self) -> Vec<Received> {
         self.state().mails.clone()
     }
 
     /// The mails answered 250 whose recipient contains `needle`.
-    pub fn accepted_to(&self, needle: &str) -> Vec<Received> {
+    pub(crate) fn accepted_to(&self, needle: &str) -> Vec<Received> {
         self.mails()
             .into_iter()
             .filter(|m| m.code == 250 && m.to.iter().any(|t| t.contains(needle)))
@@ -354,7 +354,7 @@ async fn respond(
 }
 
 /// Standard base64 (with padding), to check what AUTH PLAIN carried.
-pub fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
@@ -377,7 +377,7 @@ pub fn base64(bytes: &[u8]) -> String {
 
 /// Composes a code mail to `to` and sends it with `m`, as the worker does
 /// (a slot first, then the send).
-pub async fn send_code(
+pub(crate) async fn send_code(
     m: &mailgate::mailer::Mailer,
     to: &str,
 ) -> Result<(), mailgate::mailer::MailError> {
@@ -395,7 +395,7 @@ pub async fn send_code(
 }
 
 /// The verbs the server received, over every connection.
-pub fn all_verbs(server: &ScriptedSmtp) -> Vec<String> {
+pub(crate) fn all_verbs(server: &ScriptedSmtp) -> Vec<String> {
     (0..server.connections())
         .flat_map(|c| server.verbs(c))
         .collect()

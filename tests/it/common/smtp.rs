@@ -12,7 +12,7 @@ use mailin_embedded::{Handler, Response, Server, response};
 
 /// A mail the sink accepted.
 #[derive(Debug, Clone)]
-pub struct Mail {
+pub(crate) struct Mail {
     pub from: String,
     pub to: Vec<String>,
     pub data: String,
@@ -104,13 +104,13 @@ impl Handler for Session {
 
 /// The running sink. Its threads live until the test process ends (each
 /// test binary's tests run in their own processes under nextest).
-pub struct SmtpSink {
+pub(crate) struct SmtpSink {
     state: Arc<Mutex<State>>,
     pub port: u16,
 }
 
 impl SmtpSink {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(State::default()));
@@ -131,17 +131,17 @@ impl SmtpSink {
         Self { state, port }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.port)
     }
 
     /// The next RCPT commands are answered with these codes (then as usual).
-    pub fn reply_with(&self, codes: &[u16]) {
+    pub(crate) fn reply_with(&self, codes: &[u16]) {
         self.state.lock().unwrap().rcpt_replies.extend(codes);
     }
 
     /// Recipients containing `needle` are refused at RCPT with `code`.
-    pub fn refuse(&self, needle: &str, code: u16) {
+    pub(crate) fn refuse(&self, needle: &str, code: u16) {
         self.state
             .lock()
             .unwrap()
@@ -151,21 +151,21 @@ impl SmtpSink {
 
     /// Down (`true`): every new session and transaction is refused with
     /// 421, as by a server shutting down; back up with `false`.
-    pub fn set_down(&self, down: bool) {
+    pub(crate) fn set_down(&self, down: bool) {
         self.state.lock().unwrap().down = down;
     }
 
     /// Each mail takes this long to accept.
-    pub fn set_delay(&self, delay: Duration) {
+    pub(crate) fn set_delay(&self, delay: Duration) {
         self.state.lock().unwrap().delay = delay;
     }
 
-    pub fn mails(&self) -> Vec<Mail> {
+    pub(crate) fn mails(&self) -> Vec<Mail> {
         self.state.lock().unwrap().mails.clone()
     }
 
     /// Mails whose recipient contains `needle`.
-    pub fn mails_to(&self, needle: &str) -> Vec<Mail> {
+    pub(crate) fn mails_to(&self, needle: &str) -> Vec<Mail> {
         self.mails()
             .into_iter()
             .filter(|m| m.to.iter().any(|t| t.contains(needle)))
@@ -173,12 +173,12 @@ impl SmtpSink {
     }
 
     /// Transactions (RCPT commands) seen, accepted or not.
-    pub fn transactions(&self) -> u64 {
+    pub(crate) fn transactions(&self) -> u64 {
         self.state.lock().unwrap().transactions
     }
 
     /// Waits until `n` mails were accepted, or panics after `timeout`.
-    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Mail> {
+    pub(crate) fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Mail> {
         let deadline = Instant::now() + timeout;
         loop {
             let mails = self.mails();
@@ -197,7 +197,7 @@ impl SmtpSink {
 
 /// What the proxy in front of the sink does with new connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProxyMode {
+pub(crate) enum ProxyMode {
     /// Pass them to the sink.
     Forward,
     /// Accept and close at once: the server is gone.
@@ -208,14 +208,14 @@ pub enum ProxyMode {
 
 /// A TCP proxy in front of a [`SmtpSink`] that can make the server vanish or
 /// stall, connection by connection. Runs on a thread of its own.
-pub struct SmtpProxy {
+pub(crate) struct SmtpProxy {
     pub port: u16,
     mode: Arc<Mutex<ProxyMode>>,
     stalled: Arc<Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl SmtpProxy {
-    pub fn start(upstream: u16) -> Self {
+    pub(crate) fn start(upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().unwrap().port();
         let mode = Arc::new(Mutex::new(ProxyMode::Forward));
@@ -267,16 +267,16 @@ impl SmtpProxy {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.port)
     }
 
-    pub fn set(&self, mode: ProxyMode) {
+    pub(crate) fn set(&self, mode: ProxyMode) {
         *self.mode.lock().unwrap() = mode;
     }
 
     /// Connections being held without an answer.
-    pub fn stalled(&self) -> usize {
+    pub(crate) fn stalled(&self) -> usize {
         self.stalled.lock().unwrap().len()
     }
 }

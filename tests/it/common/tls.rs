@@ -18,20 +18,20 @@ use super::{KillOnDrop, free_port};
 /// A certificate authority of the test's own, and the files it issues, in
 /// a directory removed with it. Files are world-readable (a RabbitMQ node
 /// runs as its own user).
-pub struct Pki {
+pub(crate) struct Pki {
     pub dir: PathBuf,
     ca: CertifiedIssuer<'static, KeyPair>,
 }
 
 /// A certificate and its key, as PEM files.
 #[derive(Clone)]
-pub struct Issued {
+pub(crate) struct Issued {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 /// How long an issued certificate is valid.
-pub enum Validity {
+pub(crate) enum Validity {
     /// From yesterday to next year.
     Current,
     /// It expired yesterday.
@@ -40,7 +40,7 @@ pub enum Validity {
 
 impl Pki {
     /// A new CA named `name`, its files under a fresh temporary directory.
-    pub fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = std::env::temp_dir().join(format!("mgtest-pki-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -63,23 +63,29 @@ impl Pki {
     }
 
     /// The CA's certificate, PEM.
-    pub fn ca_file(&self) -> PathBuf {
+    pub(crate) fn ca_file(&self) -> PathBuf {
         self.dir.join("ca.pem")
     }
 
     /// A server certificate for `localhost` and `127.0.0.1`.
-    pub fn server(&self, stem: &str) -> Issued {
+    pub(crate) fn server(&self, stem: &str) -> Issued {
         self.issue(stem, &["localhost", "127.0.0.1"], Validity::Current, false)
     }
 
     /// A client certificate (for mutual TLS) named `stem`.
-    pub fn client(&self, stem: &str) -> Issued {
+    pub(crate) fn client(&self, stem: &str) -> Issued {
         self.issue(stem, &[], Validity::Current, true)
     }
 
     /// A certificate for `names`, valid as `validity` says; a client's
     /// (clientAuth) or a server's (serverAuth).
-    pub fn issue(&self, stem: &str, names: &[&str], validity: Validity, client: bool) -> Issued {
+    pub(crate) fn issue(
+        &self,
+        stem: &str,
+        names: &[&str],
+        validity: Validity,
+        client: bool,
+    ) -> Issued {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).expect("params");
         params.distinguished_name.push(DnType::CommonName, stem);
@@ -125,7 +131,7 @@ impl Drop for Pki {
 }
 
 /// A rustls server configuration presenting `issued`.
-pub fn server_config(issued: &Issued) -> Arc<rustls::ServerConfig> {
+pub(crate) fn server_config(issued: &Issued) -> Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain = CertificateDer::pem_file_iter(&issued.cert)
@@ -143,7 +149,7 @@ pub fn server_config(issued: &Issued) -> Arc<rustls::ServerConfig> {
 
 /// How a [`TlsRelay`] speaks TLS.
 #[derive(Clone)]
-pub enum RelayMode {
+pub(crate) enum RelayMode {
     /// TLS from the first byte (`smtps://`).
     Implicit,
     /// STARTTLS offered; after its `220`, these bytes in the same write
@@ -158,13 +164,13 @@ pub enum RelayMode {
 /// inside TLS), AUTH, MAIL, RCPT, DATA, the message and QUIT, and records
 /// each command with whether it came inside TLS.
 #[derive(Clone)]
-pub struct TlsRelay {
+pub(crate) struct TlsRelay {
     pub port: u16,
     commands: Arc<Mutex<Vec<(bool, String)>>>,
 }
 
 impl TlsRelay {
-    pub async fn start(mode: RelayMode, config: Arc<rustls::ServerConfig>) -> Self {
+    pub(crate) async fn start(mode: RelayMode, config: Arc<rustls::ServerConfig>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let relay = Self {
@@ -182,7 +188,7 @@ impl TlsRelay {
     }
 
     /// Every command received: `(inside TLS, the line)`.
-    pub fn commands(&self) -> Vec<(bool, String)> {
+    pub(crate) fn commands(&self) -> Vec<(bool, String)> {
         self.commands.lock().unwrap().clone()
     }
 
@@ -270,7 +276,7 @@ impl TlsRelay {
 }
 
 /// Writes `text` to a file in `dir` (a configuration for a server).
-pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("a file");
     path
@@ -278,7 +284,7 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// What a TLS Redis asks of its clients.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum ClientCerts {
+pub(crate) enum ClientCerts {
     /// None.
     Optional,
     /// A certificate its CA signed (mutual TLS).
@@ -288,7 +294,7 @@ pub enum ClientCerts {
 /// A `redis-server` of the test's own that speaks only TLS (no plaintext
 /// port), with a certificate `pki` signed for 127.0.0.1. Killed, and its
 /// files removed, when dropped.
-pub struct TlsRedis {
+pub(crate) struct TlsRedis {
     _child: KillOnDrop,
     pub port: u16,
     dir: PathBuf,
@@ -329,7 +335,7 @@ fn tls_args(pki: &Pki, port: u16, certs: ClientCerts) -> Vec<String> {
 
 impl TlsRedis {
     /// A server on a free port, with these extra arguments.
-    pub fn start(pki: &Pki, certs: ClientCerts, extra: &[&str]) -> Self {
+    pub(crate) fn start(pki: &Pki, certs: ClientCerts, extra: &[&str]) -> Self {
         let port = free_port();
         let dir = pki.dir.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir).expect("a data dir");
@@ -351,7 +357,7 @@ impl TlsRedis {
     }
 
     /// A one-node Redis Cluster over TLS: every slot on this node.
-    pub fn cluster(pki: &Pki) -> Self {
+    pub(crate) fn cluster(pki: &Pki) -> Self {
         let port = free_port();
         let conf = format!("nodes-{port}.conf");
         let me = Self::start(
@@ -371,7 +377,7 @@ impl TlsRedis {
     }
 
     /// A Sentinel over TLS that monitors `primary` as `mymaster`.
-    pub fn sentinel(pki: &Pki, primary: &TlsRedis) -> Self {
+    pub(crate) fn sentinel(pki: &Pki, primary: &TlsRedis) -> Self {
         let port = free_port();
         let dir = pki.dir.join(format!("sentinel-{port}"));
         std::fs::create_dir_all(&dir).expect("a sentinel dir");
@@ -407,7 +413,7 @@ impl TlsRedis {
     }
 
     /// `redis-cli` over TLS (as `pki`'s client) on this server.
-    pub fn cli(&self, pki: &Pki, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, pki: &Pki, args: &[&str]) -> String {
         let client = pki.client("redis-cli");
         let out = std::process::Command::new("redis-cli")
             .args(["--tls", "-h", "127.0.0.1", "-p", &self.port.to_string()])

@@ -166,7 +166,7 @@ fn busy(lease_left_ms: u64) -> Verdict {
 mod cases {
     use super::*;
 
-    pub async fn a_second_message_is_busy_for_the_rest_of_the_lease<M: Make>(m: M) {
+    pub(super) async fn a_second_message_is_busy_for_the_rest_of_the_lease<M: Make>(m: M) {
         let b = m.make("busy", per_hour(2, 2)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -185,7 +185,7 @@ mod cases {
         );
     }
 
-    pub async fn a_lapsed_lease_passes_the_send_to_another_lineage<M: Make>(m: M) {
+    pub(super) async fn a_lapsed_lease_passes_the_send_to_another_lineage<M: Make>(m: M) {
         let b = m.make("lapse", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -205,7 +205,7 @@ mod cases {
         assert_eq!(used(l, &j, T0 + LEASE + 2).await, (1, 1));
     }
 
-    pub async fn release_by_the_owner_lets_the_next_message_resume_at_once<M: Make>(m: M) {
+    pub(super) async fn release_by_the_owner_lets_the_next_message_resume_at_once<M: Make>(m: M) {
         let b = m.make("release", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -226,7 +226,7 @@ mod cases {
         assert_eq!(used(l, &j, T0 + 3).await, (1, 1));
     }
 
-    pub async fn release_by_another_lineage_or_of_an_unknown_id_is_refused<M: Make>(m: M) {
+    pub(super) async fn release_by_another_lineage_or_of_an_unknown_id_is_refused<M: Make>(m: M) {
         let b = m.make("release-no", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -238,7 +238,7 @@ mod cases {
         assert_eq!(ask(l, &j, &Ticket::new(), T0 + 1).await, busy(LEASE - 1));
     }
 
-    pub async fn a_send_whose_lease_lapses_is_unknown_and_never_resent<M: Make>(m: M) {
+    pub(super) async fn a_send_whose_lease_lapses_is_unknown_and_never_resent<M: Make>(m: M) {
         let b = m.make("unknown", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -261,7 +261,7 @@ mod cases {
         assert_eq!(used(l, &j, T0 + 3 * LEASE).await, (1, 1));
     }
 
-    pub async fn send_now_admits_straight_into_sending<M: Make>(m: M) {
+    pub(super) async fn send_now_admits_straight_into_sending<M: Make>(m: M) {
         let b = m.make("send-now", per_hour(5, 5)).await;
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
@@ -290,7 +290,7 @@ mod cases {
         );
     }
 
-    pub async fn sent_is_reported_to_every_later_message<M: Make>(m: M) {
+    pub(super) async fn sent_is_reported_to_every_later_message<M: Make>(m: M) {
         let b = m.make("sent", per_hour(5, 5)).await;
         let l = &b.ledger;
         for (i, ans) in [false, true].into_iter().enumerate() {
@@ -311,7 +311,7 @@ mod cases {
         assert_eq!(used(l, &job("j0"), T0 + 3 * LEASE).await, (2, 2));
     }
 
-    pub async fn a_late_sent_overrides_unknown<M: Make>(m: M) {
+    pub(super) async fn a_late_sent_overrides_unknown<M: Make>(m: M) {
         let b = m.make("sent-late", per_hour(1, 1)).await;
         let l = &b.ledger;
         let (j, a, n) = (job("j1"), Ticket::new(), Ticket::new());
@@ -324,7 +324,7 @@ mod cases {
         assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1));
     }
 
-    pub async fn an_owners_refund_gives_the_quota_back_in_every_scope<M: Make>(m: M) {
+    pub(super) async fn an_owners_refund_gives_the_quota_back_in_every_scope<M: Make>(m: M) {
         let b = m.make("refund", per_hour(1, 1)).await;
         let l = &b.ledger;
         let hows = [Refund::Failed, Refund::Invalid, Refund::Expired];
@@ -360,7 +360,7 @@ mod cases {
         }
     }
 
-    pub async fn a_refund_by_another_lineage_or_after_a_send_is_refused<M: Make>(m: M) {
+    pub(super) async fn a_refund_by_another_lineage_or_after_a_send_is_refused<M: Make>(m: M) {
         let b = m.make("refund-no", per_hour(1, 1)).await;
         let l = &b.ledger;
         let failed = Ending::Refund(Refund::Failed);
@@ -401,7 +401,7 @@ mod cases {
         );
     }
 
-    pub async fn answered_is_recorded_for_the_owner_only<M: Make>(m: M) {
+    pub(super) async fn answered_is_recorded_for_the_owner_only<M: Make>(m: M) {
         let b = m.make("answered", per_hour(5, 5)).await;
         let l = &b.ledger;
         // Sent.
@@ -442,7 +442,11 @@ mod cases {
         assert!(!answered(l, &job("j9"), &a).await);
     }
 
-    pub async fn another_job_under_the_same_id_is_a_conflict_that_touches_nothing<M: Make>(m: M) {
+    pub(super) async fn another_job_under_the_same_id_is_a_conflict_that_touches_nothing<
+        M: Make,
+    >(
+        m: M,
+    ) {
         let b = m.make("conflict", per_hour(1, 5)).await;
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
@@ -485,7 +489,7 @@ mod cases {
         assert_eq!(ask(l, &j, &a, T0 + 3).await, sent(T0, true, true));
     }
 
-    pub async fn the_fingerprint_is_the_parsed_address_client_and_purpose<M: Make>(m: M) {
+    pub(super) async fn the_fingerprint_is_the_parsed_address_client_and_purpose<M: Make>(m: M) {
         let b = m.make("fingerprint", per_hour(5, 5)).await;
         let l = &b.ledger;
         let j = TestJob::new("j1", "Anna@Example.COM", Some("203.0.113.9"));
@@ -537,7 +541,7 @@ mod cases {
         );
     }
 
-    pub async fn an_expired_job_without_a_record_writes_nothing<M: Make>(m: M) {
+    pub(super) async fn an_expired_job_without_a_record_writes_nothing<M: Make>(m: M) {
         let b = m.make("expired-none", per_hour(1, 1)).await;
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
@@ -556,7 +560,7 @@ mod cases {
         );
     }
 
-    pub async fn an_expired_unsent_admission_is_refunded<M: Make>(m: M) {
+    pub(super) async fn an_expired_unsent_admission_is_refunded<M: Make>(m: M) {
         let b = m.make("expired-unsent", per_hour(1, 1)).await;
         let l = &b.ledger;
         // Another lineage, after the owner's lease lapsed: too late for it,
@@ -614,7 +618,7 @@ mod cases {
         assert!(sending(l, &j3, &a3, T0 + 1).await);
     }
 
-    pub async fn expiry_never_refunds_a_send_begun_or_done<M: Make>(m: M) {
+    pub(super) async fn expiry_never_refunds_a_send_begun_or_done<M: Make>(m: M) {
         let b = m.make("expired-sent", per_hour(1, 1)).await;
         let l = &b.ledger;
         // Sending, by `sending` or by send_now.
@@ -664,7 +668,7 @@ mod cases {
     // When `dedup_for` is shorter than a window, an id can be admitted again
     // after its record lapsed; refunding the new admission must leave the
     // earlier one, whose mail went out, counted.
-    pub async fn a_refund_removes_only_its_own_admission<M: Make>(m: M) {
+    pub(super) async fn a_refund_removes_only_its_own_admission<M: Make>(m: M) {
         let mut lim = per_hour(5, 5);
         lim.dedup_for = Duration::from_secs(1);
         let b = m.make("refund-own", lim).await;
@@ -693,7 +697,7 @@ mod cases {
     // A record lives `dedup_for` after its *last change*, `sending` and
     // `release` included; otherwise it would lapse while its job is still
     // being retried, and the id be admitted (counted, and mailed) again.
-    pub async fn sending_and_release_renew_the_records_life<M: Make>(m: M) {
+    pub(super) async fn sending_and_release_renew_the_records_life<M: Make>(m: M) {
         let mut lim = per_hour(5, 5);
         lim.dedup_for = Duration::from_secs(1);
         let b = m.make("renew", lim).await;
@@ -721,7 +725,7 @@ mod cases {
 
     // `expires_at_ms: Some(0)` (the epoch, long past) is expired; only
     // `None` means no expiry.
-    pub async fn an_expires_at_of_zero_is_in_the_past<M: Make>(m: M) {
+    pub(super) async fn an_expires_at_of_zero_is_in_the_past<M: Make>(m: M) {
         let b = m.make("expired-zero", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
@@ -732,7 +736,7 @@ mod cases {
         assert_eq!(used(l, &j, T0).await, (0, 0));
     }
 
-    pub async fn a_rejected_request_leaves_no_record<M: Make>(m: M) {
+    pub(super) async fn a_rejected_request_leaves_no_record<M: Make>(m: M) {
         let b = m.make("rejected", per_hour(1, 5)).await;
         let l = &b.ledger;
         assert_eq!(
@@ -765,7 +769,7 @@ mod cases {
     /// it is unknown (the same attempt can be delivered twice, and producers
     /// can write any ticket and attempt). Late writes of an earlier attempt
     /// cannot change what a later attempt owns.
-    pub async fn attempts_fence_late_writes_but_never_take_a_send_over<M: Make>(m: M) {
+    pub(super) async fn attempts_fence_late_writes_but_never_take_a_send_over<M: Make>(m: M) {
         let b = m.make("fence", per_hour(5, 5)).await;
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
@@ -816,7 +820,7 @@ mod cases {
         assert_eq!(v, unknown(true, false));
     }
 
-    pub async fn health_is_ok<M: Make>(m: M) {
+    pub(super) async fn health_is_ok<M: Make>(m: M) {
         let b = m.make("health", LimitSettings::default()).await;
         b.ledger.health().await.expect("healthy");
     }
@@ -825,7 +829,7 @@ mod cases {
     /// network, or, with sessions, another attempt) supersedes nothing;
     /// the same requester's does, from any network when its session says
     /// so.
-    pub async fn only_the_same_requester_supersedes<M: Make>(m: M) {
+    pub(super) async fn only_the_same_requester_supersedes<M: Make>(m: M) {
         let b = m.make("supersede-who", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
         let owner = TestJob::new("owner", MAIL, Some("198.51.100.1"));
@@ -886,7 +890,7 @@ mod cases {
     /// (greylisted): the newer job is admitted, and the older one's retry
     /// is superseded, its quota refunded; a copy of it later is answered
     /// the same. Another purpose, or the newer job itself, is untouched.
-    pub async fn a_newer_job_supersedes_an_older_one_waiting_for_its_retry<M: Make>(m: M) {
+    pub(super) async fn a_newer_job_supersedes_an_older_one_waiting_for_its_retry<M: Make>(m: M) {
         let b = m.make("supersede", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
         let (old, new) = (job("old"), job("new"));
@@ -945,7 +949,9 @@ mod cases {
     /// `supersede_skew`), but arriving after it (it waited in a queue), is
     /// superseded without counting anything; one made within the skew is
     /// the newer by its later admission.
-    pub async fn an_older_job_coming_after_a_newer_one_is_superseded_uncounted<M: Make>(m: M) {
+    pub(super) async fn an_older_job_coming_after_a_newer_one_is_superseded_uncounted<M: Make>(
+        m: M,
+    ) {
         let b = m.make("supersede-late", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
         let t = Ticket::new();
@@ -997,7 +1003,7 @@ mod cases {
     /// Found by review: the newest job refunded, a newer job than the
     /// older one between them still supersedes it (the stale code was
     /// mailed after the newer one).
-    pub async fn a_refunded_newest_job_leaves_the_one_before_it_superseding<M: Make>(m: M) {
+    pub(super) async fn a_refunded_newest_job_leaves_the_one_before_it_superseding<M: Make>(m: M) {
         let b = m
             .make("supersede-middle", superseding(per_hour(5, 5)))
             .await;
@@ -1028,7 +1034,7 @@ mod cases {
     /// producers' clocks disagree, the AMQP timestamp has whole seconds),
     /// whichever is admitted first, so the newest code is never dropped;
     /// made further apart, the later one supersedes.
-    pub async fn jobs_made_within_the_skew_supersede_neither<M: Make>(m: M) {
+    pub(super) async fn jobs_made_within_the_skew_supersede_neither<M: Make>(m: M) {
         let b = m.make("supersede-skew", superseding(per_hour(9, 9))).await;
         let l = &b.ledger;
         let (o, n) = (job("o"), job("n"));
@@ -1099,7 +1105,7 @@ mod cases {
 
     /// A newer job refunded (its mail failed) mails nothing: the older one
     /// is not superseded by it.
-    pub async fn a_refunded_newer_job_supersedes_nothing<M: Make>(m: M) {
+    pub(super) async fn a_refunded_newer_job_supersedes_nothing<M: Make>(m: M) {
         let b = m
             .make("supersede-refunded", superseding(per_hour(5, 5)))
             .await;
@@ -1121,7 +1127,7 @@ mod cases {
 
     /// Without `created_at` or a publish time, a job counts as made when
     /// admitted: admitted more than the skew later, it is the newer.
-    pub async fn without_made_at_the_order_of_admissions_decides<M: Make>(m: M) {
+    pub(super) async fn without_made_at_the_order_of_admissions_decides<M: Make>(m: M) {
         let b = m.make("supersede-order", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
         let (old, new) = (job("old"), job("new"));
@@ -1148,7 +1154,7 @@ mod cases {
 
     /// A job whose SMTP transaction began may have been mailed: it is never
     /// answered `superseded`; a lapsed lease makes it unknown, as always.
-    pub async fn a_send_begun_is_never_superseded<M: Make>(m: M) {
+    pub(super) async fn a_send_begun_is_never_superseded<M: Make>(m: M) {
         let b = m
             .make("supersede-sending", superseding(per_hour(5, 5)))
             .await;

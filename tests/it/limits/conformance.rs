@@ -95,7 +95,7 @@ async fn assert_exact<L: Ledger>(l: &L, job: &str, mail: &str, from: Option<&str
 mod cases {
     use super::*;
 
-    pub async fn first_request_then_30s_later<M: Make>(m: M) {
+    pub(super) async fn first_request_then_30s_later<M: Make>(m: M) {
         let b = m.make("first", LimitSettings::default()).await;
         let l = &b.ledger;
         // A brand-new key: the article's script crashed here on a nil timestamp.
@@ -110,7 +110,7 @@ mod cases {
         assert_exact(l, "j3", "a@example.com", None, 30 * SEC).await;
     }
 
-    pub async fn sixth_in_an_hour<M: Make>(m: M) {
+    pub(super) async fn sixth_in_an_hour<M: Make>(m: M) {
         let b = m.make("hour", LimitSettings::default()).await;
         let l = &b.ledger;
         for i in 0..5 {
@@ -126,7 +126,7 @@ mod cases {
         assert_exact(l, "j6", "a@example.com", None, t).await;
     }
 
-    pub async fn eleventh_in_a_day<M: Make>(m: M) {
+    pub(super) async fn eleventh_in_a_day<M: Make>(m: M) {
         let b = m.make("day", LimitSettings::default()).await;
         let l = &b.ledger;
         for i in 0..10 {
@@ -148,7 +148,7 @@ mod cases {
         );
     }
 
-    pub async fn ip_rejection_uses_no_mailbox_quota<M: Make>(m: M) {
+    pub(super) async fn ip_rejection_uses_no_mailbox_quota<M: Make>(m: M) {
         let b = m.make("ipnomail", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
         let l = &b.ledger;
         let x = Some("198.51.100.1");
@@ -174,7 +174,7 @@ mod cases {
         );
     }
 
-    pub async fn mailbox_rejection_uses_no_ip_quota<M: Make>(m: M) {
+    pub(super) async fn mailbox_rejection_uses_no_ip_quota<M: Make>(m: M) {
         let b = m.make("mailnoip", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
         let l = &b.ledger;
         assert_eq!(
@@ -207,7 +207,7 @@ mod cases {
         }
     }
 
-    pub async fn same_millisecond_both_count<M: Make>(m: M) {
+    pub(super) async fn same_millisecond_both_count<M: Make>(m: M) {
         let b = m.make("samems", limits(&[(MIN, 2)], &[(MIN, 3)])).await;
         let l = &b.ledger;
         let x = Some("198.51.100.1");
@@ -233,7 +233,7 @@ mod cases {
         );
     }
 
-    pub async fn ipv6_groups_by_64<M: Make>(m: M) {
+    pub(super) async fn ipv6_groups_by_64<M: Make>(m: M) {
         let b = m.make("v6", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
         let l = &b.ledger;
         assert_eq!(
@@ -266,7 +266,7 @@ mod cases {
         );
     }
 
-    pub async fn spellings_of_a_mailbox_share_quota<M: Make>(m: M) {
+    pub(super) async fn spellings_of_a_mailbox_share_quota<M: Make>(m: M) {
         let b = m.make("norm", LimitSettings::default()).await;
         let l = &b.ledger;
         assert_eq!(
@@ -309,7 +309,7 @@ mod cases {
         ));
     }
 
-    pub async fn no_ip_means_mailbox_only<M: Make>(m: M) {
+    pub(super) async fn no_ip_means_mailbox_only<M: Make>(m: M) {
         let b = m.make("noip", limits(&[(MIN, 5)], &[(MIN, 1)])).await;
         let l = &b.ledger;
         for i in 0..5 {
@@ -323,7 +323,7 @@ mod cases {
         );
     }
 
-    pub async fn longest_wait_binds<M: Make>(m: M) {
+    pub(super) async fn longest_wait_binds<M: Make>(m: M) {
         let b = m.make("binds", limits(&[(MIN, 1)], &[(10 * MIN, 2)])).await;
         let l = &b.ledger;
         let x = Some("198.51.100.1");
@@ -344,7 +344,7 @@ mod cases {
         assert_exact(l, "j4", "a@example.com", x, 20).await;
     }
 
-    pub async fn a_clock_that_steps_back_frees_no_quota<M: Make>(m: M) {
+    pub(super) async fn a_clock_that_steps_back_frees_no_quota<M: Make>(m: M) {
         // A Redis clock that stepped back (an NTP correction on the Redis
         // host) decides before admissions it recorded: they still count, in
         // every window, and the wait is at most the window plus the step.
@@ -390,7 +390,7 @@ mod cases {
         assert_exact(l, "j3", "a@example.com", None, 5 * SEC).await;
     }
 
-    pub async fn a_clock_a_moment_behind_its_newest_time_frees_no_quota<M: Make>(m: M) {
+    pub(super) async fn a_clock_a_moment_behind_its_newest_time_frees_no_quota<M: Make>(m: M) {
         // An admission that has just left the longest window is kept a
         // minute more: a clock that steps back a moment later still counts
         // it. Also for a window of MAX_PERIOD, the longest allowed.
@@ -416,7 +416,7 @@ mod cases {
         }
     }
 
-    pub async fn a_purpose_has_its_own_rules_over_the_shared_log<M: Make>(m: M) {
+    pub(super) async fn a_purpose_has_its_own_rules_over_the_shared_log<M: Make>(m: M) {
         let mut lim = limits(&[(MIN, 3)], &[]);
         lim.purpose.insert(
             "reset_password".into(),
@@ -457,7 +457,7 @@ mod cases {
         );
     }
 
-    pub async fn usage_shows_each_rule_and_uses_nothing<M: Make>(m: M) {
+    pub(super) async fn usage_shows_each_rule_and_uses_nothing<M: Make>(m: M) {
         let b = m.make("usage", LimitSettings::default()).await;
         let l = &b.ledger;
         assert_eq!(
@@ -508,7 +508,7 @@ mod cases {
         );
     }
 
-    pub async fn reset_forgets_a_mailbox<M: Make>(m: M) {
+    pub(super) async fn reset_forgets_a_mailbox<M: Make>(m: M) {
         let b = m.make("reset", LimitSettings::default()).await;
         let l = &b.ledger;
         assert_eq!(
@@ -535,7 +535,7 @@ mod cases {
         ));
     }
 
-    pub async fn disabled_scope_is_not_limited<M: Make>(m: M) {
+    pub(super) async fn disabled_scope_is_not_limited<M: Make>(m: M) {
         let b = m.make("noscope", limits(&[], &[(MIN, 2)])).await;
         let l = &b.ledger;
         let x = Some("198.51.100.1");
@@ -556,7 +556,7 @@ mod cases {
     /// Catch-all farming: a new mailbox and a new client address each time,
     /// at sub-domains of one registrable domain. The domain rule binds,
     /// exactly; exempt providers and other domains pass.
-    pub async fn the_domain_scope_binds_across_mailboxes_and_clients<M: Make>(m: M) {
+    pub(super) async fn the_domain_scope_binds_across_mailboxes_and_clients<M: Make>(m: M) {
         let b = m.make("domain", domain_limits(&[(10 * MIN, 3)])).await;
         let l = &b.ledger;
         for (n, mail) in [
@@ -634,7 +634,7 @@ mod cases {
     /// The domain is judged with the mailbox and the client, all or
     /// nothing: a rejection by one scope takes no quota in the others, and
     /// on a tie the earlier scope (email, ip, domain) binds.
-    pub async fn the_domain_scope_is_all_or_nothing_with_the_others<M: Make>(m: M) {
+    pub(super) async fn the_domain_scope_is_all_or_nothing_with_the_others<M: Make>(m: M) {
         let lim = LimitSettings {
             domain: DomainRules {
                 rules: rules(&[(MIN, 2)]).rules,
@@ -680,7 +680,7 @@ mod cases {
     }
 
     /// A purpose's own domain rules, over the shared log.
-    pub async fn a_purpose_has_its_own_domain_rules<M: Make>(m: M) {
+    pub(super) async fn a_purpose_has_its_own_domain_rules<M: Make>(m: M) {
         let mut lim = domain_limits(&[(MIN, 3)]);
         lim.purpose.insert(
             "reset_password".into(),
@@ -712,7 +712,7 @@ mod cases {
     /// admission it would have rejected names it (the one with the longest
     /// wait); the enforced rules alone decide, and set the wait a usage
     /// shows.
-    pub async fn a_shadow_rule_never_rejects_and_names_itself<M: Make>(m: M) {
+    pub(super) async fn a_shadow_rule_never_rejects_and_names_itself<M: Make>(m: M) {
         let shadow = |ms: u64, max: u32| Rule {
             enforce: false,
             ..Rule::new(std::time::Duration::from_millis(ms), max)
@@ -760,7 +760,7 @@ mod cases {
     /// one read of the log holds (the IP's 18 per hour after 17 sends,
     /// the domain's rules whose every N is above 16). Shadow rules are
     /// never the tightest; a rejection says nothing of it.
-    pub async fn an_admission_says_what_is_left_of_each_scope<M: Make>(m: M) {
+    pub(super) async fn an_admission_says_what_is_left_of_each_scope<M: Make>(m: M) {
         let mut lim = limits(&[(MIN, 1), (HOUR, 5)], &[(SEC, 2), (HOUR, 18)]);
         lim.email.rules.push(Rule {
             enforce: false,
@@ -857,7 +857,7 @@ mod cases {
     /// there); the client's limit still applies (found by review: lifting
     /// it let one client spend the relay's quota through a QA mailbox);
     /// removed, the mailbox's rules apply again.
-    pub async fn a_mailbox_allow_lifts_its_own_limit<M: Make>(m: M) {
+    pub(super) async fn a_mailbox_allow_lifts_its_own_limit<M: Make>(m: M) {
         let b = m.make("ov-allow", limits(&[(MIN, 1)], &[(MIN, 2)])).await;
         let l = &b.ledger;
         l.put_overrides(vec![ov("email:qa@example.com", Action::Allow, None)])
@@ -911,7 +911,7 @@ mod cases {
     /// An address override narrower than the IP scope's grouping covers
     /// its whole group, whose clients share one log (found by review: a
     /// deny of one IPv6 address was passed from the same /64).
-    pub async fn an_address_override_covers_its_clients_group<M: Make>(m: M) {
+    pub(super) async fn an_address_override_covers_its_clients_group<M: Make>(m: M) {
         let b = m.make("ov-group", limits(&[(MIN, 5)], &[(MIN, 5)])).await;
         let l = &b.ledger;
         l.put_overrides(vec![ov("ip:2001:db8:1:2::1", Action::Deny, Some(HOUR))])
@@ -946,7 +946,9 @@ mod cases {
     /// A network's deny rejects every client in it, with the deny's
     /// remaining lifetime, and counts nothing; a network's allow lifts only
     /// the client limit (the mailbox is still protected).
-    pub async fn a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit<M: Make>(m: M) {
+    pub(super) async fn a_network_deny_rejects_and_an_allow_lifts_only_the_client_limit<M: Make>(
+        m: M,
+    ) {
         let b = m.make("ov-net", limits(&[(MIN, 1)], &[(MIN, 1)])).await;
         let l = &b.ledger;
         l.put_overrides(vec![
@@ -1002,7 +1004,7 @@ mod cases {
 
     /// A domain's own rules replace the domain scope's, even where the
     /// configuration has none; an allow of a domain lifts only that scope.
-    pub async fn a_domain_override_brings_its_own_rules<M: Make>(m: M) {
+    pub(super) async fn a_domain_override_brings_its_own_rules<M: Make>(m: M) {
         let b = m.make("ov-domain", domain_limits(&[(MIN, 100)])).await;
         let l = &b.ledger;
         let rules = vec![Rule::new(std::time::Duration::from_millis(HOUR), 2)];
@@ -1060,7 +1062,7 @@ mod cases {
     /// IP is judged by the domain's rule alone; an admission's room is the
     /// tighter of the two; a domain's override rules are shared likewise,
     /// and its allow lifts both.
-    pub async fn one_network_uses_its_share_of_a_domain<M: Make>(m: M) {
+    pub(super) async fn one_network_uses_its_share_of_a_domain<M: Make>(m: M) {
         let b = m.make("share", domain_limits(&[(MIN, 10)])).await;
         let l = &b.ledger;
         // Two from one /24 (a fifth of 10); the share's room is the tighter.
@@ -1163,7 +1165,7 @@ mod cases {
     /// override put password resets back under the domain's rule); a
     /// network an override allows may use the whole domain's quota, which
     /// still counts it; support tools read and reset one network's share.
-    pub async fn overrides_leave_owners_and_trusted_networks_their_room<M: Make>(m: M) {
+    pub(super) async fn overrides_leave_owners_and_trusted_networks_their_room<M: Make>(m: M) {
         let mut lim = domain_limits(&[(MIN, 10)]);
         lim.purpose.insert(
             "reset_password".into(),
@@ -1259,7 +1261,7 @@ mod cases {
     }
 
     /// A deny for good answers the longest wait there is.
-    pub async fn a_deny_for_good_waits_the_longest<M: Make>(m: M) {
+    pub(super) async fn a_deny_for_good_waits_the_longest<M: Make>(m: M) {
         let b = m.make("ov-forever", limits(&[(MIN, 1)], &[])).await;
         let l = &b.ledger;
         l.put_overrides(vec![ov("email:victim@example.com", Action::Deny, None)])

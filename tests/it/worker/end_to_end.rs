@@ -363,8 +363,7 @@ async fn a_broken_template_stops_the_worker_before_it_consumes() {
     let h = Harness::with("broken", |s| s.templates.dir = dir.clone()).await;
     let err = mailgate::worker::build(&h.settings)
         .await
-        .err()
-        .expect("a broken template is a start-up error");
+        .expect_err("a broken template is a start-up error");
     let text = format!("{err:#}");
     assert!(text.contains("verify/en/subject.txt"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
