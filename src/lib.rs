@@ -9,9 +9,9 @@
 //! A job goes decode → screen → admit → deliver → settle; each stage is a
 //! module, [`pipeline`] alone combines them, [`worker`] runs the loop.
 //! `docs/architecture.md` draws it and says where a change goes. Each
-//! module may import only the modules listed beside it (a test,
-//! `tools::layout`, checks this), so the arrows point one way and a module
-//! never reaches up:
+//! module may import only the modules listed beside it, so the arrows
+//! point one way and a module never reaches up (`tests/it/tools/layout.rs`
+//! reads this table and checks every `crate::` path against it):
 //!
 //! | module | what it is | may import |
 //! |---|---|---|
@@ -27,7 +27,7 @@
 //! | [`templates`] | stage: rendering the mail | domain, settings, wire |
 //! | [`mailer`] | stage: composing and sending over SMTP, relays, circuits | domain, settings, tls, redact, telemetry |
 //! | [`broker`] | stage: RabbitMQ queues, confirms, retries, dead letters | domain, settings, tls, redact |
-//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | the stages, domain, settings, wire, telemetry |
+//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | domain, settings, wire, telemetry, limiter, ledger, templates, mailer |
 //! | [`traces`] | W3C trace context across the queue, OTLP export | settings, redact, broker |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` | telemetry |
 //! | [`worker`] | the consume loop: concurrency, reconnects, shutdown | all of the above |

@@ -89,10 +89,7 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
 /// increment of a series born at 1 is lost to `increase` (an alert on dead
 /// letters would miss the first). Called once the recorder is installed.
 pub fn register() {
-    use Status::*;
-    for status in [
-        Sent, Rejected, Duplicate, Invalid, Expired, Failed, Superseded,
-    ] {
+    for status in Status::ALL {
         metrics::counter!("mailgate_jobs_total", "status" => status_label(status)).increment(0);
     }
     for reason in ["transient", "lease", "outage", "relay"] {

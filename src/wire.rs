@@ -186,6 +186,20 @@ pub enum Status {
     Superseded,
 }
 
+impl Status {
+    /// Every status (a new one must be listed here: metrics register each
+    /// at zero, and a test checks the list against the JSON names).
+    pub const ALL: [Status; 7] = [
+        Status::Sent,
+        Status::Rejected,
+        Status::Duplicate,
+        Status::Invalid,
+        Status::Expired,
+        Status::Failed,
+        Status::Superseded,
+    ];
+}
+
 /// The rule that rejected a job (or, as `shadow_rule`, would have).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RuleWire {
@@ -275,6 +289,25 @@ impl JobResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_all_lists_every_status_once() {
+        // Exhaustive: a new status stops the build here, a reminder to list
+        // it in `Status::ALL` (in order, once) and in the contract.
+        let place = |s: Status| match s {
+            Status::Sent => 0,
+            Status::Rejected => 1,
+            Status::Duplicate => 2,
+            Status::Invalid => 3,
+            Status::Expired => 4,
+            Status::Failed => 5,
+            Status::Superseded => 6,
+        };
+        for (i, s) in Status::ALL.into_iter().enumerate() {
+            assert_eq!(place(s), i, "{s:?}");
+        }
+        assert_eq!(Status::ALL.len(), place(Status::Superseded) + 1);
+    }
 
     fn invalid(body: &str) -> String {
         match decode(body.as_bytes()) {
