@@ -452,8 +452,8 @@ async fn a_deploy_reports_no_delivered_code_as_failed() {
     w.stop().await.unwrap();
 }
 
-/// A deploy during a Redis stall answers no unsent code "delivery unknown"
-/// (found by review). Redis freezes (SIGSTOP) with 6 jobs' admissions
+/// A deploy during a Redis stall answers no unsent code "delivery unknown".
+/// Redis freezes (SIGSTOP) for 4 s with 6 jobs' admissions
 /// waiting in it, 4 of them with a pooled connection (their admission marks
 /// the send begun); the worker is stopped meanwhile and gives up on them at
 /// its deadline. When Redis thaws, those calls run seconds after they were
@@ -481,8 +481,12 @@ async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
         h.publish(&json!({"id": id, "email": format!("u{n}@example.com"), "code": "1"}))
             .await;
     }
+    let published = tokio::time::Instant::now();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     w.stop().await.unwrap();
+    // A 4 s stall, however fast the worker stopped: its calls then run
+    // well past the 2 s after which a call is late.
+    tokio::time::sleep_until(published + Duration::from_secs(4)).await;
     redis.resume();
     let w = h.start_worker().await;
     let results = results_for(&h, &ids, Duration::from_secs(40)).await;
