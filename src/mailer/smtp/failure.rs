@@ -260,19 +260,8 @@ impl Failed {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
+    use super::super::session::tests::endpoint;
     use super::*;
-    use crate::tls::LinkTls;
-
-    fn endpoint(url: &str) -> Endpoint {
-        Endpoint::from_url(
-            &url::Url::parse(url).unwrap(),
-            Duration::from_secs(1),
-            &LinkTls::bundled("smtp.tls"),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn refusals_that_name_the_relay_are_the_relays() {

@@ -229,10 +229,11 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn endpoint(url: &str) -> Endpoint {
+    /// An endpoint from `url`, bundled roots, a 1 s timeout.
+    pub(in crate::mailer::smtp) fn endpoint(url: &str) -> Endpoint {
         Endpoint::from_url(
             &url::Url::parse(url).unwrap(),
             Duration::from_secs(1),
