@@ -23,7 +23,7 @@ mod worker;
 
 pub use self::amqp::{AmqpSettings, QueueType};
 pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
-pub use self::redis::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
+pub use self::redis::{ClusterTarget, RedisSettings, RedisTarget, RedisUrl, SentinelTarget};
 pub use self::smtp::{CircuitSettings, MAX_RELAYS, Relay, RelaySettings, SmtpSettings};
 pub use self::worker::{
     HttpSettings, RetrySettings, TelemetrySettings, TemplateSettings, WorkerSettings,

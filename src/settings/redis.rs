@@ -20,7 +20,8 @@ pub struct RedisSettings {
     /// (or `rediss+sentinel://`); `memory://` keeps the limiter and the
     /// ledger in the worker's own memory (one worker, for trials: limits
     /// are not shared and nothing survives a restart). See [`RedisTarget`].
-    pub url: SecretUrl,
+    /// Parsed once, when it is set ([`RedisUrl`]).
+    pub url: RedisUrl,
     /// Prepended to every key mailgate writes, so several deployments (or
     /// tests) can share one Redis without seeing each other.
     #[serde(default = "default_key_prefix")]
@@ -64,7 +65,7 @@ pub struct RedisSettings {
 impl RedisSettings {
     /// Settings for the Redis at `url`, keys under `key_prefix`, the rest
     /// as a config file that names only these two gets them.
-    pub fn new(url: impl Into<SecretUrl>, key_prefix: impl Into<String>) -> Self {
+    pub fn new(url: impl Into<RedisUrl>, key_prefix: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             key_prefix: key_prefix.into(),
@@ -81,10 +82,10 @@ impl RedisSettings {
         load_tls(&self.tls, "redis.tls")
     }
 
-    /// `url`, parsed: which kind of Redis it names. Errors name what is
-    /// wrong (never the password).
-    pub fn target(&self) -> Result<RedisTarget, String> {
-        RedisTarget::parse(&self.url)
+    /// Which kind of Redis `url` names, as parsed when it was set. Errors
+    /// name what is wrong (never the password); checked settings have none.
+    pub fn target(&self) -> Result<&RedisTarget, &str> {
+        self.url.target()
     }
 
     /// Whether `url` names the worker's own memory (`memory://`) rather
@@ -98,7 +99,7 @@ impl RedisSettings {
     /// for only where there are some.
     pub(super) fn validate(&self) -> Result<(), SettingsError> {
         check_userinfo("redis.url", &self.url)?;
-        if let Err(e) = self.target() {
+        if let Err(e) = self.target().map_err(str::to_owned) {
             // The parsers' errors may quote the URL: it is shown redacted.
             return Err(SettingsError::Invalid(format!(
                 "redis.url {}: {} (redis://host:port/db, rediss:// for TLS, \
@@ -148,7 +149,7 @@ impl RedisSettings {
         }
         if self.tls.is_set() {
             let tls = match self.target() {
-                Ok(RedisTarget::Server(url)) => crate::tls::is_tls_url(&url),
+                Ok(RedisTarget::Server(url)) => crate::tls::is_tls_url(url),
                 Ok(RedisTarget::Sentinel(t)) => t.tls,
                 Ok(RedisTarget::Cluster(t)) => t.tls,
                 _ => false,
@@ -174,6 +175,76 @@ impl RedisSettings {
     /// every key lives in the tag's one slot, and one script decides.
     pub fn spreads_keys(&self) -> bool {
         matches!(self.target(), Ok(RedisTarget::Cluster(_))) && hash_tag(&self.key_prefix).is_none()
+    }
+}
+
+/// `redis.url`: the URL as written (its credentials kept out of `Debug`
+/// and `Display`, as [`SecretUrl`] does) and, parsed once when it is set,
+/// the [`RedisTarget`] it names or why it names none (refused when the
+/// settings are checked). Deserialized as a string; set from one with
+/// `.into()`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "SecretUrl")]
+pub struct RedisUrl {
+    url: SecretUrl,
+    target: Result<RedisTarget, String>,
+}
+
+impl RedisUrl {
+    /// The URL itself, credentials and all: for connecting, never for
+    /// showing.
+    pub fn as_str(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// What the URL names, or what is wrong with it.
+    pub fn target(&self) -> Result<&RedisTarget, &str> {
+        self.target.as_ref().map_err(String::as_str)
+    }
+}
+
+impl From<SecretUrl> for RedisUrl {
+    fn from(url: SecretUrl) -> Self {
+        let target = RedisTarget::parse(&url);
+        Self { url, target }
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(url: String) -> Self {
+        SecretUrl::from(url).into()
+    }
+}
+
+impl From<&str> for RedisUrl {
+    fn from(url: &str) -> Self {
+        SecretUrl::from(url).into()
+    }
+}
+
+impl std::ops::Deref for RedisUrl {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.url.as_str()
+    }
+}
+
+impl AsRef<str> for RedisUrl {
+    fn as_ref(&self) -> &str {
+        self.url.as_str()
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.url, f)
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.url, f)
     }
 }
 

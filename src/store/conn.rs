@@ -49,7 +49,7 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
         redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "redis.url", e))
     };
     let certs = certificates(&redis.link_tls().map_err(|e| invalid(e.to_string()))?);
-    match redis.target().map_err(invalid)? {
+    match redis.target().map_err(|e| invalid(e.to_owned()))? {
         RedisTarget::Memory => Err(invalid("memory:// has no connection".into())),
         RedisTarget::Server(url) => {
             // redis-rs leaves Nagle's algorithm on. Requests go out back to
@@ -74,14 +74,14 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
         }
         RedisTarget::Sentinel(target) => {
             let followed = Followed {
-                sentinel: tokio::sync::Mutex::new(sentinel_client(&target, certs)?),
+                sentinel: tokio::sync::Mutex::new(sentinel_client(target, certs)?),
                 current: Mutex::default(),
             };
             followed.connection().await?;
             Ok(Conn::Sentinel(Arc::new(followed)))
         }
         RedisTarget::Cluster(target) => Ok(Conn::Cluster(
-            cluster_client(&target, certs)?
+            cluster_client(target, certs)?
                 .get_async_connection()
                 .await?,
         )),

@@ -885,7 +885,14 @@ async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
     };
     assert!(why.contains("0 of the 1"), "{why}");
     replica.resume();
-    // Given back: the next attempt resumes the job (its admission kept).
+    // The replica online again (a busy machine may take longer than the
+    // ack timeout to wake it): given back, the next attempt resumes the
+    // job (its admission kept).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while l.health().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the replica is back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let again = send_now(&l, &b, &ticket, 2)
         .await
         .expect("acknowledged now");
