@@ -169,12 +169,13 @@ impl RedisLedger {
                 .find(|(s, ..)| *s == scope)
                 .map_or(-1, |(_, _, t)| i128::from(*t))
         };
-        let reservations = format!(
-            "{nonce} {} {} {}",
-            time_in(Scope::Email),
-            time_in(Scope::Ip),
-            time_in(Scope::Domain)
-        );
+        // The record's `rv`: the nonce, then one time per scope in
+        // `Scope::ALL` order (ledger.lua's `reserved` reads it so).
+        let reservations = std::iter::once(i128::from(nonce))
+            .chain(Scope::ALL.map(time_in))
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
         let args = admission_args("create", entry, reservations);
         let created = match self
             .submit(Some(clock), args, vec![record.to_owned()], entry.send_now)
@@ -409,24 +410,23 @@ impl RedisLedger {
         request: &Request<'_>,
         values: &[i64; REPLY_WIDTH],
     ) {
-        // A reply without them pads with zeros; a nonce is never 0.
-        let [_, email, ip, domain, nonce] = *values;
+        // The code, one time per scope in `Scope::ALL` order, the nonce. A
+        // reply without them pads with zeros; a nonce is never 0.
+        let (times, nonce) = (&values[1..=Scope::ALL.len()], values[Scope::ALL.len() + 1]);
         if !self.spread || nonce <= 0 {
             return;
         }
         let registrable = RegistrableDomain::of(request.email, &self.keys.limits.normalize);
-        let subjects = [
-            (Some(Subject::Email(request.email)), email),
-            (request.ip.map(Subject::Ip), ip),
-            (Some(Subject::Domain(&registrable)), domain),
-        ];
-        let mut held: Vec<(Scope, String, u64)> = subjects
-            .into_iter()
-            .filter_map(|(subject, t)| {
-                let subject = subject?;
+        let subject = |scope| match scope {
+            Scope::Email => Some(Subject::Email(request.email)),
+            Scope::Ip => request.ip.map(Subject::Ip),
+            Scope::Domain => Some(Subject::Domain(&registrable)),
+        };
+        let mut held: Vec<(Scope, String, u64)> = (Scope::ALL.into_iter().zip(times))
+            .filter_map(|(scope, &t)| {
                 Some((
-                    subject.scope(),
-                    self.keys.key_of(subject),
+                    scope,
+                    self.keys.key_of(subject(scope)?),
                     u64::try_from(t).ok()?,
                 ))
             })
