@@ -5,7 +5,7 @@ use super::{
     Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
 use crate::domain::{Name, Ticket};
-use crate::limiter::{Applied, Clock, Keyspace, LimitError, MemoryLogs, Quotas, Subject, Usage};
+use crate::limiter::{Applied, Clock, Keyspace, MemoryLogs, Quotas, Subject, Usage};
 use crate::settings::LimitSettings;
 
 /// How many admissions pass between sweeps of idle keys and records.
@@ -486,16 +486,18 @@ impl Ledger for MemoryLedger {
 }
 
 impl Quotas for MemoryLedger {
+    type Error = LedgerError;
+
     async fn usage(
         &self,
         subject: Subject<'_>,
         purpose: Option<&Name>,
         clock: Clock,
-    ) -> Result<Usage, LimitError> {
+    ) -> Result<Usage, LedgerError> {
         Ok(self.lock().logs.usage(subject, purpose, Self::now(clock)))
     }
 
-    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LedgerError> {
         Ok(self.lock().logs.reset(subject))
     }
 }

@@ -49,7 +49,7 @@ pub use self::redis::RedisLedger;
 
 use crate::domain::Name;
 use crate::domain::Ticket;
-use crate::limiter::{Clock, LimitError, Quotas, Request, Rooms, RuleRef, Subject, Usage};
+use crate::limiter::{Clock, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
 
 /// What an id was admitted for: a digest of the mailbox (as parsed), the
@@ -302,83 +302,9 @@ pub enum Ending {
     Refund(Refund),
 }
 
-/// Why the ledger could not answer. Transient from a job's point of view:
-/// the job is retried, not answered.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum LedgerError {
-    /// Redis could not be reached or returned an error. Shared, because one
-    /// failed script call fails every request batched into it.
-    #[error("redis: {0}")]
-    Redis(std::sync::Arc<::redis::RedisError>),
-    /// Redis answered something this build does not understand.
-    #[error("unexpected ledger reply: {0}")]
-    Protocol(String),
-    /// The store cannot keep the ledger's promises (e.g. it evicts keys).
-    #[error("{0}")]
-    Unfit(String),
-    /// Fewer Redis replicas than `redis.min_replicas_acked` acknowledged a
-    /// send mark in time (or are online now): the mark was given back and
-    /// the job is not sent now. Transient.
-    #[error("{0}")]
-    Unreplicated(String),
-}
-
-impl From<::redis::RedisError> for LedgerError {
-    fn from(e: ::redis::RedisError) -> Self {
-        LedgerError::Redis(std::sync::Arc::new(e))
-    }
-}
-
-impl LedgerError {
-    /// Whether this says the store is out of reach or not serving for now
-    /// (no connection, a timeout, a server loading its data, busy with a
-    /// script, out of memory, failing to persist, or between primaries, a
-    /// cluster without a slot's owner, replicas that did not acknowledge, a
-    /// clock too far from the worker's: `CLOCKSKEW`, a call that ran too
-    /// late after it was sent: `STALE`), rather than anything
-    /// about the job: the job waits
-    /// without spending an attempt, and workers take no jobs until it
-    /// passes.
-    pub fn is_outage(&self) -> bool {
-        match self {
-            LedgerError::Redis(e) => {
-                use ::redis::ErrorKind;
-                // BUSY (a script running past its limit) is the server's
-                // state, not the job's: it must not spend attempts.
-                const OUTAGES: [&str; 11] = [
-                    "LOADING",
-                    "MASTERDOWN",
-                    "READONLY",
-                    "CLUSTERDOWN",
-                    "TRYAGAIN",
-                    "CLOCKSKEW",
-                    "STALE",
-                    "BUSY",
-                    "OOM",
-                    "NOREPLICAS",
-                    "MISCONF",
-                ];
-                // A script call sent with WAIT fails as a pipeline: each
-                // failed command's code counts.
-                let in_pipeline = ((**e).clone().into_server_errors()).is_some_and(|errors| {
-                    errors.iter().any(|(_, se)| OUTAGES.contains(&se.code()))
-                });
-                matches!(
-                    e.kind(),
-                    ErrorKind::Io
-                        | ErrorKind::ClusterConnectionNotFound
-                        | ErrorKind::MasterNameNotFoundBySentinel
-                        | ErrorKind::NoValidReplicasFoundBySentinel
-                ) || e.is_connection_dropped()
-                    || e.is_timeout()
-                    || e.code().is_some_and(|code| OUTAGES.contains(&code))
-                    || in_pipeline
-            }
-            LedgerError::Unreplicated(_) => true,
-            LedgerError::Protocol(_) | LedgerError::Unfit(_) => false,
-        }
-    }
-}
+/// Why the ledger could not answer: the store's one error
+/// ([`crate::store::StoreError`]), under the name the ledger's callers know.
+pub use crate::store::StoreError as LedgerError;
 
 /// A ledger backend. Both backends implement exactly the semantics in the
 /// module docs (and `ledger.lua`'s header), checked by one conformance suite.
@@ -555,19 +481,21 @@ impl Ledger for Backend {
 }
 
 impl Quotas for Backend {
+    type Error = LedgerError;
+
     async fn usage(
         &self,
         subject: Subject<'_>,
         purpose: Option<&Name>,
         clock: Clock,
-    ) -> Result<Usage, LimitError> {
+    ) -> Result<Usage, LedgerError> {
         match self {
             Backend::Redis(l) => l.usage(subject, purpose, clock).await,
             Backend::Memory(l) => l.usage(subject, purpose, clock).await,
         }
     }
 
-    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LedgerError> {
         match self {
             Backend::Redis(l) => l.reset(subject).await,
             Backend::Memory(l) => l.reset(subject).await,

@@ -77,27 +77,14 @@ pub enum Clock {
     At(u64),
 }
 
-/// Why the limiter's tools could not answer. Transient: ask again.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum LimitError {
-    /// Redis could not be reached or returned an error.
-    #[error("redis: {0}")]
-    Redis(std::sync::Arc<::redis::RedisError>),
-    /// Redis answered something this build does not understand.
-    #[error("unexpected limiter reply: {0}")]
-    Protocol(String),
-}
-
-impl From<::redis::RedisError> for LimitError {
-    fn from(e: ::redis::RedisError) -> Self {
-        LimitError::Redis(std::sync::Arc::new(e))
-    }
-}
-
 /// What support tools ask of a limiter backend: how much of a subject's
 /// quota is used, and forgetting it. Both backends answer alike, checked by
 /// one conformance suite.
 pub trait Quotas: Send + Sync {
+    /// Why a backend could not answer (the store's error, for both
+    /// ledgers). Transient: ask again.
+    type Error: std::error::Error + Send + Sync + 'static;
+
     /// How much of its quota `subject` has used under `purpose`'s rules, at
     /// `clock`, changing nothing (for `mailgate limits show`).
     fn usage(
@@ -105,7 +92,7 @@ pub trait Quotas: Send + Sync {
         subject: Subject<'_>,
         purpose: Option<&Name>,
         clock: Clock,
-    ) -> impl Future<Output = Result<Usage, LimitError>> + Send;
+    ) -> impl Future<Output = Result<Usage, Self::Error>> + Send;
 
     /// Forgets every admission counted for `subject` (for support staff).
     /// Job records stay, so redelivered jobs are still de-duplicated.
@@ -113,7 +100,7 @@ pub trait Quotas: Send + Sync {
     fn reset(
         &self,
         subject: Subject<'_>,
-    ) -> impl Future<Output = Result<(String, u64), LimitError>> + Send;
+    ) -> impl Future<Output = Result<(String, u64), Self::Error>> + Send;
 }
 
 /// How much longer than it is needed every key mailgate writes to Redis

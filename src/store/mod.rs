@@ -10,7 +10,9 @@
 //! [`crate::ledger`], the worker and the support tools use it.
 
 pub(crate) mod conn;
+mod error;
 pub mod overrides;
 pub mod scripts;
 
 pub(crate) use self::conn::{Conn, connect};
+pub use self::error::StoreError;

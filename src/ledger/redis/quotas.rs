@@ -3,16 +3,19 @@
 
 use super::RedisLedger;
 use crate::domain::Name;
-use crate::limiter::{Clock, LimitError, Quotas, Subject, Usage, usage_of};
+use crate::ledger::LedgerError;
+use crate::limiter::{Clock, Quotas, Subject, Usage, usage_of};
 use crate::store::scripts::TOOLS;
 
 impl Quotas for RedisLedger {
+    type Error = LedgerError;
+
     async fn usage(
         &self,
         subject: Subject<'_>,
         purpose: Option<&Name>,
         clock: Clock,
-    ) -> Result<Usage, LimitError> {
+    ) -> Result<Usage, LedgerError> {
         let keys = &self.keys;
         let (key, set, hit) = keys.lookup(subject, purpose);
         let reply: Vec<i64> = TOOLS
@@ -27,7 +30,7 @@ impl Quotas for RedisLedger {
         let mut values = reply.into_iter().map(|v| u64::try_from(v).unwrap_or(0));
         let now = values
             .next()
-            .ok_or_else(|| LimitError::Protocol("empty peek reply".into()))?;
+            .ok_or_else(|| LedgerError::Protocol("empty peek reply".into()))?;
         let times: Vec<u64> = values.collect();
         let exempt = keys.exempts(subject);
         Ok(usage_of(
@@ -41,7 +44,7 @@ impl Quotas for RedisLedger {
         ))
     }
 
-    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LimitError> {
+    async fn reset(&self, subject: Subject<'_>) -> Result<(String, u64), LedgerError> {
         let key = self.keys.key_of(subject);
         let removed: i64 = TOOLS
             .key(&key)
