@@ -1,9 +1,9 @@
 //! Redis Cluster resharding: a slot being moved (MIGRATING on its owner,
 //! IMPORTING on the receiver: what `redis-cli --cluster reshard` sets while
 //! it moves keys, and what a stopped reshard leaves behind) answers ASK for
-//! keys the owner does not hold. The cluster client follows it (found by
-//! review: with the client's retries turned off, every attempt of such a
-//! job failed until it was answered `failed`, 2 of 2 runs).
+//! keys the owner does not hold. The cluster client follows it (with the
+//! client's retries turned off, every attempt of such a job fails until it
+//! is answered `failed`, 2 of 2 runs).
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! prefix without a hash tag), where its calls can fail between steps: a
 //! failed "create", a lost refund reply, a failover that loses an
 //! unacknowledged reservation, copies of one job admitted at once. Each
-//! case was found by review (each of these tests failed before its fix).
+//! test fails against a ledger that mishandles its case.
 
 use std::time::{Duration, Instant};
 
@@ -389,12 +389,12 @@ async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
     }
 }
 
-/// Issue 25, item 7: with the keys spread, one admission has one time.
-/// Each scope's entry was stamped by its own shard's clock, and the
-/// admission said the record's (later) time, so a later rejection's wait
-/// was 2-3 ms shorter than its own `decided_at_ms` and the admission's
-/// implied. Now every rejection's wait is exactly what they imply, in the
-/// email scope and in the IP scope (reserved second).
+/// With the keys spread, one admission has one time: every rejection's
+/// wait is exactly what its own `decided_at_ms` and the admission's time
+/// imply, in the email scope and in the IP scope (reserved second). Were
+/// each scope's entry stamped by its own shard's clock while the admission
+/// said the record's (later) time, a later rejection's wait would be 2-3 ms
+/// shorter than they imply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejections_wait_follows_exactly_from_the_admissions_time() {
     let cluster = PrivateCluster::start();

@@ -266,9 +266,9 @@ async fn publish_gives_every_line_its_own_id() {
 
 /// Defect 10: a misconfigured relay (`?tls=required` without STARTTLS) is
 /// the relay's failure, not the job's: the job waits without spending
-/// attempts (issue 26's review), the quota kept meanwhile, and `/readyz`
-/// and `mailgate_smtp_relay_up` say the relay is failing; once the relay
-/// is set right, the job is sent on its first attempt.
+/// attempts, the quota kept meanwhile, and `/readyz` and
+/// `mailgate_smtp_relay_up` say the relay is failing; once the relay is set
+/// right, the job is sent on its first attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misconfigured_relay_is_retried_and_reported() {
     let mut h = Harness::with("relay", |s| {
@@ -385,13 +385,13 @@ async fn a_job_that_always_fails_is_answered_dead_lettered_and_never_loops() {
     w.stop().await.unwrap();
 }
 
-/// Issue 26, item 2: a rolling deploy never reports a delivered code as
-/// failed. A relay that takes 3 s per mail, a pool of 4, 12 jobs taken and
-/// `shutdown_timeout` 5 s: once the worker is told to stop (SIGTERM), no
-/// SMTP transaction begins; the 4 under way finish; the 8 waiting for a
-/// connection are handed back at once with their leases released, so the
-/// next worker sends them at once. 12 sent, each mailed once, none
-/// "delivery unknown" (before: 4 of 12 cut off at the deadline came back
+/// A rolling deploy never reports a delivered code as failed. A relay that
+/// takes 3 s per mail, a pool of 4, 12 jobs taken and `shutdown_timeout`
+/// 5 s: once the worker is told to stop (SIGTERM), no SMTP transaction
+/// begins; the 4 under way finish; the 8 waiting for a connection are
+/// handed back at once with their leases released, so the next worker sends
+/// them at once. 12 sent, each mailed once, none "delivery unknown" (the
+/// fault it guards against: 4 of 12 cut off at the deadline come back
 /// `failed` from the next worker 18 s later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_reports_no_delivered_code_as_failed() {
@@ -458,9 +458,9 @@ async fn a_deploy_reports_no_delivered_code_as_failed() {
 /// the send begun); the worker is stopped meanwhile and gives up on them at
 /// its deadline. When Redis thaws, those calls run seconds after they were
 /// sent and are refused (`STALE`), writing nothing, so the next worker
-/// admits and sends every job. Before: the 4 marks were set with no worker
-/// left to send or release them, and the next worker answered those jobs
-/// `failed`, "delivery unknown", with no mail sent.
+/// admits and sends every job. Were the 4 marks set with no worker left to
+/// send or release them, the next worker would answer those jobs `failed`,
+/// "delivery unknown", with no mail sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
     let redis = common::PrivateRedis::start();
@@ -506,9 +506,9 @@ async fn a_deploy_during_a_redis_stall_answers_no_unsent_code_unknown() {
 /// A deploy while Redis does not answer (frozen, as in a partition) with
 /// sends under way: once the worker is stopping, a ledger write gets a
 /// second, so the delivered codes are answered `sent` before the shutdown
-/// deadline (found by review: the settle's retries spent the deadline, the
-/// jobs were left unacknowledged, and the next worker answered them
-/// "delivery unknown" though they had been delivered).
+/// deadline (if the settle's retries spent the deadline, the jobs would be
+/// left unacknowledged, and the next worker would answer them "delivery
+/// unknown" though they had been delivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_while_redis_does_not_answer_answers_delivered_codes_sent() {
     let redis = common::PrivateRedis::start();

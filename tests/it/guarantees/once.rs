@@ -112,9 +112,9 @@ async fn an_expired_copy_never_refunds_a_sent_admission() {
     w.stop().await.unwrap();
 }
 
-/// Second review finding: a producer may write any ticket and attempt into
-/// its headers. A burst of copies of one id with one made-up ticket and
-/// rising attempt numbers is still one admission and one mail.
+/// A producer may write any ticket and attempt into its headers. A burst of
+/// copies of one id with one made-up ticket and rising attempt numbers is
+/// still one admission and one mail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_made_up_lineage_cannot_multiply_a_mail() {
     let h = Harness::with("forged", |s| {
@@ -274,9 +274,9 @@ async fn cluster_a_lost_admission_reply_is_resumed_and_sent() {
 /// A connection lost while mails are in flight (a relay at 4 s a mail): the
 /// jobs come back, find their sends under way, and wait out the lease as
 /// mailgate's copies. Each job's mail went out once, under its first
-/// delivery, so each is answered `sent`. Before: `duplicate`, the only
-/// result of a single publish (4 of 4), as the copies forgot that they came
-/// from a message delivered before.
+/// delivery, so each is answered `sent` (the fault it guards against:
+/// `duplicate`, the only result of a single publish, 4 of 4, as the copies
+/// forget that they came from a message delivered before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_lost_mid_send_is_answered_sent_not_duplicate() {
     let h = Harness::with("midsend", |s| {
@@ -320,8 +320,9 @@ async fn a_connection_lost_mid_send_is_answered_sent_not_duplicate() {
 
 /// A producer that writes `x-delivery-count` itself on a first delivery
 /// (RabbitMQ 3.10 keeps it): no job is moved to the one-at-a-time lane, on
-/// either queue type. Only RabbitMQ's own redelivered flag counts. Before:
-/// all 24 moved, answered in 6.5 s instead of about 1.
+/// either queue type. Only RabbitMQ's own redelivered flag counts (the
+/// fault it guards against: all 24 moved, answered in 6.5 s instead of
+/// about 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producers_delivery_count_header_moves_no_job() {
     for (name, kind) in [("hdrq", QueueType::Quorum), ("hdrc", QueueType::Classic)] {

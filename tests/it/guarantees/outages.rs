@@ -12,8 +12,8 @@ use serde_json::json;
 /// Redis unavailable for longer than a job's every attempt: the outage is
 /// not the job's fault, so it spends no attempt. It waits in RabbitMQ (the
 /// worker takes no job meanwhile) and is sent, on its first attempt, once
-/// Redis is back. Before (issue 26): answered `failed` after its 2
-/// attempts and dead-lettered, unsent.
+/// Redis is back (the fault it guards against: answered `failed` after its
+/// 2 attempts and dead-lettered, unsent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_through_every_attempt_spends_none() {
     let mut redis = common::PrivateRedis::start();
@@ -87,11 +87,12 @@ async fn redis_goes_away_mid_load_and_comes_back() {
     w.stop().await.unwrap();
 }
 
-/// Redis gone for longer than every retry of a job (issue 26): the worker
-/// stops taking jobs, `/readyz` names Redis and why, no job spends an
-/// attempt, and once Redis is back (restarted empty) every job is sent, and
-/// one whose `expires_at` passed meanwhile is answered `expired`. Before:
-/// each job that arrived was answered `failed` after its 5 attempts.
+/// Redis gone for longer than every retry of a job: the worker stops taking
+/// jobs, `/readyz` names Redis and why, no job spends an attempt, and once
+/// Redis is back (restarted empty) every job is sent, and one whose
+/// `expires_at` passed meanwhile is answered `expired` (the fault it guards
+/// against: each job that arrives is answered `failed` after its 5
+/// attempts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_holds_the_pool_and_spends_no_attempt() {
     let mut redis = common::PrivateRedis::start();

@@ -825,10 +825,9 @@ mod cases {
         b.ledger.health().await.expect("healthy");
     }
 
-    /// Issue 25, item 1: a newer job of another requester (another client
-    /// network, or, with sessions, another attempt) supersedes nothing;
-    /// the same requester's does, from any network when its session says
-    /// so.
+    /// A newer job of another requester (another client network, or, with
+    /// sessions, another attempt) supersedes nothing; the same requester's
+    /// does, from any network when its session says so.
     pub(super) async fn only_the_same_requester_supersedes<M: Make>(m: M) {
         let b = m.make("supersede-who", superseding(per_hour(5, 5))).await;
         let l = &b.ledger;
@@ -1000,9 +999,9 @@ mod cases {
         );
     }
 
-    /// Found by review: the newest job refunded, a newer job than the
-    /// older one between them still supersedes it (the stale code was
-    /// mailed after the newer one).
+    /// The newest job refunded, a newer job than the older one between
+    /// them still supersedes it (otherwise the stale code is mailed after
+    /// the newer one).
     pub(super) async fn a_refunded_newest_job_leaves_the_one_before_it_superseding<M: Make>(m: M) {
         let b = m
             .make("supersede-middle", superseding(per_hour(5, 5)))
@@ -1029,11 +1028,11 @@ mod cases {
         );
     }
 
-    /// Found by reviews: two jobs made within `supersede_skew` of each
-    /// other supersede neither (which was made first cannot be told:
-    /// producers' clocks disagree, the AMQP timestamp has whole seconds),
-    /// whichever is admitted first, so the newest code is never dropped;
-    /// made further apart, the later one supersedes.
+    /// Two jobs made within `supersede_skew` of each other supersede
+    /// neither (which was made first cannot be told: producers' clocks
+    /// disagree, the AMQP timestamp has whole seconds), whichever is
+    /// admitted first, so the newest code is never dropped; made further
+    /// apart, the later one supersedes.
     pub(super) async fn jobs_made_within_the_skew_supersede_neither<M: Make>(m: M) {
         let b = m.make("supersede-skew", superseding(per_hour(9, 9))).await;
         let l = &b.ledger;

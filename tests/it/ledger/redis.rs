@@ -599,8 +599,8 @@ async fn malformed_calls_write_nothing() {
             ]
             .concat(),
         ),
-        // A malformed rule set no item names (found by review: parsing sets
-        // when first named let it through, and the item was written).
+        // A malformed rule set no item names (parsing sets only when first
+        // named would let it through, and the item would be written).
         (
             vec!["t:job:a", "t:email:a"],
             [
@@ -610,9 +610,9 @@ async fn malformed_calls_write_nothing() {
             ]
             .concat(),
         ),
-        // Numbers that are not (found by review: "nan" and "inf" passed
-        // checks written as what must not hold), in a set only the
-        // second item names, after a first that would be written.
+        // Numbers that are not ("nan" and "inf" pass checks written as
+        // what must not hold), in a set only the second item names, after
+        // a first that would be written.
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
             [
@@ -985,9 +985,9 @@ async fn expired_overrides_stop_at_once_and_are_dropped_by_the_next_change() {
 
 /// An override written by hand that the CLI would refuse (a window under a
 /// millisecond, no rules, no reason) is ignored, never sent to the script,
-/// where it would fail every batch it rode in (found by review); and a
-/// version number is never reused, so a hash deleted and written again is
-/// reloaded (found by review: a counter that started over hid the change).
+/// where it would fail every batch it rode in; and a version number is
+/// never reused, so a hash deleted and written again is reloaded (a
+/// counter that started over would hide the change).
 #[tokio::test]
 async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
     use mailgate::limiter::overrides::{Action, Override, Target};
@@ -1081,10 +1081,10 @@ async fn bad_overrides_are_ignored_and_a_recreated_hash_is_reloaded() {
     );
 }
 
-/// Found by review: overrides changing while requests are in flight (an
-/// override added and removed in a loop, so each table numbers the others'
-/// rule sets differently) never let a denied client through, nor deny a
-/// mailbox judged by its own rules: each batch numbers the sets it sends.
+/// Overrides changing while requests are in flight (an override added and
+/// removed in a loop, so each table numbers the others' rule sets
+/// differently) never let a denied client through, nor deny a mailbox
+/// judged by its own rules: each batch numbers the sets it sends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
     use mailgate::limiter::overrides::{Action, Override, Target};
@@ -1180,12 +1180,12 @@ async fn overrides_changing_mid_batch_keep_each_request_its_own_rules() {
     );
 }
 
-/// Found by re-review: two stored overrides that widen to one subject (a
-/// deny of one address and an allow of its network, read by a worker that
-/// groups clients by /24) resolve to the stronger, the deny, whatever
-/// their order; and `remove` deletes the entry stored for exactly what it
-/// is given and names the others still in force, or, with none stored
-/// exactly, every one its subject widens to.
+/// Two stored overrides that widen to one subject (a deny of one address
+/// and an allow of its network, read by a worker that groups clients by
+/// /24) resolve to the stronger, the deny, whatever their order; and
+/// `remove` deletes the entry stored for exactly what it is given and names
+/// the others still in force, or, with none stored exactly, every one its
+/// subject widens to.
 #[tokio::test]
 async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
     use mailgate::limiter::overrides::Target;
@@ -1259,10 +1259,10 @@ async fn overrides_widened_to_one_subject_keep_the_deny_and_remove_exactly() {
     assert!(l.overrides().list().await.unwrap().is_empty());
 }
 
-/// Found by review I: adding an override that widens or normalizes to the
-/// subject of one in force replaced it silently, so an allow of one
-/// address lifted the deny of its network, and an allow of
-/// `V.I.C.T.I.M+qa@googlemail.com` the deny of `victim@gmail.com`. A
+/// Adding an override that widens or normalizes to the subject of one in
+/// force never replaces it silently (else an allow of one address would
+/// lift the deny of its network, and an allow of
+/// `V.I.C.T.I.M+qa@googlemail.com` the deny of `victim@gmail.com`): a
 /// loosening is refused unless asked for, and what is replaced is said.
 /// `remove` of a target with no entry of its own takes the one entry its
 /// subject counts as, refuses to guess among several, and always deletes
@@ -1323,8 +1323,8 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
         assert_eq!(replaced[0].action, Action::Allow);
     }
 
-    // Found by re-review J: a deny of an alias that ends sooner replaced a
-    // permanent one.
+    // A deny of an alias that ends sooner is a loosening too: it must not
+    // replace a permanent one unasked.
     l.overrides()
         .add(&ov("email:victim2@gmail.com", Action::Deny))
         .await
@@ -1388,11 +1388,11 @@ async fn loosening_an_override_in_force_is_refused_and_remove_does_not_guess() {
     assert!(n >= 3, "nothing was removed");
 }
 
-/// Issue 25, item 8: with no override stored, a worker's poll is one cheap
-/// round trip (HGET and HLEN) and reads the hash again only when it
-/// changes: every 2 s it read the whole hash (and logged it) because a
-/// missing version counted as changed. A change, even one written by hand
-/// without a version, is still read within a poll.
+/// With no override stored, a worker's poll is one cheap round trip (HGET
+/// and HLEN) and reads the hash again only when it changes (were a missing
+/// version counted as changed, it would read the whole hash, and log it,
+/// every 2 s). A change, even one written by hand without a version, is
+/// still read within a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overrides_are_read_again_only_when_they_change() {
     use mailgate::limiter::overrides::{Action, Override, Target};

@@ -1,8 +1,8 @@
-//! Redis's clock steps (issue 25, item 6): nothing is decided while a
-//! primary's clock disagrees with the worker's, and once Redis's clock ran
-//! more than the hour keys outlive their use ahead (Redis expired the
-//! canary early), every worker is held back until whatever Redis deleted
-//! would have expired anyway (or an operator accepts it).
+//! Redis's clock steps: nothing is decided while a primary's clock
+//! disagrees with the worker's, and once Redis's clock ran more than the
+//! hour keys outlive their use ahead (Redis expired the canary early),
+//! every worker is held back until whatever Redis deleted would have
+//! expired anyway (or an operator accepts it).
 //! Against a private `redis-server` whose wall clock `tests/clockshift.c`
 //! moves, the shared RabbitMQ and an in-process SMTP server.
 
@@ -132,10 +132,10 @@ async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
     w.stop().await.unwrap();
 }
 
-/// Two steps under the hour each, with the workers restarted between them
-/// (found by review: each worker judged steps against what it had seen, so
-/// a new worker took +100 min for its normal): Redis still tells that it
-/// ran ahead long enough to expire its canary, and every worker is held.
+/// Two steps under the hour each, with the workers restarted between them:
+/// Redis still tells that it ran ahead long enough to expire its canary,
+/// and every worker is held (a worker that judged steps only against what
+/// it had seen would take, once restarted, +100 min for its normal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_a_restarted_worker_did_not_see_are_still_marked() {
     let redis = common::PrivateRedis::start_shiftable();
@@ -157,10 +157,9 @@ async fn steps_a_restarted_worker_did_not_see_are_still_marked() {
 }
 
 /// Redis's clock and the worker's step together (one bad NTP source for
-/// both hosts; found by review: the worker saw no skew, refreshed the
-/// canary through the step, and the job published again was mailed
-/// twice): the worker's boot clock, which no one steps, tells, and the step
-/// is marked.
+/// both hosts): the worker's boot clock, which no one steps, tells, and the
+/// step is marked (otherwise the worker sees no skew, refreshes the canary
+/// through the step, and the job published again is mailed twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_the_worker_shares_is_marked() {
     let redis = common::PrivateRedis::start_shiftable();

@@ -854,9 +854,9 @@ mod cases {
     }
 
     /// A mailbox's allow lifts its own scope's limit (nothing is counted
-    /// there); the client's limit still applies (found by review: lifting
-    /// it let one client spend the relay's quota through a QA mailbox);
-    /// removed, the mailbox's rules apply again.
+    /// there); the client's limit still applies (without it, one client
+    /// could spend the relay's quota through a QA mailbox); removed, the
+    /// mailbox's rules apply again.
     pub(super) async fn a_mailbox_allow_lifts_its_own_limit<M: Make>(m: M) {
         let b = m.make("ov-allow", limits(&[(MIN, 1)], &[(MIN, 2)])).await;
         let l = &b.ledger;
@@ -909,8 +909,8 @@ mod cases {
     }
 
     /// An address override narrower than the IP scope's grouping covers
-    /// its whole group, whose clients share one log (found by review: a
-    /// deny of one IPv6 address was passed from the same /64).
+    /// its whole group, whose clients share one log (otherwise a deny of
+    /// one IPv6 address is passed from another address of the same /64).
     pub(super) async fn an_address_override_covers_its_clients_group<M: Make>(m: M) {
         let b = m.make("ov-group", limits(&[(MIN, 5)], &[(MIN, 5)])).await;
         let l = &b.ledger;
@@ -1161,10 +1161,10 @@ mod cases {
 
     /// Overrides leave owners and trusted networks their room: a purpose
     /// whose own domain rules are none stays out of the domain scope under
-    /// a domain's override rules (found by review: an onboarding day's
-    /// override put password resets back under the domain's rule); a
-    /// network an override allows may use the whole domain's quota, which
-    /// still counts it; support tools read and reset one network's share.
+    /// a domain's override rules (otherwise an onboarding day's override
+    /// puts password resets back under the domain's rule); a network an
+    /// override allows may use the whole domain's quota, which still counts
+    /// it; support tools read and reset one network's share.
     pub(super) async fn overrides_leave_owners_and_trusted_networks_their_room<M: Make>(m: M) {
         let mut lim = domain_limits(&[(MIN, 10)]);
         lim.purpose.insert(

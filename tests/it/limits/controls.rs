@@ -258,13 +258,13 @@ async fn an_older_code_waiting_for_its_retry_is_superseded_by_a_newer_one() {
     w.stop().await.unwrap();
 }
 
-/// Issue 25, item 1: a stranger cannot cancel the owner's code. The owner's
-/// job waits behind a greylisting relay; another client, from another
-/// network, asks for a code for the same mailbox 3 s later. Both codes are
-/// mailed: a job is superseded only by a newer job of the same requester
-/// (its `session`, else its client network). With sessions, two attempts
-/// behind one NAT supersede nothing of each other, and one attempt's own
-/// newer job supersedes its older one from wherever it comes.
+/// A stranger cannot cancel the owner's code. The owner's job waits behind
+/// a greylisting relay; another client, from another network, asks for a
+/// code for the same mailbox 3 s later. Both codes are mailed: a job is
+/// superseded only by a newer job of the same requester (its `session`,
+/// else its client network). With sessions, two attempts behind one NAT
+/// supersede nothing of each other, and one attempt's own newer job
+/// supersedes its older one from wherever it comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_same_requester_supersedes_a_waiting_code() {
     let h = Harness::with("supersede-requester", |s| {
@@ -354,12 +354,12 @@ async fn only_the_same_requester_supersedes_a_waiting_code() {
     w.stop().await.unwrap();
 }
 
-/// Issue 25, item 4: a result tells a requester no more than whole seconds
-/// about the scopes it does not own. A stranger asking for the owner's
-/// mailbox is told the wait rounded up to a second, not when the owner
-/// asked to the millisecond; the requester's own network is told exactly;
-/// `quota` leaves the domain out (how many codes others at the domain
-/// got); the worker's log keeps the exact wait.
+/// A result tells a requester no more than whole seconds about the scopes
+/// it does not own. A stranger asking for the owner's mailbox is told the
+/// wait rounded up to a second, not when the owner asked to the
+/// millisecond; the requester's own network is told exactly; `quota` leaves
+/// the domain out (how many codes others at the domain got); the worker's
+/// log keeps the exact wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_tell_strangers_whole_seconds() {
     let h = Harness::with("disclose", |s| {
@@ -418,15 +418,15 @@ async fn rejections_tell_strangers_whole_seconds() {
     w.stop().await.unwrap();
 }
 
-/// Issue 25, item 3: a third party cannot lock a company out. 50 sign-up
-/// requests to made-up mailboxes at `smallco.example`, from 10 addresses of
-/// one network, take a fifth of the domain's quota (the network's share)
-/// and no more, so a new employee signing up from elsewhere gets a code.
-/// Whoever floods from enough networks does lock the domain for new
-/// sign-ups (the farming defence still cuts at the domain's rule), but not
-/// its people: a job the producer marks as going to a known mailbox, and a
-/// password reset (the shipped configuration applies the domain scope to
-/// sign-ups only), still get through.
+/// A third party cannot lock a company out. 50 sign-up requests to made-up
+/// mailboxes at `smallco.example`, from 10 addresses of one network, take a
+/// fifth of the domain's quota (the network's share) and no more, so a new
+/// employee signing up from elsewhere gets a code. Whoever floods from
+/// enough networks does lock the domain for new sign-ups (the farming
+/// defence still cuts at the domain's rule), but not its people: a job the
+/// producer marks as going to a known mailbox, and a password reset (the
+/// shipped configuration applies the domain scope to sign-ups only), still
+/// get through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_sign_ups_cannot_lock_a_companys_people_out() {
     let shipped = mailgate::settings::Settings::load(std::path::Path::new("config/default.toml"))

@@ -615,11 +615,12 @@ async fn only_a_relay_level_failure_fails_over() {
     assert!(one.mails_to("g@").is_empty());
 }
 
-/// Found by review: a relay that sets sessions up but refuses every sender
-/// (451 to MAIL FROM: out of quota, suspended) passed a NOOP probe, so its
-/// circuit flapped closed after each cool-down and every job burned its
-/// attempts to `failed`. The probe now offers the sender (MAIL FROM, then
-/// RSET): the circuit stays open, no job fails, and `/readyz` says why.
+/// A relay that sets sessions up but refuses every sender (451 to MAIL
+/// FROM: out of quota, suspended) must not pass the probe: a NOOP alone
+/// would let its circuit flap closed after each cool-down, and every job
+/// would burn its attempts to `failed`. The probe offers the sender (MAIL
+/// FROM, then RSET): the circuit stays open, no job fails, and `/readyz`
+/// says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_refusing_every_sender_keeps_its_circuit_open() {
     use common::script::{ScriptedSmtp, reply};
@@ -668,11 +669,11 @@ async fn a_relay_refusing_every_sender_keeps_its_circuit_open() {
     w.stop().await.unwrap();
 }
 
-/// Found by re-review: with a non-ASCII sender and a relay that does not
-/// offer SMTPUTF8 (which every send refuses), the probe offered the sender
-/// without it, the relay said 250, and the circuit kept closing onto sends
-/// that all failed. The probe now refuses as a send does: once the send
-/// opened the circuit, it stays open.
+/// With a non-ASCII sender and a relay that does not offer SMTPUTF8 (which
+/// every send refuses), the probe refuses as a send does: once the send
+/// opened the circuit, it stays open. A probe that offered the sender
+/// without SMTPUTF8 would get 250 and keep closing the circuit onto sends
+/// that all fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
     use common::script::ScriptedSmtp;
@@ -719,10 +720,11 @@ async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
     );
 }
 
-/// Found by re-review: the probe ignored RSET's outcome, so a relay that
-/// took MAIL FROM and then closed the session (421) passed. A refusal of
-/// RSET alone (502: the relay does not know it) still leaves a relay that
-/// takes mail; a 421 or silence past the deadline there fails the check.
+/// The probe heeds RSET's outcome: a relay that takes MAIL FROM and then
+/// closes the session (421) fails it (a probe that ignored RSET would pass
+/// it). A refusal of RSET alone (502: the relay does not know it) still
+/// leaves a relay that takes mail; a 421 or silence past the deadline
+/// there fails the check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
     use common::script::{ScriptedSmtp, reply};
@@ -790,13 +792,13 @@ fn refusing_pair(
     .expect("mailer")
 }
 
-/// Issue 25, item 2: a relay that refuses every mail, with an enhanced
-/// status code of the mail system (`452 4.3.1`), SES's `454 Throttling
-/// failure`, or a 451 that says it rate-limits, is failing as a relay:
-/// each mail goes on to the standby at once, and after `failures` of them
-/// the primary's circuit opens (it failed every job while the standby got
-/// none). A mailbox that is really full (`552 5.2.2`) fails alone, and the
-/// primary keeps taking the others.
+/// A relay that refuses every mail, with an enhanced status code of the
+/// mail system (`452 4.3.1`), SES's `454 Throttling failure`, or a 451 that
+/// says it rate-limits, is failing as a relay: each mail goes on to the
+/// standby at once, and after `failures` of them the primary's circuit
+/// opens (it failed every job while the standby got none). A mailbox that
+/// is really full (`552 5.2.2`) fails alone, and the primary keeps taking
+/// the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
     mailgate::telemetry::prometheus();
@@ -827,7 +829,7 @@ async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
         assert_eq!(primary.mails().len(), 0);
     }
 
-    // Re-review: a refusal that quotes the recipient is read without it:
+    // A refusal that quotes the recipient is read without it:
     // `<throttle1@…>` is no relay that throttles, and a 5.4.1 is how some
     // relays refuse a recipient.
     let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
@@ -886,11 +888,11 @@ async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
     assert!(!circuit_is_open("primary"));
 }
 
-/// Issue 25, item 2: a refusal without an enhanced status code (`554` to
-/// every message) is the relay's once it repeats for other recipients in
-/// a row: the first mail gets its own answer (it could be the mail's), the
-/// next ones go to the standby, and the circuit opens. The same code for
-/// one recipient again and again (a retried job) builds no streak.
+/// A refusal without an enhanced status code (`554` to every message) is
+/// the relay's once it repeats for other recipients in a row: the first
+/// mail gets its own answer (it could be the mail's), the next ones go to
+/// the standby, and the circuit opens. The same code for one recipient
+/// again and again (a retried job) builds no streak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
     mailgate::telemetry::prometheus();
@@ -916,9 +918,9 @@ async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
     assert_eq!(standby.mails().len(), 4);
     assert!(circuit_is_open("primary"));
 
-    // Re-review: two full mailboxes whose retries take turns (452 with no
-    // enhanced code) are two recipients, never a failing relay, however
-    // often they alternate; nor is one spelled in other cases.
+    // Two full mailboxes whose retries take turns (452 with no enhanced
+    // code) are two recipients, never a failing relay, however often they
+    // alternate; nor is one spelled in other cases.
     let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
     for _ in 0..12 {
         primary.on("RCPT", None, reply(452).saying("mailbox full"));
@@ -964,8 +966,9 @@ async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
 /// its rate does) while its NOOP probe passes: once its refusals are the
 /// relay's (the same one for 3 different recipients in a row), the jobs
 /// wait without spending attempts, and every one is sent once it lets mail
-/// through again. Found by review: 20 of 20 failed after their attempts and
-/// were dead-lettered, with "so it is the relay's" in their error.
+/// through again (the fault it guards against: 20 of 20 fail after their
+/// attempts and are dead-lettered, with "so it is the relay's" in their
+/// error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttling_relay_spends_no_attempt() {
     let sink = SmtpSink::start();

@@ -1,9 +1,9 @@
-//! Security hygiene (issue 14, part 5), against the real binary and the
-//! real services: no secret (AMQP, Redis or SMTP password) shows in logs,
-//! `/metrics`, `/readyz`, `check-config` output or error messages; the HTTP
-//! listener is on loopback unless told otherwise; the Docker image runs as
-//! a user other than root. (Templates reached through a symlink out of
-//! `templates/` are refused: `mail::templates::tests` and
+//! Security hygiene, against the real binary and the real services: no
+//! secret (AMQP, Redis or SMTP password) shows in logs, `/metrics`,
+//! `/readyz`, `check-config` output or error messages; the HTTP listener is
+//! on loopback unless told otherwise; the Docker image runs as a user other
+//! than root. (Templates reached through a symlink out of `templates/` are
+//! refused: `mail::templates::tests` and
 //! `tools::cli::check_config_refuses_ambiguous_or_escaping_templates`.)
 
 use crate::common;
@@ -195,9 +195,9 @@ fn the_docker_image_runs_as_a_user_other_than_root() {
     assert_ne!(uid, 0, "the image runs as root");
 }
 
-/// Found by review K: an OTLP endpoint the exporter could not parse was
-/// named redacted, but the exporter's own error quoted it whole; and
-/// `check-config` accepted it. It is refused when settings load, redacted.
+/// An OTLP endpoint the exporter cannot parse is refused when settings
+/// load, `check-config` included, and named redacted (the exporter's own
+/// error would quote it whole, password and all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_otlp_endpoint_is_refused_without_its_password() {
     let h = Harness::new("hygiene-otlp").await;

@@ -480,8 +480,8 @@ fn system_roots_honour_ssl_cert_file() {
         ),
         ("MAILGATE__REDIS__TLS__ROOTS", "system".to_owned()),
     ];
-    // The store holds the CA and an entry that does not parse (found by
-    // review: that one entry failed Redis, which adds roots strictly).
+    // The store holds the CA and an entry that does not parse (that one
+    // entry must not fail Redis, which adds roots strictly).
     let store = std::fs::read_to_string(pki.ca_file()).expect("ca")
         + "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
     let store = common::tls::write(&pki.dir, "store.pem", &store);
@@ -589,11 +589,11 @@ fn tls_settings_that_cannot_hold_are_refused_at_load() {
         .expect("[smtp.tls] shared by a local relay without TLS");
 }
 
-/// Found by review: a fragment hidden from a substring check by a tab, a
-/// relay's own `tls = {}` (the bundled roots) that `[smtp.tls]` replaced,
-/// a user without a password, `tls=` values only the mailer refused, and
-/// RabbitMQ nodes of both schemes (a reset of the TLS one moved the worker
-/// onto the cleartext one).
+/// Refused when settings load: a fragment hidden from a substring check by
+/// a tab, a relay's own `tls = {}` (the bundled roots) that `[smtp.tls]`
+/// would replace, a user without a password, `tls=` values otherwise only
+/// the mailer refuses, and RabbitMQ nodes of both schemes (a reset of the
+/// TLS one would move the worker onto the cleartext one).
 #[test]
 fn review_findings_are_refused_at_load() {
     refused_at_load(
@@ -622,8 +622,8 @@ fn review_findings_are_refused_at_load() {
         },
         "amqps:// and amqp://",
     );
-    // Re-review: a URL parser drops a tab, so a check of the raw text read
-    // this as plaintext where the client used TLS.
+    // A URL parser drops a tab, so a check of the raw text would read this
+    // as plaintext where the client uses TLS.
     refused_at_load(
         |s| {
             s.amqp.url =
@@ -682,8 +682,8 @@ async fn a_relays_own_tls_table_replaces_the_shared_one() {
     );
 }
 
-/// Found by review: lapin logged the connection's StartOk (the broker's
-/// password) at trace. Nothing of lapin's shows at trace now.
+/// Nothing of lapin's shows at trace: lapin logs the connection's StartOk
+/// (the broker's password) there.
 #[test]
 fn no_broker_password_in_the_log_at_trace() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mailgate"))
@@ -700,8 +700,8 @@ fn no_broker_password_in_the_log_at_trace() {
     );
 }
 
-/// Re-review: a relay that agrees to STARTTLS, then sends plaintext where
-/// the handshake should be, fails the send with a message that names the
+/// A relay that agrees to STARTTLS, then sends plaintext where the
+/// handshake should be, fails the send with a message that names the
 /// tampering and never suggests dropping TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_after_starttls_is_called_tampering() {

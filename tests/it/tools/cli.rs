@@ -815,9 +815,9 @@ async fn an_override_applies_to_running_workers_within_seconds() {
     w.stop().await.unwrap();
 }
 
-/// Issue 25, item 5: an override cannot take every client out of the IP
-/// scope by accident. A host address under a short prefix (a typo for the
-/// one address) is refused; a network wider than /8 or /32 needs --force;
+/// An override cannot take every client out of the IP scope by accident. A
+/// host address under a short prefix (a typo for the one address) is
+/// refused; a network wider than /8 or /32 needs --force;
 /// `ip:::ffff:0:0/96` is the whole IPv4 space; what an override covers is
 /// printed. Against the worker: with the typo refused, the client stays
 /// limited.
@@ -855,8 +855,8 @@ async fn an_override_cannot_silently_cover_every_client() {
             text(&out.stderr)
         );
     }
-    // Re-review: a public suffix matches no mailbox (alice@acme.co.uk
-    // counts as acme.co.uk), and a deny of a big provider needs --force.
+    // A public suffix matches no mailbox (alice@acme.co.uk counts as
+    // acme.co.uk), and a deny of a big provider needs --force.
     let suffix = add("domain:co.uk", &[]);
     assert!(!suffix.status.success());
     assert!(
@@ -905,10 +905,10 @@ async fn an_override_cannot_silently_cover_every_client() {
     w.stop().await.unwrap();
 }
 
-/// Issue 26, item 6: a one-shot command against a broker that accepts TCP
-/// and never finishes the handshake gives up after `--connect-timeout` (5 s
-/// by default, here 1 s), names RabbitMQ, and never says it is
-/// reconnecting. Before: 30 s, then "…; reconnecting".
+/// A one-shot command against a broker that accepts TCP and never finishes
+/// the handshake gives up after `--connect-timeout` (5 s by default, here
+/// 1 s), names RabbitMQ, and never says it is reconnecting (the fault it
+/// guards against: 30 s, then "…; reconnecting").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_gives_up_on_a_silent_broker_at_once() {
     let h = Harness::new("cli-silent-tool").await;
@@ -946,9 +946,9 @@ async fn a_tool_gives_up_on_a_silent_broker_at_once() {
     assert!(!text.contains("reconnecting"), "{text}");
 }
 
-/// Issue 26, item 3: a deny's rejections are one series, however many: its
-/// "window" was the time it had left, a new label value on every rejection,
-/// so an attacker hammering a denied mailbox grew `/metrics` without bound.
+/// A deny's rejections are one series, however many (were its "window" the
+/// time it had left, a new label value on every rejection, an attacker
+/// hammering a denied mailbox would grow `/metrics` without bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denys_rejections_are_one_series() {
     let h = Harness::new("cli-deny-series").await;
@@ -1000,7 +1000,7 @@ async fn a_denys_rejections_are_one_series() {
     w.stop().await.unwrap();
 }
 
-/// Issue 26, item 3: every label of every metric comes from a bounded set.
+/// Every label of every metric comes from a bounded set.
 /// Two floods of the same kinds of hostile traffic, with fresh values each
 /// time (ids, mailboxes, domains, purposes, locales, client addresses,
 /// error texts): a deny override's rejections (mailbox and domain), an IP

@@ -434,8 +434,8 @@ async fn a_worker_given_several_nodes_uses_one_that_answers() {
 /// without a backend), listed before one that works: every connection ends
 /// on the working node, and the silent one costs no lasting thread or
 /// socket per attempt (lapin keeps an attempt's thread while its peer
-/// stays silent, so after one timeout the node is only probed). Found by
-/// review: 30 connections left 30 threads and 30 open sockets.
+/// stays silent, so after one timeout the node is only probed). Without
+/// that, 30 connections leave 30 threads and 30 open sockets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_never_speaks_costs_no_thread_per_attempt() {
     use mailgate::broker::connect_node;
@@ -499,7 +499,7 @@ async fn a_node_that_never_speaks_costs_no_thread_per_attempt() {
 /// a real node's whole connection.start, as a node whose login backend
 /// hangs would) and then stalls lapin: after the second stall it rests
 /// between attempts, so 30 connections leave at most 2 lapin threads and
-/// sockets to it (found by review: 30 and 31 before the rest).
+/// sockets to it (without the rest between attempts: 30 and 31).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_answers_the_probe_then_stalls_costs_a_few_threads() {
     use mailgate::broker::connect_node;

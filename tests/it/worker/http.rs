@@ -282,7 +282,8 @@ async fn healthz_answers_while_the_worker_starts() {
     }
     // Redis keeps refusing: the worker is still starting, and says so,
     // naming Redis, its address and the cause; the dependencies not yet
-    // checked are unknown, not down (issue 26: every one read as down).
+    // checked are unknown, not down (read as down, every one would page an
+    // alert about a dependency that is fine).
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let ready = http_get(http, "/readyz").await;
     assert_eq!(ready.0, 503, "{}", ready.1);
@@ -429,9 +430,8 @@ async fn the_jobs_waiting_are_counted_without_taking_them() {
     broker.close(std::time::Duration::from_secs(5)).await;
 }
 
-/// Issue 26, item 4: while the worker cannot reach RabbitMQ, `/readyz`
-/// names RabbitMQ, its address (without the password) and why, not only
-/// "not connected".
+/// While the worker cannot reach RabbitMQ, `/readyz` names RabbitMQ, its
+/// address (without the password) and why, not only "not connected".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_names_the_broker_it_cannot_reach() {
     let port = common::free_port();

@@ -1,6 +1,6 @@
-//! Traces across the queue (issue 14, part 1): a producer's W3C
-//! `traceparent` is continued by the worker's spans, exported over
-//! OTLP/HTTP to a receiver this test runs, and carried on the result.
+//! Traces across the queue: a producer's W3C `traceparent` is continued by
+//! the worker's spans, exported over OTLP/HTTP to a receiver this test
+//! runs, and carried on the result.
 
 use crate::common;
 
