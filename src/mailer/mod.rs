@@ -27,7 +27,7 @@ use lettre::{Address, AsyncFileTransport, AsyncTransport, Message, Tokio1Executo
 use tokio::time::Instant;
 
 use crate::domain::EmailAddress;
-use crate::settings::SmtpSettings;
+use crate::settings::{Destination, SmtpSettings};
 
 /// Why a mail could not be built or sent. What the caller should do
 /// depends on the variant: [`MailError::Relay`] and [`MailError::Transient`]
@@ -163,59 +163,28 @@ impl Mailer {
             .relay_list()
             .map_err(|e| MailError::Config(e.to_string()))?;
         let slots = Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize));
-        let key = |i: usize| {
-            if settings.relays.is_empty() {
-                "smtp.url".to_owned()
-            } else {
-                format!("smtp.relays[{i}].url")
-            }
-        };
-        let several = relays.len() > 1;
         let mut pools = Vec::with_capacity(relays.len());
         let mut file = None;
-        for (i, relay) in relays.into_iter().enumerate() {
-            let url = url::Url::parse(&relay.url)
-                .map_err(|e| MailError::Config(format!("{}: {e}", key(i))))?;
-            match url.scheme() {
+        for relay in relays {
+            match &relay.to {
                 // Only as the one relay (settings refuse it in a list).
-                "file" if several => {
-                    return Err(MailError::Config(format!(
-                        "{}: file:// cannot be one of several relays",
-                        key(i)
-                    )));
-                }
-                "file" => {
-                    // `file://outbox` names ./outbox; `file:///var/mail` an absolute path.
-                    let dir =
-                        PathBuf::from(format!("{}{}", url.host_str().unwrap_or(""), url.path()));
-                    std::fs::create_dir_all(&dir).map_err(|e| {
+                Destination::Outbox(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|e| {
                         MailError::Config(format!(
                             "{}: cannot create {}: {e}",
-                            key(i),
+                            relay.key,
                             dir.display()
                         ))
                     })?;
-                    file = Some(Transport::File(AsyncFileTransport::new(&dir), dir));
+                    file = Some(Transport::File(AsyncFileTransport::new(dir), dir.clone()));
                 }
-                "smtp" | "smtps" => {
+                Destination::Smtp(server) => {
                     let trust = relay
                         .link_tls()
                         .map_err(|e| MailError::Config(e.to_string()))?;
-                    let endpoint = smtp::Endpoint::from_url(&url, settings.timeout, &trust)
-                        .map_err(|e| match e {
-                            MailError::Config(t) if !settings.relays.is_empty() => {
-                                MailError::Config(t.replace("smtp.url", &key(i)))
-                            }
-                            other => other,
-                        })?;
+                    let endpoint = smtp::Endpoint::new(server, settings.timeout, &trust)?;
                     let sender = from.email.clone();
                     pools.push((relay.name, pool::SmtpPool::new(endpoint, sender)));
-                }
-                other => {
-                    return Err(MailError::Config(format!(
-                        "{}: unknown scheme {other:?} (smtp://, smtps:// or file://)",
-                        key(i)
-                    )));
                 }
             }
         }

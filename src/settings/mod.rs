@@ -16,6 +16,7 @@ use crate::tls::{LinkTls, TlsSettings};
 mod amqp;
 mod limits;
 mod redis;
+mod relay;
 mod smtp;
 #[cfg(test)]
 mod tests;
@@ -24,6 +25,7 @@ mod worker;
 pub use self::amqp::{AmqpSettings, QueueType};
 pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
 pub use self::redis::{ClusterTarget, RedisSettings, RedisTarget, RedisUrl, SentinelTarget};
+pub use self::relay::{Credentials, Destination, RelayUrl, RelayUrls, SmtpServer, TlsMode};
 pub use self::smtp::{CircuitSettings, MAX_RELAYS, Relay, RelaySettings, SmtpSettings};
 pub use self::worker::{
     HttpSettings, RetrySettings, TelemetrySettings, TemplateSettings, WorkerSettings,

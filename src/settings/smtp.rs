@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::relay::{Destination, RelayUrl, RelayUrls, SmtpServer, TlsMode};
 use super::{SettingsError, check_bounds, check_userinfo, human_duration, load_tls};
-use crate::redact::{SecretUrl, redact_url, url_list};
 use crate::tls::{LinkTls, TlsSettings};
 
 /// How mail is sent.
@@ -18,9 +18,10 @@ pub struct SmtpSettings {
     /// `file://DIR` to write `.eml` files instead of sending. The shorthand
     /// for `[[smtp.relays]]`: one relay, or several SMTP URLs separated by
     /// commas, in order of preference, each named `host:port`; empty when
-    /// the relays are listed there (setting both is refused).
+    /// the relays are listed there (setting both is refused). Read once,
+    /// when it is set ([`RelayUrls`]).
     #[serde(default)]
-    pub url: SecretUrl,
+    pub url: RelayUrls,
     /// `[[smtp.relays]]`: several relays, in order of preference, each with
     /// a circuit breaker (see [`CircuitSettings`]). Empty when `url` is set.
     #[serde(default)]
@@ -46,8 +47,9 @@ pub struct SmtpSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelaySettings {
-    /// `smtp://` or `smtps://`, as `smtp.url` (not `file://`).
-    pub url: SecretUrl,
+    /// `smtp://` or `smtps://`, as `smtp.url` (not `file://`); read once,
+    /// when it is set ([`RelayUrl`]).
+    pub url: RelayUrl,
     /// The relay's name in metrics (label `relay`), logs and `/readyz`;
     /// `host:port` by default (never the credentials).
     #[serde(default)]
@@ -80,13 +82,19 @@ impl Default for CircuitSettings {
     }
 }
 
-/// A relay as the mailer uses it: its name and URL, checked.
+/// A relay as the mailer uses it: its name, where it sends and how,
+/// checked.
 #[derive(Debug, Clone)]
 pub struct Relay {
     /// Unique among the relays; safe to show (no credentials).
     pub name: String,
-    /// The URL, credentials and all: shown only redacted (see [`SecretUrl`]).
-    pub url: SecretUrl,
+    /// The settings key of its URL (`smtp.url`, `smtp.relays[1].url`), for
+    /// messages.
+    pub key: String,
+    /// The URL: shown only redacted.
+    pub url: RelayUrl,
+    /// What the URL names.
+    pub to: Destination,
     /// Its TLS settings: its own, or `[smtp.tls]`'s.
     pub tls: TlsSettings,
     /// The settings key of [`Self::tls`] (`smtp.tls`, `smtp.relays[1].tls`),
@@ -106,69 +114,55 @@ impl Relay {
     /// required to encrypt).
     pub(super) fn check_transport(&self) -> Result<Option<String>, SettingsError> {
         let invalid = |m: String| Err(SettingsError::Invalid(m));
-        let Ok(url) = url::Url::parse(&self.url) else {
+        let Destination::Smtp(server) = &self.to else {
             return Ok(None);
         };
-        let shown = redact_url(&self.url);
-        let key = &self.tls_key;
+        let (shown, key) = (&self.url, &self.tls_key);
         // A relay's own `tls` must be used; `[smtp.tls]` may be shared by
         // relays of which some do not use TLS (Settings checks that one does).
         let own = key != "smtp.tls";
-        if url.scheme() == "file" {
-            return Ok(None);
-        }
         if self.tls.client_cert.is_some() || self.tls.client_key.is_some() {
             return invalid(format!(
                 "{key}.client_cert: SMTP relays take no client certificate; authenticate with \
                  user:pass@ in the URL (over TLS)"
             ));
         }
-        let tls = url
-            .query_pairs()
-            .find(|(k, _)| k == "tls")
-            .map(|(_, v)| v.into_owned());
-        let local = url.host_str().is_some_and(crate::tls::is_loopback);
-        let credentials = url.password().is_some();
-        if !url.username().is_empty() && !credentials {
-            return invalid(format!(
-                "{shown}: a user without a password; give both (user:pass@) or neither \
-                 (no AUTH is done without a password)"
-            ));
-        }
-        if let Some(other) = tls
-            .as_deref()
-            .filter(|t| !["required", "opportunistic", "none"].contains(t))
-        {
-            return invalid(format!(
-                "{shown}: tls={other:?}; use tls=required, opportunistic or none"
-            ));
-        }
-        match (url.scheme(), tls.as_deref()) {
-            ("smtp", Some("none")) if credentials && !local => invalid(format!(
+        let local = server.is_local();
+        let credentials = server.credentials.is_some();
+        match server.tls {
+            TlsMode::Off if credentials && !local => invalid(format!(
                 "{shown}: tls=none with credentials would send the password unencrypted; use \
                  ?tls=required (STARTTLS) or smtps://, or drop the credentials (tls=none with \
                  credentials is allowed only for a relay on a loopback address)"
             )),
-            ("smtp", Some("none")) if own => invalid(format!(
+            TlsMode::Off if own => invalid(format!(
                 "{key} is set but {shown} says tls=none; use ?tls=required or smtps://"
             )),
-            ("smtp", Some("opportunistic")) if credentials => invalid(format!(
+            TlsMode::Opportunistic if credentials => invalid(format!(
                 "{shown}: tls=opportunistic with credentials would send the password in clear \
                  to anyone who strips STARTTLS from the relay's reply; credentials imply \
                  tls=required: drop ?tls=opportunistic, or use smtps://"
             )),
-            ("smtp", Some("none")) if !local => Ok(Some(format!(
+            TlsMode::Off if !local => Ok(Some(format!(
                 "smtp relay {}: mail (and the codes in it) travels unencrypted: {shown} says \
                  tls=none; set ?tls=required or use smtps://",
                 self.name
             ))),
-            ("smtp", None | Some("opportunistic")) if !credentials && !local => Ok(Some(format!(
+            TlsMode::Unset | TlsMode::Opportunistic if !credentials && !local => Ok(Some(format!(
                 "smtp relay {}: mail (and the codes in it) may travel unencrypted: \
                      {shown} encrypts only when the relay offers STARTTLS, which anyone on \
                      the path can strip; set ?tls=required or use smtps://",
                 self.name
             ))),
             _ => Ok(None),
+        }
+    }
+
+    /// Whether mail to it is never encrypted: `file://`, or `tls=none`.
+    fn is_plain(&self) -> bool {
+        match &self.to {
+            Destination::Outbox(_) => true,
+            Destination::Smtp(server) => server.tls == TlsMode::Off,
         }
     }
 }
@@ -200,22 +194,12 @@ impl SmtpSettings {
         }
     }
 
-    /// The relays of `smtp.url`: one URL, or several separated by commas.
+    /// The relays of `smtp.url`: one URL, or several separated by commas
+    /// (the way to keep every relay's credentials in MAILGATE__SMTP__URL),
+    /// named `host:port`.
     fn url_relays(&self) -> Result<Vec<Relay>, SettingsError> {
         let invalid = |m: String| Err(SettingsError::Invalid(m));
-        let urls = url_list(&self.url);
-        if let [url] = urls[..] {
-            check_userinfo("smtp.url", url)?;
-            let name = if url.starts_with("file:") {
-                "outbox".to_owned()
-            } else {
-                relay_address(url).unwrap_or_else(|_| "smtp".to_owned())
-            };
-            return Ok(vec![self.shared_tls_relay(name, url)]);
-        }
-        // Several URLs separated by commas: relays in order of preference,
-        // named host:port (the way to keep every relay's credentials in
-        // MAILGATE__SMTP__URL).
+        let urls = self.url.each();
         if urls.len() > MAX_RELAYS {
             return invalid(format!(
                 "smtp.url lists {} relays; at most {MAX_RELAYS}",
@@ -224,29 +208,28 @@ impl SmtpSettings {
         }
         let mut out: Vec<Relay> = Vec::with_capacity(urls.len());
         for url in urls {
-            check_userinfo("smtp.url", url)?;
-            let name = relay_address(url).map_err(|why| {
-                SettingsError::Invalid(format!("smtp.url {}: {why}", redact_url(url)))
-            })?;
+            let to = destination("smtp.url", url)?;
+            let name = match to {
+                Destination::Outbox(_) if urls.len() > 1 => return invalid(alone("smtp.url", url)),
+                Destination::Outbox(_) => "outbox".to_owned(),
+                Destination::Smtp(server) => server.address(),
+            };
             if out.iter().any(|o| o.name == name) {
                 return invalid(format!(
                     "smtp.url lists {name} twice; to reach one host:port two ways, \
                      name each under [[smtp.relays]]"
                 ));
             }
-            out.push(self.shared_tls_relay(name, url));
+            out.push(Relay {
+                name,
+                key: "smtp.url".into(),
+                url: url.clone(),
+                to: to.clone(),
+                tls: self.tls.clone(),
+                tls_key: "smtp.tls".into(),
+            });
         }
         Ok(out)
-    }
-
-    /// A relay of `smtp.url`: it uses `[smtp.tls]`.
-    fn shared_tls_relay(&self, name: String, url: &str) -> Relay {
-        Relay {
-            name,
-            url: url.into(),
-            tls: self.tls.clone(),
-            tls_key: "smtp.tls".into(),
-        }
     }
 
     /// The relays of `[[smtp.relays]]`, each with a unique name and its TLS
@@ -262,13 +245,13 @@ impl SmtpSettings {
         let mut out: Vec<Relay> = Vec::with_capacity(self.relays.len());
         for (i, r) in self.relays.iter().enumerate() {
             let key = format!("smtp.relays[{i}].url");
-            check_userinfo(&key, &r.url)?;
-            let address = relay_address(&r.url).map_err(|why| {
-                SettingsError::Invalid(format!("{key} {}: {why}", redact_url(&r.url)))
-            })?;
+            let server = match destination(&key, &r.url)? {
+                Destination::Smtp(server) => server,
+                Destination::Outbox(_) => return invalid(alone(&key, &r.url)),
+            };
             let name = match &r.name {
-                None => address,
-                Some(name) => r.checked_name(i, name)?,
+                None => server.address(),
+                Some(name) => r.checked_name(i, name, server)?,
             };
             if let Some(j) = out.iter().position(|o| o.name == name) {
                 return invalid(format!(
@@ -282,7 +265,9 @@ impl SmtpSettings {
             };
             out.push(Relay {
                 name,
+                key,
                 url: r.url.clone(),
+                to: Destination::Smtp(server.clone()),
                 tls,
                 tls_key,
             });
@@ -293,7 +278,7 @@ impl SmtpSettings {
     /// Checks the section on its own: the relays, a bounded timeout, the
     /// circuit settings, TLS settings that go with the URLs, and the pool.
     pub(super) fn validate(&self) -> Result<(), SettingsError> {
-        for url in url_list(&self.url) {
+        for url in self.url.each() {
             check_userinfo("smtp.url", url)?;
         }
         check_bounds(
@@ -323,15 +308,9 @@ impl SmtpSettings {
                 relay.link_tls()?;
             }
         }
-        let plain = |r: &Relay| {
-            url::Url::parse(&r.url).is_ok_and(|u| {
-                u.scheme() == "file"
-                    || u.query_pairs()
-                        .find(|(k, _)| k == "tls")
-                        .is_some_and(|(_, v)| v == "none")
-            })
-        };
-        let shared_unused = relays.iter().all(|r| r.tls_key != "smtp.tls" || plain(r));
+        let shared_unused = relays
+            .iter()
+            .all(|r| r.tls_key != "smtp.tls" || r.is_plain());
         if self.tls.is_set() && shared_unused {
             return Err(SettingsError::Invalid(
                 "[smtp.tls] is set but no relay that uses it encrypts (file://, tls=none, or \
@@ -355,7 +334,12 @@ impl SmtpSettings {
 impl RelaySettings {
     /// `name`, the `i`th relay's own name, if it is fit to show: a metric
     /// label that does not hold the relay's password.
-    fn checked_name(&self, i: usize, name: &str) -> Result<String, SettingsError> {
+    fn checked_name(
+        &self,
+        i: usize,
+        name: &str,
+        server: &SmtpServer,
+    ) -> Result<String, SettingsError> {
         let fit = !name.is_empty()
             && name.len() <= 64
             && name
@@ -368,11 +352,10 @@ impl RelaySettings {
             )));
         }
         // A name is shown everywhere: never the relay's password.
-        let password = url::Url::parse(&self.url)
-            .ok()
-            .and_then(|u| u.password().map(str::to_owned))
+        let password = (server.credentials.as_ref())
+            .map(|c| &*c.password)
             .filter(|p| p.len() >= 3);
-        if password.is_some_and(|p| name.contains(&p)) {
+        if password.is_some_and(|p| name.contains(p)) {
             return Err(SettingsError::Invalid(format!(
                 "smtp.relays[{i}].name holds the relay's password; names are \
                  shown in metrics, logs and /readyz"
@@ -402,34 +385,19 @@ impl CircuitSettings {
     }
 }
 
-/// A relay URL's `host:port` (`[v6]:port`), with the scheme's default
-/// port (25, 587 with `?tls=required`, 465 for `smtps://`), or why it is
-/// not an SMTP relay URL. Never holds the credentials.
-fn relay_address(url: &str) -> Result<String, String> {
-    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-    // The first tls= counts, as the mailer reads it.
-    let required = parsed
-        .query_pairs()
-        .find(|(k, _)| k == "tls")
-        .is_some_and(|(_, v)| v == "required");
-    let default_port = match parsed.scheme() {
-        "smtps" => 465,
-        "smtp" if required => 587,
-        "smtp" => 25,
-        "file" => {
-            return Err(
-                "file:// cannot be one of several relays; use smtp.url = \"file://DIR\" alone"
-                    .into(),
-            );
-        }
-        other => return Err(format!("{other}:// is not smtp:// or smtps://")),
-    };
-    let port = parsed.port().unwrap_or(default_port);
-    match parsed.host() {
-        Some(url::Host::Ipv6(ip)) => Ok(format!("[{ip}]:{port}")),
-        Some(host) => Ok(format!("{host}:{port}")),
-        None => Err("no host".into()),
-    }
+/// What relay `url` (at settings `key`) names, or why it names nothing,
+/// said with the key and the URL redacted.
+fn destination<'u>(key: &str, url: &'u RelayUrl) -> Result<&'u Destination, SettingsError> {
+    check_userinfo(key, url)?;
+    url.destination()
+        .map_err(|why| SettingsError::Invalid(format!("{key} {url}: {why}")))
+}
+
+/// Why a `file://` URL at `key` is refused: it is never one relay of several.
+fn alone(key: &str, url: &RelayUrl) -> String {
+    format!(
+        "{key} {url}: file:// cannot be one of several relays; use smtp.url = \"file://DIR\" alone"
+    )
 }
 
 fn default_pool_size() -> u32 {

@@ -207,13 +207,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let url = url::Url::parse(&format!("smtp://127.0.0.1:{port}?tls=none")).unwrap();
-        let endpoint = crate::mailer::smtp::Endpoint::from_url(
-            &url,
-            Duration::from_secs(1),
-            &crate::tls::LinkTls::bundled("smtp.tls"),
-        )
-        .unwrap();
+        let endpoint =
+            crate::mailer::smtp::test_endpoint(&format!("smtp://127.0.0.1:{port}?tls=none"));
         let settings = crate::settings::CircuitSettings {
             failures: 2,
             cool_down: Duration::from_millis(300),

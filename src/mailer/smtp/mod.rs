@@ -27,6 +27,8 @@ use tokio::time::{Instant, timeout_at};
 pub(super) use failure::{Failed, Refusal};
 use failure::{Fault, Phase};
 pub(super) use session::Endpoint;
+#[cfg(test)]
+pub(super) use session::tests::endpoint as test_endpoint;
 pub(super) use transaction::{noop, sender_taken, transaction};
 
 /// An open SMTP session.

@@ -1,5 +1,5 @@
-//! Opening a session: where the relay is and how to reach it, read once
-//! from its URL ([`Endpoint::from_url`]), then connect, TLS, the greeting,
+//! Opening a session: where the relay is and how to reach it, as the
+//! settings read its URL ([`Endpoint::new`]), then connect, TLS, the greeting,
 //! EHLO, STARTTLS and AUTH ([`Endpoint::open`]).
 
 use std::time::Duration;
@@ -13,9 +13,10 @@ use tokio::time::Instant;
 
 use super::{Connection, Failed, Phase, discard, step};
 use crate::mailer::MailError;
+use crate::settings::{SmtpServer, TlsMode};
 use crate::tls::LinkTls;
 
-/// Where and how to reach the relay, parsed once from `smtp.url`.
+/// Where and how to reach the relay, as the settings read its URL.
 pub(in crate::mailer) struct Endpoint {
     host: String,
     port: u16,
@@ -43,31 +44,23 @@ impl std::fmt::Display for Endpoint {
 }
 
 impl Endpoint {
-    /// Reads an `smtp://` or `smtps://` URL: `?tls=opportunistic` (the
-    /// default for `smtp://` without credentials; with them, it means
-    /// `required`), `required` or `none`; `user:pass@` credentials, percent-decoded.
-    /// Default ports: 25, 587 with `tls=required`, 465. Certificates are
-    /// verified against `trust`.
-    pub(in crate::mailer) fn from_url(
-        url: &url::Url,
+    /// The endpoint of `server`, as its URL was read by the settings.
+    /// Certificates are verified against `trust`.
+    pub(in crate::mailer) fn new(
+        server: &SmtpServer,
         timeout: Duration,
         trust: &LinkTls,
     ) -> Result<Self, MailError> {
-        let host = match url.host() {
-            Some(url::Host::Domain(d)) => d.to_owned(),
-            Some(url::Host::Ipv4(ip)) => ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            None => return Err(MailError::Config("smtp.url has no host".into())),
-        };
-        let local = crate::tls::is_loopback(&host);
-        let credentials = credentials(url)?;
-        let (tls, default_port) = tls_mode(url, &host, credentials.is_some(), trust)?;
+        let credentials = server
+            .credentials
+            .as_ref()
+            .map(|c| Credentials::new(c.user.clone(), c.password.to_string()));
         Ok(Self {
-            port: url.port().unwrap_or(default_port),
-            host,
-            tls,
+            tls: tls(server, trust)?,
             credentials,
-            local,
+            port: server.port,
+            host: server.host.clone(),
+            local: server.is_local(),
             tls_table: trust.table().to_owned(),
             hello: ClientId::default(),
             timeout,
@@ -152,37 +145,19 @@ impl Endpoint {
     }
 }
 
-/// The TLS mode and default port. With credentials, TLS is required unless
-/// `tls=none` says otherwise (which settings allow only for this machine):
-/// opportunistic STARTTLS would hand the password to whoever strips
-/// STARTTLS from the relay's EHLO reply.
-fn tls_mode(
-    url: &url::Url,
-    host: &str,
-    credentials: bool,
-    trust: &LinkTls,
-) -> Result<(Tls, u16), MailError> {
-    let tls_param = url
-        .query_pairs()
-        .find(|(k, _)| k == "tls")
-        .map(|(_, v)| v.into_owned());
-    let params = || tls_parameters(host, trust);
-    Ok(match (url.scheme(), tls_param.as_deref()) {
-        ("smtps", _) => (Tls::Wrapper(params()?), 465),
-        ("smtp", None | Some("opportunistic")) if credentials => (Tls::Required(params()?), 25),
-        ("smtp", None | Some("opportunistic")) => (Tls::Opportunistic(params()?), 25),
-        ("smtp", Some("required")) => (Tls::Required(params()?), 587),
-        ("smtp", Some("none")) => (Tls::None, 25),
-        ("smtp", Some(other)) => {
-            return Err(MailError::Config(format!(
-                "smtp.url: tls={other:?} (use required, opportunistic or none)"
-            )));
-        }
-        (other, _) => {
-            return Err(MailError::Config(format!(
-                "smtp.url: {other}:// is not an SMTP scheme"
-            )));
-        }
+/// lettre's TLS mode for `server`. With credentials, TLS is required
+/// unless `tls=none` says otherwise (which settings allow only for this
+/// machine): opportunistic STARTTLS would hand the password to whoever
+/// strips STARTTLS from the relay's EHLO reply.
+fn tls(server: &SmtpServer, trust: &LinkTls) -> Result<Tls, MailError> {
+    let params = || tls_parameters(&server.host, trust);
+    let credentials = server.credentials.is_some();
+    Ok(match server.tls {
+        TlsMode::Implicit => Tls::Wrapper(params()?),
+        TlsMode::Unset | TlsMode::Opportunistic if credentials => Tls::Required(params()?),
+        TlsMode::Unset | TlsMode::Opportunistic => Tls::Opportunistic(params()?),
+        TlsMode::Required => Tls::Required(params()?),
+        TlsMode::Off => Tls::None,
     })
 }
 
@@ -207,35 +182,18 @@ fn tls_parameters(host: &str, trust: &LinkTls) -> Result<TlsParameters, MailErro
     builder.build_rustls().map_err(failed)
 }
 
-fn credentials(url: &url::Url) -> Result<Option<Credentials>, MailError> {
-    let Some(password) = url.password() else {
-        return Ok(None);
-    };
-    let decode = |s: &str| {
-        percent_decode(s)
-            .ok_or_else(|| MailError::Config("smtp.url: credentials are not UTF-8".into()))
-    };
-    Ok(Some(Credentials::new(
-        decode(url.username())?,
-        decode(password)?,
-    )))
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes: Vec<u8> = url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned().into_bytes())?;
-    String::from_utf8(bytes).ok()
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
 
     /// An endpoint from `url`, bundled roots, a 1 s timeout.
-    pub(in crate::mailer::smtp) fn endpoint(url: &str) -> Endpoint {
-        Endpoint::from_url(
-            &url::Url::parse(url).unwrap(),
+    pub(in crate::mailer) fn endpoint(url: &str) -> Endpoint {
+        let url = crate::settings::RelayUrl::from(url);
+        let Ok(crate::settings::Destination::Smtp(server)) = url.destination() else {
+            panic!("not an SMTP relay: {url}");
+        };
+        Endpoint::new(
+            server,
             Duration::from_secs(1),
             &LinkTls::bundled("smtp.tls"),
         )

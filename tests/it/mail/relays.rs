@@ -510,6 +510,13 @@ fn relay_settings_are_checked_and_never_show_a_password() {
         "url = \"smtp://u:Zq8pXk2m@a.example.com,smtp://a.example.com:25\"",
         &["smtp.url lists a.example.com:25 twice"],
     );
+    // One URL is read as any of several: a scheme that is not SMTP is
+    // refused at load, not when the worker builds its mailer.
+    refused(
+        "one-scheme",
+        "url = \"http://u:Zq8pXk2m@a.example.com\"",
+        &["smtp.url", "http://"],
+    );
     refused(
         "list-file",
         "url = \"smtp://a.example.com,file://outbox\"",
