@@ -53,8 +53,10 @@ fn id_not_on(cluster: &PrivateCluster, prefix: &str, tag: &str, not: u16) -> (St
 }
 
 /// Attempt 1's "create" fails (the record's primary refuses writes:
-/// NOREPLICAS) after its reservations were made; they are never given back,
-/// and the job's own retry is rejected by them: never mailed, quota burned.
+/// NOREPLICAS) after its reservations were made. Were they never given
+/// back, the job's own retry would be rejected by them: never mailed, quota
+/// burned. The test checks that they are given back and attempt 2 is
+/// admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted() {
     let cluster = PrivateCluster::start();
@@ -127,8 +129,8 @@ async fn a_failed_create_gives_its_reservations_back_and_its_retry_is_admitted()
 /// waits for its own replica: it is given back and the job not sent (it
 /// comes back later). The mailbox shard's primary dies, its replica is
 /// promoted, and a second job for the mailbox gets the hour's one mail:
-/// one mail in all, never two. (Before the fix, the reservation went
-/// unacknowledged, was lost, and both were mailed.)
+/// one mail in all, never two. (A reservation its replica never
+/// acknowledged would be lost in the failover, and both jobs mailed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_waits_for_a_replica_so_a_failover_lets_nobody_past_a_rule() {
     let mut cluster = PrivateCluster::start_with(1);
@@ -319,10 +321,11 @@ async fn a_double_publish_is_answered_from_its_twins_record_not_rejected() {
 
 /// A refund (settle, failed) whose reply is lost after it ran (the record's
 /// primary stalled past the 5 s response timeout): the pipeline retries the
-/// settle, which now answers 0 (already refunded) and names no
-/// reservations, so they are never given back: the quota stays taken. In one
-/// slot the refund forgets the admission in the same script, so the same
-/// stall leaks nothing.
+/// settle, which answers 0 (already refunded). Were that answer to name no
+/// reservations, they would never be given back and the quota would stay
+/// taken; the settle asked again names them too, and the test checks that
+/// the next job for the mailbox is admitted. In one slot the refund forgets
+/// the admission in the same script, so the same stall leaks nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_reply_is_lost_still_gives_the_quota_back() {
     let cluster = PrivateCluster::start();

@@ -131,9 +131,9 @@ async fn worker_killed_under_load_then_restarted() {
     );
 }
 
-/// Defect 4: an id answered `rejected` (or `invalid`) and published again
-/// later is a new job: its retry after a 4xx is not taken for "answered
-/// before"; every message gets exactly one final result.
+/// An id answered `rejected` (or `invalid`) and published again later is a
+/// new job: its retry after a 4xx is not taken for "answered before", which
+/// would drop the mail unsent; every message gets exactly one final result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_answered_rejected_or_invalid_can_be_published_again() {
     let h = Harness::with("republish", |s| {
@@ -172,8 +172,9 @@ async fn an_id_answered_rejected_or_invalid_can_be_published_again() {
     w.stop().await.unwrap();
 }
 
-/// Defect 9: a dead letter moved back to the jobs queue (headers and all,
-/// as a shovel or the management UI does) is processed afresh, as attempt 1.
+/// A dead letter moved back to the jobs queue (headers and all, as a shovel
+/// or the management UI does) is processed afresh, as attempt 1, and not
+/// taken for the lineage it left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_dead_letter_is_processed_afresh() {
     let h = Harness::with("replay", |s| {
@@ -218,8 +219,9 @@ async fn a_replayed_dead_letter_is_processed_afresh() {
     w.stop().await.unwrap();
 }
 
-/// Defect 11: `mailgate publish --file` gives every line without an id an
-/// id of its own, however fast they are read.
+/// `mailgate publish --file` gives every line without an id an id of its
+/// own, however fast they are read, so no two lines are taken for copies of
+/// one job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_gives_every_line_its_own_id() {
     let h = Harness::new("cliids").await;
@@ -264,11 +266,11 @@ async fn publish_gives_every_line_its_own_id() {
     assert_eq!(queued, printed, "each queued job carries its printed id");
 }
 
-/// Defect 10: a misconfigured relay (`?tls=required` without STARTTLS) is
-/// the relay's failure, not the job's: the job waits without spending
-/// attempts, the quota kept meanwhile, and `/readyz` and
-/// `mailgate_smtp_relay_up` say the relay is failing; once the relay is set
-/// right, the job is sent on its first attempt.
+/// A misconfigured relay (`?tls=required` without STARTTLS) is the relay's
+/// failure, not the job's: the job waits without spending attempts, the
+/// quota kept meanwhile, and `/readyz` and `mailgate_smtp_relay_up` say the
+/// relay is failing; once the relay is set right, the job is sent on its
+/// first attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misconfigured_relay_is_retried_and_reported() {
     let mut h = Harness::with("relay", |s| {
@@ -553,9 +555,10 @@ async fn a_deploy_while_redis_does_not_answer_answers_delivered_codes_sent() {
 
 /// One slot of a cluster, 16 jobs at once (pool 16, so each admission sets
 /// the send mark): the reply to one batch that holds several admissions is
-/// lost. Every job of that batch is answered "failed, delivery unknown" after
-/// the lease, with nothing sent (on one server each would be given back and
-/// sent). Now every job of it is sent.
+/// lost. Without the guard, every job of that batch would be answered
+/// "failed, delivery unknown" after the lease, with nothing sent (where on
+/// one server each is given back and sent); the test checks that every job
+/// of it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_one_lost_batch_reply_fails_no_job_in_it() {
     let cluster = CutCluster::start();

@@ -14,9 +14,9 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 
-/// Defect 1: a message whose properties RabbitMQ refuses on a republish
-/// (`user_id` of another user) or acts on (`CC`, `BCC` naming the jobs
-/// queue) ends in `.dead` once; the other jobs are answered; nothing loops.
+/// A message whose properties RabbitMQ refuses on a republish (`user_id` of
+/// another user) or acts on (`CC`, `BCC` naming the jobs queue) ends in
+/// `.dead` once; the other jobs are answered; nothing loops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_properties_are_dead_lettered_once_and_the_pool_flows() {
     let h = Harness::new("hostileprops").await;
@@ -91,9 +91,9 @@ async fn hostile_properties_are_dead_lettered_once_and_the_pool_flows() {
     w.stop().await.unwrap();
 }
 
-/// Defect 6: a result its `reply_to` queue refuses goes to the results
-/// queue; a deleted results or retry queue is declared again. Every
-/// delivery is settled and the pool keeps flowing.
+/// A result its `reply_to` queue refuses goes to the results queue; a
+/// deleted results or retry queue is declared again. Every delivery is
+/// settled and the pool keeps flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_or_missing_result_queues_never_stall_the_pool() {
     let h = Harness::with("nacked", |s| s.amqp.prefetch = 2).await;

@@ -10,7 +10,8 @@ use crate::common;
 use crate::common::harness::Harness;
 use serde_json::{Value, json};
 
-/// Defect 8: rejected and invalid jobs leave nothing in Redis.
+/// Rejected and invalid jobs leave nothing in Redis, so a flood of them
+/// cannot fill it: 100 rejections and an invalid job write no key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_leave_nothing_in_redis() {
     let h = Harness::new("nokeys").await;
@@ -43,14 +44,15 @@ async fn rejections_leave_nothing_in_redis() {
 }
 
 /// Keys spread over the shards (a prefix without a hash tag), one rule of 1
-/// mail an hour per mailbox. Job 1's "create" ran, and its reply was lost:
-/// the cluster client sends the script again, which now finds the record it
-/// made and answers "busy"; the ledger reads that as "another copy won" and
-/// gives job 1's reservation back although its record stands. Job 2 (another
-/// id, the same mailbox) is then admitted, and job 1's next copy resumes its
-/// admission: two sends under a 1-an-hour rule. Now the cluster client never
-/// sends a script again (`retries(0)`), and a failed create whose record
-/// Redis then shows keeps its reservations.
+/// mail an hour per mailbox. Job 1's "create" runs and its reply is lost,
+/// so the cluster client sends the script again, which finds the record the
+/// first run made. Read as "another copy won", that would give job 1's
+/// reservation back although its record stands: job 2 (another id, the
+/// same mailbox) would then be admitted, and job 1's next copy resume its
+/// admission, two sends under a 1-an-hour rule. A create run again answers
+/// as the first did, and a failed create whose record Redis then shows
+/// keeps its reservations; the test checks that job 2 and job 1's next copy
+/// do not both own a send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
     use common::*;
@@ -108,11 +110,12 @@ async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
     );
 }
 
-/// The same as `spread_a_lost_create_reply_gives_back_a_standing_reservation`,
+/// The same as `spread_a_lost_create_reply_keeps_the_reservations_of_its_record`,
 /// end to end: a worker on a spread cluster, 1 mail an hour per mailbox, one
 /// SMTP connection (busy with another job, so the victim's job is admitted
-/// without a send mark), the reply to its "create" lost once. The victim
-/// gets two mails within the hour. Now one.
+/// without a send mark), the reply to its "create" lost once. Without the
+/// guard the victim gets two mails within the hour; the test checks that it
+/// gets at most one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_worker_mails_nobody_past_a_limit_after_a_lost_create_reply() {
     let cluster = CutCluster::start();
@@ -165,11 +168,13 @@ async fn spread_worker_mails_nobody_past_a_limit_after_a_lost_create_reply() {
 }
 
 /// Spread: the reply to a "reserve" is lost and the cluster client sends it
-/// again. The first run's reservation is never given back (the ledger only
-/// knows the second's time), and with a rule of 1 an hour the second run
-/// finds it: the job waits for "its twin", then is rejected by its own
-/// phantom reservation for the whole hour; nothing was ever sent. Now a
-/// reserve whose reply was lost is given back by the job's suffix.
+/// again. Were the first run's reservation never given back (the ledger
+/// knowing only the second's time), with a rule of 1 an hour the second run
+/// would find it: the job would wait for "its twin", then be rejected by its
+/// own phantom reservation for the whole hour, with nothing ever sent. A
+/// reserve whose reply was lost is given back by the job's suffix; the test
+/// checks that the job's later copies are not rejected by its own
+/// reservation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_lost_reserve_reply_leaves_no_phantom_reservation() {
     use common::*;
@@ -222,11 +227,13 @@ async fn spread_a_lost_reserve_reply_leaves_no_phantom_reservation() {
 }
 
 /// Batching: 30 purposes with rules of their own in every scope (settings
-/// allow 100). A rule set's index past 78 made the shape's one character
-/// past U+007F, two bytes in the script's ARGV, so the script finds that
-/// item malformed and fails the whole batch: a job of such a purpose can
-/// never be admitted, and every other job whose item shares its batch fails
-/// with it. Now a shape names each set in two characters.
+/// allow 100). A shape that named a rule set in one character would put an
+/// index past 78 past U+007F, two bytes in the script's ARGV, so the script
+/// would find that item malformed and fail the whole batch: a job of such a
+/// purpose could never be admitted, and every other job whose item shares
+/// its batch would fail with it. A shape names each set in two characters;
+/// the test checks that a job of purpose p29 is admitted, and that no job of
+/// the default purpose fails in a batch it shares with p29's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
     use common::*;

@@ -14,8 +14,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use mailgate::settings::QueueType;
 use serde_json::{Value, json};
 
-/// Defect 7: an id is never mailed twice within `dedup_for`, whatever the
-/// rules (none here: the old record lived 1 ms).
+/// An id is never mailed twice within `dedup_for`, whatever the rules. None
+/// here: a record of the id kept only as long as the rules need would last
+/// 1 ms, and the copy published 500 ms later would be mailed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_is_mailed_once_even_without_rules() {
     let h = Harness::with("norules", |s| {
@@ -33,8 +34,8 @@ async fn an_id_is_mailed_once_even_without_rules() {
     w.stop().await.unwrap();
 }
 
-/// Defect 5: an id being retried for mailbox A, reused for victim B (at
-/// their limit), is `invalid` naming the id; B gets no mail; A's retry is
+/// An id being retried for mailbox A, reused for victim B (at their limit),
+/// is `invalid` naming the id: B gets no mail from it, and A's retry is
 /// sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_reused_for_another_mailbox_is_invalid_and_mails_nobody() {
@@ -71,8 +72,8 @@ async fn an_id_reused_for_another_mailbox_is_invalid_and_mails_nobody() {
     w.stop().await.unwrap();
 }
 
-/// Defect 2: a copy of a job seen after its `expires_at` never refunds an
-/// admission whose send began: one mail, and no `expired` beside `sent`.
+/// A copy of a job seen after its `expires_at` never refunds an admission
+/// whose send began: one mail, and no `expired` beside `sent`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_copy_never_refunds_a_sent_admission() {
     let h = Harness::with("expirecopy", |s| {
@@ -233,12 +234,12 @@ async fn a_lost_reply_to_an_admission_is_resumed_and_sent_once() {
 }
 
 /// One slot (a prefix with a hash tag): the reply to an admission that
-/// marked its job sending is lost. On one server the worker gets an error
-/// and gives the mark back (28acecd); through the cluster client the script
-/// runs again, finds its own mark and answers "busy", so the job waits out
-/// the lease and is then "delivery unknown", although nothing was sent. Now
-/// the worker gets the error, gives the mark back (retrying while the
-/// client reconnects), and the retry sends it.
+/// marked its job sending is lost. The cluster client runs the script
+/// again, which finds the job's own mark and answers "busy"; taken as it
+/// stands, that leaves the job to wait out the lease and be answered
+/// "delivery unknown", although nothing was sent. The test checks that the
+/// worker, as on one server, gets the error, gives the mark back (retrying
+/// while the client reconnects), and the retry sends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_lost_admission_reply_is_resumed_and_sent() {
     let cluster = CutCluster::start();
@@ -380,11 +381,11 @@ async fn a_producers_delivery_count_header_moves_no_job() {
 /// Two messages of one lineage and attempt (a producer that writes
 /// mailgate's headers, or one of mailgate's copies delivered twice). Worker
 /// B holds the send mark and is mid-SMTP; worker A's admission of the second
-/// message finds the lease busy, but its reply is lost. A's lost-reply
-/// release, fenced only to (ticket, attempt), gives back B's mark; A's retry
-/// then resumes the job and mails it a second time while B's mail is still
-/// under way. Now the release is fenced to the handling that set the mark
-/// (`JobRef::holder`): one mail.
+/// message finds the lease busy, but its reply is lost. A lost-reply
+/// release fenced only to (ticket, attempt) would give back B's mark, and
+/// A's retry would then resume the job and mail it a second time while B's
+/// mail is still under way. The release is fenced to the handling that set
+/// the mark (`JobRef::holder`); the test checks that one mail is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_release_gives_back_only_a_mark_it_set() {
     let redis = common::PrivateRedis::start();

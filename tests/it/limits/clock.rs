@@ -66,11 +66,11 @@ async fn a_step_within_the_slack_holds_the_worker_and_loses_no_record() {
     w.stop().await.unwrap();
 }
 
-/// The replay: Redis's clock jumps 25 h ahead and comes back. Redis
-/// expires the job's record meanwhile (checked), yet the same job published
-/// again is not mailed: the worker that saw the step marked it, and neither
-/// it nor a worker started afterwards takes a job until the mark's time or
-/// an operator's `mailgate clock --accept`.
+/// Redis's clock jumps 25 h ahead and comes back. Redis expires the job's
+/// record meanwhile (checked), yet the same job published again is not
+/// mailed: the worker that saw the step marked it, and neither it nor a
+/// worker started afterwards takes a job until the mark's time or an
+/// operator's `mailgate clock --accept`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_past_the_slack_and_back_mails_no_id_twice() {
     let redis = common::PrivateRedis::start_shiftable();

@@ -118,10 +118,10 @@ fn mailbox(n: usize) -> String {
     format!("u{n}@example{n}.com")
 }
 
-/// The test: two relays, the preferred one dies mid-load. Every job
-/// is answered `sent` once and mailed once, by one of them; the first
-/// relay's circuit opens and the second takes the load; the first comes
-/// back, a probe closes its circuit, and it gets the traffic again.
+/// Two relays, the preferred one dies mid-load. Every job is answered
+/// `sent` once and mailed once, by one of them; the first relay's circuit
+/// opens and the second takes the load; the first comes back, a probe
+/// closes its circuit, and it gets the traffic again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_relay_dies_mid_load_and_every_job_is_sent_once_by_one_of_them() {
     let first = Mortal::start();

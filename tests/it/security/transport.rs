@@ -74,10 +74,12 @@ fn settings_with_smtp(url: &str) -> Result<Settings, String> {
 
 // ---- SMTP: credentials never in cleartext --------------------------------
 
-/// Defect 1: a man in the middle removes STARTTLS from the EHLO reply.
-/// With credentials in the URL (default mode, or `tls=opportunistic` as a
-/// mailer built without the settings' checks would have it), the password
-/// is never sent: the send fails as a relay failure that names STARTTLS.
+/// A man in the middle who removes STARTTLS from the EHLO reply gets no
+/// password. With credentials in the URL (default mode, or
+/// `tls=opportunistic` as a mailer built without the settings' checks
+/// would have it), a client that fell back to cleartext would send AUTH in
+/// clear; the test checks that neither AUTH nor the mail is sent and that
+/// the send fails as a relay failure that names STARTTLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_starttls_never_gets_the_password() {
     let stripped = ScriptedSmtp::start().await;
@@ -171,10 +173,12 @@ fn check_config_warns_of_a_relay_whose_mail_may_travel_in_clear() {
 
 // ---- SMTP: STARTTLS injection and private CAs ----------------------------
 
-/// Defect 1, the injection: a man in the middle appends `250 fake` to the
-/// relay's `220` for STARTTLS. Read inside TLS as the reply to EHLO it
-/// would hide the real one (AUTH not offered, replies off by one); the
-/// client drops it, and the mail goes through with the real replies.
+/// Bytes a man in the middle appends to the relay's `220` for STARTTLS
+/// (here `250 fake`) are not read inside TLS. Read there as the reply to
+/// EHLO they would hide the real one (AUTH not offered, replies off by
+/// one); the test checks that the client drops them, the mail goes through
+/// with the real replies, and nothing but EHLO and STARTTLS is sent in
+/// clear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_appended_to_the_starttls_reply_are_not_read_inside_tls() {
     let pki = Pki::new("inject");
@@ -209,11 +213,10 @@ async fn bytes_appended_to_the_starttls_reply_are_not_read_inside_tls() {
     );
 }
 
-/// Defect 3 for SMTP: a relay whose certificate only a private CA signs is
-/// reached with that CA as `ca_file` (STARTTLS and implicit TLS), and
-/// refused without it, with another CA, when its certificate expired or
-/// names another host. Each refusal is one line naming the relay and what
-/// to set.
+/// A relay whose certificate only a private CA signs is reached with that
+/// CA as `ca_file` (STARTTLS and implicit TLS), and refused without it,
+/// with another CA, when its certificate expired or names another host.
+/// Each refusal is one line naming the relay and what to set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smtp_trusts_its_private_ca_and_nothing_else() {
     let pki = Pki::new("smtp");
@@ -327,7 +330,7 @@ async fn worker_mails_over(test: &str, url: &str, tls: &TlsSettings) {
     w.stop().await.expect("the worker stops");
 }
 
-/// Defect 2: `rediss://` made the worker (and check-config) panic at
+/// `rediss://` works and never panics the worker or check-config at
 /// start-up. Against a TLS-only Redis that requires client certificates,
 /// with its private CA and a client certificate, the worker mails a job;
 /// without the CA, or without the client certificate, check-config says
@@ -382,12 +385,12 @@ async fn rediss_cluster_over_tls() {
 
 // ---- RabbitMQ ------------------------------------------------------------
 
-/// Defect 4: AMQP over TLS, against a private RabbitMQ node whose TLS
-/// listener requires a client certificate its private CA signed. The whole
-/// job path runs over it: a job is consumed and answered, one whose relay
-/// says 451 is retried through its retry queue and then sent, and a job
-/// that is not JSON is dead-lettered. Without the client certificate, or
-/// with another CA, check-config says in one line what to set.
+/// AMQP over TLS, against a private RabbitMQ node whose TLS listener
+/// requires a client certificate its private CA signed. The whole job path
+/// runs over it: a job is consumed and answered, one whose relay says 451
+/// is retried through its retry queue and then sent, and a job that is not
+/// JSON is dead-lettered. Without the client certificate, or with another
+/// CA, check-config says in one line what to set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_a_private_ca_and_a_client_certificate_runs_the_job_path() {
     let pki = Pki::new("amqps");
@@ -589,13 +592,16 @@ fn tls_settings_that_cannot_hold_are_refused_at_load() {
         .expect("[smtp.tls] shared by a local relay without TLS");
 }
 
-/// Refused when settings load: a fragment hidden from a substring check by
-/// a tab, a relay's own `tls = {}` (the bundled roots) that `[smtp.tls]`
-/// would replace, a user without a password, `tls=` values otherwise only
-/// the mailer refuses, and RabbitMQ nodes of both schemes (a reset of the
-/// TLS one would move the worker onto the cleartext one).
+/// URLs that hide or blur what they mean are refused when settings load: a
+/// control character (a tab a URL parser drops, hiding `#insecure` or
+/// `amqps` from a check of the raw text), any fragment on a Redis URL, a
+/// user without a password, `tls=` values otherwise only the mailer
+/// refuses, and RabbitMQ nodes of both schemes (a reset of the TLS one
+/// would move the worker onto the cleartext one). `valkeys://` counts as
+/// TLS, and of two `tls=` the first counts, for the settings as for the
+/// mailer.
 #[test]
-fn review_findings_are_refused_at_load() {
+fn hidden_or_ambiguous_urls_are_refused_at_load() {
     refused_at_load(
         |s| s.redis.url = "rediss://127.0.0.1:6380/0#insec\ture".into(),
         "control character",
