@@ -17,7 +17,8 @@
 //! |---|---|---|
 //! | [`domain`] | parsed input types (mailbox, IP, job, scopes), clocks | nothing |
 //! | [`redact`] | what logs may show of a URL or password | nothing |
-//! | [`tls`] | rustls configuration for every link | nothing |
+//! | [`report`] | how an error is shown: with its causes, on one line | nothing |
+//! | [`tls`] | rustls configuration for every link | report |
 //! | [`wire`] | the job and result JSON of the contract | domain |
 //! | [`settings`] | configuration, one file per section, checked at load | domain, redact, tls |
 //! | [`telemetry`] | metric names and recorders | domain, wire |
@@ -45,6 +46,7 @@ pub mod limiter;
 pub mod mailer;
 pub mod pipeline;
 pub mod redact;
+pub mod report;
 pub mod settings;
 pub mod store;
 pub mod telemetry;

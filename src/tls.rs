@@ -259,14 +259,9 @@ impl LinkTls {
 /// reads (the clients wrap rustls's errors in their own, and some repeat
 /// them, so the text is read, not the types).
 fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = String::new();
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        text.push_str(&e.to_string());
-        text.push('\n');
-        cause = e.source();
-    }
-    text
+    crate::report::causes(error)
+        .map(|e| format!("{e}\n"))
+        .collect()
 }
 
 /// Whether a link shows the server a client certificate.

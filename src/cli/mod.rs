@@ -193,21 +193,11 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
     }
 }
 
-/// The error and its causes on one line, skipping a cause whose text the
-/// line already holds (some libraries repeat their source in their message).
+/// The error and its causes on one line ([`crate::report::one_line`]),
+/// without a run of parts said twice in a row
+/// ([`crate::telemetry::without_repeats`]).
 pub fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    crate::telemetry::without_repeats(&line)
+    crate::telemetry::without_repeats(&crate::report::one_line(e.as_ref()))
 }
 
 /// Connects to RabbitMQ with a hint on failure.
