@@ -20,15 +20,15 @@
 //! | [`report`] | how an error is shown: with its causes, on one line | nothing |
 //! | [`tls`] | rustls configuration for every link | report |
 //! | [`wire`] | the job and result JSON of the contract | domain |
-//! | [`settings`] | configuration, one file per section, checked at load | domain, redact, tls |
+//! | [`settings`] | configuration, one file per section, checked at load | domain, redact, report, tls |
 //! | [`telemetry`] | metric names and recorders | domain, wire |
 //! | [`limiter`] | stage: the rate limiter's decision, keys, overrides' matching | domain, settings |
-//! | [`store`] | Redis: the connection, every Lua script, the overrides' storage | domain, settings, tls, redact, limiter |
-//! | [`ledger`] | stage: each job's record and lifecycle (admit, send, settle) | domain, settings, limiter, store |
+//! | [`store`] | Redis: the connection, every Lua script, the overrides' storage | domain, settings, tls, redact, report, limiter |
+//! | [`ledger`] | stage: each job's record and lifecycle (admit, send, settle) | domain, settings, report, limiter, store |
 //! | [`templates`] | stage: rendering the mail | domain, settings, wire |
-//! | [`mailer`] | stage: composing and sending over SMTP, relays, circuits | domain, settings, tls, redact, telemetry |
-//! | [`broker`] | stage: RabbitMQ queues, confirms, retries, dead letters | domain, settings, tls, redact |
-//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | domain, settings, wire, telemetry, limiter, ledger, templates, mailer |
+//! | [`mailer`] | stage: composing and sending over SMTP, relays, circuits | domain, settings, tls, redact, report, telemetry |
+//! | [`broker`] | stage: RabbitMQ queues, confirms, retries, dead letters | domain, settings, tls, redact, report |
+//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | domain, settings, report, wire, telemetry, limiter, ledger, templates, mailer |
 //! | [`traces`] | W3C trace context across the queue, OTLP export | settings, redact, broker |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` | telemetry |
 //! | [`worker`] | the consume loop: concurrency, reconnects, shutdown | all of the above |

@@ -34,22 +34,24 @@ pub struct Rendered {
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     /// The template directory, or a file in it, could not be read.
-    #[error("cannot read templates at {path}: {error}")]
+    #[error("cannot read templates at {path}")]
     Read {
         /// The path that failed.
         path: String,
         /// The I/O error.
+        #[source]
         error: std::io::Error,
     },
     /// The directory holds no template sets, or one lacks a required file.
     #[error("template layout: {0}")]
     Layout(String),
     /// A template does not compile or fails to render with sample data.
-    #[error("template {name}: {error:#}")]
+    #[error("template {name}")]
     Template {
         /// `<purpose>/<locale>/<file>`.
         name: String,
         /// What minijinja said.
+        #[source]
         error: minijinja::Error,
     },
     /// No template set has this purpose (the job is answered `invalid`).

@@ -88,13 +88,14 @@ pub struct TlsSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("{key} {path}: cannot read it: {why}")]
+    #[error("{key} {path}: cannot read it")]
     Read {
         /// The settings key that names the file.
         key: String,
         /// The file.
         path: String,
         /// The system's error.
+        #[source]
         why: std::io::Error,
     },
     /// A file was read but does not hold what its key needs.
@@ -380,10 +381,11 @@ pub fn explain_url(
         if !encrypted {
             return None;
         }
-        let first = text.lines().next().unwrap_or_default();
+        // The error as a log shows it: what failed and why.
+        let said = crate::report::one_line(error);
         if text.contains("timed out") {
             return Some(format!(
-                "no answer over TLS ({first}); a server that does not speak TLS on its port \
+                "no answer over TLS ({said}); a server that does not speak TLS on its port \
                  looks like this, and so does a cluster node whose certificate is refused \
                  (the log says which): check the port and each server's certificate"
             ));

@@ -27,7 +27,7 @@ pub async fn connect_node(
     let n = urls.len();
     let tls = settings
         .link_tls()
-        .map_err(|e| BrokerError::Tls(e.to_string()))?;
+        .map_err(|e| BrokerError::Tls(crate::report::one_line(&e)))?;
     let first = NEXT.load(Ordering::Relaxed);
     let mut last = None;
     for i in (first..first + n).map(|i| i % n) {
@@ -75,11 +75,9 @@ async fn open(
     let uri: AMQPUri = url
         .parse()
         .map_err(|e: String| lapin::Error::from(std::io::Error::other(e)))?;
+    let unusable = |e| BrokerError::Tls(format!("amqp.tls: {}", crate::report::one_line(&e)));
     let config = match uri.scheme {
-        AMQPScheme::AMQPS => Some(
-            tls.client_config()
-                .map_err(|e| BrokerError::Tls(format!("amqp.tls: {e}")))?,
-        ),
+        AMQPScheme::AMQPS => Some(tls.client_config().map_err(unusable)?),
         AMQPScheme::AMQP => None,
     };
     let runtime = lapin::runtime::default_runtime()?;

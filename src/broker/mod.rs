@@ -104,9 +104,9 @@ pub const TRACESTATE_HEADER: &str = "tracestate";
 /// Why a broker operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    /// The connection, the channel, or an operation on them failed. The job
-    /// stays unacknowledged and RabbitMQ delivers it again.
-    #[error("rabbitmq: {0}")]
+    /// The connection, the channel, or an operation on them failed (the
+    /// source). The job stays unacknowledged and RabbitMQ delivers it again.
+    #[error("rabbitmq")]
     Amqp(#[from] lapin::Error),
     /// RabbitMQ did not complete an operation within `amqp.timeout` (a
     /// memory or disk alarm blocks publishing). The connection is being

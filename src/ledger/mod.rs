@@ -399,8 +399,10 @@ impl Backend {
             return Ok(Backend::Memory(MemoryLedger::new(limits)));
         }
         let ledger = RedisLedger::connect(redis, limits).await?;
-        (ledger.overrides().start().await)
-            .map_err(|e| LedgerError::Unfit(format!("reading the overrides: {e}")))?;
+        (ledger.overrides().start().await).map_err(|e| {
+            let why = crate::report::one_line(&e);
+            LedgerError::Unfit(format!("reading the overrides: {why}"))
+        })?;
         ledger.health().await?;
         Ok(Backend::Redis(ledger))
     }

@@ -161,7 +161,7 @@ impl Mailer {
             .map_err(|e| MailError::Config(format!("smtp.from {:?}: {e}", settings.from)))?;
         let relays = settings
             .relay_list()
-            .map_err(|e| MailError::Config(e.to_string()))?;
+            .map_err(|e| MailError::Config(crate::report::one_line(&e)))?;
         let slots = Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize));
         let mut pools = Vec::with_capacity(relays.len());
         let mut file = None;
@@ -181,7 +181,7 @@ impl Mailer {
                 Destination::Smtp(server) => {
                     let trust = relay
                         .link_tls()
-                        .map_err(|e| MailError::Config(e.to_string()))?;
+                        .map_err(|e| MailError::Config(crate::report::one_line(&e)))?;
                     let endpoint = smtp::Endpoint::new(server, settings.timeout, &trust)?;
                     let sender = from.email.clone();
                     pools.push((relay.name, pool::SmtpPool::new(endpoint, sender)));

@@ -131,7 +131,9 @@ impl<L: Ledger> Pipeline<L> {
             tokio::time::sleep(Duration::from_millis(pause)).await;
             match self.ledger.release(job_ref).await {
                 Ok(_) => return,
-                Err(e) => tracing::debug!(error = %e, "could not give back a possible send mark"),
+                Err(e) => {
+                    tracing::debug!(error = %crate::report::one_line(&e), "could not give back a possible send mark");
+                }
             }
         }
     }

@@ -87,7 +87,7 @@ impl<L: Ledger> Pipeline<L> {
         let r = self
             .templates
             .render(job, jiff::Timestamp::now())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::report::one_line(&e))?;
         self.mailer
             .compose(&Outgoing {
                 to: &job.email,

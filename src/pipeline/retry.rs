@@ -32,7 +32,7 @@ impl<L: Ledger> Pipeline<L> {
         if matches!(e, LedgerError::Unreplicated(_)) {
             telemetry::send_mark_unreplicated();
         }
-        tracing::debug!(error = %e, "Redis unavailable; the job waits without spending an attempt");
+        tracing::debug!(error = %crate::report::one_line(e), "Redis unavailable; the job waits without spending an attempt");
         Action::Wait {
             delay: self.backoff(msg.attempt),
             why: Waiting::Redis,
@@ -80,5 +80,5 @@ impl<L: Ledger> Pipeline<L> {
 /// Why a job could not go on for now, from the ledger's error on its
 /// admission or send mark (other than an outage: [`LedgerError::is_outage`]).
 pub(super) fn ledger_error(e: &LedgerError) -> String {
-    format!("rate limiter unavailable: {e}")
+    format!("rate limiter unavailable: {}", crate::report::one_line(e))
 }

@@ -199,7 +199,7 @@ impl<L: Ledger> Pipeline<L> {
             tokio::time::sleep(STOPPING_WRITE).await;
         };
         let done = tokio::select! {
-            done = retried => done.map(|_| ()).map_err(|e| e.to_string()),
+            done = retried => done.map(|_| ()).map_err(|e| crate::report::one_line(&e)),
             () = stopping => Err("Redis did not answer in time while the worker stops".into()),
         };
         if let Err(e) = done {

@@ -273,7 +273,7 @@ fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
 /// A link's TLS settings, loaded; an error names the settings `key`.
 fn load_tls(tls: &TlsSettings, key: &str) -> Result<LinkTls, SettingsError> {
     tls.load(key)
-        .map_err(|e| SettingsError::Invalid(e.to_string()))
+        .map_err(|e| SettingsError::Invalid(crate::report::one_line(&e)))
 }
 
 /// Deserializes `"500ms"`, `"60s"`, `"10m"`, `"24h"`, `"1h 30m"`.

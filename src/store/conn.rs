@@ -48,7 +48,8 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
     let invalid = |e: String| {
         redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "redis.url", e))
     };
-    let certs = certificates(&redis.link_tls().map_err(|e| invalid(e.to_string()))?);
+    let tls = redis.link_tls();
+    let certs = certificates(&tls.map_err(|e| invalid(crate::report::one_line(&e)))?);
     match redis.target().map_err(|e| invalid(e.to_owned()))? {
         RedisTarget::Memory => Err(invalid("memory:// has no connection".into())),
         RedisTarget::Server(url) => {

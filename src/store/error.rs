@@ -6,10 +6,11 @@
 /// whole store, so every caller judges an outage alike ([`Self::is_outage`]).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// Redis could not be reached or returned an error. Shared, because one
-    /// failed script call fails every request batched into it.
-    #[error("redis: {0}")]
-    Redis(std::sync::Arc<::redis::RedisError>),
+    /// Redis could not be reached or returned an error (the source).
+    /// Shared, because one failed script call fails every request batched
+    /// into it.
+    #[error("redis")]
+    Redis(#[source] std::sync::Arc<::redis::RedisError>),
     /// Redis answered something this build does not understand.
     #[error("unexpected reply from Redis: {0}")]
     Protocol(String),
@@ -77,5 +78,34 @@ impl StoreError {
             StoreError::Unreplicated(_) => true,
             StoreError::Protocol(_) | StoreError::Unfit(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::StoreError;
+
+    /// Guards the split between what failed and why: the Redis error is
+    /// the store error's source (not only text in its message), and what
+    /// logs and results show of it still names both.
+    #[test]
+    fn a_redis_error_is_the_source_and_the_line_shows_both() {
+        let redis = ::redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        let cause = redis.to_string();
+        let e = StoreError::from(redis);
+        assert_eq!(e.to_string(), "redis");
+        let source = e.source().expect("the redis error is the source");
+        // Shared (`Arc`), as the variant holds it.
+        let source = (source.downcast_ref::<std::sync::Arc<::redis::RedisError>>())
+            .expect("the source is the redis error");
+        assert_eq!(source.kind(), ::redis::ErrorKind::Io);
+        assert_eq!(source.to_string(), cause);
+        assert_eq!(crate::report::one_line(&e), format!("redis: {cause}"));
+        assert!(e.is_outage(), "an I/O error is still judged an outage");
     }
 }

@@ -264,7 +264,7 @@ async fn poll(conn: Conn, keys: Weak<Keyspace>) {
             }
             Err(e) if !failing => {
                 failing = true;
-                tracing::warn!(error = %e, "cannot read the overrides; those in force stay");
+                tracing::warn!(error = %crate::report::one_line(&e), "cannot read the overrides; those in force stay");
             }
             // Logged once when it changes.
             Ok(_) | Err(_) => {}
@@ -472,7 +472,7 @@ async fn read(conn: &Conn, key: &str) -> Result<Vec<(String, Override)>, Overrid
             // version) must not take the others down.
             Err(e) => {
                 let kind = field.split(':').next().unwrap_or_default();
-                tracing::warn!(kind, error = %e, "an override cannot be read; ignored");
+                tracing::warn!(kind, error = %crate::report::one_line(&e), "an override cannot be read; ignored");
             }
         }
     }

@@ -41,7 +41,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 finished(job.ack().await);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "could not move a redelivered job aside; processing it here");
+                tracing::warn!(error = %crate::report::one_line(&e), "could not move a redelivered job aside; processing it here");
                 self.process(broker, job).await;
             }
         }
@@ -195,7 +195,7 @@ pub(super) fn finished(done: Result<(), BrokerError>) {
     if let Err(e) = done {
         // Unacknowledged: RabbitMQ redelivers it, and the ledger answers
         // that copy from what it recorded.
-        tracing::warn!(error = %e, "could not finish the job; it will be redelivered");
+        tracing::warn!(error = %crate::report::one_line(&e), "could not finish the job; it will be redelivered");
     }
 }
 
@@ -244,7 +244,7 @@ impl Outbox for Replies<'_> {
             Err(BrokerError::Refused { queue, why }) => {
                 Err(Unpublished::Refused(format!("{queue}: {why}")))
             }
-            Err(e) => Err(Unpublished::Lost(e.to_string())),
+            Err(e) => Err(Unpublished::Lost(crate::report::one_line(&e))),
         }
     }
 }

@@ -171,7 +171,7 @@ impl<L: Ledger + 'static> Worker<L> {
             let mut consumers = match broker.consume(&tag).await {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot consume; reconnecting");
+                    tracing::warn!(error = %crate::report::one_line(&e), "cannot consume; reconnecting");
                     continue;
                 }
             };

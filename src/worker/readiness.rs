@@ -65,7 +65,9 @@ impl<L: Ledger + 'static> Worker<L> {
             if let Some(broker) = broker {
                 match broker.jobs_waiting().await {
                     Ok(n) => telemetry::jobs_waiting(n),
-                    Err(e) => tracing::debug!(error = %e, "cannot read the jobs queue's length"),
+                    Err(e) => {
+                        tracing::debug!(error = %crate::report::one_line(&e), "cannot read the jobs queue's length");
+                    }
                 }
             }
         }

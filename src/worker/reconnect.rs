@@ -46,7 +46,7 @@ impl<L: Ledger + 'static> Worker<L> {
             .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
             .notify(|e, wait| {
                 log_amqp_retry(&self.settings.amqp, e, wait);
-                let why = crate::telemetry::without_repeats(&e.to_string());
+                let why = crate::telemetry::without_repeats(&crate::report::one_line(e));
                 *self
                     .amqp_why
                     .lock()
@@ -78,7 +78,7 @@ pub(super) fn log_redis_retry(r: &RedisSettings, e: &LedgerError, wait: Duration
 fn log_amqp_retry(a: &crate::settings::AmqpSettings, e: &BrokerError, wait: Duration) {
     match e {
         BrokerError::Refused { .. } => {
-            tracing::error!(error = %e, ?wait, "rabbitmq refuses mailgate's queues; retrying");
+            tracing::error!(error = %crate::report::one_line(e), ?wait, "rabbitmq refuses mailgate's queues; retrying");
         }
         BrokerError::Tls(why) => {
             let url = redact_url(&a.url);
@@ -111,7 +111,7 @@ fn log_retry(
         }
         None => tracing::warn!(
             url = shown,
-            error = crate::telemetry::without_repeats(&e.to_string()),
+            error = crate::telemetry::without_repeats(&crate::report::one_line(e)),
             ?wait,
             "{link} is not answering; retrying (set MAILGATE__{}__URL)",
             link.replace("rabbitmq", "amqp").to_ascii_uppercase()

@@ -34,6 +34,7 @@ impl<L: Ledger + 'static> Worker<L> {
         loop {
             every.tick().await;
             let unusable = |e: LedgerError| {
+                let e = crate::report::one_line(&e);
                 let why = format!(
                     "Redis at {url} cannot be used ({e}); no job is taken until it can, so none \
                      spends an attempt on the outage"
@@ -89,7 +90,10 @@ impl<L: Ledger + 'static> Worker<L> {
         let mark = match ledger.watch_clock(agrees, stepped).await {
             Ok(mark) => mark,
             Err(e) => {
-                let why = format!("cannot look after Redis's clock ({e})");
+                let why = format!(
+                    "cannot look after Redis's clock ({})",
+                    crate::report::one_line(&e)
+                );
                 return Some(("unusable", why));
             }
         };

@@ -37,7 +37,7 @@ impl<L: Ledger + 'static> Worker<L> {
         let cancelled = match cancel.await {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not cancel the consumer");
+                tracing::warn!(error = %crate::report::one_line(&e), "could not cancel the consumer");
                 false
             }
             Err(_) => {

@@ -20,7 +20,7 @@ impl RedisLedger {
     /// the job rather than finding its delivery unknown, and fails.
     pub(super) async fn unreplicated(&self, job: &JobRef<'_>, acked: i64) -> LedgerError {
         if let Err(e) = self.release(job).await {
-            tracing::warn!(error = %e, "could not give back a send mark the replicas did not acknowledge");
+            tracing::warn!(error = %crate::report::one_line(&e), "could not give back a send mark the replicas did not acknowledge");
         }
         LedgerError::Unreplicated(format!(
             "{acked} of the {} Redis replicas redis.min_replicas_acked asks for acknowledged \

@@ -304,9 +304,9 @@ pub enum OverrideError {
     /// What was asked makes no sense (the message says why).
     #[error("{0}")]
     Invalid(String),
-    /// Redis could not be reached or refused.
-    #[error("redis: {0}")]
-    Redis(Arc<::redis::RedisError>),
+    /// Redis could not be reached or refused (the source).
+    #[error("redis")]
+    Redis(#[source] Arc<::redis::RedisError>),
     /// Redis refuses mailgate for good: credentials, an ACL, a database it
     /// does not have (the message says which).
     #[error("{0}")]
