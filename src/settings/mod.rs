@@ -66,18 +66,13 @@ pub struct Settings {
 /// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
-    /// The file is missing, is not TOML, or a key is unknown or of the wrong type.
-    #[error("cannot load settings: {0}")]
-    Load(config::ConfigError),
+    /// The file is missing, is not TOML, or a key is unknown or of the
+    /// wrong type (the source says which).
+    #[error("cannot load settings")]
+    Load(#[from] config::ConfigError),
     /// The values parse but make no sense together.
     #[error("invalid settings: {0}")]
     Invalid(String),
-}
-
-impl From<config::ConfigError> for SettingsError {
-    fn from(e: config::ConfigError) -> Self {
-        SettingsError::Load(e)
-    }
 }
 
 impl Settings {

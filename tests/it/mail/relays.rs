@@ -397,7 +397,7 @@ impl TempConfig {
     }
 
     fn load(&self) -> Result<Settings, String> {
-        Settings::load(&self.0).map_err(|e| e.to_string())
+        Settings::load(&self.0).map_err(|e| mailgate::report::one_line(&e))
     }
 }
 

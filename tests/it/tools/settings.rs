@@ -37,5 +37,7 @@ fn default_config_loads_with_env_overrides() {
         std::env::set_var("MAILGATE__REDIS__NO_SUCH_KEY", "x");
     }
     let err = Settings::load(Path::new("config/default.toml")).expect_err("unknown key refused");
-    assert!(err.to_string().contains("no_such_key"), "{err}");
+    // As the CLI shows it: the error and its cause.
+    let err = mailgate::report::one_line(&err);
+    assert!(err.contains("no_such_key"), "{err}");
 }
