@@ -114,7 +114,7 @@ pub enum TlsError {
     Invalid(String),
 }
 
-/// What a link trusts and shows, read from its [`TlsFiles`] and `[tls]`.
+/// What a link trusts and shows, read from its [`TlsSettings`].
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct LinkTls {
@@ -288,7 +288,7 @@ const CERT_ALERTS: [&str; 8] = [
     "AccessDenied",
 ];
 
-/// A TLS failure in `text` (an error's [`chain_text`]), said as one
+/// A TLS failure in `text` (an error's `chain_text`), said as one
 /// sentence that names what failed and what to set (`table` is the link's
 /// TLS table, e.g. `redis.tls`); `None` when the failure is not one of TLS.
 pub fn explain(text: &str, table: &str, client_cert: ClientCert) -> Option<String> {

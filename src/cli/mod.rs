@@ -87,7 +87,7 @@ pub enum Command {
         /// Keep printing new results until Ctrl-C.
         #[arg(long)]
         follow: bool,
-        /// Read this queue instead of [amqp] results_queue.
+        /// Read this queue instead of `[amqp]`'s `results_queue`.
         #[arg(long)]
         queue: Option<String>,
     },

@@ -6,7 +6,7 @@
 //! Redis deletes records and logs that still count: an id could be mailed
 //! twice, a mailbox could get more than its rules allow. Three defences:
 //!
-//! - Every key lives [`CLOCK_SLACK_MS`] longer than it is needed, so a step
+//! - Every key lives `CLOCK_SLACK_MS` (an hour) longer than it is needed, so a step
 //!   within that slack deletes nothing that counts.
 //! - Every decision carries the worker's wall clock and
 //!   `redis.max_clock_skew`; the script refuses to decide (`CLOCKSKEW`, an

@@ -49,6 +49,7 @@ pub use self::redis::RedisLedger;
 
 use crate::domain::Name;
 use crate::domain::Ticket;
+use crate::limiter::overrides::OverrideError;
 use crate::limiter::{Clock, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
 
@@ -369,7 +370,7 @@ pub trait Ledger: Send + Sync {
     ) -> impl Future<Output = Result<Option<clock::Mark>, LedgerError>> + Send;
 
     /// How long anything the store keeps can still count, ms (see
-    /// [`clock::Watch::new`]).
+    /// [`clock`]).
     fn horizon_ms(&self) -> u64;
 }
 
@@ -399,12 +400,23 @@ impl Backend {
             return Ok(Backend::Memory(MemoryLedger::new(limits)));
         }
         let ledger = RedisLedger::connect(redis, limits).await?;
-        (ledger.overrides().start().await).map_err(|e| {
-            let why = crate::report::one_line(&e);
-            LedgerError::Unfit(format!("reading the overrides: {why}"))
-        })?;
+        (ledger.overrides().start().await).map_err(overrides_unread)?;
         ledger.health().await?;
         Ok(Backend::Redis(ledger))
+    }
+}
+
+/// Why the overrides could not be read at start, as the ledger's error: a
+/// Redis that does not answer (or is loading its data) is an outage, and
+/// start-up waits for it as for any other; anything else (a refusal, a
+/// stored override this build cannot read) stops it.
+fn overrides_unread(e: OverrideError) -> LedgerError {
+    match e {
+        OverrideError::Redis(e) => LedgerError::Redis(e),
+        other => LedgerError::Unfit(format!(
+            "reading the overrides: {}",
+            crate::report::one_line(&other)
+        )),
     }
 }
 
@@ -502,5 +514,33 @@ impl Quotas for Backend {
             Backend::Redis(l) => l.reset(subject).await,
             Backend::Memory(l) => l.reset(subject).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    use super::*;
+
+    /// A Redis still loading its data (or not answering) while the worker
+    /// reads the overrides at start is waited for, as at any other step of
+    /// start-up; only a lasting refusal stops the worker.
+    #[test]
+    fn overrides_unread_at_start_wait_out_an_outage() {
+        let loading = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::BusyLoading),
+            "Redis is loading the dataset in memory",
+        ));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for e in [loading, RedisError::from(refused)] {
+            let e = overrides_unread(OverrideError::Redis(Arc::new(e)));
+            assert!(e.is_outage(), "{e:?}");
+        }
+        let unfit = overrides_unread(OverrideError::Unfit("NOPERM".into()));
+        assert!(matches!(unfit, LedgerError::Unfit(ref why) if why.contains("NOPERM")));
+        assert!(!unfit.is_outage());
     }
 }

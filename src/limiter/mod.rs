@@ -58,7 +58,7 @@ pub struct Request<'a> {
     /// (`[limits.purpose.<name>]`); `None` uses the defaults.
     pub purpose: Option<&'a Name>,
     /// The attempt the producer sent it for, if it says: who may supersede
-    /// it (see [`Keyspace::latest_key`]).
+    /// it (the newest jobs per mailbox and purpose, in `Keyspace`).
     pub session: Option<&'a Session>,
     /// The mailbox belongs to an existing account, the producer says: the
     /// domain scope neither counts nor judges it (a domain's deny override
@@ -127,7 +127,7 @@ pub enum Subject<'a> {
     /// A registrable domain.
     Domain(&'a RegistrableDomain),
     /// The share of a registrable domain's quota the client address's
-    /// network uses ([`Keyspace::share_key`]); no rules where the share
+    /// network uses (a key of its own beside the domain's); no rules where the share
     /// holds nothing back.
     Share(&'a RegistrableDomain, &'a IpKey),
 }

@@ -149,7 +149,10 @@ impl MessageIds {
 /// The right to send one mail now; see [`Mailer::reserve`]. Dropping it
 /// gives the slot back.
 #[derive(Debug)]
-pub struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+pub struct Slot {
+    /// Held, never read: the slot is given back when it drops.
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl Mailer {
     /// Builds the transport from settings. Does not connect: connections are
@@ -217,7 +220,7 @@ impl Mailer {
             // never closed (no code calls `close`).
             let permit = permit.expect("cannot fail: the slot semaphore is never closed");
             if self.can_send() {
-                return Slot(permit);
+                return Slot { _permit: permit };
             }
             // Every circuit is open: wait without holding a slot (a probe
             // needs one).
@@ -232,7 +235,11 @@ impl Mailer {
         if !self.can_send() {
             return None;
         }
-        self.slots.clone().try_acquire_owned().ok().map(Slot)
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .map(|permit| Slot { _permit: permit })
     }
 
     /// Whether some relay takes mail: `false` while every relay's circuit

@@ -91,8 +91,17 @@ impl OverrideStore {
     /// [`POLL`] while anything else holds the table's keyspace (the
     /// ledger that judges by it). A failed poll is logged, and the
     /// overrides in force stay. Must be called within a Tokio runtime.
+    /// A Redis that refuses mailgate for good (credentials, an ACL) is
+    /// [`OverrideError::Unfit`]; one that does not answer, or is loading
+    /// its data, is [`OverrideError::Redis`]: worth trying again.
     pub async fn start(&self) -> Result<(), OverrideError> {
-        refresh(&self.conn, &self.keys).await?;
+        refresh(&self.conn, &self.keys).await.map_err(|e| match e {
+            OverrideError::Redis(e) => match super::conn::refusal(&e, &self.keys.prefix) {
+                Some(why) => OverrideError::Unfit(why),
+                None => OverrideError::Redis(e),
+            },
+            other => other,
+        })?;
         tokio::spawn(poll(self.conn.clone(), Arc::downgrade(&self.keys)));
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::settings::{LimitSettings, Rule};
 pub(crate) use self::applicable::Applied;
 
 /// The widest IPv4 network one client counts as in a domain's network
-/// share ([`Keyspace::share_key`]): a /24, as hosting providers and
+/// share (its own key beside the domain's): a /24, as hosting providers and
 /// offices are commonly given.
 pub const SHARE_IPV4_PREFIX: u8 = 24;
 
