@@ -1,8 +1,9 @@
 //! mailgate: sends verification codes by mail without letting anyone abuse it.
 //!
 //! Producers publish "send code" jobs to RabbitMQ; a pool of workers runs each
-//! through an exact multi-window rate limiter ([`limiter`]) keyed by mailbox and
-//! client IP, renders and mails the code, and publishes the outcome.
+//! through an exact multi-window rate limiter ([`limiter`]) keyed by mailbox,
+//! client network and mail domain, renders and mails the code, and publishes
+//! the outcome.
 //!
 //! # Layout
 //!
@@ -16,11 +17,11 @@
 //! | module | what it is | may import |
 //! |---|---|---|
 //! | [`domain`] | parsed input types (mailbox, IP, job, scopes), clocks | nothing |
-//! | [`redact`] | what logs may show of a URL or password | nothing |
-//! | [`report`] | how an error is shown: with its causes, on one line | nothing |
+//! | [`redact`] | what logs may show of a URL, a password or a mailbox | nothing |
+//! | [`report`] | how an error is shown: with its causes, on one line, said once | nothing |
 //! | [`tls`] | rustls configuration for every link | report |
 //! | [`wire`] | the job and result JSON of the contract | domain |
-//! | [`settings`] | configuration, one file per section, checked at load | domain, redact, report, tls |
+//! | [`settings`] | configuration, a file per large section, checked at load | domain, redact, report, tls |
 //! | [`telemetry`] | metric names and recorders | domain, wire |
 //! | [`limiter`] | stage: the rate limiter's decision, keys, overrides' matching | domain, settings |
 //! | [`store`] | Redis: the connection, every Lua script, the overrides' storage | domain, settings, tls, redact, report, limiter |
@@ -28,7 +29,7 @@
 //! | [`templates`] | stage: rendering the mail | domain, settings, wire |
 //! | [`mailer`] | stage: composing and sending over SMTP, relays, circuits | domain, settings, tls, redact, report, telemetry |
 //! | [`broker`] | stage: RabbitMQ queues, confirms, retries, dead letters | domain, settings, tls, redact, report |
-//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | domain, settings, report, wire, telemetry, limiter, ledger, templates, mailer |
+//! | [`pipeline`] | one job through the stages; answer, retry, wait or dead-letter | domain, settings, redact, report, wire, telemetry, limiter, ledger, templates, mailer |
 //! | [`traces`] | W3C trace context across the queue, OTLP export | settings, redact, broker |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` | telemetry |
 //! | [`worker`] | the consume loop: concurrency, reconnects, shutdown | all of the above |

@@ -244,6 +244,41 @@ fn plain_host_one(authority: &str) -> bool {
     }
 }
 
+/// `text` with every mailbox in it masked to its first character and domain
+/// (`john@example.com` → `j***@example.com`), for log lines that quote
+/// other systems' messages (SMTP replies often quote the recipient).
+pub fn mask_emails(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('@') {
+        let is_local = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.".contains(c);
+        // A quoted local part (`"jane q doe"@…`) is hidden whole.
+        let quoted = rest[..at]
+            .strip_suffix('"')
+            .and_then(|inner| inner.rfind('"'));
+        let start = quoted.unwrap_or_else(|| {
+            rest[..at]
+                .char_indices()
+                .rev()
+                .take_while(|(_, c)| is_local(*c))
+                .last()
+                .map_or(at, |(i, _)| i)
+        });
+        out.push_str(&rest[..start]);
+        if quoted.is_some() {
+            out.push_str("\"***\"");
+        } else if start < at {
+            let first = rest[start..].chars().next().unwrap_or('*');
+            out.push(first);
+            out.push_str("***");
+        }
+        out.push('@');
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +368,19 @@ mod tests {
             proptest::prop_assume!(at || !scheme.contains('+') || !password.contains(','));
             proptest::prop_assert!(!shown.contains(&password), "{url} -> {shown}");
         }
+    }
+
+    #[test]
+    fn masks_mailboxes_in_text() {
+        assert_eq!(
+            mask_emails("SMTP 550: <john.doe+x@example.com> unknown, cc a@b.c"),
+            "SMTP 550: <j***@example.com> unknown, cc a***@b.c"
+        );
+        assert_eq!(mask_emails("no address here"), "no address here");
+        assert_eq!(
+            mask_emails(r#"SMTP 550 <"quoted.rcpt victim"@example.com> unknown"#),
+            r#"SMTP 550 <"***"@example.com> unknown"#
+        );
+        assert_eq!(mask_emails("@start"), "@start");
     }
 }

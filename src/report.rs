@@ -34,9 +34,27 @@ pub fn one_line(error: &(dyn Error + 'static)) -> String {
     line
 }
 
+/// `text` (parts separated by ": ") without a run of parts that repeats
+/// the run just before it: clients repeat their sources in their own
+/// messages ("IO error: reset: IO error: reset: reset"), which reads as
+/// three failures where there is one. Parts said again later, apart, stay.
+pub fn without_repeats(text: &str) -> String {
+    let mut parts: Vec<&str> = text.split(": ").collect();
+    let mut i = 0;
+    while i < parts.len() {
+        let repeated =
+            (1..=(parts.len() - i) / 2).find(|&k| parts[i..i + k] == parts[i + k..i + 2 * k]);
+        match repeated {
+            Some(k) => drop(parts.drain(i + k..i + 2 * k)),
+            None => i += 1,
+        }
+    }
+    parts.join(": ")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{causes, one_line};
+    use super::{causes, one_line, without_repeats};
 
     /// An error with a message of its own and, maybe, a source.
     #[derive(Debug, thiserror::Error)]
@@ -69,5 +87,23 @@ mod tests {
     fn a_cause_the_line_already_holds_is_skipped() {
         let e = chain(&["rabbitmq", "IO error: reset by peer", "reset by peer"]);
         assert_eq!(one_line(&e), "rabbitmq: IO error: reset by peer");
+    }
+
+    #[test]
+    fn repeated_parts_of_an_error_are_said_once() {
+        assert_eq!(
+            without_repeats(
+                "rabbitmq: IO error: Connection reset by peer (os error 104): IO error: \
+                 Connection reset by peer (os error 104): Connection reset by peer (os error 104)"
+            ),
+            "rabbitmq: IO error: Connection reset by peer (os error 104)"
+        );
+        assert_eq!(
+            without_repeats("Connection error: Connection error: invalid peer certificate: X"),
+            "Connection error: invalid peer certificate: X"
+        );
+        assert_eq!(without_repeats("plain"), "plain");
+        // Said again apart: kept (it is another part's cause).
+        assert_eq!(without_repeats("A: x: B: x"), "A: x: B: x");
     }
 }

@@ -174,59 +174,6 @@ impl Drop for InFlight {
     }
 }
 
-/// `text` (parts separated by ": ") without a run of parts that repeats
-/// the run just before it: clients repeat their sources in their own
-/// messages ("IO error: reset: IO error: reset: reset"), which reads as
-/// three failures where there is one. Parts said again later, apart, stay.
-pub fn without_repeats(text: &str) -> String {
-    let mut parts: Vec<&str> = text.split(": ").collect();
-    let mut i = 0;
-    while i < parts.len() {
-        let repeated =
-            (1..=(parts.len() - i) / 2).find(|&k| parts[i..i + k] == parts[i + k..i + 2 * k]);
-        match repeated {
-            Some(k) => drop(parts.drain(i + k..i + 2 * k)),
-            None => i += 1,
-        }
-    }
-    parts.join(": ")
-}
-
-/// `text` with every mailbox in it masked to its first character and domain
-/// (`john@example.com` → `j***@example.com`), for log lines that quote
-/// other systems' messages (SMTP replies often quote the recipient).
-pub fn mask_emails(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('@') {
-        let is_local = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.".contains(c);
-        // A quoted local part (`"jane q doe"@…`) is hidden whole.
-        let quoted = rest[..at]
-            .strip_suffix('"')
-            .and_then(|inner| inner.rfind('"'));
-        let start = quoted.unwrap_or_else(|| {
-            rest[..at]
-                .char_indices()
-                .rev()
-                .take_while(|(_, c)| is_local(*c))
-                .last()
-                .map_or(at, |(i, _)| i)
-        });
-        out.push_str(&rest[..start]);
-        if quoted.is_some() {
-            out.push_str("\"***\"");
-        } else if start < at {
-            let first = rest[start..].chars().next().unwrap_or('*');
-            out.push(first);
-            out.push_str("***");
-        }
-        out.push('@');
-        rest = &rest[at + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 /// Whether some SMTP relay works, as [`crate::mailer::Mailer::relay_health`]
 /// says: `mailgate_smtp_relay_up` is 1 or 0.
 pub fn smtp_relay_up(up: bool) {
@@ -256,41 +203,4 @@ pub fn smtp_relay_failed(relay: &str) {
 /// `relay`'s circuit: 0 closed, 1 half-open, 2 open.
 pub fn smtp_relay_circuit(relay: &str, state: f64) {
     metrics::gauge!("mailgate_smtp_relay_circuit", "relay" => relay.to_owned()).set(state);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{mask_emails, without_repeats};
-
-    #[test]
-    fn repeated_parts_of_an_error_are_said_once() {
-        assert_eq!(
-            without_repeats(
-                "rabbitmq: IO error: Connection reset by peer (os error 104): IO error: \
-                 Connection reset by peer (os error 104): Connection reset by peer (os error 104)"
-            ),
-            "rabbitmq: IO error: Connection reset by peer (os error 104)"
-        );
-        assert_eq!(
-            without_repeats("Connection error: Connection error: invalid peer certificate: X"),
-            "Connection error: invalid peer certificate: X"
-        );
-        assert_eq!(without_repeats("plain"), "plain");
-        // Said again apart: kept (it is another part's cause).
-        assert_eq!(without_repeats("A: x: B: x"), "A: x: B: x");
-    }
-
-    #[test]
-    fn masks_mailboxes_in_text() {
-        assert_eq!(
-            mask_emails("SMTP 550: <john.doe+x@example.com> unknown, cc a@b.c"),
-            "SMTP 550: <j***@example.com> unknown, cc a***@b.c"
-        );
-        assert_eq!(mask_emails("no address here"), "no address here");
-        assert_eq!(
-            mask_emails(r#"SMTP 550 <"quoted.rcpt victim"@example.com> unknown"#),
-            r#"SMTP 550 <"***"@example.com> unknown"#
-        );
-        assert_eq!(mask_emails("@start"), "@start");
-    }
 }

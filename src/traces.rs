@@ -56,11 +56,11 @@ pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, TracesError> {
         .with_timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(|e| TracesError::Exporter {
-            endpoint: crate::settings::redact_url(endpoint),
+            endpoint: crate::redact::redact_url(endpoint),
             // Its text may quote the URL, password and all.
             why: e
                 .to_string()
-                .replace(&url, &crate::settings::redact_url(&url)),
+                .replace(&url, &crate::redact::redact_url(&url)),
         })?;
     Ok(builder.with_batch_exporter(exporter).build())
 }

@@ -8,7 +8,8 @@ use lapin::options::{BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions}
 use lapin::{Channel, Connection, ConnectionProperties};
 
 use super::{BrokerError, Topology};
-use crate::settings::{AmqpSettings, Settings, redact_url};
+use crate::redact::redact_url;
+use crate::settings::{AmqpSettings, Settings};
 use crate::tls::LinkTls;
 
 /// Connects to one of `amqp.url`'s nodes: the first that answers, each

@@ -6,7 +6,8 @@ use anyhow::Context as _;
 use super::{amqp, limiter};
 use crate::ledger::Ledger;
 use crate::mailer::Mailer;
-use crate::settings::{Settings, redact_url};
+use crate::redact::redact_url;
+use crate::settings::Settings;
 use crate::templates::Templates;
 
 /// Checks settings and templates (and, with `connect`, the services),

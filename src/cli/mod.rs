@@ -22,7 +22,8 @@ use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::broker;
 use crate::ledger::Backend;
-use crate::settings::{Settings, redact_url};
+use crate::redact::redact_url;
+use crate::settings::Settings;
 
 pub use check_config::check_config;
 pub use clock::clock;
@@ -195,9 +196,9 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
 
 /// The error and its causes on one line ([`crate::report::one_line`]),
 /// without a run of parts said twice in a row
-/// ([`crate::telemetry::without_repeats`]).
+/// ([`crate::report::without_repeats`]).
 pub fn one_line(e: &anyhow::Error) -> String {
-    crate::telemetry::without_repeats(&crate::report::one_line(e.as_ref()))
+    crate::report::without_repeats(&crate::report::one_line(e.as_ref()))
 }
 
 /// Connects to RabbitMQ with a hint on failure.

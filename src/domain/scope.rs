@@ -5,7 +5,10 @@ use std::ops::{Index, IndexMut};
 
 /// What a rate-limit key identifies. Adding a scope is adding a variant
 /// here: the compiler then names every place that must learn it
-/// ([`ScopeMap`]'s fields, [`Scope::as_str`], the limiter's keys).
+/// ([`ScopeMap`]'s fields, [`Scope::as_str`], the settings' sections, the
+/// limiter's `Subject`), and [`Scope::ALL`] cannot be left behind: it
+/// sizes [`ScopeMap`]'s iterator, and the build checks that it lists every
+/// scope once, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     /// A normalized mailbox: stops mail bombing of one victim.
@@ -21,6 +24,15 @@ impl Scope {
     /// Every scope, in the order a request is judged (and ties are broken).
     pub const ALL: [Scope; 3] = [Scope::Email, Scope::Ip, Scope::Domain];
 
+    /// Its place in [`Scope::ALL`] (and [`ScopeMap`]'s field order).
+    const fn place(self) -> usize {
+        match self {
+            Scope::Email => 0,
+            Scope::Ip => 1,
+            Scope::Domain => 2,
+        }
+    }
+
     /// The scope's name in keys, results and settings (`limits.<scope>`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -30,6 +42,17 @@ impl Scope {
         }
     }
 }
+
+// Checked when the crate builds: `ALL` holds each scope at its place, so
+// once each. With `ScopeMap::into_iter` sized by `ALL` (one entry per
+// field, and a field per scope), a scope missing from `ALL` stops the build.
+const _: () = {
+    let mut i = 0;
+    while i < Scope::ALL.len() {
+        assert!(Scope::ALL[i].place() == i, "Scope::ALL out of order");
+        i += 1;
+    }
+};
 
 impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -82,7 +105,7 @@ impl<T> ScopeMap<T> {
 
 impl<T> IntoIterator for ScopeMap<T> {
     type Item = (Scope, T);
-    type IntoIter = std::array::IntoIter<(Scope, T), 3>;
+    type IntoIter = std::array::IntoIter<(Scope, T), { Scope::ALL.len() }>;
 
     /// Each scope with its value, in [`Scope::ALL`] order.
     fn into_iter(self) -> Self::IntoIter {

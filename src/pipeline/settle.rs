@@ -10,7 +10,6 @@ use backon::Retryable;
 use crate::domain::Job;
 use crate::ledger::{Ending, JobRef, Ledger, LedgerError, Refund};
 use crate::mailer::MailError;
-use crate::telemetry;
 
 use super::admit::Admitted;
 use super::deliver::Delivery;
@@ -110,7 +109,7 @@ impl<L: Ledger> Pipeline<L> {
     async fn no_relay(&self, job_ref: &JobRef<'_>, msg: &Message<'_>, e: &str) -> Action {
         self.record(|| self.ledger.release(job_ref)).await;
         // A relay's refusal may quote the recipient.
-        let error = telemetry::mask_emails(e);
+        let error = crate::redact::mask_emails(e);
         tracing::info!(%error, "every SMTP relay fails whatever the mail; the job waits without spending an attempt");
         Action::Wait {
             delay: self.backoff(msg.attempt),

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::redact::redact_url;
 use crate::tls::{LinkTls, TlsSettings};
 
 mod amqp;
 mod limits;
 mod redis;
+mod redis_url;
 mod relay;
 mod smtp;
 #[cfg(test)]
@@ -24,14 +26,13 @@ mod worker;
 
 pub use self::amqp::{AmqpSettings, QueueType};
 pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
-pub use self::redis::{ClusterTarget, RedisSettings, RedisTarget, RedisUrl, SentinelTarget};
+pub use self::redis::RedisSettings;
+pub use self::redis_url::{ClusterTarget, RedisTarget, RedisUrl, SentinelTarget};
 pub use self::relay::{Credentials, Destination, RelayUrl, RelayUrls, SmtpServer, TlsMode};
 pub use self::smtp::{CircuitSettings, MAX_RELAYS, Relay, RelaySettings, SmtpSettings};
 pub use self::worker::{
     HttpSettings, RetrySettings, TelemetrySettings, TemplateSettings, WorkerSettings,
 };
-/// Kept at its old path for the modules that log URLs.
-pub use crate::redact::redact_url;
 
 /// The whole configuration of a mailgate process.
 #[derive(Debug, Clone, Deserialize)]

@@ -131,7 +131,7 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
             error,
         } => {
             tracing::warn!(
-                error = telemetry::mask_emails(&error),
+                error = crate::redact::mask_emails(&error),
                 ?delay,
                 "transient failure; retrying later"
             );
@@ -172,7 +172,7 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
             } else {
                 format!("rabbitmq refused its copy to {queue}: {why}")
             };
-            tracing::warn!(error = telemetry::mask_emails(&error), "dead-lettered");
+            tracing::warn!(error = crate::redact::mask_emails(&error), "dead-lettered");
             telemetry::dead_lettered();
             broker.dead_letter(job, &error).await
         }
@@ -235,7 +235,7 @@ impl Outbox for Replies<'_> {
                     }
                     _ => tracing::warn!(
                         status = ?result.status,
-                        error = result.error.as_deref().map(telemetry::mask_emails),
+                        error = result.error.as_deref().map(crate::redact::mask_emails),
                         "answered"
                     ),
                 }

@@ -46,7 +46,7 @@ impl<L: Ledger + 'static> Worker<L> {
             .when(|e| started || !matches!(e, BrokerError::Refused { .. }))
             .notify(|e, wait| {
                 log_amqp_retry(&self.settings.amqp, e, wait);
-                let why = crate::telemetry::without_repeats(&crate::report::one_line(e));
+                let why = crate::report::without_repeats(&crate::report::one_line(e));
                 *self
                     .amqp_why
                     .lock()
@@ -111,7 +111,7 @@ fn log_retry(
         }
         None => tracing::warn!(
             url = shown,
-            error = crate::telemetry::without_repeats(&crate::report::one_line(e)),
+            error = crate::report::without_repeats(&crate::report::one_line(e)),
             ?wait,
             "{link} is not answering; retrying (set MAILGATE__{}__URL)",
             link.replace("rabbitmq", "amqp").to_ascii_uppercase()

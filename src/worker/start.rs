@@ -81,7 +81,7 @@ async fn open_ledger(
             // has a series, and its alert fires, for a fleet started into
             // an outage.
             telemetry::dependency_up("redis", false);
-            let why = crate::telemetry::without_repeats(&crate::report::one_line(e));
+            let why = crate::report::without_repeats(&crate::report::one_line(e));
             starting.set(
                 "redis",
                 format!("Redis at {url} is not answering yet ({why}); retrying"),

@@ -40,7 +40,7 @@ impl Relays {
         if s.health.is_ok() {
             tracing::warn!(
                 relay = %relay.name,
-                error = %telemetry::mask_emails(&why),
+                error = %crate::redact::mask_emails(&why),
                 "the SMTP relay is failing"
             );
         }
@@ -53,7 +53,7 @@ impl Relays {
                 relay = %relay.name,
                 failures = self.threshold(i),
                 cool_down = ?self.cool_down(i),
-                error = %telemetry::mask_emails(&why),
+                error = %crate::redact::mask_emails(&why),
                 "the SMTP relay's circuit opens: no mail goes to it until a probe succeeds"
             );
             telemetry::smtp_relay_circuit(&relay.name, state.gauge());
@@ -88,7 +88,7 @@ impl Relays {
                 tracing::info!("an SMTP relay takes mail again");
             } else {
                 tracing::warn!(
-                    relays = %telemetry::mask_emails(&self.states()),
+                    relays = %crate::redact::mask_emails(&self.states()),
                     "every SMTP relay's circuit is open: no job is taken until a probe succeeds"
                 );
             }
@@ -156,7 +156,7 @@ impl Relays {
                 tracing::warn!(
                     relay = %relay.name,
                     cool_down = ?self.cool_down(i),
-                    error = %telemetry::mask_emails(&f.error.to_string()),
+                    error = %crate::redact::mask_emails(&f.error.to_string()),
                     "the SMTP relay's probe failed: its circuit opens again"
                 );
             }

@@ -246,7 +246,7 @@ impl Failed {
                 // error: …"); a TLS failure is said with what to set.
                 let table = &endpoint.tls_table;
                 let text = crate::tls::explain(text, table, crate::tls::ClientCert::NotTaken)
-                    .unwrap_or_else(|| crate::telemetry::without_repeats(text));
+                    .unwrap_or_else(|| crate::report::without_repeats(text));
                 format!("{phase}: {text}")
             }
             Fault::Deadline => format!(

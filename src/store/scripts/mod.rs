@@ -1,5 +1,5 @@
-//! Every Lua script mailgate runs in Redis, in one registry (as
-//! relay-redis's `RedisScripts::all()`): each is composed from its parts
+//! Every Lua script mailgate runs in Redis, in one registry: each is
+//! composed from its parts
 //! once, on first use, and [`preload`] loads them all on a connection, so
 //! that a server that cannot run them shows at start-up.
 //!
