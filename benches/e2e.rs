@@ -323,6 +323,9 @@ struct Outcome {
     redis: RedisTraffic,
     /// Keys under the run's prefix added while it ran.
     redis_keys: i64,
+    /// Redis's time for one call of the article's script, µs, measured
+    /// right before and right after the scenario (the mean).
+    article_us: f64,
 }
 
 /// Commands clients sent to Redis, read from `INFO commandstats` (commands
@@ -332,6 +335,9 @@ struct Outcome {
 struct RedisTraffic {
     /// `EVALSHA` and `EVAL`: one per script call.
     scripts: u64,
+    /// Microseconds Redis spent running them (`usec`, the commands they
+    /// call included).
+    script_usec: u64,
     /// Other commands mailgate sends itself (`SET`, `PING`, `INFO`, `SCRIPT`).
     others: u64,
     bytes_in: u64,
@@ -347,13 +353,17 @@ impl RedisTraffic {
             .arg("all")
             .query(&mut c)
             .unwrap_or_default();
-        let calls = |cmd: &str| -> u64 {
+        let field = |cmd: &str, name: &str| -> u64 {
             info.lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-                .and_then(|r| r.split(',').next())
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+                .and_then(|r| {
+                    r.split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                })
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0)
         };
+        let calls = |cmd: &str| field(cmd, "calls");
         let stat = |name: &str| -> u64 {
             info.lines()
                 .find_map(|l| l.strip_prefix(&format!("{name}:")))
@@ -362,6 +372,7 @@ impl RedisTraffic {
         };
         Self {
             scripts: calls("evalsha") + calls("eval"),
+            script_usec: field("evalsha", "usec") + field("eval", "usec"),
             // INFO itself is this reader's; it is not counted.
             others: calls("set") + calls("ping") + calls("script|load"),
             bytes_in: stat("total_net_input_bytes"),
@@ -372,11 +383,52 @@ impl RedisTraffic {
     fn since(self, before: Self) -> Self {
         Self {
             scripts: self.scripts - before.scripts,
+            script_usec: self.script_usec - before.script_usec,
             others: self.others - before.others,
             bytes_in: self.bytes_in - before.bytes_in,
             bytes_out: self.bytes_out - before.bytes_out,
         }
     }
+}
+
+/// Article 003's script (benches/article.lua): the yardstick of Redis's
+/// cost per job.
+const ARTICLE_SCRIPT: &str = include_str!("article.lua");
+
+/// Redis's own time for one call of the article's script, µs (`INFO
+/// commandstats`): 8 clients, 250 calls each, over 1 000 mailboxes under
+/// `prefix`, while nothing else runs, so that a scenario's script time
+/// per job can be quoted against it, measured on the same Redis under the
+/// same conditions.
+fn article_call_us(prefix: &str) -> f64 {
+    let script = redis::Script::new(ARTICLE_SCRIPT);
+    let before = RedisTraffic::read();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let script = &script;
+            s.spawn(move || {
+                let Ok(mut c) = redis::Client::open(redis_url()).and_then(|c| c.get_connection())
+                else {
+                    return;
+                };
+                for i in 0..250u64 {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let key = format!("{prefix}article:user{}", (t * 7919 + i * 104_729) % 1000);
+                    let _: redis::RedisResult<i64> = script
+                        .key(key)
+                        .arg(5)
+                        .arg(10)
+                        .arg(now - 86_400_000)
+                        .arg(now)
+                        .invoke(&mut c);
+                }
+            });
+        }
+    });
+    let d = RedisTraffic::read().since(before);
+    d.script_usec as f64 / d.scripts.max(1) as f64
 }
 
 /// How many keys lie under `prefix`.
@@ -415,6 +467,7 @@ async fn drive(
     workers: &[u32],
 ) -> Outcome {
     let ch = &run.ch;
+    let article0 = tokio::task::block_in_place(|| article_call_us(&run.prefix));
     let usage0: Vec<_> = workers.iter().map(|&p| proc_usage(p)).collect();
     let (rabbit0, redis0) = (cpu_of("beam.smp"), cpu_of("redis-server"));
     let (traffic0, keys0) = (RedisTraffic::read(), keys_under(&run.prefix));
@@ -521,6 +574,8 @@ async fn drive(
         out.worker_rss_kb = out.worker_rss_kb.max(hwm);
     }
     let _ = conn.close(200, "bye".into()).await;
+    let article1 = tokio::task::block_in_place(|| article_call_us(&run.prefix));
+    out.article_us = (article0 + article1) / 2.0;
     out
 }
 
@@ -1204,11 +1259,11 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
     }
     let _ = writeln!(
         o,
-        "\n| scenario | workers | jobs | jobs/s | vs ceiling | p99 ms | worker CPU µs/job | bare loop CPU µs/msg | by status | p50 ms | worker peak RSS MB | RabbitMQ CPU | Redis CPU | Redis calls/job | Redis bytes/job | Redis keys/job |"
+        "\n| scenario | workers | jobs | jobs/s | vs ceiling | p99 ms | worker CPU µs/job | bare loop CPU µs/msg | by status | p50 ms | worker peak RSS MB | RabbitMQ CPU | Redis CPU | Redis calls/job | Redis bytes/job | Redis keys/job | Redis script µs/job | vs article |"
     );
     let _ = writeln!(
         o,
-        "|---|---:|---:|---|---|---|---|---|---|---|---:|---|---|---|---:|---:|"
+        "|---|---:|---:|---|---|---|---|---|---|---|---:|---|---|---|---:|---:|---|---|"
     );
     let Some((_, first)) = rounds.first() else {
         return;
@@ -1234,7 +1289,7 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
         let jobs_of = |r: &Row| r.out.jobs.max(1) as f64;
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.0} | {:.2} | {} | {} |",
             r0.what,
             r0.workers,
             r0.out.jobs,
@@ -1258,6 +1313,11 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
             ),
             r0.out.redis.bytes_in.saturating_add(r0.out.redis.bytes_out) as f64 / jobs_of(r0),
             r0.out.redis_keys as f64 / jobs_of(r0),
+            spread(per(&|r| r.out.redis.script_usec as f64 / jobs_of(r)), f1),
+            spread(
+                per(&|r| r.out.redis.script_usec as f64 / jobs_of(r) / r.out.article_us.max(0.001)),
+                f2
+            ),
         );
     }
     let _ = writeln!(
@@ -1267,7 +1327,10 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
          min((a), (c)). CPU per job: user + system seconds of the worker processes (of the bare loop's process for \
          (a)) over the jobs. RabbitMQ and Redis CPU: share of one core while the scenario ran, on {} cores in all. \
          Redis calls: commands clients sent (EVALSHA, EVAL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
-         per job; bytes: in + out; keys: added under the run's prefix, per job. Peak RSS: the highest of the rounds.) \
+         per job; bytes: in + out; keys: added under the run's prefix, per job. Redis script µs/job: the time Redis \
+         spent in mailgate's script calls (INFO commandstats usec), per job; vs article: that against one call of \
+         article 003's script, timed on the same Redis by 8 clients right before and after the scenario. \
+         Peak RSS: the highest of the rounds.) \
          Mails accepted by the sink: {mails}.",
         std::thread::available_parallelism()
             .map(|n| n.get())
