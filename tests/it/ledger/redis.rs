@@ -837,6 +837,78 @@ async fn an_unusable_redis_names_its_cause() {
         .expect("the primary is fine");
 }
 
+/// Reading the overrides at start: a refusal that does not go away by
+/// waiting stops start-up, named, as it did before start-up learnt to wait
+/// out an outage there. The worker retries every `LedgerError` but
+/// `Unfit` for ever (`worker::start::open_ledger`), so anything else here
+/// is a worker that never starts and says "redis is not answering".
+/// Here: the overrides hash's key holds a string (a key prefix shared with
+/// another application, or a key written by hand), so every read of it is
+/// `WRONGTYPE`, on every try.
+#[tokio::test]
+async fn an_overrides_key_of_another_type_stops_start_up() {
+    let server = PrivateRedis::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("t:overrides")
+        .arg("not a hash")
+        .query(&mut conn)
+        .unwrap();
+    let settings = RedisSettings::new(server.url(), "t:");
+    let opened = Backend::open(&settings, &LimitSettings::default()).await;
+    let e = match opened {
+        Ok(_) => panic!("a WRONGTYPE overrides key cannot be read"),
+        Err(e) => e,
+    };
+    assert!(!e.is_outage(), "{e:?}");
+    let LedgerError::Unfit(why) = &e else {
+        panic!(
+            "a lasting WRONGTYPE must stop start-up (Unfit), not be retried for ever as if \
+             Redis were not answering: {}",
+            mailgate::report::one_line(&e)
+        );
+    };
+    assert!(
+        why.contains("reading the overrides") && why.contains("WRONGTYPE"),
+        "{why}"
+    );
+}
+
+/// A user whose ACL forbids the command that reads the overrides (HGETALL)
+/// is refused at start, named: a refusal is not waited out.
+#[tokio::test]
+async fn a_user_who_may_not_read_the_overrides_stops_start_up() {
+    let server = PrivateRedis::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nohgetall",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-hgetall",
+        ])
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://nohgetall:pw@127.0.0.1:{}/0", server.port);
+    let opened = Backend::open(&RedisSettings::new(url, "t:"), &LimitSettings::default()).await;
+    let Err(LedgerError::Unfit(why)) = opened else {
+        panic!("a user without HGETALL is unfit");
+    };
+    assert!(
+        why.contains("reading the overrides") && why.contains("'hgetall'"),
+        "{why}"
+    );
+}
+
 /// With `redis.min_replicas_acked = 1`: a primary without an online replica
 /// is reported, a send mark the replica acknowledges stands, and one it does
 /// not (the replica stopped) is given back, so the job's next attempt

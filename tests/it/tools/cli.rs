@@ -470,6 +470,55 @@ async fn the_worker_refuses_a_redis_that_evicts() {
     );
 }
 
+/// A Redis that answers every read of the overrides with an error that
+/// waiting cannot mend (their key holds a string: `WRONGTYPE`) stops the
+/// worker at start, with the reason, as an evicting Redis does; the worker
+/// must not retry it for ever saying that Redis "is not answering".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_stops_when_the_overrides_can_never_be_read() {
+    let h = Harness::new("cli-overrides-wrongtype").await;
+    let server = PrivateRedis::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("t:overrides")
+        .arg("not a hash")
+        .query(&mut conn)
+        .unwrap();
+    let mut child = mailgate(&h, &["worker"])
+        .env("MAILGATE__REDIS__URL", server.url())
+        .env("MAILGATE__REDIS__KEY_PREFIX", "t:")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let exited = child.try_wait().unwrap();
+    let out = match exited {
+        Some(_) => child.wait_with_output().unwrap(),
+        None => common::signal_and_wait(child, "-KILL", Duration::from_secs(10)).await,
+    };
+    let err = text(&out.stderr);
+    assert!(
+        exited.is_some(),
+        "the worker still retries a WRONGTYPE after 20 s: {err}"
+    );
+    assert!(!out.status.success());
+    assert!(
+        err.contains("reading the overrides") && err.contains("WRONGTYPE"),
+        "{err}"
+    );
+}
+
 /// `redis.url = "memory://"`: one worker without Redis, which says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_memory_needs_no_redis() {
