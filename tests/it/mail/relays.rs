@@ -540,6 +540,63 @@ fn relay_settings_are_checked_and_never_show_a_password() {
     assert!(Path::new("config/default.toml").exists());
 }
 
+/// A relay URL is read once, at load, so that what loads is what the
+/// mailer can use. `smtp://` hosts are opaque to the URL parser: almost any
+/// text is a "host", and these typos load and then fail every send (a DNS
+/// lookup of a name that cannot exist), with the relay's circuit opening
+/// only once the worker runs: a trailing comma in `MAILGATE__SMTP__URL`, a
+/// list separated by `;`, a list given as one `[[smtp.relays]]` url, a
+/// comma percent-encoded into the host, port 0.
+#[test]
+fn relay_urls_that_name_no_reachable_host_are_refused_at_load() {
+    for (name, smtp) in [
+        (
+            "trailing-comma",
+            "url = \"smtp://a.example.com,smtp://b.example.com,\"",
+        ),
+        (
+            "semicolons",
+            "url = \"smtp://a.example.com;smtp://b.example.com\"",
+        ),
+        (
+            "list-in-relays",
+            "[[smtp.relays]]\nurl = \"smtp://a.example.com,smtp://b.example.com\"",
+        ),
+        ("encoded-comma", "url = \"smtp://a.example.com%2C\""),
+        ("port-0", "url = \"smtp://a.example.com:0?tls=required\""),
+    ] {
+        if let Ok(s) = load(name, smtp) {
+            let names: Vec<String> = (s.smtp.relay_list().unwrap().into_iter())
+                .map(|r| r.name)
+                .collect();
+            panic!("{smtp}: loads, as relays {names:?}");
+        }
+    }
+}
+
+/// `tls=` takes `required`, `opportunistic` or `none`, whatever the scheme:
+/// a misspelt value on an `smtps://` URL is refused at load as on an
+/// `smtp://` one (the settings refused it before relay URLs were read once;
+/// `SmtpServer::parse` now reads any `tls=` of `smtps://` as implicit TLS).
+#[test]
+fn an_unknown_tls_value_is_refused_on_smtps_too() {
+    let e = load("smtps-tls", "url = \"smtps://a.example.com?tls=requierd\"")
+        .map(|_| ())
+        .expect_err("tls=requierd is no TLS mode");
+    assert!(e.contains("tls=\"requierd\""), "{e}");
+}
+
+/// The README promises that a password holding '/' not percent-encoded is
+/// refused at load *before* a parser can print part of it. In `smtp.url`
+/// the list is split first (at a comma followed by `scheme://`), so such a
+/// password is cut in two and its tail is printed as the next URL's user.
+#[test]
+fn a_password_cut_by_the_list_split_is_not_printed() {
+    let e = load("cut", "url = \"smtp://u:25,smtp://Zq8pXk2m@a.example.com\"")
+        .expect_err("the user's password holds '/'");
+    assert!(!e.contains("Zq8pXk2m"), "{e}");
+}
+
 /// Only a failure before anything of the mail was handed over moves a
 /// send to the next relay: a deferred (4xx) or refused (5xx) recipient is
 /// the mail's answer, and a mail whose final dot got no reply is never
