@@ -408,16 +408,20 @@ impl Backend {
 
 /// Why the overrides could not be read at start, as the ledger's error: a
 /// Redis that does not answer (or is loading its data) is an outage, and
-/// start-up waits for it as for any other; anything else (a refusal, a
-/// stored override this build cannot read) stops it.
+/// start-up waits for it as for any other; anything else (a refusal, a key
+/// of another type where the overrides belong, a stored override this build
+/// cannot read) stops it, since waiting would not change it.
 fn overrides_unread(e: OverrideError) -> LedgerError {
-    match e {
-        OverrideError::Redis(e) => LedgerError::Redis(e),
-        other => LedgerError::Unfit(format!(
-            "reading the overrides: {}",
-            crate::report::one_line(&other)
-        )),
+    if let OverrideError::Redis(redis) = &e {
+        let outage = LedgerError::Redis(redis.clone());
+        if outage.is_outage() {
+            return outage;
+        }
     }
+    LedgerError::Unfit(format!(
+        "reading the overrides: {}",
+        crate::report::one_line(&e)
+    ))
 }
 
 impl Ledger for Backend {

@@ -113,7 +113,16 @@ impl SmtpServer {
     /// Reads an `smtp://` or `smtps://` URL.
     fn parse(url: &url::Url) -> Result<Self, String> {
         let host = match url.host() {
-            Some(url::Host::Domain(d)) => d.to_owned(),
+            Some(url::Host::Domain(d)) if is_host_name(d) => d.to_owned(),
+            // The URL parser takes almost any text as an smtp:// host: a
+            // list's separator or a stray comma would load and then fail
+            // every send.
+            Some(url::Host::Domain(d)) => {
+                return Err(format!(
+                    "host {d:?} is not a host name (letters, digits, '-' and '_' between \
+                     dots); several relays are separated by commas, each with its scheme"
+                ));
+            }
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
             None => return Err("no host".into()),
@@ -124,7 +133,8 @@ impl SmtpServer {
             .find(|(k, _)| k == "tls")
             .map(|(_, v)| v.into_owned());
         let tls = match (url.scheme(), tls_param.as_deref()) {
-            ("smtps", _) => TlsMode::Implicit,
+            // smtps:// is encrypted whatever its tls= says.
+            ("smtps", None | Some("opportunistic" | "required" | "none")) => TlsMode::Implicit,
             ("smtp", None) => TlsMode::Unset,
             ("smtp", Some("opportunistic")) => TlsMode::Opportunistic,
             ("smtp", Some("required")) => TlsMode::Required,
@@ -141,6 +151,9 @@ impl SmtpServer {
             TlsMode::Required => 587,
             _ => 25,
         });
+        if port == 0 {
+            return Err("port 0 is no relay's port".into());
+        }
         Ok(Self {
             host,
             port,
@@ -148,6 +161,35 @@ impl SmtpServer {
             credentials: Credentials::of(url)?,
         })
     }
+}
+
+/// Whether `host` is a host name: labels of letters, digits, `-` and `_`
+/// between dots (a trailing dot allowed).
+fn is_host_name(host: &str) -> bool {
+    let labels = host.strip_suffix('.').unwrap_or(host);
+    !labels.is_empty()
+        && labels.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
+/// A relay URL for a message about what is wrong with it: its whole
+/// userinfo hidden, user and all (in a list split at `,scheme://`, a
+/// password that holds such a run shows its tail as the next URL's user),
+/// and the rest redacted as everywhere.
+pub(super) fn shown(url: &str) -> String {
+    let hidden = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, after)) => format!("{scheme}://***@{after}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    };
+    crate::redact::redact_url(&hidden)
 }
 
 impl Credentials {
@@ -304,6 +346,11 @@ mod tests {
             ("smtp://a.example?tls=NONE", "tls=\"NONE\""),
             ("smtp://u:%FF@a.example", "not UTF-8"),
             ("smtp:///nohost", "no host"),
+            ("smtp://a.example;smtp://b.example", "not a host name"),
+            ("smtp://a.example%2C", "not a host name"),
+            ("smtp://a.example,", "not a host name"),
+            ("smtp://a.example:0", "port 0"),
+            ("smtps://a.example?tls=requierd", "tls=\"requierd\""),
         ] {
             let parsed = RelayUrl::from(url);
             let why = parsed.destination().expect_err(url);

@@ -390,7 +390,7 @@ impl CircuitSettings {
 fn destination<'u>(key: &str, url: &'u RelayUrl) -> Result<&'u Destination, SettingsError> {
     check_userinfo(key, url)?;
     url.destination()
-        .map_err(|why| SettingsError::Invalid(format!("{key} {url}: {why}")))
+        .map_err(|why| SettingsError::Invalid(format!("{key} {}: {why}", super::relay::shown(url))))
 }
 
 /// Why a `file://` URL at `key` is refused: it is never one relay of several.

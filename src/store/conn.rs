@@ -103,8 +103,9 @@ pub(crate) fn refusal(e: &redis::RedisError, prefix: &str) -> Option<String> {
              EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
         ),
         Some("NOPERM") => format!(
-            "the Redis user may not run mailgate's script or write its keys ({e}); it needs \
-             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+            "the Redis user may not run a command mailgate needs ({e}); it needs EVALSHA, \
+             EVAL and SCRIPT LOAD, HGETALL, HGET and HLEN for the overrides, and read and write \
+             access to keys under {prefix:?}"
         ),
         Some("READONLY") => {
             format!("Redis is a read-only replica ({e}); point redis.url at the primary")

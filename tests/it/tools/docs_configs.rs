@@ -63,6 +63,10 @@ fn documented_urls() -> Vec<(&'static str, String)> {
             filled.push_str("node.example.com:6379");
         } else if filled.ends_with("://") && scheme.ends_with("+sentinel") {
             filled.push_str("sentinel.example.com:26379/mymaster");
+        } else if filled.ends_with("://") && scheme == "file" {
+            // An outbox outside the checkout (check-config creates it).
+            let dir = std::env::temp_dir().join("mailgate-docs-outbox");
+            filled.push_str(&dir.to_string_lossy());
         } else if filled.ends_with("://") && scheme != "memory" {
             filled.push_str("service.example.com");
         }
