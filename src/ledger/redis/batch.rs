@@ -52,6 +52,11 @@ pub(super) struct Pending {
     /// shape: each batch numbers them after the configured sets itself (a
     /// batch may hold items built before and after the overrides changed).
     sets: Vec<(usize, Arc<RuleSet>)>,
+    /// When it was asked for: a call is judged late (`STALE`, see
+    /// [`clock_arg`]) from its oldest item's asking, not from the moment
+    /// the batch left, so an item that waited here behind calls a frozen
+    /// Redis held is as late as those calls.
+    asked: std::time::Instant,
     reply: oneshot::Sender<Result<Reply, LedgerError>>,
 }
 
@@ -87,6 +92,7 @@ impl RedisLedger {
             keys,
             wait,
             sets,
+            asked: std::time::Instant::now(),
             reply,
         };
         self.queue.send(pending).await.map_err(|_| stopped())?;
@@ -109,6 +115,7 @@ impl RedisLedger {
             keys,
             wait,
             sets: Vec::new(),
+            asked: std::time::Instant::now(),
             reply,
         };
         self.queue.send(pending).await.map_err(|_| stopped())?;
@@ -210,11 +217,19 @@ pub(super) async fn dispatch(
 /// the script refuses to decide by if it is further than
 /// [`Keyspace::clock_guard_ms`] from where it should be
 /// ([`Keyspace::expected_redis_ms`]): a step of Redis's clock, shared with
-/// this host's wall clock or not, is refused from its first moment.
-pub(super) fn clock_arg(clock: Clock, keys: &Keyspace) -> String {
+/// this host's wall clock or not, is refused from its first moment. Where
+/// Redis's clock should be is reckoned for `asked`, when the call's oldest
+/// request was made: the script then refuses (`STALE`) a call that runs
+/// more than a moment after that, however long the request waited in this
+/// process first (behind calls that a frozen Redis held).
+pub(super) fn clock_arg(clock: Clock, keys: &Keyspace, asked: std::time::Instant) -> String {
     match (clock, keys.clock_guard_ms) {
         (Clock::At(ms), _) => ms.to_string(),
-        (Clock::Server, Some(max)) => format!("~{}:{max}", keys.expected_redis_ms()),
+        (Clock::Server, Some(max)) => {
+            let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let expected = keys.expected_redis_ms().saturating_sub(waited);
+            format!("~{expected}:{max}")
+        }
         (Clock::Server, None) => String::new(),
     }
 }
@@ -247,7 +262,7 @@ async fn run_batch(
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
-        .arg(clock_arg(clock, keys))
+        .arg(clock_arg(clock, keys, oldest_asked(batch)))
         .arg(keys.record_keep_ms())
         .arg(keys.lease_ms())
         .arg(keys.rule_set_args(&sets))
@@ -255,6 +270,12 @@ async fn run_batch(
     let wait = batch.iter().any(|p| p.wait);
     let (reply, unreplicated) = eval_waiting(conn, &LEDGER, eval, replication, wait).await?;
     replies_of(reply, batch, unreplicated)
+}
+
+/// When the oldest item of `batch` was asked for.
+fn oldest_asked(batch: &[Pending]) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    batch.iter().map(|p| p.asked).min().unwrap_or(now)
 }
 
 /// The overrides' rule sets a batch's items name, numbered for the batch

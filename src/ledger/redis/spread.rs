@@ -275,7 +275,7 @@ impl RedisLedger {
     ) -> Vec<Result<Reply, LedgerError>> {
         let n = calls.len();
         let mut running = tokio::task::JoinSet::new();
-        let clock = clock_arg(clock, &self.keys);
+        let clock = clock_arg(clock, &self.keys, std::time::Instant::now());
         for (i, (key, op, values)) in calls.into_iter().enumerate() {
             let (mut conn, replication, clock) =
                 (self.conn.clone(), self.replication, clock.clone());

@@ -55,7 +55,7 @@ local huge, mmin, mmax, floor = math.huge, math.min, math.max, math.floor
 local MAX_PERIOD_MS = 31622400000
 local MAX_KEEP_MS = MAX_PERIOD_MS + 3600000
 
--- How late after the worker sent it a call may run (ms), judged by where
+-- How late after the worker asked for it a call may run (ms), judged by where
 -- the worker reckoned Redis's clock would be: a call that waited in a
 -- frozen or partitioned Redis longer than this may have been given up on
 -- (its worker stopped, its task ended at the shutdown deadline), and a send
@@ -100,7 +100,7 @@ local function clock(i)
       .. 'worker reckons it should be (redis.max_clock_skew %s ms)', off, max))
   end
   if off > LATE_MS then
-    return nil, redis.error_reply(format('STALE the call ran %.0f ms after the worker sent it '
+    return nil, redis.error_reply(format('STALE the call ran %.0f ms after the worker asked for it '
       .. '(a frozen or partitioned Redis, or its clock ahead): nothing was written', off))
   end
   return now

@@ -1523,3 +1523,53 @@ async fn the_overrides_are_read_again_only_when_they_change() {
     assert_eq!(reads() - before, changed, "no read while nothing changes");
     assert!(changed <= 3, "{changed} reads for two changes");
 }
+
+/// A request that waited in the worker's own queue behind calls a frozen
+/// Redis held is as late as those calls, and writes nothing either. Redis
+/// freezes (SIGSTOP) for 3 s while 6 admissions that would mark their
+/// send begun are asked for: two calls are in flight, the rest wait for a
+/// free call. When Redis thaws, the calls in flight run 3 s late and are
+/// refused (`STALE`); were the waiting ones sent then as a fresh call, they
+/// would set send marks that a worker which gave up on them meanwhile (a
+/// deploy) never sends nor gives back, and the next worker would answer
+/// those jobs "delivery unknown" with nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_behind_a_frozen_redis_writes_nothing() {
+    let server = PrivateRedis::start();
+    let settings = RedisSettings::new(server.url(), "t:");
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    server.pause();
+    let mut asked = Vec::new();
+    for n in 0..6 {
+        let l = l.clone();
+        asked.push(tokio::spawn(async move {
+            let job = TestJob::new(&format!("q{n}"), &format!("u{n}@example.com"), None);
+            let ticket = Ticket::new();
+            let entry = Entry {
+                job: job.by(&ticket),
+                send_now: true,
+                expires_at_ms: None,
+                made_at_ms: None,
+            };
+            l.admit(&entry, Clock::Server).await.map(|a| a.verdict)
+        }));
+        // Asked one after another, as jobs arrive.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.resume();
+    for (n, a) in asked.into_iter().enumerate() {
+        match a.await.unwrap() {
+            Err(e) => assert!(e.is_outage(), "q{n}: {e:?}"),
+            Ok(v) => panic!("q{n} was decided 3 s after it was asked: {v:?}"),
+        }
+    }
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("t:job:*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "records written late: {keys:?}");
+}
