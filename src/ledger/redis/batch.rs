@@ -247,6 +247,9 @@ async fn run_batch(
     let (mut item_keys, mut args) = (Vec::new(), Vec::new());
     let (sets, shapes) = numbered_sets(keys, batch);
     let mut rewritten = shapes.iter();
+    // The rule sets the admissions' shapes name: the only ones the call
+    // carries.
+    let mut named = std::collections::BTreeSet::new();
     for p in batch {
         item_keys.extend(p.keys.iter().map(String::as_str));
         for (i, arg) in p.args.iter().enumerate() {
@@ -254,6 +257,9 @@ async fn run_batch(
                 (SHAPE_ARG, false) => rewritten.next().map_or(arg.as_str(), String::as_str),
                 _ => arg.as_str(),
             };
+            if i == SHAPE_ARG && p.args[0] == "admit" {
+                named.extend(sets_of_shape(arg));
+            }
             args.push(arg);
         }
     }
@@ -265,7 +271,7 @@ async fn run_batch(
         .arg(clock_arg(clock, keys, oldest_asked(batch)))
         .arg(keys.record_keep_ms())
         .arg(keys.lease_ms())
-        .arg(keys.rule_set_args(&sets))
+        .arg(keys.named_rule_set_args(&named, &sets))
         .arg(&args);
     let wait = batch.iter().any(|p| p.wait);
     let (reply, unreplicated) = eval_waiting(conn, &LEDGER, eval, replication, wait).await?;
@@ -389,6 +395,16 @@ pub(super) async fn eval_waiting(
 
 /// Where an "admit" item's shape is among its kind and values.
 const SHAPE_ARG: usize = 7;
+
+/// The rule sets (by index) a shape names: two characters per key, as
+/// [`push_shape`] writes them.
+fn sets_of_shape(shape: &str) -> impl Iterator<Item = usize> + '_ {
+    shape.as_bytes().chunks_exact(2).filter_map(|two| {
+        let digit = |c: u8| c.checked_sub(b'0').map(usize::from);
+        let n = digit(two[0])? * 64 + digit(two[1])?;
+        n.checked_sub(1)
+    })
+}
 
 /// Sets the rule set of a shape's `at`-th key (0-based) to `set`.
 fn put_shape(shape: &mut String, at: usize, set: usize) {

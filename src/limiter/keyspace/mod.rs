@@ -185,18 +185,31 @@ impl Keyspace {
         key
     }
 
-    /// The rule sets as `decide.lua` reads them from ARGV: their count, then
-    /// for each its number of rules, how long its keys keep admissions, and
-    /// each rule's `(window_ms, max)`; then the overrides' sets `extra`
-    /// names (their count, then each one's number and set).
-    pub(crate) fn rule_set_args(&self, extra: &[(usize, std::sync::Arc<RuleSet>)]) -> Vec<i64> {
+    /// The rule sets `named` (by index: the configured ones, then the
+    /// overrides' in `extra`, each with its index), as `decide.lua` reads
+    /// them from ARGV: no sets in order, then each named one as an extra
+    /// set, its 1-based number then its number of rules, how long its keys
+    /// keep admissions, and each rule's `(window_ms, max)`. A call carries
+    /// only the sets its requests name (none for the ledger's marks), since
+    /// Redis converts and checks every set a call carries.
+    pub(crate) fn named_rule_set_args(
+        &self,
+        named: &std::collections::BTreeSet<usize>,
+        extra: &[(usize, std::sync::Arc<RuleSet>)],
+    ) -> Vec<i64> {
         let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let mut args = vec![int(self.sets.len())];
-        for set in &self.sets {
-            push_rule_set(set, &mut args);
-        }
-        args.push(int(extra.len()));
-        for (index, set) in extra {
+        // Every index comes from a shape built with these sets; one that
+        // were not would make the script refuse the call (its shape names
+        // no set).
+        let found: Vec<(usize, &std::sync::Arc<RuleSet>)> = (named.iter())
+            .filter_map(|&index| {
+                let set = (self.sets.get(index))
+                    .or_else(|| extra.iter().find(|(i, _)| *i == index).map(|(_, s)| s));
+                set.map(|set| (index, set))
+            })
+            .collect();
+        let mut args = vec![0, int(found.len())];
+        for (index, set) in found {
             args.push(int(index + 1));
             push_rule_set(set, &mut args);
         }

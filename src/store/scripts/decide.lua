@@ -25,7 +25,8 @@ keep_ms after it (an hour more than the longest window), so quota is never
 freed while Redis's clock is at most an hour behind the newest time it
 showed.
 
-Rule sets travel in ARGV (written by limiter::Keyspace::rule_set_args):
+Rule sets travel in ARGV (written by limiter::Keyspace::named_rule_set_args,
+which sends only the sets a call's requests name, all as extra sets):
   R, the number of rule sets; then for each: r, the number of its rules;
   keep_ms, how long its keys keep admissions (the longest window of any rule
   set of the same scope, since keys are shared across purposes, plus an
