@@ -14,6 +14,60 @@ use serde::{Deserialize, Deserializer};
 use crate::redact::redact_url;
 use crate::tls::{LinkTls, TlsSettings};
 
+/// `as_str`, `From<String>` and `From<&str>` (through [`SecretUrl`]),
+/// `Deref` and `AsRef` to the URL itself, and a redacted `Debug` and
+/// `Display`: the parts every URL setting parsed when it is set shares
+/// (its `url: SecretUrl` field, and a `From<SecretUrl>` of its own).
+macro_rules! url_type {
+    ($ty:ty) => {
+        impl $ty {
+            /// The URL itself, credentials and all: never for showing
+            /// (its `Display` is redacted).
+            pub fn as_str(&self) -> &str {
+                self.url.as_str()
+            }
+        }
+
+        impl From<String> for $ty {
+            fn from(url: String) -> Self {
+                crate::redact::SecretUrl::from(url).into()
+            }
+        }
+
+        impl From<&str> for $ty {
+            fn from(url: &str) -> Self {
+                crate::redact::SecretUrl::from(url).into()
+            }
+        }
+
+        impl std::ops::Deref for $ty {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                self.url.as_str()
+            }
+        }
+
+        impl AsRef<str> for $ty {
+            fn as_ref(&self) -> &str {
+                self.url.as_str()
+            }
+        }
+
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(&self.url, f)
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Display::fmt(&self.url, f)
+            }
+        }
+    };
+}
+
 mod amqp;
 mod limits;
 mod redis;

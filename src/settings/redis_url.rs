@@ -19,12 +19,6 @@ pub struct RedisUrl {
 }
 
 impl RedisUrl {
-    /// The URL itself, credentials and all: for connecting, never for
-    /// showing.
-    pub fn as_str(&self) -> &str {
-        self.url.as_str()
-    }
-
     /// What the URL names, or what is wrong with it.
     pub fn target(&self) -> Result<&RedisTarget, &str> {
         self.target.as_ref().map_err(String::as_str)
@@ -38,43 +32,7 @@ impl From<SecretUrl> for RedisUrl {
     }
 }
 
-impl From<String> for RedisUrl {
-    fn from(url: String) -> Self {
-        SecretUrl::from(url).into()
-    }
-}
-
-impl From<&str> for RedisUrl {
-    fn from(url: &str) -> Self {
-        SecretUrl::from(url).into()
-    }
-}
-
-impl std::ops::Deref for RedisUrl {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        self.url.as_str()
-    }
-}
-
-impl AsRef<str> for RedisUrl {
-    fn as_ref(&self) -> &str {
-        self.url.as_str()
-    }
-}
-
-impl std::fmt::Debug for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&self.url, f)
-    }
-}
-
-impl std::fmt::Display for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.url, f)
-    }
-}
+url_type!(RedisUrl);
 
 /// Where `redis.url` points.
 #[derive(Debug, Clone, PartialEq, Eq)]

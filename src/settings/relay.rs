@@ -256,52 +256,6 @@ impl From<SecretUrl> for RelayUrls {
     }
 }
 
-/// `as_str`, `From<String>` and `From<&str>` (through [`SecretUrl`]),
-/// `Deref` to the URL itself, and a redacted `Debug` and `Display`.
-macro_rules! url_type {
-    ($ty:ty) => {
-        impl $ty {
-            /// The URL itself, credentials and all: never for showing
-            /// (its `Display` is redacted).
-            pub fn as_str(&self) -> &str {
-                self.url.as_str()
-            }
-        }
-
-        impl From<String> for $ty {
-            fn from(url: String) -> Self {
-                SecretUrl::from(url).into()
-            }
-        }
-
-        impl From<&str> for $ty {
-            fn from(url: &str) -> Self {
-                SecretUrl::from(url).into()
-            }
-        }
-
-        impl std::ops::Deref for $ty {
-            type Target = str;
-
-            fn deref(&self) -> &str {
-                self.url.as_str()
-            }
-        }
-
-        impl std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                std::fmt::Debug::fmt(&self.url, f)
-            }
-        }
-
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                std::fmt::Display::fmt(&self.url, f)
-            }
-        }
-    };
-}
-
 url_type!(RelayUrl);
 url_type!(RelayUrls);
 

@@ -648,6 +648,13 @@ impl PrivateRedis {
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
+
+    /// A plain connection to it, for a test to set up or read keys.
+    pub(crate) fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("the private Redis answers")
+    }
 }
 
 /// `tests/clockshift.c` built as a shared library (once per test binary).

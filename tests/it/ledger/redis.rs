@@ -471,10 +471,7 @@ async fn a_redis_that_evicts_is_refused() {
 #[tokio::test]
 async fn malformed_calls_write_nothing() {
     let server = PrivateRedis::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let script = mailgate::store::scripts::LEDGER.source();
     let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
     let head = ["batch", "", "86400000", "30000"];
@@ -694,10 +691,7 @@ async fn script_is_reloaded_after_a_flush() {
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     let v = TestJob::new("j1", "a@example.com", None)
         .admit(&l, &Ticket::new(), Clock::At(0))
@@ -754,10 +748,7 @@ fn memory_backend_forgets_idle_keys() {
 #[tokio::test]
 async fn an_unusable_redis_names_its_cause() {
     let primary = PrivateRedis::start();
-    let mut conn = redis::Client::open(primary.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = primary.connection();
     let _: () = redis::cmd("ACL")
         .arg(&[
             "SETUSER",
@@ -848,10 +839,7 @@ async fn an_unusable_redis_names_its_cause() {
 #[tokio::test]
 async fn an_overrides_key_of_another_type_stops_start_up() {
     let server = PrivateRedis::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let _: () = redis::cmd("SET")
         .arg("t:overrides")
         .arg("not a hash")
@@ -882,10 +870,7 @@ async fn an_overrides_key_of_another_type_stops_start_up() {
 #[tokio::test]
 async fn a_user_who_may_not_read_the_overrides_stops_start_up() {
     let server = PrivateRedis::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let _: () = redis::cmd("ACL")
         .arg(&[
             "SETUSER",
@@ -1566,10 +1551,7 @@ async fn a_request_queued_behind_a_frozen_redis_writes_nothing() {
             Ok(v) => panic!("q{n} was decided 3 s after it was asked: {v:?}"),
         }
     }
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("t:job:*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "records written late: {keys:?}");
 }

@@ -478,10 +478,7 @@ async fn the_worker_refuses_a_redis_that_evicts() {
 async fn the_worker_stops_when_the_overrides_can_never_be_read() {
     let h = Harness::new("cli-overrides-wrongtype").await;
     let server = PrivateRedis::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = server.connection();
     let _: () = redis::cmd("SET")
         .arg("t:overrides")
         .arg("not a hash")

@@ -201,10 +201,7 @@ async fn readiness_names_a_redis_the_worker_cannot_use() {
     let h = Harness::with("http-redis", |s| s.redis.url = url.into()).await;
     let w = h.start_worker().await;
     common::harness::wait_ready(w.http).await;
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = redis.connection();
     // A flood of probes costs Redis one check a second, not one each.
     let scripts = |conn: &mut redis::Connection| -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
