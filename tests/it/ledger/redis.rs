@@ -1555,3 +1555,114 @@ async fn a_request_queued_behind_a_frozen_redis_writes_nothing() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("t:job:*").query(&mut conn).unwrap();
     assert!(keys.is_empty(), "records written late: {keys:?}");
 }
+
+/// Batches that carry only the rule sets their admissions' shapes name:
+/// one instant's admissions of 30 purposes (sets past the 64th, so shapes
+/// use both digits), a denied network, a mailbox under a rules override and
+/// plain jobs, all at once so they share batches, each item's shape naming
+/// different sets. Nobody gets past a limit, the deny holds, and no batch
+/// fails for a set it lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_batches_carry_every_set_their_shapes_name() {
+    use mailgate::limiter::overrides::{Action, Override, Target};
+    use mailgate::settings::PurposeLimits;
+    let prefix = unique_prefix("rev2-named");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let mut lim = limits(&[(HOUR, 5)], &[(HOUR, 500)]);
+    lim.domain.rules = rules(&[(HOUR, 5000)]).rules;
+    for i in 0..30 {
+        lim.purpose.insert(
+            format!("p{i:02}"),
+            PurposeLimits {
+                email: Some(rules(&[(HOUR, 3)])),
+                ip: Some(rules(&[(HOUR, 300)])),
+                domain: Some(rules(&[(HOUR, 3000)])),
+                supersede: None,
+            },
+        );
+    }
+    // p05's mailboxes also carry a shadow rule (1 an hour): judged, never
+    // rejecting.
+    if let Some(p05) = lim.purpose.get_mut("p05")
+        && let Some(email) = p05.email.as_mut()
+    {
+        email.rules.push(mailgate::settings::Rule {
+            enforce: false,
+            ..mailgate::settings::Rule::new(Duration::from_millis(HOUR), 1)
+        });
+    }
+    lim.validate().expect("settings accept 30 purposes");
+    let l = Arc::new(
+        RedisLedger::connect(&redis_settings(&prefix), &lim)
+            .await
+            .unwrap(),
+    );
+    let ov = |t: &str, action: Action| Override {
+        target: Target::parse(t).unwrap(),
+        action,
+        reason: "rev2".into(),
+        expires_at_ms: None,
+        added_at_ms: mailgate::domain::now_ms(),
+    };
+    l.overrides()
+        .add(&ov("ip:198.51.100.77", Action::Deny))
+        .await
+        .unwrap();
+    l.overrides()
+        .add(&ov(
+            "email:capped@example.com",
+            Action::Rules(vec![mailgate::settings::Rule::new(
+                Duration::from_secs(3600),
+                2,
+            )]),
+        ))
+        .await
+        .unwrap();
+    l.overrides().reload().await.unwrap();
+    // kind 0: denied network; 1: capped mailbox (2); 2: p29's mailbox (3);
+    // 3: p05's mailbox (3); 4: plain mailbox (5).
+    let mut set = tokio::task::JoinSet::new();
+    for n in 0..200usize {
+        let l = l.clone();
+        set.spawn(async move {
+            let kind = n % 5;
+            let j = match kind {
+                0 => TestJob::new(
+                    &format!("x{n}"),
+                    &format!("x{n}@deny.example"),
+                    Some("198.51.100.77"),
+                ),
+                1 => TestJob::new(&format!("c{n}"), "capped@example.com", Some("203.0.113.1")),
+                2 => TestJob::new(&format!("q{n}"), "late@example.com", Some("203.0.113.2"))
+                    .purpose(Some("p29")),
+                3 => TestJob::new(&format!("e{n}"), "early@example.com", Some("203.0.113.3"))
+                    .purpose(Some("p05")),
+                _ => TestJob::new(&format!("d{n}"), "plain@example.com", Some("203.0.113.4")),
+            };
+            let t = Ticket::new();
+            let e = Entry {
+                job: j.by(&t),
+                send_now: false,
+                expires_at_ms: None,
+                made_at_ms: None,
+            };
+            (
+                kind,
+                l.admit(&e, Clock::At(7_000_000)).await.map(|a| a.verdict),
+            )
+        });
+    }
+    let mut admitted = [0usize; 5];
+    let mut failed = Vec::new();
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            (k, Ok(Verdict::Admitted)) => admitted[k] += 1,
+            (_, Ok(Verdict::Rejected { .. })) => {}
+            (k, other) => failed.push((k, format!("{other:?}"))),
+        }
+    }
+    assert!(failed.is_empty(), "items failed: {failed:?}");
+    assert_eq!(admitted, [0, 2, 3, 3, 5], "admitted per kind");
+}
