@@ -107,38 +107,58 @@ local function clock(i)
   return now
 end
 
--- A job's member in the scope logs.
+-- A job's member in the scope logs. The time's digits are kept for the
+-- next member (a call records its admissions at one time, and formatting
+-- costs Redis more than the rest of a member).
+local hex_at, hex_s = nil, nil
 local function member_of(at, id)
-  return format('%012x', at) .. ':' .. id
+  if at ~= hex_at then hex_at, hex_s = at, format('%012x', at) end
+  return hex_s .. ':' .. id
 end
 
--- Why the rule set at ARGV[a] (the i-th) is malformed, or nil. Every
--- check is written as what must hold, so NaN and infinities fail it
--- ("nan" passes a check written as what must not).
-local function set_error(a, i)
+-- The rule set at ARGV[a] (the i-th), built into a table; nil and why if
+-- it is malformed. Every check is written as what must hold, so NaN and
+-- infinities fail it ("nan" passes a check written as what must not).
+-- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
+-- (judged as -max), 0 for a deny (denies: the set's one rule).
+-- rank[r]: '-max' of a rule with max > 16, made when first read.
+-- fetch: how many of a log's newest entries one read gets: the largest N,
+-- at most 16; 0 if every N is larger. A rule with a larger N reads its
+-- N-th newest entry on its own, only when the log is at least as long as
+-- that first read (so a domain's 50 per 10 minutes costs one read, not a
+-- read of 16 and then one more). Each number is converted once: a
+-- conversion costs Redis more than most of a decision.
+local function parse_set(a, i)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)
     and keep and keep >= 1 and keep <= MAX_KEEP_MS) then
-    return 'rule set ' .. i
+    return nil, 'rule set ' .. i
   end
+  local w, max = {}, {}
+  local top, least, denies = 1, huge, false
   for r = 1, n do
-    local w, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
+    local wr, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
     local deny = m == 0 and n == 1
-    if not (w and m and m == floor(m) and m >= -2147483648 and m <= 2147483647
-      and ((deny and w >= 0 and w <= 9007199254740992)
-        or (m ~= 0 and w >= 1 and w <= MAX_PERIOD_MS))) then
-      return 'rule ' .. r .. ' of set ' .. i
+    if not (wr and m and m == floor(m) and m >= -2147483648 and m <= 2147483647
+      and ((deny and wr >= 0 and wr <= 9007199254740992)
+        or (m ~= 0 and wr >= 1 and wr <= MAX_PERIOD_MS))) then
+      return nil, 'rule ' .. r .. ' of set ' .. i
     end
+    w[r], max[r], denies = wr, m, deny
+    if m < 0 then m = -m end
+    if not deny then top, least = mmax(top, m), mmin(least, m) end
   end
-  return nil
+  local fetch = least > 16 and 0 or mmin(top, 16)
+  -- top_s: the newest entries that can fill a rule, up to 16 (what
+  -- scope.lua looks through for a copy of the job).
+  return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
+    keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
 end
 
--- Checks the rule sets starting at ARGV[a] and notes where each lies; each
--- is built into tables when a request first names it (set_of), so a call
--- builds only the sets its requests use (every purpose and override has
--- its own). Returns them and the index after them, or nil and why (before
--- anything was written: a malformed set fails the call even if no request
--- names it).
+-- The rule sets starting at ARGV[a], each built (a call carries only the
+-- sets its requests name). Returns them and the index after them, or nil
+-- and why (before anything was written: a malformed set fails the call
+-- even if no request names it).
 local function rule_sets(a)
   local count = tonumber(ARGV[a])
   if not count then return nil, 'rule set count' end
@@ -160,54 +180,19 @@ local function rule_sets(a)
       if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
       a = a + 1
     end
-    local why = set_error(a, i)
-    if why then return nil, why end
-    sets[at] = a
-    a = a + 2 + 2 * tonumber(ARGV[a])
+    local set, why = parse_set(a, i)
+    if not set then return nil, why end
+    sets[at] = set
+    a = a + 2 + 2 * set.n
   end
   return sets, a
-end
-
--- Builds the rule set at ARGV[a] (checked by set_error).
-local function parse_set(a)
-  local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  -- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
-  -- (judged as -max), 0 for a deny (denies: the set's one rule).
-  -- rank[r]: '-max' of a rule with max > 16, made when first read.
-  -- fetch: how many of a log's newest entries one read gets: the largest
-  -- N, at most 16; 0 if every N is larger. A rule with a larger N reads
-  -- its N-th newest entry on its own, only when the log is at least as
-  -- long as that first read (so a domain's 50 per 10 minutes costs one
-  -- read, not a read of 16 and then one more). Built with as few tables
-  -- and formatted numbers as can be: this runs once per call, and a
-  -- call often decides one request.
-  local w, max = {}, {}
-  local top, least, denies = 1, huge, false
-  for r = 1, n do
-    local wr, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
-    local deny = m == 0 and n == 1
-    w[r], max[r], denies = wr, m, deny
-    if m < 0 then m = -m end
-    if not deny then top, least = mmax(top, m), mmin(least, m) end
-  end
-  local fetch = least > 16 and 0 or mmin(top, 16)
-  -- top_s: the newest entries that can fill a rule, up to 16 (what
-  -- scope.lua looks through for a copy of the job).
-  return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
-    keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
 end
 
 -- The rule set a shape names for its s-th key; nil if there is none
 -- (shape_ok, which every script runs before its first write, says so).
 local function set_of(shape, s, sets)
   local hi, lo = byte(shape, 2 * s - 1, 2 * s)
-  local k = (hi - 48) * 64 + lo - 48
-  local set = sets[k]
-  if type(set) == 'number' then
-    set = parse_set(set)
-    sets[k] = set
-  end
-  return set
+  return sets[(hi - 48) * 64 + lo - 48]
 end
 
 -- Whether a shape names only rule sets that exist.
@@ -332,14 +317,34 @@ local function room(first, shape, sets, now, logs, out)
   return #shape / 2
 end
 
--- Records an admission at `now` (`now_s`) in each scope key of a request.
-local function record(first, shape, sets, now, now_s, member)
+-- How often a scope key's log whose entries judge did not all read is
+-- trimmed: at its first admission of each hour.
+local TRIM_MS = 3600000
+
+-- Records an admission at `now` (`now_s`) in each scope key of a request;
+-- `logs` holds what judge read of each key.
+local function record(first, shape, sets, now, now_s, member, logs)
   for s = 1, #shape / 2 do
     local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
     -- A deny records nothing (its key's own set does).
     if not set.denies then
-      -- Forget what no rule can see any more, so memory stays bounded.
-      call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
+      -- Forget what no rule can see any more (older than keep), so memory
+      -- stays bounded. Judge read the whole log if it read fewer entries
+      -- than it asked for: trimmed only if its oldest is that old. Else
+      -- (or if judge read nothing, fetch 0) when its newest entry is from
+      -- an earlier hour than now: such a log holds at most an hour's
+      -- admissions more than its keep (older entries are in no window).
+      local log = logs[s]
+      local len = #log
+      local trim
+      if len < set.fetch then
+        trim = len > 0 and time_of(log[1]) <= now - set.keep
+      else
+        trim = len == 0 or floor(time_of(log[len]) / TRIM_MS) ~= floor(now / TRIM_MS)
+      end
+      if trim then
+        call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
+      end
       call('ZADD', key, now_s, member)
       call('PEXPIRE', key, set.keep_s)
     end

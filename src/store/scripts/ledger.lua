@@ -120,8 +120,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
 
 -- Whether ARGV[i] is an attempt: its number (>= 1) and holder, "<n>:<hex>".
 local function attempt_ok(i)
-  local n = string.match(ARGV[i] or '', '^(%d+):%x+$')
-  return n ~= nil and tonumber(n) >= 1
+  return string.find(ARGV[i] or '', '^0*[1-9]%d*:%x+$') ~= nil
 end
 
 --[[
@@ -193,7 +192,7 @@ local function admit_ok(a, sets, kind)
   end
   return last_ok and (expires == '' or tonumber(expires) ~= nil)
     and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= '' and attempt_ok(a + 3)
-    and string.match(flag or '', '^[01]:%x+$') ~= nil
+    and string.find(flag or '', '^[01]:%x+$') ~= nil
 end
 
 -- Whether job `id`, made at `made` (ms), is superseded: its newest key
@@ -214,8 +213,9 @@ end
 
 local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local send_now, call_id = string.match(ARGV[a + 4], '^([01]):(%x+)$')
-  local state = send_now == '1' and 'x' or 'a'
+  -- "<0 or 1>:<hex>", as admit_ok checked.
+  local flag = ARGV[a + 4]
+  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, 3)
   local expires = tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
@@ -224,8 +224,11 @@ local function admit(k, a, b, kind)
   -- A time after its admission (a producer's clock ahead) counts as the
   -- admission's, so one such job cannot supersede every later one for as
   -- long.
-  local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
-  local made, skew = tonumber(made_s), tonumber(skew_s)
+  local made, skew
+  if latest then
+    local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
+    made, skew = tonumber(made_s), tonumber(skew_s)
+  end
   local now, keep_s, sets = b.now, b.keep_s, b.sets
   local expired = expires ~= nil and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
@@ -295,7 +298,7 @@ local function admit(k, a, b, kind)
     d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, shape, sets, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = decide.room(first, shape, sets, now, logs, b.rooms)
-    decide.record(first, shape, sets, now, b.now_s, decide.member_of(now, id))
+    decide.record(first, shape, sets, now, b.now_s, decide.member_of(now, id), logs)
     if latest then
       call('ZADD', latest, decide.int(made), id)
       call('ZREMRANGEBYRANK', latest, 0, -17)
@@ -417,12 +420,15 @@ local ITEMS = {
   create = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
   sending = {values = 3, ok = function(a)
-      return ARGV[a] ~= '' and attempt_ok(a + 1) and string.match(ARGV[a + 2], '^%x+$') ~= nil
+      return ARGV[a] ~= '' and attempt_ok(a + 1) and string.find(ARGV[a + 2], '^%x+$') ~= nil
     end,
     keys = one, run = sending},
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = release},
-  settle = {values = 6, ok = settle_ok, keys = function(a) return 1 + tonumber(ARGV[a + 5]) end,
+  settle = {values = 6, ok = settle_ok, keys = function(a)
+      local n = ARGV[a + 5]
+      return n == '0' and 1 or 1 + tonumber(n)
+    end,
     run = settle},
   answered = {values = 1, ok = function(a) return ARGV[a] ~= '' end, keys = one, run = answered},
 }

@@ -98,7 +98,8 @@ end
 if op == 'reserve' then
   local out = {now, 1, shadow_d, shadow}
   decide.room(1, '01', sets, now, logs, out)
-  decide.record(1, '01', sets, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce))
+  decide.record(1, '01', sets, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce),
+    logs)
   return out
 end
 return {now, 1, shadow_d, shadow}

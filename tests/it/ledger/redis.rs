@@ -1666,3 +1666,72 @@ async fn mixed_batches_carry_every_set_their_shapes_name() {
     assert!(failed.is_empty(), "items failed: {failed:?}");
     assert_eq!(admitted, [0, 2, 3, 3, 5], "admitted per kind");
 }
+
+/// The admission times in `mailbox`'s log, oldest first.
+async fn logged(l: &RedisLedger, conn: &mut redis::Connection, mailbox: &str) -> Vec<u64> {
+    let key = l
+        .usage(Subject::Email(&email(mailbox)), None, Clock::Server)
+        .await
+        .expect("the key's name")
+        .key;
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .expect("the log");
+    members
+        .iter()
+        .map(|m| u64::from_str_radix(&m[..12], 16).expect("a time"))
+        .collect()
+}
+
+/// A scope log forgets what no window can see, and nothing a window can:
+/// read whole, it drops an admission as soon as it is older than the
+/// key's keep (its longest window and an hour of slack); longer than one
+/// read, at its first admission of each hour, so it never holds one more
+/// than an hour past its keep. Every admission younger than the keep
+/// stays.
+#[tokio::test]
+async fn scope_logs_forget_only_what_no_window_sees() {
+    let prefix = unique_prefix("trim");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    // One read fetches the newest 2 entries.
+    let l = RedisLedger::connect(&redis_settings(&prefix), &limits(&[(MIN, 2)], &[]))
+        .await
+        .unwrap();
+    let keep = MIN + HOUR;
+    let mut conn = sync_redis();
+    let admit = |id: String, mailbox: &'static str, at: u64| {
+        let l = l.clone();
+        async move {
+            let v = TestJob::new(&id, mailbox, None)
+                .admit(&l, &Ticket::new(), Clock::At(at))
+                .await;
+            assert_eq!(v, Verdict::Admitted, "{id} at {at}");
+        }
+    };
+    // Read whole (1 entry of the 2 asked for): gone once older than keep.
+    admit("s1".into(), "short@example.com", 0).await;
+    admit("s2".into(), "short@example.com", keep + 1).await;
+    assert_eq!(logged(&l, &mut conn, "short@example.com").await, [keep + 1]);
+    // Longer than a read: one admission every 2 minutes for 4 hours.
+    let mut made = Vec::new();
+    for n in 0..120u64 {
+        let now = n * 2 * MIN;
+        admit(format!("l{n}"), "long@example.com", now).await;
+        made.push(now);
+        let log = logged(&l, &mut conn, "long@example.com").await;
+        assert!(
+            log.iter().all(|&t| t + keep + HOUR > now),
+            "at {now} the log holds an admission more than an hour past its keep: {log:?}"
+        );
+        let seen: Vec<u64> = made.iter().copied().filter(|&t| t + keep > now).collect();
+        assert!(
+            seen.iter().all(|t| log.contains(t)),
+            "at {now} an admission younger than the keep is gone: {log:?}"
+        );
+    }
+}
