@@ -100,12 +100,14 @@ pub(crate) fn refusal(e: &redis::RedisError, prefix: &str) -> Option<String> {
     Some(match e.code() {
         _ if in_script => format!(
             "the Redis user may not run a command of mailgate's script ({e}); it needs \
-             EVALSHA, EVAL and SCRIPT LOAD, and write access to keys under {prefix:?}"
+             EVALSHA, EVAL and SCRIPT LOAD (and FCALL and FUNCTION LOAD, where Redis has \
+             functions), and write access to keys under {prefix:?}"
         ),
         Some("NOPERM") => format!(
             "the Redis user may not run a command mailgate needs ({e}); it needs EVALSHA, \
-             EVAL and SCRIPT LOAD, HGETALL, HGET and HLEN for the overrides, and read and write \
-             access to keys under {prefix:?}"
+             EVAL and SCRIPT LOAD (and FCALL and FUNCTION LOAD, where Redis has functions), \
+             HGETALL, HGET and HLEN for the overrides, and read and write access to keys under \
+             {prefix:?}"
         ),
         Some("READONLY") => {
             format!("Redis is a read-only replica ({e}); point redis.url at the primary")

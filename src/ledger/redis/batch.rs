@@ -12,7 +12,7 @@ use super::{RedisLedger, push_shape};
 use crate::ledger::{JobRef, LedgerError};
 use crate::limiter::{Clock, Keyspace, RuleSet};
 use crate::store::Conn;
-use crate::store::scripts::LEDGER;
+use crate::store::scripts::{Calls, FunctionLibrary, LEDGER, LEDGER_LIBRARY};
 
 /// How items share script calls: most items in one call, and calls in
 /// flight at once (while they run, new items gather into the next batch).
@@ -157,6 +157,7 @@ pub(super) async fn dispatch(
     keys: Arc<Keyspace>,
     replication: Replication,
     batching: Batching,
+    calls: Calls,
 ) {
     let in_flight = Arc::new(Semaphore::new(batching.max_in_flight));
     let mut carried: Option<Pending> = None;
@@ -196,7 +197,7 @@ pub(super) async fn dispatch(
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
             let clock = clock.unwrap_or(Clock::Server);
-            match run_batch(&mut conn, &keys, replication, clock, &batch).await {
+            match run_batch(&mut conn, &keys, (replication, calls), clock, &batch).await {
                 Ok(replies) => {
                     for (p, r) in batch.into_iter().zip(replies) {
                         let _ = p.reply.send(Ok(r));
@@ -240,7 +241,7 @@ pub(super) fn clock_arg(clock: Clock, keys: &Keyspace, asked: std::time::Instant
 async fn run_batch(
     conn: &mut Conn,
     keys: &Keyspace,
-    replication: Replication,
+    (replication, calls): (Replication, Calls),
     clock: Clock,
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
@@ -263,8 +264,11 @@ async fn run_batch(
             args.push(arg);
         }
     }
-    let mut eval = redis::cmd("EVALSHA");
-    eval.arg(LEDGER.get_hash())
+    let (mut eval, code) = match calls {
+        Calls::Functions => (redis::cmd("FCALL"), Callee::Library(&LEDGER_LIBRARY)),
+        Calls::Scripts => (redis::cmd("EVALSHA"), Callee::Script(&LEDGER)),
+    };
+    eval.arg(code.name())
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
@@ -274,7 +278,7 @@ async fn run_batch(
         .arg(keys.named_rule_set_args(&named, &sets))
         .arg(&args);
     let wait = batch.iter().any(|p| p.wait);
-    let (reply, unreplicated) = eval_waiting(conn, &LEDGER, eval, replication, wait).await?;
+    let (reply, unreplicated) = eval_waiting(conn, code, eval, replication, wait).await?;
     replies_of(reply, batch, unreplicated)
 }
 
@@ -350,14 +354,60 @@ fn replies_of(
     }
 }
 
-/// Runs `eval`, an `EVALSHA` of `script` (loaded again on `NOSCRIPT`, e.g.
-/// after a Redis restart), and, if `wait` and `replication` names
+/// What a call runs in Redis: a script (`EVALSHA`) or a function
+/// (`FCALL`), each loaded again if the server lost it.
+#[derive(Clone, Copy)]
+pub(super) enum Callee<'a> {
+    /// A script, by its hash.
+    Script(&'a redis::Script),
+    /// A function library's function, by its name.
+    Library(&'a FunctionLibrary),
+}
+
+impl Callee<'_> {
+    /// What the call names: the script's hash, or the function's name.
+    fn name(&self) -> &str {
+        match self {
+            Callee::Script(script) => script.get_hash(),
+            Callee::Library(library) => library.function(),
+        }
+    }
+
+    /// Whether `e` says the server lost this code (`NOSCRIPT` after a
+    /// restart or `SCRIPT FLUSH`; "Function not found" after a
+    /// `FUNCTION FLUSH`, or on a new node): the caller loads it again.
+    fn is_lost(&self, e: &redis::RedisError) -> bool {
+        match self {
+            Callee::Script(_) => {
+                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+            }
+            // Its own error, or the pipeline's first (the call is first).
+            Callee::Library(_) => e.clone().into_server_errors().is_some_and(|errors| {
+                errors.first().is_some_and(|(_, e)| {
+                    e.details()
+                        .is_some_and(|d| d.starts_with("Function not found"))
+                })
+            }),
+        }
+    }
+
+    /// Loads it again.
+    async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        match self {
+            Callee::Script(script) => script.prepare_invoke().load_async(conn).await.map(drop),
+            Callee::Library(library) => library.load(conn).await,
+        }
+    }
+}
+
+/// Runs `eval`, a call of `code` (loaded again if the server lost it,
+/// e.g. after a restart), and, if `wait` and `replication` names
 /// replicas, `WAIT`s for them in the same pipeline (on the same connection,
-/// so the wait covers the script's writes). Returns the script's reply
+/// so the wait covers the call's writes). Returns the call's reply
 /// and, if fewer replicas than asked acknowledged, how many did.
 pub(super) async fn eval_waiting(
     conn: &mut Conn,
-    script: &redis::Script,
+    code: Callee<'_>,
     eval: redis::Cmd,
     replication: Replication,
     wait: bool,
@@ -371,8 +421,8 @@ pub(super) async fn eval_waiting(
             .arg(replication.timeout_ms);
     }
     let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.prepare_invoke().load_async(conn).await?;
+        Err(e) if code.is_lost(&e) => {
+            code.load(conn).await?;
             pipe.query_async(conn).await?
         }
         other => other?,

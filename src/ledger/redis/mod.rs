@@ -73,7 +73,7 @@ impl RedisLedger {
         let mut conn = store::connect(redis)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
-        scripts::preload(&mut conn)
+        let calls = scripts::preload(&mut conn)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
         let mut keys = Keyspace::new(&redis.key_prefix, limits);
@@ -103,6 +103,7 @@ impl RedisLedger {
             keys.clone(),
             replication,
             batching,
+            calls,
         ));
         Ok(Self {
             conn,

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::batch::{answered, clock_arg, eval_waiting, stopped};
+use super::batch::{Callee, answered, clock_arg, eval_waiting, stopped};
 use super::replicas::Replication;
 use super::reply::{Code, REPLY_WIDTH, Reply, room_named, rule_named, verdict};
 use super::{RedisLedger, admission_args};
@@ -513,7 +513,8 @@ async fn on_scope(
         .arg(op)
         .arg(clock)
         .arg(values);
-    let (reply, unreplicated) = eval_waiting(conn, &SCOPE, eval, replication, wait).await?;
+    let (reply, unreplicated) =
+        eval_waiting(conn, Callee::Script(&SCOPE), eval, replication, wait).await?;
     let r: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a scope's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("a scope answered {r:?}"));

@@ -5,7 +5,9 @@ function, in front of each script that decides (ledger.lua, scope.lua), and
 binds the table it returns (at the end of this file: its whole API) to
 their local `decide`; nothing else of it is visible to them. So the
 decision's code lives here once. Requires Redis >= 5 (effects
-replication, so TIME may be read before writing).
+replication, so TIME may be read before writing). The registry defines
+KEEPS_STATE before it: true where this module outlives a call (the ledger's
+Redis Function library), so rule sets are built once and kept.
 
 Data: one sorted set per scope key (<prefix>email:<mailbox>,
 <prefix>ip:<network>, <prefix>domain:<domain>, and a client network's share
@@ -131,7 +133,7 @@ end
 local function parse_set(a, i)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)
-    and keep and keep >= 1 and keep <= MAX_KEEP_MS) then
+    and keep and keep >= 1 and keep <= MAX_KEEP_MS and keep == floor(keep)) then
     return nil, 'rule set ' .. i
   end
   local w, max = {}, {}
@@ -153,6 +155,29 @@ local function parse_set(a, i)
   -- scope.lua looks through for a copy of the job).
   return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
     keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
+end
+
+-- Where this module outlives a call (KEEPS_STATE), the sets built so far,
+-- by their text (ARGV's values joined by commas), and how many; emptied
+-- past KEPT_MAX (a settings reload, or overrides come and go, make more).
+local kept, kept_n, KEPT_MAX = KEEPS_STATE and {} or nil, 0, 1024
+
+-- The rule set at ARGV[a] (the i-th), as parse_set, from `kept` if it was
+-- built before with the same text.
+local function set_at(a, i)
+  if not kept then return parse_set(a, i) end
+  local n = tonumber(ARGV[a])
+  local text = n and n >= 0 and n <= 4096 and n == floor(n) and a + 1 + 2 * n <= #ARGV
+    and table.concat(ARGV, ',', a, a + 1 + 2 * n)
+  local set = text and kept[text]
+  if set then return set end
+  local why
+  set, why = parse_set(a, i)
+  if set and text then
+    if kept_n >= KEPT_MAX then kept, kept_n = {}, 0 end
+    kept[text], kept_n = set, kept_n + 1
+  end
+  return set, why
 end
 
 -- The rule sets starting at ARGV[a], each built (a call carries only the
@@ -180,7 +205,7 @@ local function rule_sets(a)
       if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
       a = a + 1
     end
-    local set, why = parse_set(a, i)
+    local set, why = set_at(a, i)
     if not set then return nil, why end
     sets[at] = set
     a = a + 2 + 2 * set.n

@@ -4,7 +4,11 @@ limiter's decision (decide.lua), which it calls as decide.<name>.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
 for many at once), "probe" (readiness) or "clock" (has Redis's clock run ahead?);
 each checks its argument counts and every argument before its first write,
-so a bad call writes nothing.
+so a bad call writes nothing. The file defines the operations and returns
+`main`, which runs the one ARGV[1] names: the registry composes it as a
+script (run whole by every EVALSHA) and as a Redis Function library (its
+definitions run once, at the first FCALL after a load; KEYS and ARGV are
+then the library's, set by each call).
 
 Record KEYS <prefix>job:<id>, a hash that lives `keep_ms` after its last
 write (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
@@ -77,17 +81,18 @@ local CODE = {
                    -- the caller's ticket owns), 0 if nothing was counted
 }
 
-local op = ARGV[1]
+-- The operation of the call under way (ARGV[1]), for error messages.
+local op
 -- How many integers answer each item of a batch (REPLY_WIDTH in
 -- src/ledger/redis/reply.rs; the same test checks it).
 local WIDTH = 5
 local NONE = {false, false, false, false, false, false, false}
 
 -- Whether ARGV value `v` is a period Redis can add to its clock (a keep
--- may be longer by the slack).
+-- may be longer by the slack): whole ms, as commands take them.
 local function period_ok(v, max)
   local n = tonumber(v)
-  return n ~= nil and n >= 1 and n <= (max or decide.MAX_PERIOD_MS)
+  return n ~= nil and n >= 1 and n <= (max or decide.MAX_PERIOD_MS) and n == math.floor(n)
 end
 
 local function fail(why)
@@ -367,7 +372,7 @@ local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
   return ARGV[a] ~= '' and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
     and (answered == '1' or answered == '0') and how ~= nil and #how == 1
-    and string.find('suefip', how, 1, true) ~= nil and n ~= nil and n >= 0
+    and string.find('suefip', how, 1, true) ~= nil and n ~= nil and n >= 0 and n == math.floor(n)
 end
 
 local function settle(k, a, b)
@@ -554,8 +559,14 @@ local function watch_clock()
   return {now, until_ms or 0, lost}
 end
 
-if op == 'batch' then return batch()
-elseif op == 'probe' then return probe()
-elseif op == 'clock' then return watch_clock()
+-- Runs the operation ARGV[1] names.
+local function main()
+  op = ARGV[1]
+  if op == 'batch' then return batch()
+  elseif op == 'probe' then return probe()
+  elseif op == 'clock' then return watch_clock()
+  end
+  return fail('unknown op')
 end
-return fail('unknown op')
+
+return main

@@ -6,11 +6,18 @@
 //! | Script | Runs | Parts |
 //! |---|---|---|
 //! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe; the clock watch | `decide.lua`, `ledger.lua` |
+//! | [`LEDGER_LIBRARY`] | the ledger's batches, as a Redis Function (Redis >= 7; [`Calls`]) | the same |
 //! | [`SCOPE`] | one scope's log, with keys spread over a cluster's shards | `decide.lua`, `scope.lua` |
 //! | [`TOOLS`] | `mailgate limits show` and `reset`: one scope key's log | `tools.lua` |
 //! | [`PRUNE`] | `mailgate overrides`: drops expired overrides | `prune.lua` |
 //!
 //! Each file's header documents its KEYS, ARGV and reply.
+//!
+//! Every `EVALSHA` runs its whole script, definitions included, and
+//! converts the rule sets it carries: the ledger's batches, the hot path,
+//! are called as a Redis Function where the server allows it, whose
+//! definitions run once per load and which keeps the rule sets it built
+//! (a third to a half of Redis's work per call, `BENCHMARKS.md`).
 
 use std::sync::LazyLock;
 
@@ -19,21 +26,43 @@ use redis::aio::ConnectionLike;
 
 /// Lua that scripts share, as a Lua module: a chunk that ends by returning
 /// a table, its API. A script composed with it runs the chunk as a
-/// function and binds the table to a local of the library's name; the
+/// function and binds the table to a local of the module's name; the
 /// chunk's own locals stay private to it, so the script can use nothing
-/// but what the table exports (a unit test checks the names).
+/// but what the table exports (a unit test checks the names). Before it,
+/// `KEEPS_STATE` says whether the module outlives a call (a function
+/// library) or not (a script).
 #[derive(Debug, Clone, Copy)]
-struct Library {
+struct Module {
     /// The local that holds its table in the scripts that use it.
     name: &'static str,
     /// Its source, ending with `return { ... }`.
     source: &'static str,
 }
 
+impl Module {
+    /// `local <name> = (function() <source> end)()`, after `KEEPS_STATE`.
+    fn bind(modules: &[Module], keeps_state: bool, source: &mut String) {
+        if !modules.is_empty() {
+            source.push_str(if keeps_state {
+                "local KEEPS_STATE = true\n"
+            } else {
+                "local KEEPS_STATE = false\n"
+            });
+        }
+        for module in modules {
+            source.push_str("local ");
+            source.push_str(module.name);
+            source.push_str(" = (function()\n");
+            source.push_str(module.source);
+            source.push_str("\nend)()\n");
+        }
+    }
+}
+
 /// The limiter's decision (`decide.lua`): rule sets, shapes, judging and
 /// recording an admission. Shared by the ledger's script and the scope
 /// script, so the limiter's semantics live in Redis once.
-const DECIDE: Library = Library {
+const DECIDE: Module = Module {
     name: "decide",
     source: include_str!("decide.lua"),
 };
@@ -49,17 +78,11 @@ pub struct Script {
 }
 
 impl Script {
-    /// The script `body` after the `libraries` it uses, each bound to its
+    /// The script `body` after the `modules` it uses, each bound to its
     /// name: `local decide = (function() <decide.lua> end)()`.
-    fn compose(name: &'static str, libraries: &[Library], body: &str) -> Self {
+    fn compose(name: &'static str, modules: &[Module], body: &str) -> Self {
         let mut source = String::new();
-        for library in libraries {
-            source.push_str("local ");
-            source.push_str(library.name);
-            source.push_str(" = (function()\n");
-            source.push_str(library.source);
-            source.push_str("\nend)()\n");
-        }
+        Module::bind(modules, false, &mut source);
         source.push_str(body);
         let script = redis::Script::new(&source);
         Self {
@@ -88,9 +111,96 @@ impl std::ops::Deref for Script {
     }
 }
 
-/// The ledger's script: the limiter's decision, then `ledger.lua`.
-pub static LEDGER: LazyLock<Script> =
-    LazyLock::new(|| Script::compose("ledger", &[DECIDE], include_str!("ledger.lua")));
+/// `ledger.lua`: a chunk that defines the ledger's operations and returns
+/// `main`, which runs the one ARGV[1] names.
+const LEDGER_LUA: &str = include_str!("ledger.lua");
+
+/// The ledger's script: the limiter's decision, then `ledger.lua`'s
+/// definitions, then its `main`.
+pub static LEDGER: LazyLock<Script> = LazyLock::new(|| {
+    let body = format!("return (function()\n{LEDGER_LUA}\nend)()()\n");
+    Script::compose("ledger", &[DECIDE], &body)
+});
+
+/// A script as a Redis Function library (Redis >= 7): the same code, whose
+/// definitions run once, at the first call after a load, and whose modules
+/// keep what they built ([`Module`]'s `KEEPS_STATE`). Its library and
+/// function are named for a hash of its source, so workers of different
+/// versions (a rolling deploy) each call their own.
+#[derive(Debug)]
+pub struct FunctionLibrary {
+    function: String,
+    source: String,
+}
+
+impl FunctionLibrary {
+    /// `main` of a chunk that returns it (`ledger.lua`), after `modules`,
+    /// registered as one function of (keys, args): KEYS and ARGV are the
+    /// library's locals, set by each call, so the code reads them as a
+    /// script does.
+    fn compose(prefix: &str, modules: &[Module], chunk: &str) -> Self {
+        let mut setup = String::new();
+        Module::bind(modules, true, &mut setup);
+        setup.push_str("return (function()\n");
+        setup.push_str(chunk);
+        setup.push_str("\nend)()\n");
+        let hash = redis::Script::new(&setup).get_hash().to_owned();
+        let function = format!("{prefix}_{}", &hash[..16]);
+        // Redis runs a library's top level with no globals but `redis`
+        // (FUNCTION LOAD): `setup` runs at the first call instead.
+        let source = format!(
+            "#!lua name={function}\n\
+             local KEYS, ARGV, main\n\
+             local function setup()\n{setup}end\n\
+             redis.register_function('{function}', function(keys, args)\n\
+             \x20 KEYS, ARGV = keys, args\n\
+             \x20 main = main or setup()\n\
+             \x20 return main()\n\
+             end)\n"
+        );
+        Self { function, source }
+    }
+
+    /// The function's name (and the library's), for `FCALL`.
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// The library's source, for `FUNCTION LOAD`.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Loads the library (`FUNCTION LOAD`; on a cluster, on every
+    /// primary). One already loaded under its name is the same code.
+    pub async fn load(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
+        let loaded: RedisResult<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(&self.source)
+            .query_async(conn)
+            .await;
+        match loaded {
+            Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+}
+
+/// The ledger's batches as a Redis Function: `ledger.lua` after the
+/// limiter's decision.
+pub static LEDGER_LIBRARY: LazyLock<FunctionLibrary> =
+    LazyLock::new(|| FunctionLibrary::compose("mailgate_ledger", &[DECIDE], LEDGER_LUA));
+
+/// How the ledger's batches reach Redis, found when the scripts are loaded
+/// ([`preload`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calls {
+    /// `FCALL` of [`LEDGER_LIBRARY`] (loaded again if the server lost it).
+    Functions,
+    /// `EVALSHA` of [`LEDGER`]: the server has no functions (Redis < 7), or
+    /// the user may not load them (an ACL without `FUNCTION LOAD`).
+    Scripts,
+}
 
 /// The scope script: the limiter's decision, then `scope.lua`.
 pub static SCOPE: LazyLock<Script> =
@@ -111,12 +221,25 @@ pub fn all() -> [&'static Script; 4] {
 
 /// Loads every script (`SCRIPT LOAD`; on a cluster, on every primary), so
 /// a server that refuses them (an ACL, a read-only replica) fails now
-/// rather than on the first call.
-pub async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+/// rather than on the first call; then the ledger's function library, if
+/// the server has functions and lets this user load them.
+pub async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<Calls> {
     for script in all() {
         script.load_async(conn).await?;
     }
-    Ok(())
+    match LEDGER_LIBRARY.load(conn).await {
+        Ok(()) => Ok(Calls::Functions),
+        // An answer, not a lost connection: no FUNCTION command (Redis < 7),
+        // or not for this user.
+        Err(e) if e.code().is_some() => {
+            tracing::info!(
+                error = %crate::report::one_line(&e),
+                "Redis functions unavailable; the ledger calls its script (EVALSHA) instead"
+            );
+            Ok(Calls::Scripts)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -102,7 +102,22 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         .get_multiplexed_async_connection()
         .await
         .expect("Redis answers at MAILGATE_TEST_REDIS_URL or 127.0.0.1:6379");
-    preload(&mut conn).await.expect("every script loads");
+    assert_eq!(
+        preload(&mut conn).await.expect("every script loads"),
+        Calls::Functions,
+        "a Redis 7 takes the ledger's function library"
+    );
+    // Loaded again (another worker of the same version): the same code.
+    LEDGER_LIBRARY.load(&mut conn).await.expect("loads again");
+    let probed: i64 = redis::cmd("FCALL")
+        .arg(LEDGER_LIBRARY.function())
+        .arg(1)
+        .arg("scripts-test:probe")
+        .arg("probe")
+        .query_async(&mut conn)
+        .await
+        .expect("the library's function runs the ledger's operations");
+    assert_eq!(probed, 1);
     for script in all() {
         let exists: Vec<bool> = redis::cmd("SCRIPT")
             .arg("EXISTS")

@@ -541,6 +541,43 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a", "t:email:a"],
             batch(&["admit", "a", "fp", "tk", "0:a", "0:c1", "", "01"]),
         ),
+        // Fractions where commands take whole ms: a set's keep, the
+        // record's keep, the lease (PEXPIRE would fail after ZADD and
+        // HSET wrote), and a settle's key count (KEYS[1.5]).
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &head[..],
+                &["1", "1", "60000.5", "60000", "1", "0"],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &["batch", "", "86400000.5", "30000"][..],
+                &sets[..],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &["batch", "", "86400000", "30000.5"][..],
+                &sets[..],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
+        (
+            vec!["t:job:a", "t:email:a", "t:job:b", "t:job:c", "t:email:x"],
+            batch(&[
+                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "settle", "tk", "1:a", "b",
+                "f", "1", "0.5", "settle", "tk", "1:a", "c", "f", "1", "0.5",
+            ]),
+        ),
         // A rule with a zero window.
         (
             vec!["t:job:a", "t:email:a"],
@@ -701,6 +738,53 @@ async fn script_is_reloaded_after_a_flush() {
         Verdict::Admitted,
         "EVALSHA falls back to loading the script"
     );
+    // The batches' function library, likewise.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut conn)
+        .unwrap();
+    let v = TestJob::new("j2", "b@example.com", None)
+        .admit(&l, &Ticket::new(), Clock::At(0))
+        .await;
+    assert_eq!(
+        v,
+        Verdict::Admitted,
+        "FCALL falls back to loading the library"
+    );
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
+    assert_eq!(libraries.len(), 1, "the library is back");
+}
+
+/// A user that may run scripts but not load functions (or a Redis before
+/// 7) is served by the ledger's script, with the same answers.
+#[tokio::test]
+async fn a_user_that_may_not_load_functions_is_served_by_the_script() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nofunctions",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-function",
+        ])
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://nofunctions:pw@127.0.0.1:{}/0", server.port);
+    let limits = limits(&[(MIN, 1)], &[]);
+    let l = RedisLedger::connect(&RedisSettings::new(url, "t:"), &limits)
+        .await
+        .expect("a user without FUNCTION is fit");
+    let job = |id: &str| TestJob::new(id, "a@example.com", None);
+    let first = job("j1").admit(&l, &Ticket::new(), Clock::At(0)).await;
+    let second = job("j2").admit(&l, &Ticket::new(), Clock::At(1)).await;
+    assert_eq!(first, Verdict::Admitted);
+    assert!(matches!(second, Verdict::Rejected { .. }), "{second:?}");
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
+    assert!(libraries.is_empty(), "nothing was loaded");
 }
 
 #[test]
