@@ -1819,3 +1819,67 @@ async fn scope_logs_forget_only_what_no_window_sees() {
         );
     }
 }
+
+/// Review of 44d5b0d: a log trimmed only at its first admission of each
+/// hour, under a clock that steps back by less than an hour across an hour
+/// boundary (admissions "after now" in the log, the newest of them in the
+/// hour the clock comes back to, so that hour trims nothing). Each verdict
+/// is the exact one (a rule (W, N) has room iff fewer than N admissions,
+/// those after now included, are later than now - W); no admission a
+/// window can see while the clock is at most an hour behind leaves the
+/// log; the log never holds one more than an hour past its keep behind
+/// its newest.
+#[tokio::test]
+async fn scope_logs_trimmed_hourly_survive_a_clock_stepping_back() {
+    let prefix = unique_prefix("trimback");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    // One read fetches the newest 3 entries; the log is longer than that.
+    let l = RedisLedger::connect(&redis_settings(&prefix), &limits(&[(MIN, 3)], &[]))
+        .await
+        .unwrap();
+    let keep = MIN + HOUR;
+    let mut conn = sync_redis();
+    let mailbox = "back@example.com";
+    // Every 40 s for 4 h 10 min; back 50 min (4:10 -> 3:20: each admission
+    // trims until 4:00, then none does until 5:00, the newest entries being
+    // from hour 4 already); every 40 s for 3 h more.
+    let mut times: Vec<u64> = (0..375u64).map(|n| n * 40_000).collect();
+    let back = *times.last().unwrap() - 50 * MIN;
+    times.extend((0..270u64).map(|n| back + n * 40_000));
+    let mut admitted: Vec<u64> = Vec::new();
+    for (n, &now) in times.iter().enumerate() {
+        let v = TestJob::new(&format!("b{n}"), mailbox, None)
+            .admit(&l, &Ticket::new(), Clock::At(now))
+            .await;
+        let later = admitted.iter().filter(|&&t| t + MIN > now).count();
+        match v {
+            Verdict::Admitted => {
+                assert!(
+                    later < 3,
+                    "admitted at {now} past (1 min, 3): {later} in the window"
+                );
+                admitted.push(now);
+            }
+            Verdict::Rejected { .. } => {
+                assert!(later >= 3, "rejected at {now} with {later} in the window")
+            }
+            other => panic!("{other:?} at {now}"),
+        }
+        let log = logged(&l, &mut conn, mailbox).await;
+        let kept: Vec<u64> = (admitted.iter().copied())
+            .filter(|&t| t + keep > now + HOUR)
+            .collect();
+        assert!(
+            kept.iter().all(|t| log.contains(t)),
+            "at {now} an admission a window can still see is gone: {log:?}"
+        );
+        let newest = log.iter().copied().max().unwrap_or(0);
+        assert!(
+            log.iter().all(|&t| t + keep + HOUR > newest),
+            "at {now} the log holds an admission more than an hour past its keep: {log:?}"
+        );
+    }
+    assert!(admitted.len() > 300, "{} admitted", admitted.len());
+}
