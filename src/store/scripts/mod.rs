@@ -171,18 +171,18 @@ impl FunctionLibrary {
         &self.source
     }
 
-    /// Loads the library (`FUNCTION LOAD`; on a cluster, on every
-    /// primary). One already loaded under its name is the same code.
+    /// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster, on every
+    /// primary). A library under its name is the same code (the name is
+    /// its hash), so replacing it changes nothing; and a primary that
+    /// already has it does not fail the load for one that lacks it.
     pub async fn load(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
-        let loaded: RedisResult<redis::Value> = redis::cmd("FUNCTION")
+        redis::cmd("FUNCTION")
             .arg("LOAD")
+            .arg("REPLACE")
             .arg(&self.source)
-            .query_async(conn)
-            .await;
-        match loaded {
-            Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => Ok(()),
-            other => other.map(drop),
-        }
+            .query_async::<redis::Value>(conn)
+            .await
+            .map(drop)
     }
 }
 

@@ -107,7 +107,8 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         Calls::Functions,
         "a Redis 7 takes the ledger's function library"
     );
-    // Loaded again (another worker of the same version): the same code.
+    // Loaded again (another worker of the same version, or a node that
+    // lost it): the same code, replaced by itself.
     LEDGER_LIBRARY.load(&mut conn).await.expect("loads again");
     let probed: i64 = redis::cmd("FCALL")
         .arg(LEDGER_LIBRARY.function())
