@@ -2,4 +2,5 @@
 //! backends, and what only the Redis ledger promises.
 
 mod conformance;
+mod functions;
 mod redis;

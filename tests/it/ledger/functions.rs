@@ -1,0 +1,323 @@
+//! The ledger's batches as a Redis Function (FCALL of `LEDGER_LIBRARY`)
+//! against the same code as a script (EVALSHA of `LEDGER`): the function
+//! keeps state between calls (rule sets by their text, the member memo),
+//! which must never change an answer; and what a worker in function mode
+//! relies on (the user may call the function; malformed calls write
+//! nothing there too).
+
+use std::collections::BTreeMap;
+
+use crate::common::*;
+use mailgate::domain::Ticket;
+use mailgate::ledger::{Entry, Ledger, LedgerError, RedisLedger};
+use mailgate::limiter::Clock;
+use mailgate::settings::RedisSettings;
+use mailgate::store::scripts::{LEDGER, LEDGER_LIBRARY};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a, T>(&mut self, of: &'a [T]) -> &'a T {
+        &of[self.below(of.len() as u64) as usize]
+    }
+}
+
+/// One call's reply, errors without the line they came from (a script
+/// and a function number their lines differently).
+fn run(conn: &mut redis::Connection, cmd: &mut redis::Cmd) -> Result<redis::Value, String> {
+    cmd.query(conn).map_err(|e: redis::RedisError| {
+        let e = e.to_string().replace("user_function:", "user_script:");
+        let e = e.split(" script:").next().unwrap_or_default();
+        match e.split_once("user_script:") {
+            Some((head, rest)) => format!(
+                "{head}{}",
+                rest.trim_start_matches(|c: char| c.is_ascii_digit())
+            ),
+            None => e.to_owned(),
+        }
+    })
+}
+
+/// Every key's type, content and whether it expires.
+fn dump(conn: &mut redis::Connection) -> BTreeMap<String, (String, redis::Value, bool)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let t: String = redis::cmd("TYPE").arg(&k).query(conn).unwrap();
+            let mut read = redis::cmd(match t.as_str() {
+                "zset" => "ZRANGE",
+                "hash" => "HGETALL",
+                _ => "GET",
+            });
+            read.arg(&k);
+            if t == "zset" {
+                read.arg(0).arg(-1).arg("WITHSCORES");
+            }
+            let v: redis::Value = read.query(conn).unwrap();
+            let ttl: i64 = redis::cmd("PTTL").arg(&k).query(conn).unwrap();
+            (k, (t, v, ttl > 0))
+        })
+        .collect()
+}
+
+/// Random batches (rule sets reused across calls at other places, deny,
+/// shadow and large-N rules, more distinct sets than the function keeps,
+/// a clock that steps back, now and then a malformed value) answer and
+/// write the same through the function as through the script.
+#[test]
+fn the_function_answers_and_writes_as_the_script_does() {
+    let (a, b) = (PrivateRedis::start(), PrivateRedis::start());
+    let (mut ca, mut cb) = (a.connection(), b.connection());
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(LEDGER.source())
+        .query(&mut ca)
+        .unwrap();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(LEDGER_LIBRARY.source())
+        .query(&mut cb)
+        .unwrap();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut pool: Vec<Vec<String>> = Vec::new();
+    let mut now: i64 = 1_790_000_000_000;
+    let ids = ["a", "b", "c", "d", "e"];
+    let scopes = ["t:s:1", "t:s:2", "t:s:3"];
+    let digit = |i: u64| char::from(48 + u8::try_from(i).unwrap());
+    for call in 0..2500 {
+        now += *rng.pick(&[0, 1, 10, 500, 1000, 3000, 20_000, -2000]);
+        let mut set = |rng: &mut Rng, now: i64| -> Vec<String> {
+            if !pool.is_empty() && rng.below(10) < 8 {
+                return rng.pick(&pool).clone();
+            }
+            let mut s = if rng.below(8) == 0 {
+                let until = if rng.below(2) == 0 {
+                    0
+                } else {
+                    now + 5000 - rng.below(8000) as i64
+                };
+                vec!["1".into(), "3660000".into(), until.to_string(), "0".into()]
+            } else {
+                let n = rng.below(4);
+                let mut s = vec![n.to_string(), "3660000".into()];
+                for _ in 0..n {
+                    s.push(rng.pick(&["1000", "5000", "60000"]).to_string());
+                    s.push(
+                        rng.pick(&["1", "2", "3", "17", "18", "-1", "-2", "-17"])
+                            .to_string(),
+                    );
+                }
+                s
+            };
+            s.shrink_to_fit();
+            pool.push(s.clone());
+            if pool.len() > 1500 {
+                pool.remove(0);
+            }
+            s
+        };
+        let r = 1 + rng.below(3);
+        let mut args: Vec<String> = ["batch", &now.to_string(), "86400000", "30000"]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        args.push(r.to_string());
+        for _ in 0..r {
+            args.extend(set(&mut rng, now));
+        }
+        let extra = rng.below(3);
+        args.push(extra.to_string());
+        let mut named: Vec<u64> = (1..=r).collect();
+        for e in 0..extra {
+            let at = r + 1 + 2 * e + rng.below(2);
+            named.push(at);
+            args.push(at.to_string());
+            args.extend(set(&mut rng, now));
+        }
+        let mut keys: Vec<String> = Vec::new();
+        for _ in 0..1 + rng.below(5) {
+            let id = *rng.pick(&ids);
+            let (ticket, attempt) = (*rng.pick(&["tk1", "tk2"]), *rng.pick(&["1:a", "2:b"]));
+            keys.push(format!("t:job:{id}"));
+            let call_id = format!("c{:x}", rng.below(8));
+            match rng.below(7) {
+                0..=2 => {
+                    let mut shape = String::new();
+                    for s in scopes.iter().take(rng.below(4) as usize) {
+                        let set = *rng.pick(&named);
+                        shape.push(digit(set / 64));
+                        shape.push(digit(set % 64));
+                        keys.push((*s).to_owned());
+                    }
+                    let expires = match rng.below(4) {
+                        0 => (now + 5000).to_string(),
+                        1 => (now - 1).to_string(),
+                        _ => String::new(),
+                    };
+                    let flag = format!("{}:{call_id}", rng.below(2));
+                    let fp = if rng.below(20) == 0 { "other" } else { id };
+                    args.extend(
+                        [
+                            "admit", id, fp, ticket, attempt, &flag, &expires, &shape, "",
+                        ]
+                        .map(String::from),
+                    );
+                }
+                3 => args.extend(["sending", ticket, attempt, &call_id].map(String::from)),
+                4 => args.extend(["release", ticket, attempt].map(String::from)),
+                5 => {
+                    let n = rng.below(3) as usize;
+                    keys.extend(scopes.iter().take(n).map(|s| (*s).to_owned()));
+                    let how = rng.pick(&["s", "u", "e", "f", "i", "p"]).to_string();
+                    let answered = rng.pick(&["0", "1"]).to_string();
+                    args.extend([
+                        "settle".to_owned(),
+                        ticket.to_owned(),
+                        attempt.to_owned(),
+                        id.to_owned(),
+                        how,
+                        answered,
+                        n.to_string(),
+                    ]);
+                }
+                _ => args.extend(["answered", ticket].map(String::from)),
+            }
+        }
+        if rng.below(20) == 0 {
+            let at = 2 + rng.below(args.len() as u64 - 2) as usize;
+            args[at] = rng.pick(&["", "x", "nan", "1.5", "-1"]).to_string();
+        }
+        let by_script = run(
+            &mut ca,
+            redis::cmd("EVALSHA")
+                .arg(&sha)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args),
+        );
+        let by_function = run(
+            &mut cb,
+            redis::cmd("FCALL")
+                .arg(LEDGER_LIBRARY.function())
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args),
+        );
+        assert_eq!(by_script, by_function, "call {call}: {keys:?} {args:?}");
+        assert_eq!(
+            dump(&mut ca),
+            dump(&mut cb),
+            "call {call}: {keys:?} {args:?}"
+        );
+    }
+}
+
+/// Whole numbers spelled as Redis's commands do not take them ("60000.0",
+/// "6e4", hex): a set's keep and the record's keep pass the checks as
+/// whole, and PEXPIRE refuses them after ZADD or HSET wrote, leaving a log
+/// entry or a record that never expires. Refused before the first write,
+/// through the script and the function alike.
+#[test]
+fn whole_numbers_spelled_otherwise_write_nothing() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(LEDGER_LIBRARY.source())
+        .query(&mut conn)
+        .unwrap();
+    let item = ["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""];
+    let set = |keep: &'static str| vec!["1", "1", keep, "60000", "1", "0"];
+    let calls: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+        (
+            "a set's keep 60000.0",
+            vec!["batch", "", "86400000", "30000"],
+            set("60000.0"),
+        ),
+        (
+            "a set's keep 6e4",
+            vec!["batch", "", "86400000", "30000"],
+            set("6e4"),
+        ),
+        (
+            "a set's keep 0x1D4C0",
+            vec!["batch", "", "86400000", "30000"],
+            set("0x1D4C0"),
+        ),
+        (
+            "the record's keep 86400000.0",
+            vec!["batch", "", "86400000.0", "30000"],
+            set("60000"),
+        ),
+        (
+            "the record's keep 8.64e7",
+            vec!["batch", "", "8.64e7", "30000"],
+            set("60000"),
+        ),
+    ];
+    for (what, head, sets) in calls {
+        let args = [&head[..], &sets[..], &item[..]].concat();
+        for how in ["EVAL", "FCALL"] {
+            let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
+            let mut cmd = redis::cmd(how);
+            match how {
+                "EVAL" => cmd.arg(LEDGER.source()),
+                _ => cmd.arg(LEDGER_LIBRARY.function()),
+            };
+            let r: redis::RedisResult<redis::Value> = cmd
+                .arg(2)
+                .arg(&["t:job:a", "t:email:a"])
+                .arg(&args)
+                .query(&mut conn);
+            let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+            assert!(r.is_err(), "{how}, {what}: must be refused");
+            assert!(keys.is_empty(), "{how}, {what}: {r:?} left {keys:?}");
+        }
+    }
+}
+
+/// A user that may load the function library but not call it (an ACL
+/// without FCALL): the worker either finds it unfit at start (readiness
+/// probes what the batches run, as docs/contract.md says) or serves it by
+/// the script; never ready while every job's admission fails.
+#[tokio::test]
+async fn a_user_that_may_not_call_functions_is_unfit_or_served() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "nofcall", "on", ">pw", "~*", "+@all", "-fcall"])
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://nofcall:pw@127.0.0.1:{}/0", server.port);
+    let limits = limits(&[(MIN, 1)], &[]);
+    let settings = RedisSettings::new(url, "t:");
+    let Ok(l) = RedisLedger::connect(&settings, &limits).await else {
+        return;
+    };
+    if let Err(LedgerError::Unfit(_)) = l.health().await {
+        return;
+    }
+    let job = TestJob::new("j1", "a@example.com", None);
+    let ticket = Ticket::new();
+    let entry = Entry {
+        job: job.by(&ticket),
+        send_now: false,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let admitted = l.admit(&entry, Clock::At(0)).await;
+    assert!(
+        admitted.is_ok(),
+        "ready, and the admission fails: {:?}",
+        admitted.err()
+    );
+}
