@@ -264,10 +264,11 @@ async fn run_batch(
             args.push(arg);
         }
     }
-    let (mut eval, code) = match calls {
-        Calls::Functions => (redis::cmd("FCALL"), Callee::Library(&LEDGER_LIBRARY)),
-        Calls::Scripts => (redis::cmd("EVALSHA"), Callee::Script(&LEDGER)),
+    let code = match calls {
+        Calls::Functions => Callee::Library(&LEDGER_LIBRARY),
+        Calls::Scripts => Callee::Script(&LEDGER),
     };
+    let mut eval = redis::cmd(code.command());
     eval.arg(code.name())
         .arg(item_keys.len())
         .arg(&item_keys)
@@ -365,8 +366,16 @@ pub(super) enum Callee<'a> {
 }
 
 impl Callee<'_> {
+    /// The command that calls it.
+    pub(super) fn command(&self) -> &'static str {
+        match self {
+            Callee::Script(_) => "EVALSHA",
+            Callee::Library(_) => "FCALL",
+        }
+    }
+
     /// What the call names: the script's hash, or the function's name.
-    fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         match self {
             Callee::Script(script) => script.get_hash(),
             Callee::Library(library) => library.function(),
@@ -376,7 +385,7 @@ impl Callee<'_> {
     /// Whether `e` says the server lost this code (`NOSCRIPT` after a
     /// restart or `SCRIPT FLUSH`; "Function not found" after a
     /// `FUNCTION FLUSH`, or on a new node): the caller loads it again.
-    fn is_lost(&self, e: &redis::RedisError) -> bool {
+    pub(super) fn is_lost(&self, e: &redis::RedisError) -> bool {
         match self {
             Callee::Script(_) => {
                 e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
@@ -392,7 +401,7 @@ impl Callee<'_> {
     }
 
     /// Loads it again.
-    async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+    pub(super) async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
         match self {
             Callee::Script(script) => script.prepare_invoke().load_async(conn).await.map(drop),
             Callee::Library(library) => library.load(conn).await,

@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use self::batch::{BATCHED, ONE_BY_ONE, Pending, dispatch};
+use self::batch::{BATCHED, Callee, ONE_BY_ONE, Pending, dispatch};
 use self::replicas::Replication;
 use super::clock::{Mark, Readings};
 use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError};
 use crate::limiter::{Clock, Keyspace};
 use crate::settings::{LimitSettings, RedisSettings};
 use crate::store::overrides::OverrideStore;
-use crate::store::scripts::{self, LEDGER};
+use crate::store::scripts::{self, Calls, LEDGER, LEDGER_LIBRARY};
 use crate::store::{self as store, Conn};
 
 /// The production ledger: records in Redis, shared by every worker.
@@ -52,6 +52,7 @@ pub struct RedisLedger {
     allow_eviction: bool,
     replication: Replication,
     spread: bool,
+    calls: Calls,
 }
 
 /// Names the type only: its connection and queue say nothing useful.
@@ -73,9 +74,23 @@ impl RedisLedger {
         let mut conn = store::connect(redis)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
-        let calls = scripts::preload(&mut conn)
+        let mut calls = scripts::preload(&mut conn)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
+        if calls == Calls::Functions {
+            // Loading is not calling: an ACL may allow one and not the other.
+            match probe(&mut conn, calls, &redis.key_prefix).await {
+                Err(e) if scripts::without_functions(&e) => {
+                    tracing::info!(
+                        error = %crate::report::one_line(&e),
+                        "this Redis user may not call functions; the ledger calls its script \
+                         (EVALSHA) instead"
+                    );
+                    calls = Calls::Scripts;
+                }
+                probed => probed.map_err(|e| unfit(e, &redis.key_prefix))?,
+            }
+        }
         let mut keys = Keyspace::new(&redis.key_prefix, limits);
         keys.clock_guard_ms =
             Some(u64::try_from(redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX));
@@ -112,6 +127,7 @@ impl RedisLedger {
             allow_eviction: redis.allow_eviction,
             replication,
             spread,
+            calls,
         })
     }
 
@@ -126,6 +142,26 @@ impl RedisLedger {
     /// read-only replica) is [`LedgerError::Unfit`], naming the cause.
     fn unfit(&self, e: redis::RedisError) -> LedgerError {
         unfit(e, &self.keys.prefix)
+    }
+}
+
+/// What readiness asks (`ledger.lua`'s "probe"), called as the batches call
+/// the ledger (`calls`), loading it again if Redis lost it: may this user
+/// run it, and write under `prefix`?
+async fn probe(conn: &mut Conn, calls: Calls, prefix: &str) -> redis::RedisResult<()> {
+    let key = format!("{prefix}probe");
+    let callee = match calls {
+        Calls::Functions => Callee::Library(&LEDGER_LIBRARY),
+        Calls::Scripts => Callee::Script(&LEDGER),
+    };
+    let mut call = redis::cmd(callee.command());
+    call.arg(callee.name()).arg(1).arg(&key).arg("probe");
+    match call.query_async::<i64>(conn).await {
+        Err(e) if callee.is_lost(&e) => {
+            callee.load(conn).await?;
+            call.query_async::<i64>(conn).await.map(drop)
+        }
+        probed => probed.map(drop),
     }
 }
 
@@ -258,12 +294,9 @@ impl Ledger for RedisLedger {
     }
 
     async fn health(&self) -> Result<(), LedgerError> {
-        let probe: Result<i64, _> = LEDGER
-            .key(format!("{}probe", self.keys.prefix))
-            .arg("probe")
-            .invoke_async(&mut self.conn.clone())
-            .await;
-        probe.map_err(|e| self.unfit(e))?;
+        probe(&mut self.conn.clone(), self.calls, &self.keys.prefix)
+            .await
+            .map_err(|e| self.unfit(e))?;
         // Spread over shards, every primary holds mailgate's keys.
         let on = (!self.spread).then_some(self.keys.prefix.as_str());
         let infos = self

@@ -133,7 +133,9 @@ end
 local function parse_set(a, i)
   local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)
-    and keep and keep >= 1 and keep <= MAX_KEEP_MS and keep == floor(keep)) then
+    and keep and keep >= 1 and keep <= MAX_KEEP_MS
+    -- Spelled as PEXPIRE takes it (not "6e4" or "60000.0").
+    and string.find(ARGV[a + 1], '^[1-9]%d*$')) then
     return nil, 'rule set ' .. i
   end
   local w, max = {}, {}

@@ -89,10 +89,12 @@ local WIDTH = 5
 local NONE = {false, false, false, false, false, false, false}
 
 -- Whether ARGV value `v` is a period Redis can add to its clock (a keep
--- may be longer by the slack): whole ms, as commands take them.
+-- may be longer by the slack): whole ms, spelled as commands take them
+-- (PEXPIRE refuses "6e4" and "60000.0").
 local function period_ok(v, max)
   local n = tonumber(v)
-  return n ~= nil and n >= 1 and n <= (max or decide.MAX_PERIOD_MS) and n == math.floor(n)
+  return n ~= nil and n >= 1 and n <= (max or decide.MAX_PERIOD_MS)
+    and string.find(v, '^[1-9]%d*$') ~= nil
 end
 
 local function fail(why)

@@ -144,20 +144,24 @@ impl FunctionLibrary {
         setup.push_str("return (function()\n");
         setup.push_str(chunk);
         setup.push_str("\nend)()\n");
-        let hash = redis::Script::new(&setup).get_hash().to_owned();
-        let function = format!("{prefix}_{}", &hash[..16]);
         // Redis runs a library's top level with no globals but `redis`
         // (FUNCTION LOAD): `setup` runs at the first call instead.
-        let source = format!(
-            "#!lua name={function}\n\
-             local KEYS, ARGV, main\n\
-             local function setup()\n{setup}end\n\
-             redis.register_function('{function}', function(keys, args)\n\
-             \x20 KEYS, ARGV = keys, args\n\
-             \x20 main = main or setup()\n\
-             \x20 return main()\n\
-             end)\n"
-        );
+        let library = |name: &str| {
+            format!(
+                "#!lua name={name}\n\
+                 local KEYS, ARGV, main\n\
+                 local function setup()\n{setup}end\n\
+                 redis.register_function('{name}', function(keys, args)\n\
+                 \x20 KEYS, ARGV = keys, args\n\
+                 \x20 main = main or setup()\n\
+                 \x20 return main()\n\
+                 end)\n"
+            )
+        };
+        // Named for a hash of all of it but its name.
+        let hash = redis::Script::new(&library(prefix)).get_hash().to_owned();
+        let function = format!("{prefix}_{}", &hash[..16]);
+        let source = library(&function);
         Self { function, source }
     }
 
@@ -229,9 +233,7 @@ pub async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<Calls> {
     }
     match LEDGER_LIBRARY.load(conn).await {
         Ok(()) => Ok(Calls::Functions),
-        // An answer, not a lost connection: no FUNCTION command (Redis < 7),
-        // or not for this user.
-        Err(e) if e.code().is_some() => {
+        Err(e) if without_functions(&e) => {
             tracing::info!(
                 error = %crate::report::one_line(&e),
                 "Redis functions unavailable; the ledger calls its script (EVALSHA) instead"
@@ -239,6 +241,21 @@ pub async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<Calls> {
             Ok(Calls::Scripts)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` says functions are not to be had here, whatever happens
+/// next: no such command (Redis < 7, or a proxy without it), not for this
+/// user (an ACL), or not on this server (a read-only replica, which the
+/// readiness check reports). Anything else (out of memory, loading, a
+/// lost connection) passes, and is waited out like any outage at start.
+pub fn without_functions(e: &redis::RedisError) -> bool {
+    match e.code() {
+        Some("NOPERM" | "READONLY") => true,
+        Some("ERR") => e.detail().is_some_and(|d| {
+            d.starts_with("unknown command") || d.starts_with("unknown subcommand")
+        }),
+        _ => false,
     }
 }
 
