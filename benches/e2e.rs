@@ -330,15 +330,16 @@ struct Outcome {
 
 /// Commands clients sent to Redis, read from `INFO commandstats` (commands
 /// that scripts run are counted apart: a script cannot call `EVALSHA`,
-/// `EVAL`, `SET`, `PING` or `INFO`), and bytes from `INFO stats`.
+/// `EVAL`, `FCALL`, `SET`, `PING` or `INFO`), and bytes from `INFO stats`.
 #[derive(Default, Clone, Copy)]
 struct RedisTraffic {
-    /// `EVALSHA` and `EVAL`: one per script call.
+    /// `EVALSHA`, `EVAL` and `FCALL`: one per script or function call.
     scripts: u64,
     /// Microseconds Redis spent running them (`usec`, the commands they
     /// call included).
     script_usec: u64,
-    /// Other commands mailgate sends itself (`SET`, `PING`, `INFO`, `SCRIPT`).
+    /// Other commands mailgate sends itself (`SET`, `PING`, `INFO`, `SCRIPT`,
+    /// `FUNCTION`).
     others: u64,
     bytes_in: u64,
     bytes_out: u64,
@@ -371,10 +372,10 @@ impl RedisTraffic {
                 .unwrap_or(0)
         };
         Self {
-            scripts: calls("evalsha") + calls("eval"),
-            script_usec: field("evalsha", "usec") + field("eval", "usec"),
+            scripts: calls("evalsha") + calls("eval") + calls("fcall"),
+            script_usec: field("evalsha", "usec") + field("eval", "usec") + field("fcall", "usec"),
             // INFO itself is this reader's; it is not counted.
-            others: calls("set") + calls("ping") + calls("script|load"),
+            others: calls("set") + calls("ping") + calls("script|load") + calls("function|load"),
             bytes_in: stat("total_net_input_bytes"),
             bytes_out: stat("total_net_output_bytes"),
         }
@@ -1326,9 +1327,9 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
          vs ceiling: each round's figure against that round's ceiling: rejected scenarios against (a), others against \
          min((a), (c)). CPU per job: user + system seconds of the worker processes (of the bare loop's process for \
          (a)) over the jobs. RabbitMQ and Redis CPU: share of one core while the scenario ran, on {} cores in all. \
-         Redis calls: commands clients sent (EVALSHA, EVAL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
+         Redis calls: commands clients sent (EVALSHA, EVAL, FCALL, SET, PING, SCRIPT LOAD; not those run inside scripts), \
          per job; bytes: in + out; keys: added under the run's prefix, per job. Redis script µs/job: the time Redis \
-         spent in mailgate's script calls (INFO commandstats usec), per job; vs article: that against one call of \
+         spent in mailgate's script and function calls (INFO commandstats usec), per job; vs article: that against one call of \
          article 003's script, timed on the same Redis by 8 clients right before and after the scenario. \
          Peak RSS: the highest of the rounds.) \
          Mails accepted by the sink: {mails}.",
