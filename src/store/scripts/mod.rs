@@ -124,7 +124,7 @@ pub static LEDGER: LazyLock<Script> = LazyLock::new(|| {
 
 /// A script as a Redis Function library (Redis >= 7): the same code, whose
 /// definitions run once, at the first call after a load, and whose modules
-/// keep what they built ([`Module`]'s `KEEPS_STATE`). Its library and
+/// keep what they built (`KEEPS_STATE`, see `decide.lua`). Its library and
 /// function are named for a hash of its source, so workers of different
 /// versions (a rolling deploy) each call their own.
 #[derive(Debug)]
