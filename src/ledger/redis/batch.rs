@@ -197,7 +197,7 @@ pub(super) async fn dispatch(
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
             let clock = clock.unwrap_or(Clock::Server);
-            match run_batch(&mut conn, &keys, (replication, calls), clock, &batch).await {
+            match run_batch(&mut conn, &keys, replication, calls, clock, &batch).await {
                 Ok(replies) => {
                     for (p, r) in batch.into_iter().zip(replies) {
                         let _ = p.reply.send(Ok(r));
@@ -241,7 +241,8 @@ pub(super) fn clock_arg(clock: Clock, keys: &Keyspace, asked: std::time::Instant
 async fn run_batch(
     conn: &mut Conn,
     keys: &Keyspace,
-    (replication, calls): (Replication, Calls),
+    replication: Replication,
+    calls: Calls,
     clock: Clock,
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
@@ -264,10 +265,7 @@ async fn run_batch(
             args.push(arg);
         }
     }
-    let code = match calls {
-        Calls::Functions => Callee::Library(&LEDGER_LIBRARY),
-        Calls::Scripts => Callee::Script(&LEDGER),
-    };
+    let code = Callee::ledger(calls);
     let mut eval = redis::cmd(code.command());
     eval.arg(code.name())
         .arg(item_keys.len())
@@ -363,6 +361,16 @@ pub(super) enum Callee<'a> {
     Script(&'a redis::Script),
     /// A function library's function, by its name.
     Library(&'a FunctionLibrary),
+}
+
+impl Callee<'static> {
+    /// The ledger's code, as `calls` says Redis takes it.
+    pub(super) fn ledger(calls: Calls) -> Self {
+        match calls {
+            Calls::Functions => Callee::Library(&LEDGER_LIBRARY),
+            Calls::Scripts => Callee::Script(&LEDGER),
+        }
+    }
 }
 
 impl Callee<'_> {

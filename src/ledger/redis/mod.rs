@@ -21,7 +21,7 @@ use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError};
 use crate::limiter::{Clock, Keyspace};
 use crate::settings::{LimitSettings, RedisSettings};
 use crate::store::overrides::OverrideStore;
-use crate::store::scripts::{self, Calls, LEDGER, LEDGER_LIBRARY};
+use crate::store::scripts::{self, Calls};
 use crate::store::{self as store, Conn};
 
 /// The production ledger: records in Redis, shared by every worker.
@@ -150,10 +150,7 @@ impl RedisLedger {
 /// run it, and write under `prefix`?
 async fn probe(conn: &mut Conn, calls: Calls, prefix: &str) -> redis::RedisResult<()> {
     let key = format!("{prefix}probe");
-    let callee = match calls {
-        Calls::Functions => Callee::Library(&LEDGER_LIBRARY),
-        Calls::Scripts => Callee::Script(&LEDGER),
-    };
+    let callee = Callee::ledger(calls);
     let mut call = redis::cmd(callee.command());
     call.arg(callee.name()).arg(1).arg(&key).arg("probe");
     match call.query_async::<i64>(conn).await {

@@ -17,7 +17,8 @@
 //! converts the rule sets it carries: the ledger's batches, the hot path,
 //! are called as a Redis Function where the server allows it, whose
 //! definitions run once per load and which keeps the rule sets it built
-//! (a third to a half of Redis's work per call, `BENCHMARKS.md`).
+//! (a tenth to nearly half of Redis's work per job, the more the fewer
+//! jobs a call carries: `BENCHMARKS.md`).
 
 use std::sync::LazyLock;
 

@@ -486,6 +486,27 @@ pub(crate) fn rules(rs: &[(u64, u32)]) -> ScopeRules {
     }
 }
 
+/// `lim` with 30 more purposes, `p00` to `p29`, each with rules of its own
+/// (an hour's `email`, `ip` and `domain` max): calls then name rule sets
+/// numbered past 64.
+pub(crate) fn with_30_purposes(
+    mut lim: LimitSettings,
+    (email, ip, domain): (u32, u32, u32),
+) -> LimitSettings {
+    for i in 0..30 {
+        lim.purpose.insert(
+            format!("p{i:02}"),
+            mailgate::settings::PurposeLimits {
+                email: Some(rules(&[(HOUR, email)])),
+                ip: Some(rules(&[(HOUR, ip)])),
+                domain: Some(rules(&[(HOUR, domain)])),
+                supersede: None,
+            },
+        );
+    }
+    lim
+}
+
 /// The default policy with other rules.
 pub(crate) fn limits(email: &[(u64, u32)], ip: &[(u64, u32)]) -> LimitSettings {
     LimitSettings {

@@ -240,21 +240,11 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
     use mailgate::domain::Ticket;
     use mailgate::ledger::{Entry, Ledger, RedisLedger};
     use mailgate::limiter::Clock;
-    use mailgate::settings::{PurposeLimits, RedisSettings};
+    use mailgate::settings::RedisSettings;
 
     let mut lim = limits(&[(HOUR, 5)], &[(HOUR, 50)]);
     lim.domain.rules = rules(&[(HOUR, 500)]).rules;
-    for i in 0..30 {
-        lim.purpose.insert(
-            format!("p{i:02}"),
-            PurposeLimits {
-                email: Some(rules(&[(HOUR, 3)])),
-                ip: Some(rules(&[(HOUR, 30)])),
-                domain: Some(rules(&[(HOUR, 300)])),
-                supersede: None,
-            },
-        );
-    }
+    let lim = with_30_purposes(lim, (3, 30, 300));
     lim.validate().expect("settings accept 30 purposes");
     let prefix = unique_prefix("lostpurposes");
     let _cleanup = RedisCleanup {

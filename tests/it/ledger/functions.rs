@@ -236,35 +236,17 @@ fn whole_numbers_spelled_otherwise_write_nothing() {
         .query(&mut conn)
         .unwrap();
     let item = ["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""];
-    let set = |keep: &'static str| vec!["1", "1", keep, "60000", "1", "0"];
-    let calls: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
-        (
-            "a set's keep 60000.0",
-            vec!["batch", "", "86400000", "30000"],
-            set("60000.0"),
-        ),
-        (
-            "a set's keep 6e4",
-            vec!["batch", "", "86400000", "30000"],
-            set("6e4"),
-        ),
-        (
-            "a set's keep 0x1D4C0",
-            vec!["batch", "", "86400000", "30000"],
-            set("0x1D4C0"),
-        ),
-        (
-            "the record's keep 86400000.0",
-            vec!["batch", "", "86400000.0", "30000"],
-            set("60000"),
-        ),
-        (
-            "the record's keep 8.64e7",
-            vec!["batch", "", "8.64e7", "30000"],
-            set("60000"),
-        ),
+    // What is spelled otherwise, the record's keep and the set's keep.
+    let calls = [
+        ("a set's keep 60000.0", "86400000", "60000.0"),
+        ("a set's keep 6e4", "86400000", "6e4"),
+        ("a set's keep 0x1D4C0", "86400000", "0x1D4C0"),
+        ("the record's keep 86400000.0", "86400000.0", "60000"),
+        ("the record's keep 8.64e7", "8.64e7", "60000"),
     ];
-    for (what, head, sets) in calls {
+    for (what, record_keep, set_keep) in calls {
+        let head = ["batch", "", record_keep, "30000"];
+        let sets = ["1", "1", set_keep, "60000", "1", "0"];
         let args = [&head[..], &sets[..], &item[..]].concat();
         for how in ["EVAL", "FCALL"] {
             let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();

@@ -1649,24 +1649,13 @@ async fn a_request_queued_behind_a_frozen_redis_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_batches_carry_every_set_their_shapes_name() {
     use mailgate::limiter::overrides::{Action, Override, Target};
-    use mailgate::settings::PurposeLimits;
     let prefix = unique_prefix("rev2-named");
     let _cleanup = RedisCleanup {
         prefix: prefix.clone(),
     };
     let mut lim = limits(&[(HOUR, 5)], &[(HOUR, 500)]);
     lim.domain.rules = rules(&[(HOUR, 5000)]).rules;
-    for i in 0..30 {
-        lim.purpose.insert(
-            format!("p{i:02}"),
-            PurposeLimits {
-                email: Some(rules(&[(HOUR, 3)])),
-                ip: Some(rules(&[(HOUR, 300)])),
-                domain: Some(rules(&[(HOUR, 3000)])),
-                supersede: None,
-            },
-        );
-    }
+    let mut lim = with_30_purposes(lim, (3, 300, 3000));
     // p05's mailboxes also carry a shadow rule (1 an hour): judged, never
     // rejecting.
     if let Some(p05) = lim.purpose.get_mut("p05")
@@ -1820,8 +1809,7 @@ async fn scope_logs_forget_only_what_no_window_sees() {
     }
 }
 
-/// Review of 44d5b0d: a log trimmed only at its first admission of each
-/// hour, under a clock that steps back by less than an hour across an hour
+/// A log trimmed only at its first admission of each hour, under a clock that steps back by less than an hour across an hour
 /// boundary (admissions "after now" in the log, the newest of them in the
 /// hour the clock comes back to, so that hour trims nothing). Each verdict
 /// is the exact one (a rule (W, N) has room iff fewer than N admissions,
