@@ -42,12 +42,23 @@ SCRIPTS = os.environ.get("SCRIPTS", os.path.join(HERE, "..", "src", "store", "sc
 H = 3_600_000
 EMAIL = [3, 25 * H, 60_000, 1, H, 5, 24 * H, 10]
 IP = [3, 2 * H, 60_000, 5, 600_000, 30, H, 50]
-# batch, the time, keep, lease; no sets in order, the two named as extras.
+# keep, lease; no sets in order, the two named as extras.
 # One fixed time (a worker sends "~<expected>:<max>" and the script reads
 # Redis's clock: 2 000 instructions more per call), so that a run slowed
 # down by valgrind still finds the mailboxes it filled within their minute.
 NOW = 1_790_000_000_000
-HEAD = ["batch", NOW, 25 * H, 30_000, 0, 2, 1] + EMAIL + [2] + IP
+SETTINGS = [25 * H, 30_000, 0, 2, 1] + EMAIL + [2] + IP
+
+
+def head(code):
+    """A batch's first arguments: the settings as words of one argument
+    for the function library (as each argument of its own for the script,
+    and for libraries from before that change)."""
+    if isinstance(code, tuple) and "local function words" in sources()[0]:
+        return ["batch", NOW, " ".join(map(str, SETTINGS))]
+    return ["batch", NOW] + SETTINGS
+
+
 JOBS = 1000
 
 
@@ -133,7 +144,7 @@ def calls(r, code, tag, rounds, send_now, per, settle=True, boxes=None):
     p = r.pipeline(transaction=False)
     flag = "1:c1" if send_now else "0:c1"
     for rd in range(rounds + 2):
-        keys, args = [], list(HEAD)
+        keys, args = [], head(code)
         if settle and rd >= 2:
             for j in range((rd - 2) * per, (rd - 1) * per):
                 keys.append(f"{tag}:job:{j}")

@@ -10,7 +10,7 @@ use super::replicas::Replication;
 use super::reply::{Code, REPLY_WIDTH, Reply};
 use super::{RedisLedger, push_shape};
 use crate::ledger::{JobRef, LedgerError};
-use crate::limiter::{Clock, Keyspace, RuleSet};
+use crate::limiter::{Clock, Keyspace, RuleSet, words};
 use crate::store::Conn;
 use crate::store::scripts::{Calls, FunctionLibrary, LEDGER, LEDGER_LIBRARY};
 
@@ -271,11 +271,16 @@ async fn run_batch(
         .arg(item_keys.len())
         .arg(&item_keys)
         .arg("batch")
-        .arg(clock_arg(clock, keys, oldest_asked(batch)))
-        .arg(keys.record_keep_ms())
-        .arg(keys.lease_ms())
-        .arg(keys.named_rule_set_args(&named, &sets))
-        .arg(&args);
+        .arg(clock_arg(clock, keys, oldest_asked(batch)));
+    // The settings: keep, lease and the rule sets the admissions name.
+    let int = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
+    let mut settings = vec![int(keys.record_keep_ms()), int(keys.lease_ms())];
+    settings.extend(keys.named_rule_set_args(&named, &sets));
+    match code {
+        Callee::Library(_) => eval.arg(words(&settings)),
+        Callee::Script(_) => eval.arg(&settings),
+    };
+    eval.arg(&args);
     let wait = batch.iter().any(|p| p.wait);
     let (reply, unreplicated) = eval_waiting(conn, code, eval, replication, wait).await?;
     replies_of(reply, batch, unreplicated)

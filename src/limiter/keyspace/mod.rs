@@ -187,11 +187,12 @@ impl Keyspace {
 
     /// The rule sets `named` (by index: the configured ones, then the
     /// overrides' in `extra`, each with its index), as `decide.lua` reads
-    /// them from ARGV: no sets in order, then each named one as an extra
-    /// set, its 1-based number then its number of rules, how long its keys
-    /// keep admissions, and each rule's `(window_ms, max)`. A call carries
-    /// only the sets its requests name (none for the ledger's marks), since
-    /// Redis converts and checks every set a call carries.
+    /// them: no sets in order, then each named one as an extra set, its
+    /// 1-based number then its number of rules, how long its keys keep
+    /// admissions, and each rule's `(window_ms, max)`. A call carries only
+    /// the sets its requests name (none for the ledger's marks), since
+    /// Redis checks and builds every set a call carries (once per text,
+    /// where the ledger runs as a Function library: see [`words`]).
     pub(crate) fn named_rule_set_args(
         &self,
         named: &std::collections::BTreeSet<usize>,
@@ -356,4 +357,20 @@ impl Keyspace {
             .map(Rule::window_ms)
             .fold(self.dedup_ms(), u64::max)
     }
+}
+
+/// Numbers as the words of one script argument, separated by single spaces
+/// (`decide.lua`'s `words`): a Redis Function library keeps what it built
+/// from a text, and one string costs Redis far less than as many
+/// arguments. (A script builds anew each call, and splitting a text costs
+/// it more than the arguments do.)
+pub(crate) fn words(numbers: &[i64]) -> String {
+    let mut text = String::with_capacity(numbers.len() * 8);
+    for (i, n) in numbers.iter().enumerate() {
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push_str(&n.to_string());
+    }
+    text
 }

@@ -27,8 +27,11 @@ keep_ms after it (an hour more than the longest window), so quota is never
 freed while Redis's clock is at most an hour behind the newest time it
 showed.
 
-Rule sets travel in ARGV (written by limiter::Keyspace::named_rule_set_args,
-which sends only the sets a call's requests name, all as extra sets):
+Rule sets travel as words of one argument, separated by single spaces
+(written by limiter::Keyspace::named_rule_set_args, which sends only the
+sets a call's requests name, all as extra sets; `words` splits them, and
+`built` keeps what was built from a text where this module outlives a
+call):
   R, the number of rule sets; then for each: r, the number of its rules;
   keep_ms, how long its keys keep admissions (the longest window of any rule
   set of the same scope, since keys are shared across purposes, plus an
@@ -118,9 +121,43 @@ local function member_of(at, id)
   return hex_s .. ':' .. id
 end
 
--- The rule set at ARGV[a] (the i-th), built into a table; nil and why if
--- it is malformed. Every check is written as what must hold, so NaN and
--- infinities fail it ("nan" passes a check written as what must not).
+-- The words of `text`, an argument that carries many numbers at once (one
+-- string costs Redis a fraction of what as many arguments do); nil unless
+-- single spaces separate them.
+local function words(text)
+  local v, n, len = {}, 0, -1
+  for w in string.gmatch(text, '[^ ]+') do
+    n, len = n + 1, len + 1 + #w
+    v[n] = w
+  end
+  -- One space between each two, none around them.
+  if n == 0 or len ~= #text then return nil end
+  return v
+end
+
+-- Where this module outlives a call (KEEPS_STATE), what `built` built so
+-- far, by the text it was built from, and how many; emptied past KEPT_MAX
+-- (a settings reload, or overrides come and go, make more).
+local kept, kept_n, KEPT_MAX = KEEPS_STATE and {} or nil, 0, 1024
+
+-- build(text): a table, or nil and why. Kept by text where this module
+-- outlives a call, so a call whose text was seen before converts none of
+-- its numbers (a conversion costs Redis more than most of a decision); a
+-- failure is not kept.
+local function built(text, build)
+  local got = kept and kept[text]
+  if got then return got end
+  local value, why = build(text)
+  if value and kept then
+    if kept_n >= KEPT_MAX then kept, kept_n = {}, 0 end
+    kept[text], kept_n = value, kept_n + 1
+  end
+  return value, why
+end
+
+-- The rule set at v[a] (the i-th; v: words), built into a table; nil and
+-- why if it is malformed. Every check is written as what must hold, so NaN
+-- and infinities fail it ("nan" passes a check written as what must not).
 -- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
 -- (judged as -max), 0 for a deny (denies: the set's one rule).
 -- rank[r]: '-max' of a rule with max > 16, made when first read.
@@ -128,20 +165,20 @@ end
 -- at most 16; 0 if every N is larger. A rule with a larger N reads its
 -- N-th newest entry on its own, only when the log is at least as long as
 -- that first read (so a domain's 50 per 10 minutes costs one read, not a
--- read of 16 and then one more). Each number is converted once: a
--- conversion costs Redis more than most of a decision.
-local function parse_set(a, i)
-  local n, keep = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+-- read of 16 and then one more). empty: `room`'s answer for an empty log,
+-- worked out when first needed.
+local function parse_set(v, a, i)
+  local n, keep = tonumber(v[a]), tonumber(v[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)
     and keep and keep >= 1 and keep <= MAX_KEEP_MS
     -- Spelled as PEXPIRE takes it (not "6e4" or "60000.0").
-    and string.find(ARGV[a + 1], '^[1-9]%d*$')) then
+    and string.find(v[a + 1], '^[1-9]%d*$')) then
     return nil, 'rule set ' .. i
   end
   local w, max = {}, {}
   local top, least, denies = 1, huge, false
   for r = 1, n do
-    local wr, m = tonumber(ARGV[a + 2 * r]), tonumber(ARGV[a + 2 * r + 1])
+    local wr, m = tonumber(v[a + 2 * r]), tonumber(v[a + 2 * r + 1])
     local deny = m == 0 and n == 1
     if not (wr and m and m == floor(m) and m >= -2147483648 and m <= 2147483647
       and ((deny and wr >= 0 and wr <= 9007199254740992)
@@ -156,38 +193,16 @@ local function parse_set(a, i)
   -- top_s: the newest entries that can fill a rule, up to 16 (what
   -- scope.lua looks through for a copy of the job).
   return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
-    keep_s = ARGV[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)]}
+    keep_s = v[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)],
+    empty = false}
 end
 
--- Where this module outlives a call (KEEPS_STATE), the sets built so far,
--- by their text (ARGV's values joined by commas), and how many; emptied
--- past KEPT_MAX (a settings reload, or overrides come and go, make more).
-local kept, kept_n, KEPT_MAX = KEEPS_STATE and {} or nil, 0, 1024
-
--- The rule set at ARGV[a] (the i-th), as parse_set, from `kept` if it was
--- built before with the same text.
-local function set_at(a, i)
-  if not kept then return parse_set(a, i) end
-  local n = tonumber(ARGV[a])
-  local text = n and n >= 0 and n <= 4096 and n == floor(n) and a + 1 + 2 * n <= #ARGV
-    and table.concat(ARGV, ',', a, a + 1 + 2 * n)
-  local set = text and kept[text]
-  if set then return set end
-  local why
-  set, why = parse_set(a, i)
-  if set and text then
-    if kept_n >= KEPT_MAX then kept, kept_n = {}, 0 end
-    kept[text], kept_n = set, kept_n + 1
-  end
-  return set, why
-end
-
--- The rule sets starting at ARGV[a], each built (a call carries only the
--- sets its requests name). Returns them and the index after them, or nil
--- and why (before anything was written: a malformed set fails the call
--- even if no request names it).
-local function rule_sets(a)
-  local count = tonumber(ARGV[a])
+-- The rule sets starting at v[a] (v: words; a call carries only the sets
+-- its requests name), each built. Returns them and the index after them,
+-- or nil and why (before anything was written: a malformed set fails the
+-- call even if no request names it).
+local function rule_sets(v, a)
+  local count = tonumber(v[a])
   if not count then return nil, 'rule set count' end
   local sets = {}
   a = a + 1
@@ -195,7 +210,7 @@ local function rule_sets(a)
   while true do
     if i == count and not extra then
       -- The extra sets: their count, then each one's number and set.
-      extra = tonumber(ARGV[a])
+      extra = tonumber(v[a])
       if not extra or extra < 0 then return nil, 'extra rule set count' end
       count, a = count + extra, a + 1
     end
@@ -203,11 +218,11 @@ local function rule_sets(a)
     i = i + 1
     local at = i
     if extra then
-      at = tonumber(ARGV[a])
+      at = tonumber(v[a])
       if not at or at < 1 or at > 4095 or sets[at] then return nil, 'extra rule set ' .. i end
       a = a + 1
     end
-    local set, why = set_at(a, i)
+    local set, why = parse_set(v, a, i)
     if not set then return nil, why end
     sets[at] = set
     a = a + 2 + 2 * set.n
@@ -300,7 +315,12 @@ local function room(first, shape, sets, now, logs, out)
     local key, set, log = KEYS[first + s - 1], set_of(shape, s, sets), logs[s]
     local len = #log
     local best_r, best_left, best_reset, times = 0, 0, 0, {}
-    for r = 1, set.n do
+    -- A log read whole and empty (most mailboxes): the same for every
+    -- request the set judges, so worked out once per set.
+    local empty = len == 0 and set.fetch > 0
+    local known = empty and set.empty
+    if known then best_r, best_left, best_reset = known[1], known[2], known[3] end
+    for r = 1, known and 0 or set.n do
       -- Enforced rules only (a shadow rule's max is negative, a deny's 0).
       local max = set.max[r]
       if max > 0 then
@@ -338,6 +358,7 @@ local function room(first, shape, sets, now, logs, out)
         end
       end
     end
+    if empty and not known then set.empty = {best_r, best_left, best_reset} end
     out[o + 1], out[o + 2], out[o + 3] = best_r, best_left, best_reset
     o = o + 3
   end
@@ -394,6 +415,8 @@ return {
   time_of = time_of,
   clock = clock,
   member_of = member_of,
+  words = words,
+  built = built,
   rule_sets = rule_sets,
   set_of = set_of,
   shape_ok = shape_ok,

@@ -105,11 +105,17 @@ end
 op "batch" -- the ledger's writes: a list of items, run in order, all at one
   instant, so the fixed cost of a script call is shared by concurrent jobs.
   ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
-  ARGV[3]  keep_ms: how long a record lives after its last write
-  ARGV[4]  lease_ms: how long an admission (or a resumption) owns the send
-  ARGV[5]  the rule sets (decide.lua), then the items, each its kind and
-           its values (ITEMS below: admit, look, create, sending,
-           release, settle, answered)
+  ARGV[3]  the settings: keep_ms, how long a record lives after its last
+           write; lease_ms, how long an admission (or a resumption) owns
+           the send; the rule sets (decide.lua). Each an argument of its
+           own, run as a script; as the words of one argument, run as a
+           Function library (KEEPS_STATE), which keeps what it built from
+           the same text: one string costs Redis far less than as many
+           arguments, and a text seen before converts no number (a script
+           builds anew each call, and splitting a text costs it more than
+           the arguments do)
+  then     the items, each its kind and its values (ITEMS below: admit,
+           look, create, sending, release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
            per key the shape names; settle: as many as it names)
   returns  {now, then WIDTH (5) integers per item: admit's code and up to
@@ -440,16 +446,41 @@ local ITEMS = {
   answered = {values = 1, ok = function(a) return ARGV[a] ~= '' end, keys = one, run = answered},
 }
 
+-- A batch's settings from v[a] on: keep_ms, lease_ms, then the rule sets;
+-- they and the index after them, or nil and why if they are malformed.
+local function settings(v, a)
+  if not period_ok(v[a], decide.MAX_KEEP_MS) or not period_ok(v[a + 1]) then
+    return nil, 'bad dedup or lease'
+  end
+  local sets, after = decide.rule_sets(v, a + 2)
+  if not sets then return nil, after end
+  return {keep_s = v[a], lease = tonumber(v[a + 1]), sets = sets}, after
+end
+
+-- The settings as the words of one argument (a Function library: see
+-- ARGV[3] above).
+local function settings_of(text)
+  local v = decide.words(text)
+  if not v then return nil, 'settings are not words' end
+  local head, after = settings(v, 1)
+  if head and after ~= #v + 1 then return nil, 'words after the rule sets' end
+  return head, after
+end
+
 local function batch()
   local now, skewed = decide.clock(2)
   if skewed then return skewed end
-  local keep_s, lease = ARGV[3], tonumber(ARGV[4])
-  if not now or not period_ok(keep_s, decide.MAX_KEEP_MS) or not lease
-    or not period_ok(ARGV[4]) then
-    return fail('bad clock, dedup or lease')
+  if not now then return fail('bad clock') end
+  local head, first_item
+  if KEEPS_STATE then
+    head, first_item = decide.built(ARGV[3] or '', settings_of)
+    if not head then return fail(first_item) end
+    first_item = 4
+  else
+    head, first_item = settings(ARGV, 3)
+    if not head then return fail(first_item) end
   end
-  local sets, first_item = decide.rule_sets(5)
-  if not sets then return fail(first_item) end
+  local keep_s, lease, sets = head.keep_s, head.lease, head.sets
   -- Every item is checked before the first write.
   local nargs = #ARGV
   local a, k, n = first_item, 1, 0

@@ -65,7 +65,7 @@ elseif op ~= 'peek' and op ~= 'reserve' then
   return fail('unknown op')
 end
 
-local sets, a = decide.rule_sets(3)
+local sets, a = decide.rule_sets(ARGV, 3)
 if not sets then return fail(a) end
 local id, nonce = ARGV[a], ARGV[a + 1]
 local values = op == 'reserve' and 2 or 1

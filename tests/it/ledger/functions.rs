@@ -126,23 +126,23 @@ fn the_function_answers_and_writes_as_the_script_does() {
             s
         };
         let r = 1 + rng.below(3);
-        let mut args: Vec<String> = ["batch", &now.to_string(), "86400000", "30000"]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        args.push(r.to_string());
+        // The settings: each an argument of the script's, words of one
+        // argument of the function's.
+        let mut settings: Vec<String> = vec!["86400000".into(), "30000".into()];
+        settings.push(r.to_string());
         for _ in 0..r {
-            args.extend(set(&mut rng, now));
+            settings.extend(set(&mut rng, now));
         }
         let extra = rng.below(3);
-        args.push(extra.to_string());
+        settings.push(extra.to_string());
         let mut named: Vec<u64> = (1..=r).collect();
         for e in 0..extra {
             let at = r + 1 + 2 * e + rng.below(2);
             named.push(at);
-            args.push(at.to_string());
-            args.extend(set(&mut rng, now));
+            settings.push(at.to_string());
+            settings.extend(set(&mut rng, now));
         }
+        let mut args: Vec<String> = Vec::new();
         let mut keys: Vec<String> = Vec::new();
         for _ in 0..1 + rng.below(5) {
             let id = *rng.pick(&ids);
@@ -192,16 +192,25 @@ fn the_function_answers_and_writes_as_the_script_does() {
                 _ => args.extend(["answered", ticket].map(String::from)),
             }
         }
+        // Now and then a malformed value, among the settings or the items.
+        let mut bad_settings = false;
         if rng.below(20) == 0 {
-            let at = 2 + rng.below(args.len() as u64 - 2) as usize;
-            args[at] = rng.pick(&["", "x", "nan", "1.5", "-1"]).to_string();
+            let bad = rng.pick(&["", "x", "nan", "1.5", "-1"]).to_string();
+            let at = rng.below((settings.len() + args.len()) as u64) as usize;
+            match settings.get_mut(at) {
+                Some(s) => (*s, bad_settings) = (bad, true),
+                None => args[at - settings.len()] = bad,
+            }
         }
+        let head = ["batch".to_owned(), now.to_string()];
         let by_script = run(
             &mut ca,
             redis::cmd("EVALSHA")
                 .arg(&sha)
                 .arg(keys.len())
                 .arg(&keys)
+                .arg(&head)
+                .arg(&settings)
                 .arg(&args),
         );
         let by_function = run(
@@ -210,9 +219,16 @@ fn the_function_answers_and_writes_as_the_script_does() {
                 .arg(LEDGER_LIBRARY.function())
                 .arg(keys.len())
                 .arg(&keys)
+                .arg(&head)
+                .arg(settings.join(" "))
                 .arg(&args),
         );
-        assert_eq!(by_script, by_function, "call {call}: {keys:?} {args:?}");
+        match (&by_script, &by_function) {
+            // Malformed settings: both refuse, each saying why in its own
+            // words, and write nothing.
+            (Err(_), Err(_)) if bad_settings => {}
+            _ => assert_eq!(by_script, by_function, "call {call}: {settings:?} {args:?}"),
+        }
         assert_eq!(
             dump(&mut ca),
             dump(&mut cb),
@@ -245,9 +261,7 @@ fn whole_numbers_spelled_otherwise_write_nothing() {
         ("the record's keep 8.64e7", "8.64e7", "60000"),
     ];
     for (what, record_keep, set_keep) in calls {
-        let head = ["batch", "", record_keep, "30000"];
-        let sets = ["1", "1", set_keep, "60000", "1", "0"];
-        let args = [&head[..], &sets[..], &item[..]].concat();
+        let settings = [record_keep, "30000", "1", "1", set_keep, "60000", "1", "0"];
         for how in ["EVAL", "FCALL"] {
             let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
             let mut cmd = redis::cmd(how);
@@ -255,11 +269,14 @@ fn whole_numbers_spelled_otherwise_write_nothing() {
                 "EVAL" => cmd.arg(LEDGER.source()),
                 _ => cmd.arg(LEDGER_LIBRARY.function()),
             };
-            let r: redis::RedisResult<redis::Value> = cmd
-                .arg(2)
+            cmd.arg(2)
                 .arg(&["t:job:a", "t:email:a"])
-                .arg(&args)
-                .query(&mut conn);
+                .arg(&["batch", ""]);
+            match how {
+                "EVAL" => cmd.arg(&settings),
+                _ => cmd.arg(settings.join(" ")),
+            };
+            let r: redis::RedisResult<redis::Value> = cmd.arg(&item).query(&mut conn);
             let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
             assert!(r.is_err(), "{how}, {what}: must be refused");
             assert!(keys.is_empty(), "{how}, {what}: {r:?} left {keys:?}");
