@@ -230,32 +230,36 @@ local function rule_sets(v, a)
   return sets, a
 end
 
--- The rule set a shape names for its s-th key; nil if there is none
--- (shape_ok, which every script runs before its first write, says so).
-local function set_of(shape, s, sets)
-  local hi, lo = byte(shape, 2 * s - 1, 2 * s)
-  return sets[(hi - 48) * 64 + lo - 48]
-end
-
--- Whether a shape names only rule sets that exist.
-local function shape_ok(shape, sets)
-  if #shape % 2 ~= 0 then return false end
+-- The rule set a shape names for each of its keys (ks[s]: key s's), or nil
+-- if it names one that does not exist (every script asks before its first
+-- write). `memo` (optional): the shapes resolved before against these same
+-- sets (a call's admissions mostly share one).
+local function sets_of(shape, sets, memo)
+  local ks = memo and memo[shape]
+  if ks then return ks end
+  if #shape % 2 ~= 0 then return nil end
+  ks = {}
   for s = 1, #shape / 2 do
-    if not set_of(shape, s, sets) then return false end
+    local hi, lo = byte(shape, 2 * s - 1, 2 * s)
+    local set = sets[(hi - 48) * 64 + lo - 48]
+    if not set then return nil end
+    ks[s] = set
   end
-  return true
+  if memo then memo[shape] = ks end
+  return ks
 end
 
 -- Judges one request at `now`: its scope keys are KEYS[first ..
--- first + #shape / 2 - 1]. Returns 0 if every enforced rule has room, else the
--- wait, the 1-based scope and the 1-based rule that binds; then the same
--- three for the shadow rules (0 if each has room). Writes nothing. With a
--- table `logs`, leaves in logs[s] what it read of key s (for `room`).
-local function judge(first, shape, sets, now, logs)
+-- first + #ks - 1], judged by the sets ks (sets_of). Returns 0 if every
+-- enforced rule has room, else the wait, the 1-based scope and the 1-based
+-- rule that binds; then the same three for the shadow rules (0 if each has
+-- room). Writes nothing. With a table `logs`, leaves in logs[s] what it
+-- read of key s (for `room`).
+local function judge(first, ks, now, logs)
   local best_d, best_s, best_r = 0, 0, 0
   local sh_d, sh_s, sh_r = 0, 0, 0
-  for s = 1, #shape / 2 do
-    local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
+  for s = 1, #ks do
+    local key, set = KEYS[first + s - 1], ks[s]
     -- The newest entries, oldest of them first; a brand-new key reads as
     -- empty.
     local log = set.fetch > 0 and call('ZRANGE', key, set.fetch_s, '-1') or {}
@@ -263,7 +267,8 @@ local function judge(first, shape, sets, now, logs)
     if logs then logs[s] = log end
     local newest = len > 0 and time_of(log[len])
     local w, max = set.w, set.max
-    for r = 1, set.n do
+    -- A log read whole and empty (most mailboxes) fills no rule.
+    for r = 1, (len > 0 or set.fetch == 0) and set.n or 0 do
       local n = max[r]
       local shadow = n < 0
       if shadow then n = -n end
@@ -305,21 +310,23 @@ end
 -- appends to `out` the 1-based enforced rule that allows the fewest further
 -- admissions (on a tie the one whose next slot frees last, then the
 -- first), how many it allows, and how long until its oldest admission in
--- the window leaves it (the window itself if the request is the oldest); 0 0 0 for a key with no enforced rule. Exact: a rule with room
+-- the window leaves it (the window itself if the request is the oldest);
+-- 0 0 0 for a key with no enforced rule. Exact: a rule with room
 -- holds fewer than N admissions, so judge's read (the newest N, up to 16)
 -- holds them all; a larger N, or a read that holds only entries in the
 -- window, asks Redis for the count and the oldest. Returns how many keys.
-local function room(first, shape, sets, now, logs, out)
+local function room(first, ks, now, logs, out)
   local o = #out
-  for s = 1, #shape / 2 do
-    local key, set, log = KEYS[first + s - 1], set_of(shape, s, sets), logs[s]
+  for s = 1, #ks do
+    local key, set, log = KEYS[first + s - 1], ks[s], logs[s]
     local len = #log
-    local best_r, best_left, best_reset, times = 0, 0, 0, {}
+    local best_r, best_left, best_reset = 0, 0, 0
     -- A log read whole and empty (most mailboxes): the same for every
     -- request the set judges, so worked out once per set.
     local empty = len == 0 and set.fetch > 0
     local known = empty and set.empty
     if known then best_r, best_left, best_reset = known[1], known[2], known[3] end
+    local times = not known and {}
     for r = 1, known and 0 or set.n do
       -- Enforced rules only (a shadow rule's max is negative, a deny's 0).
       local max = set.max[r]
@@ -362,7 +369,7 @@ local function room(first, shape, sets, now, logs, out)
     out[o + 1], out[o + 2], out[o + 3] = best_r, best_left, best_reset
     o = o + 3
   end
-  return #shape / 2
+  return #ks
 end
 
 -- How often a scope key's log whose entries judge did not all read is
@@ -371,9 +378,9 @@ local TRIM_MS = 3600000
 
 -- Records an admission at `now` (`now_s`) in each scope key of a request;
 -- `logs` holds what judge read of each key.
-local function record(first, shape, sets, now, now_s, member, logs)
-  for s = 1, #shape / 2 do
-    local key, set = KEYS[first + s - 1], set_of(shape, s, sets)
+local function record(first, ks, now, now_s, member, logs)
+  for s = 1, #ks do
+    local key, set = KEYS[first + s - 1], ks[s]
     -- A deny records nothing (its key's own set does).
     if not set.denies then
       -- Forget what no rule can see any more (older than keep), so memory
@@ -418,8 +425,7 @@ return {
   words = words,
   built = built,
   rule_sets = rule_sets,
-  set_of = set_of,
-  shape_ok = shape_ok,
+  sets_of = sets_of,
   judge = judge,
   room = room,
   record = record,

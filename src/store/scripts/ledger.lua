@@ -86,7 +86,6 @@ local op
 -- How many integers answer each item of a batch (REPLY_WIDTH in
 -- src/ledger/redis/reply.rs; the same test checks it).
 local WIDTH = 5
-local NONE = {false, false, false, false, false, false, false}
 
 -- Whether ARGV value `v` is a period Redis can add to its clock (a keep
 -- may be longer by the slack): whole ms, spelled as commands take them
@@ -191,13 +190,13 @@ local function reserved(rv)
   return tonumber(e) or -1, tonumber(i) or -1, tonumber(d) or -1, tonumber(n) or -1
 end
 
-local function admit_ok(a, sets, kind)
+local function admit_ok(a, head, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
   if kind == 'admit' then
-    last_ok = last ~= nil and decide.shape_ok(last, sets)
+    last_ok = last ~= nil and decide.sets_of(last, head.sets, head.shapes) ~= nil
   elseif kind == 'look' then
     last_ok = last == ''
   else
@@ -229,7 +228,7 @@ local function admit(k, a, b, kind)
   -- "<0 or 1>:<hex>", as admit_ok checked.
   local flag = ARGV[a + 4]
   local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, 3)
-  local expires = tonumber(ARGV[a + 5])
+  local expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
   local last = first + #shape / 2 - 1
@@ -242,60 +241,62 @@ local function admit(k, a, b, kind)
     local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
     made, skew = tonumber(made_s), tonumber(skew_s)
   end
-  local now, keep_s, sets = b.now, b.keep_s, b.sets
-  local expired = expires ~= nil and expires <= now
+  local now, keep_s = b.now, b.keep_s
+  local expired = expires and expires <= now
   -- Most ids are new: EXISTS costs Redis less than reading seven fields.
-  local rec = NONE
-  if call('EXISTS', key) == 1 then
-    rec = call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv', 'c')
+  local rec = call('EXISTS', key) == 1
+    and call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv', 'c')
+  local fp = rec and rec[1]
+  if fp then
+    local st, own, held, at = rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
+    local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
+    if fp ~= want then
+      return CODE.conflict
+    elseif (st == 'a' or st == 'x') and rec[9] == call_id then
+      -- This very call again (a Redis Cluster client sends a call again
+      -- after its reply was lost; each call has an id of its own): its
+      -- admission stands, as it was made.
+      return CODE.admitted, at
+    elseif st == 'r' and mine == 1 then
+      return CODE.finished, string.byte(rec[7] or 'f'), ans
+    elseif st == 's' then
+      return CODE.sent, at, mine, ans
+    elseif st == 'u' then
+      return CODE.unknown, at, mine, ans
+    elseif st ~= 'r' and held > now then
+      return CODE.busy, at, held - now
+    elseif st == 'x' then
+      -- Its send began and its owner vanished: the mail may have gone out.
+      -- Never resent (at most once); the caller answers it.
+      call('HSET', key, 'st', 'u', 'ans', '0')
+      call('PEXPIRE', key, keep_s)
+      return CODE.unknown, at, mine, 0
+    elseif st == 'a' and expired and mine == 1 then
+      -- Admitted, never sent, and now too late: give the quota back.
+      decide.forget(first, last, decide.member_of(at, id))
+      call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
+      call('PEXPIRE', key, keep_s)
+      return CODE.expired, reserved(rec[8])
+    elseif st == 'a' and expired then
+      -- Another message of the job, and too late for it; the owner's own
+      -- copy judges its admission by its own expires_at when it comes back.
+      return CODE.expired
+    elseif st == 'a' and latest
+      and superseded(latest, math.min(made or at, at), skew, id, key) then
+      -- Its code is stale: refunded unsent, and answered by the caller.
+      decide.forget(first, last, decide.member_of(at, id))
+      call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
+        'ans', '0')
+      call('PEXPIRE', key, keep_s)
+      return CODE.superseded, 1
+    elseif st == 'a' then
+      call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s,
+        'ans', '0', 'c', call_id)
+      call('PEXPIRE', key, keep_s)
+      return CODE.resumed, at
+    end
   end
-  local fp, st, own, held, at = rec[1], rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
-  local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
-  if fp and fp ~= want then
-    return CODE.conflict
-  elseif fp and (st == 'a' or st == 'x') and rec[9] == call_id then
-    -- This very call again (a Redis Cluster client sends a call again after
-    -- its reply was lost; each call has an id of its own): its admission
-    -- stands, as it was made.
-    return CODE.admitted, at
-  elseif fp and st == 'r' and mine == 1 then
-    return CODE.finished, string.byte(rec[7] or 'f'), ans
-  elseif fp and st == 's' then
-    return CODE.sent, at, mine, ans
-  elseif fp and st == 'u' then
-    return CODE.unknown, at, mine, ans
-  elseif fp and st ~= 'r' and held > now then
-    return CODE.busy, at, held - now
-  elseif fp and st == 'x' then
-    -- Its send began and its owner vanished: the mail may have gone out.
-    -- Never resent (at most once); the caller answers it.
-    call('HSET', key, 'st', 'u', 'ans', '0')
-    call('PEXPIRE', key, keep_s)
-    return CODE.unknown, at, mine, 0
-  elseif fp and st == 'a' and expired and mine == 1 then
-    -- Admitted, never sent, and now too late: give the quota back.
-    decide.forget(first, last, decide.member_of(at, id))
-    call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
-    call('PEXPIRE', key, keep_s)
-    return CODE.expired, reserved(rec[8])
-  elseif fp and st == 'a' and expired then
-    -- Another message of the job, and too late for it; the owner's own
-    -- copy judges its admission by its own expires_at when it comes back.
-    return CODE.expired
-  elseif fp and st == 'a' and latest
-    and superseded(latest, math.min(made or at, at), skew, id, key) then
-    -- Its code is stale: refunded unsent, and answered by the caller.
-    decide.forget(first, last, decide.member_of(at, id))
-    call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
-      'ans', '0')
-    call('PEXPIRE', key, keep_s)
-    return CODE.superseded, 1
-  elseif fp and st == 'a' then
-    call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s, 'ans', '0',
-      'c', call_id)
-    call('PEXPIRE', key, keep_s)
-    return CODE.resumed, at
-  elseif expired then
+  if expired then
     -- No admission (or another lineage's refunded one): nothing to do.
     return CODE.expired
   end
@@ -308,10 +309,11 @@ local function admit(k, a, b, kind)
     end
     local d, s, rule, shadow_d
     local logs = {}
-    d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, shape, sets, now, logs)
+    local ks = decide.sets_of(shape, b.sets, b.shapes)
+    d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, ks, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
-    rooms = decide.room(first, shape, sets, now, logs, b.rooms)
-    decide.record(first, shape, sets, now, b.now_s, decide.member_of(now, id), logs)
+    rooms = decide.room(first, ks, now, logs, b.rooms)
+    decide.record(first, ks, now, b.now_s, decide.member_of(now, id), logs)
     if latest then
       call('ZADD', latest, decide.int(made), id)
       call('ZREMRANGEBYRANK', latest, 0, -17)
@@ -425,12 +427,13 @@ end
 -- (given the rule sets), how many keys it names, and what it does.
 local one = function() return 1 end
 local ITEMS = {
-  admit = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'admit') end,
+  admit = {values = 8, ok = function(a, head) return admit_ok(a, head, 'admit') end,
     keys = function(a) return 1 + #ARGV[a + 6] / 2 + (ARGV[a + 7] ~= '' and 1 or 0) end,
     run = function(k, a, b) return admit(k, a, b, 'admit') end},
-  look = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'look') end, keys = one,
+  look = {values = 8, ok = function(a, head) return admit_ok(a, head, 'look') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'look') end},
-  create = {values = 8, ok = function(a, sets) return admit_ok(a, sets, 'create') end, keys = one,
+  create = {values = 8, ok = function(a, head) return admit_ok(a, head, 'create') end,
+    keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
   sending = {values = 3, ok = function(a)
       return ARGV[a] ~= '' and attempt_ok(a + 1) and string.find(ARGV[a + 2], '^%x+$') ~= nil
@@ -454,7 +457,8 @@ local function settings(v, a)
   end
   local sets, after = decide.rule_sets(v, a + 2)
   if not sets then return nil, after end
-  return {keep_s = v[a], lease = tonumber(v[a + 1]), sets = sets}, after
+  -- shapes: decide.sets_of's memo for these sets.
+  return {keep_s = v[a], lease = tonumber(v[a + 1]), sets = sets, shapes = {}}, after
 end
 
 -- The settings as the words of one argument (a Function library: see
@@ -480,31 +484,34 @@ local function batch()
     head, first_item = settings(ARGV, 3)
     if not head then return fail(first_item) end
   end
-  local keep_s, lease, sets = head.keep_s, head.lease, head.sets
+  local keep_s, lease = head.keep_s, head.lease
   -- Every item is checked before the first write.
   local nargs = #ARGV
-  local a, k, n = first_item, 1, 0
+  -- keys[n]: how many keys item n names.
+  local a, k, n, keys = first_item, 1, 0, {}
   while a <= nargs do
     n = n + 1
     local item = ITEMS[ARGV[a]]
-    if not item or a + item.values > nargs or not item.ok(a + 1, sets) then
+    if not item or a + item.values > nargs or not item.ok(a + 1, head) then
       return fail('item ' .. n .. ' is malformed')
     end
-    k = k + item.keys(a + 1)
+    keys[n] = item.keys(a + 1)
+    k = k + keys[n]
     a = a + 1 + item.values
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
   local b = {now = now, now_s = decide.int(now), lease_s = decide.int(now + lease),
-    keep_s = keep_s, sets = sets, rooms = {}}
+    keep_s = keep_s, sets = head.sets, shapes = head.shapes, rooms = {}}
   local out, o = {now}, 1
-  a, k = first_item, 1
+  a, k, n = first_item, 1, 0
   while a <= nargs do
+    n = n + 1
     local item = ITEMS[ARGV[a]]
     local c, v, x, y, z = item.run(k, a + 1, b)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = c, v or 0, x or 0, y or 0, z or 0
     o = o + WIDTH
-    k = k + item.keys(a + 1)
+    k = k + keys[n]
     a = a + 1 + item.values
   end
   for i = 1, #b.rooms do out[o + i] = b.rooms[i] end

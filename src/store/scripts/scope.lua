@@ -69,7 +69,8 @@ local sets, a = decide.rule_sets(ARGV, 3)
 if not sets then return fail(a) end
 local id, nonce = ARGV[a], ARGV[a + 1]
 local values = op == 'reserve' and 2 or 1
-if #sets ~= 1 or not decide.shape_ok('01', sets) or #ARGV ~= a - 1 + values or id == ''
+local ks = decide.sets_of('01', sets)
+if #sets ~= 1 or not ks or #ARGV ~= a - 1 + values or id == ''
   or (values == 2 and nonce == '') then
   return fail('takes one rule set and an id' .. (values == 2 and ' and a nonce' or ''))
 end
@@ -83,12 +84,12 @@ if op == 'reserve' then
   end
 end
 local logs = {}
-local d, _, rule, shadow_d, _, shadow = decide.judge(1, '01', sets, now, logs)
+local d, _, rule, shadow_d, _, shadow = decide.judge(1, ks, now, logs)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   -- (Members are decide.member_of(t, id .. ':' .. nonce), the nonce digits.)
   local mine, after = ':' .. id .. ':', 13 + #id + 2
-  for _, m in ipairs(call('ZRANGE', KEYS[1], decide.set_of('01', 1, sets).top_s, '-1')) do
+  for _, m in ipairs(call('ZRANGE', KEYS[1], ks[1].top_s, '-1')) do
     if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
       return {now, 2, decide.time_of(m), d, rule}
     end
@@ -97,8 +98,8 @@ if d > 0 then
 end
 if op == 'reserve' then
   local out = {now, 1, shadow_d, shadow}
-  decide.room(1, '01', sets, now, logs, out)
-  decide.record(1, '01', sets, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce),
+  decide.room(1, ks, now, logs, out)
+  decide.record(1, ks, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce),
     logs)
   return out
 end
