@@ -318,7 +318,9 @@ fn numbered_sets(keys: &Keyspace, batch: &[Pending]) -> (Vec<(usize, Arc<RuleSet
 }
 
 /// A batch's reply (`unreplicated`: replicas that acknowledged it, if too
-/// few) as each of its items' [`Reply`].
+/// few) as each of its items' [`Reply`]: the batch's instant, then each
+/// item's code times 8 plus how many values follow, and those values (one
+/// left out reads as 0), then the rooms of the items admitted now.
 fn replies_of(
     reply: redis::Value,
     batch: &[Pending],
@@ -327,32 +329,43 @@ fn replies_of(
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a batch's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("{} values for {} items", reply.len(), batch.len()));
-    let fixed = 1 + REPLY_WIDTH * batch.len();
-    if reply.len() < fixed {
-        return Err(bad());
+    let mut rest = reply.iter().copied();
+    let now_ms = rest
+        .next()
+        .and_then(|t| u64::try_from(t).ok())
+        .ok_or_else(bad)?;
+    let mut items = Vec::with_capacity(batch.len());
+    for p in batch {
+        let head = rest.next().ok_or_else(bad)?;
+        let follow = usize::try_from(head % 8).map_err(|_| bad())?;
+        if head < 0 || follow >= REPLY_WIDTH {
+            return Err(bad());
+        }
+        let mut values = [head / 8, 0, 0, 0, 0];
+        for v in &mut values[1..=follow] {
+            *v = rest.next().ok_or_else(bad)?;
+        }
+        items.push((p, values));
     }
-    let now_ms = u64::try_from(reply[0]).map_err(|_| bad())?;
     // After the items, the rooms of those admitted now, in order.
-    let mut rooms = reply[fixed..].iter().copied();
-    let replies = reply[1..fixed]
-        .chunks_exact(REPLY_WIDTH)
-        .zip(batch)
-        .map(|(r, p)| {
-            let admitted = p.args[0] == "admit" && r[0] == Code::Admitted as i64;
+    let replies = items
+        .into_iter()
+        .map(|(p, values)| {
+            let admitted = p.args[0] == "admit" && values[0] == Code::Admitted as i64;
             let keys = if admitted {
-                usize::try_from(r[4]).unwrap_or(0)
+                usize::try_from(values[4]).unwrap_or(0)
             } else {
                 0
             };
             Reply {
                 now_ms,
-                values: [r[0], r[1], r[2], r[3], r[4]],
-                rooms: rooms.by_ref().take(3 * keys).collect(),
+                values,
+                rooms: rest.by_ref().take(3 * keys).collect(),
                 unreplicated: unreplicated.filter(|_| p.wait),
             }
         })
         .collect();
-    match rooms.next() {
+    match rest.next() {
         None => Ok(replies),
         Some(_) => Err(bad()),
     }

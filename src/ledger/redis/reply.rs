@@ -39,8 +39,9 @@ pub(crate) const CODES: [(Code, &str); 11] = [
     (Code::Superseded, "superseded"),
 ];
 
-/// How many integers answer each item of a batch (`WIDTH` in `ledger.lua`;
-/// the test in `store::scripts` checks the two agree).
+/// How many integers answer each item of a batch at most, its code and its
+/// values (`WIDTH` in `ledger.lua`; the test in `store::scripts` checks the
+/// two agree). A reply leaves out the values an item does not have.
 pub(crate) const REPLY_WIDTH: usize = 5;
 
 /// What the script answered for one item.

@@ -252,17 +252,36 @@ impl RedisLedger {
     async fn not_created(&self, record: &str, nonce: u32) -> bool {
         let ours = format!("{nonce} ");
         for _ in 0..NOT_CREATED_TRIES {
-            let rv: Result<Option<String>, _> = redis::cmd("HGET")
-                .arg(record)
-                .arg("rv")
-                .query_async(&mut self.conn.clone())
-                .await;
-            if let Ok(rv) = rv {
+            if let Ok(rv) = self.reservations(record).await {
                 return !rv.is_some_and(|rv| rv.starts_with(&ours));
             }
             tokio::time::sleep(NOT_CREATED_PAUSE).await;
         }
         false
+    }
+
+    /// The reservations a job's record names (`ledger.lua`'s `rv`), if
+    /// it has any: its seventh field (a string record), or its field
+    /// `rv` (a hash, as earlier versions wrote records).
+    async fn reservations(&self, record: &str) -> redis::RedisResult<Option<String>> {
+        let mut conn = self.conn.clone();
+        let got: redis::RedisResult<Option<String>> =
+            redis::cmd("GET").arg(record).query_async(&mut conn).await;
+        match got {
+            Ok(text) => Ok(text
+                .as_deref()
+                .and_then(|t| t.split('|').nth(6))
+                .filter(|rv| !rv.is_empty())
+                .map(str::to_owned)),
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                redis::cmd("HGET")
+                    .arg(record)
+                    .arg("rv")
+                    .query_async(&mut conn)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs one scope script call per `(key, op, values)`, all at once:

@@ -10,10 +10,19 @@ script (run whole by every EVALSHA) and as a Redis Function library (its
 definitions run once, at the first FCALL after a load; KEYS and ARGV are
 then the library's, set by each call).
 
-Record KEYS <prefix>job:<id>, a hash that lives `keep_ms` after its last
+Record KEYS <prefix>job:<id>, a string that lives `keep_ms` after its last
 write (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
 Redis's clock steps forward), so an id is never mailed twice within
-dedup_for:
+dedup_for. Its fields, in this order (RECORD below; `load` reads it,
+`store` writes it whole, with its expiry, in one SET):
+  <st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>
+the fields a job's life changes first, then those fixed at admission
+(at, rv, fp: kept as one tail); only fp may hold '|' (the items' checks
+refuse it in a ticket). Earlier versions kept a hash of the same fields:
+`load` reads one, and its next write replaces it with the string (a worker
+of an earlier version that meets a string record cannot read it, and
+retries that job until an upgraded worker answers it). One string costs
+Redis half what a hash of ten fields does, to read and to write.
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
@@ -37,7 +46,7 @@ dedup_for:
   lease  until when (ms) the owner holds the send; 0 when released
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid,
-         'p' superseded (refunded by "admit" itself)
+         'p' superseded (refunded by "admit" itself); '-' before
   c      the id of the call that last admitted, resumed or marked it
          sending: that call run again (a Redis Cluster client sends a call
          again after its reply was lost) answers as it did the first time
@@ -56,7 +65,7 @@ versions from failing on each other's keys during an upgrade.)
 Result codes of an "admit" item (Code in src/ledger/redis/reply.rs; a test in
 src/store/scripts/ checks that both agree):
 ]]
-local call, tonumber, sub = redis.call, tonumber, string.sub
+local call, tonumber, sub, byte = redis.call, tonumber, string.sub, string.byte
 
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
@@ -83,8 +92,9 @@ local CODE = {
 
 -- The operation of the call under way (ARGV[1]), for error messages.
 local op
--- How many integers answer each item of a batch (REPLY_WIDTH in
--- src/ledger/redis/reply.rs; the same test checks it).
+-- How many integers answer each item of a batch at most: its code and its
+-- values (REPLY_WIDTH in src/ledger/redis/reply.rs; the same test checks
+-- it).
 local WIDTH = 5
 
 -- Whether ARGV value `v` is a period Redis can add to its clock (a keep
@@ -98,6 +108,71 @@ end
 
 local function fail(why)
   return redis.error_reply('mailgate ledger ' .. tostring(op) .. ': ' .. why)
+end
+
+-- A record's states and answered flag as `load` reads them (bytes).
+local A, X, S, U, R, YES = string.byte('axsur1', 1, 6)
+-- The fields after the first three: lease, own, n, c, and where the tail
+-- (at, rv, fp: fixed at admission) begins.
+local RECORD = '^...|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()'
+
+-- The record at `key`, or nil if it has none: st, ans, fin (bytes), lease,
+-- own, n, c (strings), and the tail "<at>|<rv>|<fp>". A hash (an earlier
+-- version's record) is read as the string it becomes at its next write.
+local function load(key)
+  local r = redis.pcall('GET', key)
+  if type(r) == 'string' then
+    local st, ans, fin = byte(r, 1, 3)
+    local lease, own, n, c, tail = string.match(r, RECORD)
+    return st, ans, fin, lease, own, n, c, sub(r, tail)
+  elseif not r then
+    return nil
+  elseif not string.find(r.err or '', 'WRONGTYPE', 1, true) then
+    error(r)
+  end
+  local h = call('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c', 'at', 'rv', 'fp')
+  if not h[10] then return nil end
+  local st, ans, fin = byte((h[1] or 'r') .. (h[2] or '0') .. (h[3] or '-'), 1, 3)
+  return st, ans, fin, h[4] or '0', h[5] or '', h[6] or '', h[7] or '',
+    (h[8] or '0') .. '|' .. (h[9] or '') .. '|' .. h[10]
+end
+
+-- A tail's admission time (ms).
+local function at_of(tail)
+  return tonumber(string.match(tail, '^%d*'))
+end
+
+-- A tail's reservations (rv), or nil if it has none.
+local function rv_of(tail)
+  local rv = string.match(tail, '^%d*|([^|]*)')
+  return rv ~= '' and rv or nil
+end
+
+-- Writes the record at `key` whole, to live keep_s ms: st, ans, fin as
+-- characters, the rest as `load` reads them.
+local function store(key, keep_s, st, ans, fin, lease, own, n, c, tail)
+  call('SET', key, st .. ans .. fin .. '|' .. lease .. '|' .. own .. '|' .. n .. '|' .. c .. '|'
+    .. tail, 'PX', keep_s)
+end
+
+-- A batch's instant (b.now) and the end of a lease taken now, as commands
+-- take them: formatted when an item first writes them (a batch of
+-- rejections writes neither, and formatting a number costs Redis more
+-- than most steps).
+local function now_text(b)
+  b.now_s = b.now_s or decide.int(b.now)
+  return b.now_s
+end
+
+local function lease_end(b)
+  b.lease_s = b.lease_s or decide.int(b.now + b.lease)
+  return b.lease_s
+end
+
+-- Whether a ticket can be written into a record (no '|'): checked where an
+-- item may write its own (admit, settle); the others write the record's.
+local function ticket_ok(t)
+  return t ~= nil and t ~= '' and not string.find(t, '|', 1, true)
 end
 
 --[[
@@ -117,11 +192,14 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            look, create, sending, release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
            per key the shape names; settle: as many as it names)
-  returns  {now, then WIDTH (5) integers per item: admit's code and up to
-           4 values (CODE); the other kinds, 1 or 0 and up to 4 values,
-           zeros for the rest; then the rooms of the items admitted now,
-           in item order: 3 integers per scope key (rule, remaining,
-           reset_ms), as many keys as each item's fifth value says}
+  returns  {now, then per item its code times 8 plus how many values
+           follow (0 to WIDTH - 1), then those values: admit's code and
+           up to 4 values (CODE); the other kinds, 1 or 0 and up to 4
+           values (a value left out reads as 0: integers cost Redis as
+           much as strings to answer); then the rooms of the items
+           admitted now, in item order: 3 integers per scope key (rule,
+           remaining, reset_ms), as many keys as each item's fourth value
+           says}
   Every item is checked before the first write, so a bad batch writes
   nothing. A batch run again (a Redis Cluster client sends a call again
   after its reply was lost) answers as the first run did, or as its
@@ -203,7 +281,7 @@ local function admit_ok(a, head, kind)
     last_ok = last ~= nil and string.match(last, RESERVED) ~= nil
   end
   return last_ok and (expires == '' or tonumber(expires) ~= nil)
-    and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ARGV[a + 2] ~= '' and attempt_ok(a + 3)
+    and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ticket_ok(ARGV[a + 2]) and attempt_ok(a + 3)
     and string.find(flag or '', '^[01]:%x+$') ~= nil
 end
 
@@ -216,8 +294,8 @@ local function superseded(newest, made, skew, id, record)
   local prefix = sub(record, 1, #record - #id)
   for _, other in ipairs(others) do
     if other ~= id then
-      local st = call('HGET', prefix .. other, 'st')
-      if st and st ~= 'r' then return true end
+      local st = load(prefix .. other)
+      if st and st ~= R then return true end
     end
   end
   return false
@@ -243,56 +321,48 @@ local function admit(k, a, b, kind)
   end
   local now, keep_s = b.now, b.keep_s
   local expired = expires and expires <= now
-  -- Most ids are new: EXISTS costs Redis less than reading seven fields.
-  local rec = call('EXISTS', key) == 1
-    and call('HMGET', key, 'fp', 'st', 'own', 'lease', 'at', 'ans', 'fin', 'rv', 'c')
-  local fp = rec and rec[1]
-  if fp then
-    local st, own, held, at = rec[2], rec[3], tonumber(rec[4]) or 0, tonumber(rec[5]) or 0
-    local mine, ans = own == ticket and 1 or 0, rec[6] == '1' and 1 or 0
-    if fp ~= want then
+  local st, ans, fin, lease, own, n, c, tail = load(key)
+  if st then
+    local at, held = at_of(tail), tonumber(lease) or 0
+    local mine, answered = own == ticket and 1 or 0, ans == YES and 1 or 0
+    if string.match(tail, '^[^|]*|[^|]*|(.*)$') ~= want then
       return CODE.conflict
-    elseif (st == 'a' or st == 'x') and rec[9] == call_id then
+    elseif (st == A or st == X) and c == call_id then
       -- This very call again (a Redis Cluster client sends a call again
       -- after its reply was lost; each call has an id of its own): its
       -- admission stands, as it was made.
       return CODE.admitted, at
-    elseif st == 'r' and mine == 1 then
-      return CODE.finished, string.byte(rec[7] or 'f'), ans
-    elseif st == 's' then
-      return CODE.sent, at, mine, ans
-    elseif st == 'u' then
-      return CODE.unknown, at, mine, ans
-    elseif st ~= 'r' and held > now then
+    elseif st == R and mine == 1 then
+      -- (A record without its fin: failed.)
+      return CODE.finished, fin == 45 and 102 or fin, answered
+    elseif st == S then
+      return CODE.sent, at, mine, answered
+    elseif st == U then
+      return CODE.unknown, at, mine, answered
+    elseif st ~= R and held > now then
       return CODE.busy, at, held - now
-    elseif st == 'x' then
+    elseif st == X then
       -- Its send began and its owner vanished: the mail may have gone out.
       -- Never resent (at most once); the caller answers it.
-      call('HSET', key, 'st', 'u', 'ans', '0')
-      call('PEXPIRE', key, keep_s)
+      store(key, keep_s, 'u', '0', '-', lease, own, n, c, tail)
       return CODE.unknown, at, mine, 0
-    elseif st == 'a' and expired and mine == 1 then
+    elseif st == A and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
       decide.forget(first, last, decide.member_of(at, id))
-      call('HSET', key, 'st', 'r', 'fin', 'e', 'lease', '0', 'ans', '0', 'n', attempt_s)
-      call('PEXPIRE', key, keep_s)
-      return CODE.expired, reserved(rec[8])
-    elseif st == 'a' and expired then
+      store(key, keep_s, 'r', '0', 'e', '0', own, attempt_s, c, tail)
+      return CODE.expired, reserved(rv_of(tail))
+    elseif st == A and expired then
       -- Another message of the job, and too late for it; the owner's own
       -- copy judges its admission by its own expires_at when it comes back.
       return CODE.expired
-    elseif st == 'a' and latest
+    elseif st == A and latest
       and superseded(latest, math.min(made or at, at), skew, id, key) then
       -- Its code is stale: refunded unsent, and answered by the caller.
       decide.forget(first, last, decide.member_of(at, id))
-      call('HSET', key, 'st', 'r', 'fin', 'p', 'own', ticket, 'n', attempt_s, 'lease', '0',
-        'ans', '0')
-      call('PEXPIRE', key, keep_s)
+      store(key, keep_s, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
       return CODE.superseded, 1
-    elseif st == 'a' then
-      call('HSET', key, 'st', state, 'own', ticket, 'n', attempt_s, 'lease', b.lease_s,
-        'ans', '0', 'c', call_id)
-      call('PEXPIRE', key, keep_s)
+    elseif st == A then
+      store(key, keep_s, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
       return CODE.resumed, at
     end
   end
@@ -313,18 +383,16 @@ local function admit(k, a, b, kind)
     d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, ks, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = decide.room(first, ks, now, logs, b.rooms)
-    decide.record(first, ks, now, b.now_s, decide.member_of(now, id), logs)
+    decide.record(first, ks, now, now_text(b), decide.member_of(now, id), logs)
     if latest then
       call('ZADD', latest, decide.int(made), id)
       call('ZREMRANGEBYRANK', latest, 0, -17)
       call('PEXPIRE', latest, keep_s)
     end
   end
-  if fp then call('DEL', key) end
-  call('HSET', key, 'fp', want, 'at', b.now_s, 'st', state, 'own', ticket, 'n', attempt_s,
-    'lease', b.lease_s, 'ans', '0', 'c', call_id)
-  if kind == 'create' then call('HSET', key, 'rv', ARGV[a + 6]) end
-  call('PEXPIRE', key, keep_s)
+  -- Written whole: nothing of a refunded record's earlier life stays.
+  store(key, keep_s, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
+    now_text(b) .. '|' .. (kind == 'create' and ARGV[a + 6] or '') .. '|' .. want)
   return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
 
@@ -336,13 +404,13 @@ item "sending" -- the owner begins its SMTP transaction: a becomes x, lease
   this very call run again.
 ]]
 local function sending(k, a, b)
-  local rec = call('HMGET', KEYS[k], 'st', 'own', 'n', 'c')
-  if rec[2] ~= ARGV[a] or rec[3] ~= ARGV[a + 1] then return 0 end
+  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
+  if not st or own ~= ARGV[a] or n ~= ARGV[a + 1] then return 0 end
   -- This very call again (its reply lost): it is sending.
-  if rec[1] == 'x' and rec[4] == ARGV[a + 2] then return 1 end
-  if rec[1] ~= 'a' then return 0 end
-  call('HSET', KEYS[k], 'st', 'x', 'lease', b.lease_s, 'c', ARGV[a + 2])
-  call('PEXPIRE', KEYS[k], b.keep_s)
+  if st == X and c == ARGV[a + 2] then return 1 end
+  if st ~= A then return 0 end
+  store(KEYS[k], b.keep_s, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2],
+    tail)
   return 1
 end
 
@@ -354,12 +422,11 @@ item "release" -- the owner's send failed before the message was handed
   1 if this attempt of the ticket owned an unsent admission, else 0.
 ]]
 local function release(k, a, b)
-  local rec = call('HMGET', KEYS[k], 'st', 'own', 'n')
-  if (rec[1] ~= 'a' and rec[1] ~= 'x') or rec[2] ~= ARGV[a] or rec[3] ~= ARGV[a + 1] then
+  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
+  if (st ~= A and st ~= X) or own ~= ARGV[a] or n ~= ARGV[a + 1] then
     return 0
   end
-  call('HSET', KEYS[k], 'st', 'a', 'lease', '0')
-  call('PEXPIRE', KEYS[k], b.keep_s)
+  store(KEYS[k], b.keep_s, 'a', ans == YES and '1' or '0', '-', '0', own, n, c, tail)
   return 1
 end
 
@@ -380,7 +447,7 @@ item "settle" -- record how the owner's attempt ended.
 ]]
 local function settle_ok(a)
   local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
-  return ARGV[a] ~= '' and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
+  return ticket_ok(ARGV[a]) and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
     and (answered == '1' or answered == '0') and how ~= nil and #how == 1
     and string.find('suefip', how, 1, true) ~= nil and n ~= nil and n >= 0 and n == math.floor(n)
 end
@@ -388,28 +455,31 @@ end
 local function settle(k, a, b)
   local ticket, attempt, id, how, answered = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[k]
-  local rec = call('HMGET', key, 'st', 'own', 'at', 'n', 'rv')
-  local st, own, at = rec[1], rec[2], tonumber(rec[3])
+  local st, _, _, _, own, n, c, tail = load(key)
   local e, i, d, nonce = -1, -1, -1, -1
-  local owning = own == ticket and rec[4] == attempt
   if not st then return 0 end
+  local owning = own == ticket and n == attempt
   if how == 's' then
-    if st == 'r' then return 0 end
-    call('HSET', key, 'st', 's', 'own', ticket, 'n', attempt, 'lease', '0', 'ans', answered)
+    if st == R then return 0 end
+    store(key, b.keep_s, 's', answered, '-', '0', ticket, attempt, c, tail)
   elseif how == 'u' then
-    if not owning or (st ~= 'x' and st ~= 'u') then return 0 end
-    call('HSET', key, 'st', 'u', 'lease', '0', 'ans', answered)
+    if not owning or (st ~= X and st ~= U) then return 0 end
+    store(key, b.keep_s, 'u', answered, '-', '0', own, n, c, tail)
   else
     -- Asked again (its first reply was lost): 0, and the reservations
     -- again, which the caller gives back again (ZREM is idempotent).
-    if owning and st == 'r' then return 0, reserved(rec[5]) end
-    if not owning or (st ~= 'a' and st ~= 'x') then return 0 end
-    decide.forget(k + 1, k + tonumber(ARGV[a + 5]), decide.member_of(at, id))
-    call('HSET', key, 'st', 'r', 'fin', how, 'lease', '0', 'ans', answered)
-    e, i, d, nonce = reserved(rec[5])
+    if owning and st == R then
+      local rv = rv_of(tail)
+      if rv then return 0, reserved(rv) end
+      return 0
+    end
+    if not owning or (st ~= A and st ~= X) then return 0 end
+    decide.forget(k + 1, k + tonumber(ARGV[a + 5]), decide.member_of(at_of(tail), id))
+    store(key, b.keep_s, 'r', answered, how, '0', own, n, c, tail)
+    local rv = rv_of(tail)
+    if rv then return 1, reserved(rv) end
   end
-  call('PEXPIRE', key, b.keep_s)
-  return 1, e, i, d, nonce
+  return 1
 end
 
 --[[
@@ -417,9 +487,9 @@ item "answered" -- the owner's final result was confirmed by RabbitMQ.
   Values: ticket. KEYS: the record. 1 if the ticket owns the record.
 ]]
 local function answered(k, a, b)
-  if call('HGET', KEYS[k], 'own') ~= ARGV[a] then return 0 end
-  call('HSET', KEYS[k], 'ans', '1')
-  call('PEXPIRE', KEYS[k], b.keep_s)
+  local st, _, fin, lease, own, n, c, tail = load(KEYS[k])
+  if not st or own ~= ARGV[a] then return 0 end
+  store(KEYS[k], b.keep_s, string.char(st), '1', string.char(fin), lease, own, n, c, tail)
   return 1
 end
 
@@ -501,16 +571,19 @@ local function batch()
   end
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
-  local b = {now = now, now_s = decide.int(now), lease_s = decide.int(now + lease),
-    keep_s = keep_s, sets = head.sets, shapes = head.shapes, rooms = {}}
+  local b = {now = now, lease = lease, now_s = false, lease_s = false, keep_s = keep_s,
+    sets = head.sets, shapes = head.shapes, rooms = {}}
   local out, o = {now}, 1
   a, k, n = first_item, 1, 0
   while a <= nargs do
     n = n + 1
     local item = ITEMS[ARGV[a]]
     local c, v, x, y, z = item.run(k, a + 1, b)
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = c, v or 0, x or 0, y or 0, z or 0
-    o = o + WIDTH
+    -- (Each item returns its code and at most WIDTH - 1 values, none nil
+    -- before the last.)
+    local m = z and 4 or y and 3 or x and 2 or v and 1 or 0
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = c * 8 + m, v, x, y, z
+    o = o + 1 + m
     k = k + keys[n]
     a = a + 1 + item.values
   end

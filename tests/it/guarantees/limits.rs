@@ -88,7 +88,7 @@ async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
         "job 1's admission: {v1:?}; replies cut: {}",
         cluster.cuts.load(std::sync::atomic::Ordering::SeqCst)
     );
-    let record = cluster.cli(&["hgetall", "lost:sp:job:j1"]);
+    let record = cluster.cli(&["get", "lost:sp:job:j1"]);
     let log = cluster.cli(&["zrange", "lost:sp:email:victim@example.com", "0", "-1"]);
     eprintln!("job 1's record: {record:?}; the mailbox's log: {log:?}");
 
@@ -212,7 +212,7 @@ async fn spread_a_lost_reserve_reply_leaves_no_phantom_reservation() {
     eprintln!(
         "log: {:?}; record: {:?}",
         cluster.cli(&["zrange", "lost:sr:email:victim@example.com", "0", "-1"]),
-        cluster.cli(&["hgetall", "lost:sr:job:j1"])
+        cluster.cli(&["get", "lost:sr:job:j1"])
     );
     let mut last = None;
     for _ in 0..6 {

@@ -1871,3 +1871,132 @@ async fn scope_logs_trimmed_hourly_survive_a_clock_stepping_back() {
     }
     assert!(admitted.len() > 300, "{} admitted", admitted.len());
 }
+
+/// Rewrites job record `key` as an earlier version wrote records: a hash
+/// of the same fields (`ledger.lua`'s RECORD; `fin` and `rv` only when
+/// set), with the same TTL.
+fn as_hash(conn: &mut redis::Connection, key: &str) {
+    let text: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).unwrap();
+    let f: Vec<&str> = text.splitn(8, '|').collect();
+    let (head, fp) = (f[0].as_bytes(), f[7]);
+    let (st, ans, fin) = (head[0] as char, head[1] as char, head[2] as char);
+    let mut fields: Vec<String> = ["st", &st.to_string(), "ans", &ans.to_string()]
+        .map(String::from)
+        .to_vec();
+    for (name, value) in [
+        ("lease", f[1]),
+        ("own", f[2]),
+        ("n", f[3]),
+        ("c", f[4]),
+        ("at", f[5]),
+        ("fp", fp),
+    ] {
+        fields.extend([name.to_owned(), value.to_owned()]);
+    }
+    if fin != '-' {
+        fields.extend(["fin".to_owned(), fin.to_string()]);
+    }
+    if !f[6].is_empty() {
+        fields.extend(["rv".to_owned(), f[6].to_owned()]);
+    }
+    let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
+    let () = redis::cmd("HSET")
+        .arg(key)
+        .arg(&fields)
+        .query(conn)
+        .unwrap();
+    let () = redis::cmd("PEXPIRE").arg(key).arg(ttl).query(conn).unwrap();
+}
+
+/// What type Redis holds at `key`.
+fn type_of(conn: &mut redis::Connection, key: &str) -> String {
+    redis::cmd("TYPE").arg(key).query(conn).unwrap()
+}
+
+/// Records an earlier version wrote (hashes) during a rolling upgrade:
+/// every step of a job's life reads them as before, and the step's write
+/// turns each into the string this version writes (a send mark, a settle,
+/// "answered", a lease lapsed mid-send, a refund that gives the quota back).
+#[tokio::test]
+async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
+    let prefix = unique_prefix("oldrec");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
+        .await
+        .unwrap();
+    let mut conn = sync_redis();
+    let t0 = 1_790_000_000_000;
+    let record = |id: &str| format!("{prefix}job:{id}");
+
+    // Admitted, marked sending, settled sent, answered: each on a hash.
+    let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
+    assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
+    as_hash(&mut conn, &record("j1"));
+    assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
+    assert_eq!(type_of(&mut conn, &record("j1")), "string");
+    as_hash(&mut conn, &record("j1"));
+    assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
+    as_hash(&mut conn, &record("j1"));
+    assert!(l.answered(&j1.by(&a)).await.unwrap());
+    as_hash(&mut conn, &record("j1"));
+    assert_eq!(
+        j1.admit(&l, &Ticket::new(), Clock::At(t0 + 2)).await,
+        Verdict::Sent {
+            admitted_at_ms: t0,
+            by_owner: false,
+            answered: true
+        }
+    );
+    // Another job under the same id: a conflict, read from the hash.
+    let other = TestJob::new("j1", "someone.else@example.com", None);
+    assert_eq!(
+        other.admit(&l, &Ticket::new(), Clock::At(t0 + 3)).await,
+        Verdict::Conflict
+    );
+
+    // Sending when its owner vanished: delivery unknown, never resent.
+    let (j2, b) = (TestJob::new("j2", "b@example.com", None), Ticket::new());
+    let now = Entry {
+        job: j2.by(&b),
+        send_now: true,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let admitted = l.admit(&now, Clock::At(t0)).await.unwrap();
+    assert_eq!(admitted.verdict, Verdict::Admitted);
+    as_hash(&mut conn, &record("j2"));
+    // Well past its lease.
+    let late = t0 + 2 * HOUR;
+    assert_eq!(
+        j2.admit(&l, &Ticket::new(), Clock::At(late)).await,
+        Verdict::Unknown {
+            by_owner: false,
+            answered: false
+        }
+    );
+    assert_eq!(type_of(&mut conn, &record("j2")), "string");
+
+    // A refund on a hash gives the quota back: the mailbox (1 a minute)
+    // takes another job at once.
+    let (j3, c) = (TestJob::new("j3", "c@example.com", None), Ticket::new());
+    assert_eq!(j3.admit(&l, &c, Clock::At(t0)).await, Verdict::Admitted);
+    as_hash(&mut conn, &record("j3"));
+    let refund = Ending::Refund(Refund::Failed);
+    assert!(l.settle(&j3.by(&c), &refund, false).await.unwrap());
+    let next = TestJob::new("j4", "c@example.com", None);
+    assert_eq!(
+        next.admit(&l, &Ticket::new(), Clock::At(t0 + SEC)).await,
+        Verdict::Admitted
+    );
+    as_hash(&mut conn, &record("j3"));
+    assert_eq!(
+        j3.admit(&l, &c, Clock::At(t0 + 2 * SEC)).await,
+        Verdict::Finished {
+            how: Refund::Failed,
+            answered: false
+        }
+    );
+}
