@@ -121,12 +121,12 @@ local RECORD = '^...|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()'
 -- version's record) is read as the string it becomes at its next write.
 local function load(key)
   local r = redis.pcall('GET', key)
-  if type(r) == 'string' then
+  if not r then
+    return nil
+  elseif type(r) == 'string' then
     local st, ans, fin = byte(r, 1, 3)
     local lease, own, n, c, tail = string.match(r, RECORD)
     return st, ans, fin, lease, own, n, c, sub(r, tail)
-  elseif not r then
-    return nil
   elseif not string.find(r.err or '', 'WRONGTYPE', 1, true) then
     error(r)
   end
@@ -373,9 +373,9 @@ local function admit(k, a, b, kind)
   if kind == 'look' then return CODE.absent end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
-    made = math.min(made or now, now)
-    if latest and superseded(latest, made, skew, id, key) then
-      return CODE.superseded, 0
+    if latest then
+      made = math.min(made or now, now)
+      if superseded(latest, made, skew, id, key) then return CODE.superseded, 0 end
     end
     local d, s, rule, shadow_d
     local logs = {}
@@ -445,11 +445,15 @@ item "settle" -- record how the owner's attempt ended.
   reservations ("create") then names them: t_email, t_ip, t_domain, nonce,
   and so does a refund asked again of the attempt that made it (with 0).
 ]]
+-- A settle's ends (its `end` value).
+local ENDS = {s = true, u = true, e = true, f = true, i = true, p = true}
+
 local function settle_ok(a)
-  local how, answered, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
+  local how, answered, keys = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local n = keys ~= '0' and tonumber(keys)
   return ticket_ok(ARGV[a]) and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
-    and (answered == '1' or answered == '0') and how ~= nil and #how == 1
-    and string.find('suefip', how, 1, true) ~= nil and n ~= nil and n >= 0 and n == math.floor(n)
+    and (answered == '1' or answered == '0') and ENDS[how] ~= nil
+    and (keys == '0' or (n and n >= 0 and n == math.floor(n)))
 end
 
 local function settle(k, a, b)
