@@ -50,13 +50,15 @@ NOW = 1_790_000_000_000
 SETTINGS = [25 * H, 30_000, 0, 2, 1] + EMAIL + [2] + IP
 
 
-def head(code):
+def head(code, form):
     """A batch's first arguments: the settings as words of one argument
     for the function library (as each argument of its own for the script,
-    and for libraries from before that change)."""
+    and for libraries from before that change); `form`: how it writes job
+    records ("hash" or "string"; None for scripts from before the choice)."""
+    settings = SETTINGS[:2] + ([form] if form else []) + SETTINGS[2:]
     if isinstance(code, tuple) and "local function words" in sources()[0]:
-        return ["batch", NOW, " ".join(map(str, SETTINGS))]
-    return ["batch", NOW] + SETTINGS
+        return ["batch", NOW, " ".join(map(str, settings))]
+    return ["batch", NOW] + settings
 
 
 JOBS = 1000
@@ -137,14 +139,15 @@ def ledger_library(name):
             "  KEYS, ARGV = keys, args\n  main = main or setup()\n  return main()\nend)\n")
 
 
-def calls(r, code, tag, rounds, send_now, per, settle=True, boxes=None):
+def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None):
     """The worker's calls for rounds * per jobs, pipelined (`code`: the
-    script's hash, or ("fcall", function)); returns the replies."""
+    script's hash, or ("fcall", function); `form`: see head); returns the
+    replies."""
     boxes = boxes or tag
     p = r.pipeline(transaction=False)
     flag = "1:c1" if send_now else "0:c1"
     for rd in range(rounds + 2):
-        keys, args = [], head(code)
+        keys, args = [], head(code, form)
         if settle and rd >= 2:
             for j in range((rd - 2) * per, (rd - 1) * per):
                 keys.append(f"{tag}:job:{j}")
@@ -167,21 +170,23 @@ def calls(r, code, tag, rounds, send_now, per, settle=True, boxes=None):
     return p.execute()
 
 
-def scenarios(c, r, code, name, per):
-    """Instructions per job of each scenario, calling `code`."""
+def scenarios(c, r, code, form, name, per):
+    """Instructions per job of each scenario, calling `code` (writing job
+    records in `form`)."""
     rounds = JOBS // per
     out = []
     for label, send_now in (("admitted, marked sending later", False),
                             ("admitted, sending at once", True)):
         tag = f"{name}{per}a{int(send_now)}"
-        calls(r, code, tag + "w", 4, send_now, per)  # warm up
-        n = c.count(lambda: calls(r, code, tag, rounds, send_now, per))
+        calls(r, code, form, tag + "w", 4, send_now, per)  # warm up
+        n = c.count(lambda: calls(r, code, form, tag, rounds, send_now, per))
         out.append((label, n / JOBS))
     # Rejected: the mailboxes just admitted (1 per minute) ask again.
     boxes = f"{name}{per}a1"
-    n = c.count(lambda: calls(r, code, boxes + "r", rounds, True, per, settle=False, boxes=boxes))
+    n = c.count(lambda: calls(r, code, form, boxes + "r", rounds, True, per, settle=False,
+                              boxes=boxes))
     out.append(("rejected (the mailbox's 1 per minute is full)", n / JOBS))
-    last = calls(r, code, boxes + "r2", 1, True, per, settle=False, boxes=boxes)[-1]
+    last = calls(r, code, form, boxes + "r2", 1, True, per, settle=False, boxes=boxes)[-1]
     # The first item's code (times 8 plus how many values follow, since
     # replies leave out values an item does not have).
     first = last[1] // 8 if "c * 8 + m" in sources()[1] else last[1]
@@ -200,6 +205,10 @@ def main():
         if "\nreturn main\n" in sources()[1]:
             r.execute_command("FUNCTION", "LOAD", "REPLACE", ledger_library("redis_cost"))
             codes.append(("function (FCALL)", ("fcall", "redis_cost")))
+        # Each code writing job records as hashes and as strings, where the
+        # scripts offer the choice (redis.record_form).
+        forms = ["hash", "string"] if "record_form" in sources()[1] else [None]
+        codes = [(f"{n}, {f} records" if f else n, code, f) for n, code in codes for f in forms]
 
         def article_calls():
             p = r.pipeline(transaction=False)
@@ -214,10 +223,11 @@ def main():
         article_calls()  # every mailbox holds a few admissions
         per_article = c.count(article_calls) / 2000
         print(f"article 003's script: {per_article:,.0f} instructions per call\n")
-        print("| job | jobs per call | " + " | ".join(n for n, _ in codes) + " |")
+        print("| job | jobs per call | " + " | ".join(n for n, _, _ in codes) + " |")
         print("|---|---:|" + "---:|" * len(codes))
         for per in (5, 1):
-            results = [scenarios(c, r, code, f"c{i}", per) for i, (_, code) in enumerate(codes)]
+            results = [scenarios(c, r, code, form, f"c{i}", per)
+                       for i, (_, code, form) in enumerate(codes)]
             for k, (label, _) in enumerate(results[0]):
                 cells = [f"{res[k][1]:,.0f} ({res[k][1] / per_article:.2f})" for res in results]
                 print(f"| {label} | {per} | " + " | ".join(cells) + " |")

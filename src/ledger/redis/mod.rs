@@ -119,6 +119,7 @@ impl RedisLedger {
             replication,
             batching,
             calls,
+            redis.record_form,
         ));
         Ok(Self {
             conn,

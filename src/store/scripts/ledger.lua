@@ -10,19 +10,24 @@ script (run whole by every EVALSHA) and as a Redis Function library (its
 definitions run once, at the first FCALL after a load; KEYS and ARGV are
 then the library's, set by each call).
 
-Record KEYS <prefix>job:<id>, a string that lives `keep_ms` after its last
-write (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
+Record KEYS <prefix>job:<id>, which lives `keep_ms` after its last write
+(ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
 Redis's clock steps forward), so an id is never mailed twice within
-dedup_for. Its fields, in this order (RECORD below; `load` reads it,
-`store` writes it whole, with its expiry, in one SET):
-  <st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>
-the fields a job's life changes first, then those fixed at admission
-(at, rv, fp: kept as one tail); only fp may hold '|' (the items' checks
-refuse it in a ticket). Earlier versions kept a hash of the same fields:
-`load` reads one, and its next write replaces it with the string (a worker
-of an earlier version that meets a string record cannot read it, and
-retries that job until an upgraded worker answers it). One string costs
-Redis half what a hash of ten fields does, to read and to write.
+dedup_for. Two forms, chosen by the batch's settings (redis.record_form):
+  hash    the fields below by name; what every version reads, and the
+          default
+  string  the fields in this order (RECORD below), written whole with
+          the record's expiry by one SET:
+            <st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>
+          the fields a job's life changes first, then those fixed at
+          admission (at, rv, fp: kept as one tail); only fp may hold '|'
+          (the items' checks refuse it in a ticket). One string costs
+          Redis half what a hash of ten fields does, to read and to write;
+          versions before it cannot read one (their batch fails, after
+          writing what its earlier items wrote), so it is for a
+          deployment whose every worker runs this version or a later one.
+`load` reads either form; `store` writes the batch's, and a record held in
+the other form is rewritten whole.
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
@@ -116,25 +121,57 @@ local A, X, S, U, R, YES = string.byte('axsur1', 1, 6)
 -- (at, rv, fp: fixed at admission) begins.
 local RECORD = '^...|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()'
 
+-- Whether Redis's answer `r` to a read is WRONGTYPE (the key holds the
+-- record in the other form); any other error is raised.
+local function other_form(r)
+  if string.find(r.err or '', 'WRONGTYPE', 1, true) then return true end
+  error(r)
+end
+
+-- Reads the record at `key` as a hash (pcall's answer: its fields, or an
+-- error); `tail`: with the fields fixed at admission (at, rv, fp).
+local function read_hash(key, tail)
+  if tail then
+    return redis.pcall('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c', 'at', 'rv', 'fp')
+  end
+  return redis.pcall('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c')
+end
+
+-- A hash's fields (read_hash's answer) as `load` returns them, or nil.
+local function from_hash(h, tail)
+  if not h[1] then return nil end
+  local st, ans, fin = byte(h[1] .. (h[2] or '0') .. (h[3] or '-'), 1, 3)
+  return st, ans, fin, h[4] or '0', h[5] or '', h[6] or '', h[7] or '',
+    tail and (h[8] or '0') .. '|' .. (h[9] or '') .. '|' .. (h[10] or ''), false
+end
+
 -- The record at `key`, or nil if it has none: st, ans, fin (bytes), lease,
--- own, n, c (strings), and the tail "<at>|<rv>|<fp>". A hash (an earlier
--- version's record) is read as the string it becomes at its next write.
-local function load(key)
+-- own, n, c (strings), the tail "<at>|<rv>|<fp>" (read from a hash only
+-- with `tail`: a mark that writes a hash needs none of it), and whether it
+-- is held as a string. Either form is read; `strings` says which to try
+-- first (the one this batch writes). `new`: the key is likely not there
+-- (an admission's: most ids are new, and EXISTS costs Redis less than
+-- reading the fields).
+local function load(key, strings, tail, new)
+  if not strings then
+    if new and call('EXISTS', key) == 0 then return nil end
+    local h = read_hash(key, tail)
+    if not h.err then return from_hash(h, tail) end
+    other_form(h)
+  end
   local r = redis.pcall('GET', key)
   if not r then
     return nil
   elseif type(r) == 'string' then
     local st, ans, fin = byte(r, 1, 3)
     local lease, own, n, c, tail = string.match(r, RECORD)
-    return st, ans, fin, lease, own, n, c, sub(r, tail)
-  elseif not string.find(r.err or '', 'WRONGTYPE', 1, true) then
-    error(r)
+    return st, ans, fin, lease, own, n, c, sub(r, tail), true
   end
-  local h = call('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c', 'at', 'rv', 'fp')
-  if not h[10] then return nil end
-  local st, ans, fin = byte((h[1] or 'r') .. (h[2] or '0') .. (h[3] or '-'), 1, 3)
-  return st, ans, fin, h[4] or '0', h[5] or '', h[6] or '', h[7] or '',
-    (h[8] or '0') .. '|' .. (h[9] or '') .. '|' .. h[10]
+  other_form(r)
+  -- A hash met by a batch that writes strings: rewritten whole, tail and all.
+  local h = read_hash(key, true)
+  if h.err then error(h) end
+  return from_hash(h, true)
 end
 
 -- A tail's admission time (ms).
@@ -148,11 +185,26 @@ local function rv_of(tail)
   return rv ~= '' and rv or nil
 end
 
--- Writes the record at `key` whole, to live keep_s ms: st, ans, fin as
--- characters, the rest as `load` reads them.
-local function store(key, keep_s, st, ans, fin, lease, own, n, c, tail)
-  call('SET', key, st .. ans .. fin .. '|' .. lease .. '|' .. own .. '|' .. n .. '|' .. c .. '|'
-    .. tail, 'PX', keep_s)
+-- Writes the record at `key` in the form the batch writes (b.strings), to
+-- live b.keep_s ms: st, ans, fin as characters, the rest as `load` reads
+-- them. `as`: whether the key holds it as a string now. A string is
+-- written whole; a hash, the fields a life changes (all of them where the
+-- key held a string).
+local function store(key, b, as, st, ans, fin, lease, own, n, c, tail)
+  if b.strings then
+    call('SET', key, st .. ans .. fin .. '|' .. lease .. '|' .. own .. '|' .. n .. '|' .. c
+      .. '|' .. tail, 'PX', b.keep_s)
+    return
+  end
+  if as then
+    local at, rv, fp = string.match(tail, '^(%d*)|([^|]*)|(.*)$')
+    call('DEL', key)
+    call('HSET', key, 'fp', fp, 'at', at)
+    if rv ~= '' then call('HSET', key, 'rv', rv) end
+  end
+  call('HSET', key, 'st', st, 'ans', ans, 'lease', lease, 'own', own, 'n', n, 'c', c)
+  if fin ~= '-' then call('HSET', key, 'fin', fin) end
+  call('PEXPIRE', key, b.keep_s)
 end
 
 -- A batch's instant (b.now) and the end of a lease taken now, as commands
@@ -181,7 +233,8 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   ARGV[3]  the settings: keep_ms, how long a record lives after its last
            write; lease_ms, how long an admission (or a resumption) owns
-           the send; the rule sets (decide.lua). Each an argument of its
+           the send; the form records are written in, "hash" or "string";
+           the rule sets (decide.lua). Each an argument of its
            own, run as a script; as the words of one argument, run as a
            Function library (KEEPS_STATE), which keeps what it built from
            the same text: one string costs Redis far less than as many
@@ -289,12 +342,12 @@ end
 -- holds another job made more than `skew` later whose record is not
 -- refunded (a refunded job mails nothing). `record`: this job's record
 -- key, whose prefix the others' share.
-local function superseded(newest, made, skew, id, record)
+local function superseded(newest, made, skew, id, record, strings)
   local others = call('ZRANGEBYSCORE', newest, '(' .. decide.int(made + skew), '+inf')
   local prefix = sub(record, 1, #record - #id)
   for _, other in ipairs(others) do
     if other ~= id then
-      local st = load(prefix .. other)
+      local st = load(prefix .. other, strings, false, false)
       if st and st ~= R then return true end
     end
   end
@@ -321,7 +374,7 @@ local function admit(k, a, b, kind)
   end
   local now, keep_s = b.now, b.keep_s
   local expired = expires and expires <= now
-  local st, ans, fin, lease, own, n, c, tail = load(key)
+  local st, ans, fin, lease, own, n, c, tail, as = load(key, b.strings, true, true)
   if st then
     local at, held = at_of(tail), tonumber(lease) or 0
     local mine, answered = own == ticket and 1 or 0, ans == YES and 1 or 0
@@ -344,25 +397,25 @@ local function admit(k, a, b, kind)
     elseif st == X then
       -- Its send began and its owner vanished: the mail may have gone out.
       -- Never resent (at most once); the caller answers it.
-      store(key, keep_s, 'u', '0', '-', lease, own, n, c, tail)
+      store(key, b, as, 'u', '0', '-', lease, own, n, c, tail)
       return CODE.unknown, at, mine, 0
     elseif st == A and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
       decide.forget(first, last, decide.member_of(at, id))
-      store(key, keep_s, 'r', '0', 'e', '0', own, attempt_s, c, tail)
+      store(key, b, as, 'r', '0', 'e', '0', own, attempt_s, c, tail)
       return CODE.expired, reserved(rv_of(tail))
     elseif st == A and expired then
       -- Another message of the job, and too late for it; the owner's own
       -- copy judges its admission by its own expires_at when it comes back.
       return CODE.expired
     elseif st == A and latest
-      and superseded(latest, math.min(made or at, at), skew, id, key) then
+      and superseded(latest, math.min(made or at, at), skew, id, key, b.strings) then
       -- Its code is stale: refunded unsent, and answered by the caller.
       decide.forget(first, last, decide.member_of(at, id))
-      store(key, keep_s, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
+      store(key, b, as, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
       return CODE.superseded, 1
     elseif st == A then
-      store(key, keep_s, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
+      store(key, b, as, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
       return CODE.resumed, at
     end
   end
@@ -375,7 +428,7 @@ local function admit(k, a, b, kind)
   if kind == 'admit' then
     if latest then
       made = math.min(made or now, now)
-      if superseded(latest, made, skew, id, key) then return CODE.superseded, 0 end
+      if superseded(latest, made, skew, id, key, b.strings) then return CODE.superseded, 0 end
     end
     local d, s, rule, shadow_d
     local logs = {}
@@ -391,8 +444,17 @@ local function admit(k, a, b, kind)
     end
   end
   -- Written whole: nothing of a refunded record's earlier life stays.
-  store(key, keep_s, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
-    now_text(b) .. '|' .. (kind == 'create' and ARGV[a + 6] or '') .. '|' .. want)
+  local rv = kind == 'create' and ARGV[a + 6] or ''
+  if b.strings then
+    store(key, b, true, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
+      now_text(b) .. '|' .. rv .. '|' .. want)
+  else
+    if st then call('DEL', key) end
+    call('HSET', key, 'fp', want, 'at', now_text(b), 'st', state, 'own', ticket, 'n', attempt_s,
+      'lease', lease_end(b), 'ans', '0', 'c', call_id)
+    if rv ~= '' then call('HSET', key, 'rv', rv) end
+    call('PEXPIRE', key, keep_s)
+  end
   return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
 
@@ -404,13 +466,19 @@ item "sending" -- the owner begins its SMTP transaction: a becomes x, lease
   this very call run again.
 ]]
 local function sending(k, a, b)
-  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
+  local st, ans, _, _, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
   if not st or own ~= ARGV[a] or n ~= ARGV[a + 1] then return 0 end
   -- This very call again (its reply lost): it is sending.
   if st == X and c == ARGV[a + 2] then return 1 end
   if st ~= A then return 0 end
-  store(KEYS[k], b.keep_s, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2],
-    tail)
+  if b.strings or as then
+    store(KEYS[k], b, as, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2],
+      tail)
+  else
+    -- (A hash: only what the mark changes, as earlier versions wrote it.)
+    call('HSET', KEYS[k], 'st', 'x', 'lease', lease_end(b), 'c', ARGV[a + 2])
+    call('PEXPIRE', KEYS[k], b.keep_s)
+  end
   return 1
 end
 
@@ -422,11 +490,11 @@ item "release" -- the owner's send failed before the message was handed
   1 if this attempt of the ticket owned an unsent admission, else 0.
 ]]
 local function release(k, a, b)
-  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
+  local st, ans, _, _, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
   if (st ~= A and st ~= X) or own ~= ARGV[a] or n ~= ARGV[a + 1] then
     return 0
   end
-  store(KEYS[k], b.keep_s, 'a', ans == YES and '1' or '0', '-', '0', own, n, c, tail)
+  store(KEYS[k], b, as, 'a', ans == YES and '1' or '0', '-', '0', own, n, c, tail)
   return 1
 end
 
@@ -459,16 +527,22 @@ end
 local function settle(k, a, b)
   local ticket, attempt, id, how, answered = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[k]
-  local st, _, _, _, own, n, c, tail = load(key)
+  local st, _, _, _, own, n, c, tail, as = load(key, b.strings, true, false)
   local e, i, d, nonce = -1, -1, -1, -1
   if not st then return 0 end
   local owning = own == ticket and n == attempt
   if how == 's' then
     if st == R then return 0 end
-    store(key, b.keep_s, 's', answered, '-', '0', ticket, attempt, c, tail)
+    if b.strings or as then
+      store(key, b, as, 's', answered, '-', '0', ticket, attempt, c, tail)
+    else
+      -- (A hash: only what the settle changes, as earlier versions wrote it.)
+      call('HSET', key, 'st', 's', 'own', ticket, 'n', attempt, 'lease', '0', 'ans', answered)
+      call('PEXPIRE', key, b.keep_s)
+    end
   elseif how == 'u' then
     if not owning or (st ~= X and st ~= U) then return 0 end
-    store(key, b.keep_s, 'u', answered, '-', '0', own, n, c, tail)
+    store(key, b, as, 'u', answered, '-', '0', own, n, c, tail)
   else
     -- Asked again (its first reply was lost): 0, and the reservations
     -- again, which the caller gives back again (ZREM is idempotent).
@@ -479,7 +553,7 @@ local function settle(k, a, b)
     end
     if not owning or (st ~= A and st ~= X) then return 0 end
     decide.forget(k + 1, k + tonumber(ARGV[a + 5]), decide.member_of(at_of(tail), id))
-    store(key, b.keep_s, 'r', answered, how, '0', own, n, c, tail)
+    store(key, b, as, 'r', answered, how, '0', own, n, c, tail)
     local rv = rv_of(tail)
     if rv then return 1, reserved(rv) end
   end
@@ -491,9 +565,9 @@ item "answered" -- the owner's final result was confirmed by RabbitMQ.
   Values: ticket. KEYS: the record. 1 if the ticket owns the record.
 ]]
 local function answered(k, a, b)
-  local st, _, fin, lease, own, n, c, tail = load(KEYS[k])
+  local st, _, fin, lease, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
   if not st or own ~= ARGV[a] then return 0 end
-  store(KEYS[k], b.keep_s, string.char(st), '1', string.char(fin), lease, own, n, c, tail)
+  store(KEYS[k], b, as, string.char(st), '1', string.char(fin), lease, own, n, c, tail)
   return 1
 end
 
@@ -526,13 +600,16 @@ local ITEMS = {
 -- A batch's settings from v[a] on: keep_ms, lease_ms, then the rule sets;
 -- they and the index after them, or nil and why if they are malformed.
 local function settings(v, a)
-  if not period_ok(v[a], decide.MAX_KEEP_MS) or not period_ok(v[a + 1]) then
-    return nil, 'bad dedup or lease'
+  local form = v[a + 2]
+  if not period_ok(v[a], decide.MAX_KEEP_MS) or not period_ok(v[a + 1])
+    or (form ~= 'hash' and form ~= 'string') then
+    return nil, 'bad dedup, lease or record form'
   end
-  local sets, after = decide.rule_sets(v, a + 2)
+  local sets, after = decide.rule_sets(v, a + 3)
   if not sets then return nil, after end
   -- shapes: decide.sets_of's memo for these sets.
-  return {keep_s = v[a], lease = tonumber(v[a + 1]), sets = sets, shapes = {}}, after
+  return {keep_s = v[a], lease = tonumber(v[a + 1]), strings = form == 'string', sets = sets,
+    shapes = {}}, after
 end
 
 -- The settings as the words of one argument (a Function library: see
@@ -576,7 +653,7 @@ local function batch()
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
   local b = {now = now, lease = lease, now_s = false, lease_s = false, keep_s = keep_s,
-    sets = head.sets, shapes = head.shapes, rooms = {}}
+    strings = head.strings, sets = head.sets, shapes = head.shapes, rooms = {}}
   local out, o = {now}, 1
   a, k, n = first_item, 1, 0
   while a <= nargs do

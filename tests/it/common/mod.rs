@@ -14,7 +14,7 @@ use mailgate::domain::{EmailAddress, IpKey, JobId, Name, Ticket};
 use mailgate::ledger::{Admission, Entry, JobRef, Ledger, MemoryLedger, RedisLedger, Verdict};
 use mailgate::limiter::overrides::Override;
 use mailgate::limiter::{Clock, Quotas, Request};
-use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
+use mailgate::settings::{LimitSettings, RecordForm, RedisSettings, Rule, ScopeRules};
 
 /// The Redis the tests share (the development machine's, or CI's).
 pub(crate) fn redis_url() -> String {
@@ -114,18 +114,40 @@ pub(crate) struct RedisBackend;
 impl Make for RedisBackend {
     type L = RedisLedger;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
-        let prefix = unique_prefix(test);
-        let cleanup = RedisCleanup {
-            prefix: prefix.clone(),
-        };
-        let ledger = RedisLedger::connect(&redis_settings(&prefix), &limits)
-            .await
-            .expect("connect to the shared Redis");
-        Built {
-            ledger,
-            _cleanup: Some(cleanup),
-            store: Some((redis_url(), prefix)),
-        }
+        on_shared_redis(test, limits, RecordForm::Hash).await
+    }
+}
+
+/// The Redis ledger on the shared Redis, writing job records as strings
+/// (`redis.record_form = "string"`).
+pub(crate) struct RedisStringsBackend;
+impl Make for RedisStringsBackend {
+    type L = RedisLedger;
+    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
+        on_shared_redis(test, limits, RecordForm::String).await
+    }
+}
+
+/// A Redis ledger on the shared Redis under a fresh prefix, writing job
+/// records in `form`.
+async fn on_shared_redis(
+    test: &str,
+    limits: LimitSettings,
+    form: RecordForm,
+) -> Built<RedisLedger> {
+    let prefix = unique_prefix(test);
+    let cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let mut settings = redis_settings(&prefix);
+    settings.record_form = form;
+    let ledger = RedisLedger::connect(&settings, &limits)
+        .await
+        .expect("connect to the shared Redis");
+    Built {
+        ledger,
+        _cleanup: Some(cleanup),
+        store: Some((redis_url(), prefix)),
     }
 }
 

@@ -90,7 +90,9 @@ fn the_function_answers_and_writes_as_the_script_does() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut pool: Vec<Vec<String>> = Vec::new();
     let mut now: i64 = 1_790_000_000_000;
-    let ids = ["a", "b", "c", "d", "e"];
+    // Ids may hold `|` and spaces (a record's fields go by `|`: only its key
+    // and its fingerprint hold them, and here the fingerprint is the id).
+    let ids = ["a", "b|c", "d e", "|", "e|"];
     let scopes = ["t:s:1", "t:s:2", "t:s:3"];
     let digit = |i: u64| char::from(48 + u8::try_from(i).unwrap());
     for call in 0..2500 {
@@ -128,7 +130,8 @@ fn the_function_answers_and_writes_as_the_script_does() {
         let r = 1 + rng.below(3);
         // The settings: each an argument of the script's, words of one
         // argument of the function's.
-        let mut settings: Vec<String> = vec!["86400000".into(), "30000".into()];
+        let form = rng.pick(&["hash", "string"]).to_string();
+        let mut settings: Vec<String> = vec!["86400000".into(), "30000".into(), form];
         settings.push(r.to_string());
         for _ in 0..r {
             settings.extend(set(&mut rng, now));
@@ -164,7 +167,7 @@ fn the_function_answers_and_writes_as_the_script_does() {
                         _ => String::new(),
                     };
                     let flag = format!("{}:{call_id}", rng.below(2));
-                    let fp = if rng.below(20) == 0 { "other" } else { id };
+                    let fp = if rng.below(20) == 0 { "o|ther" } else { id };
                     args.extend(
                         [
                             "admit", id, fp, ticket, attempt, &flag, &expires, &shape, "",
@@ -261,7 +264,17 @@ fn whole_numbers_spelled_otherwise_write_nothing() {
         ("the record's keep 8.64e7", "8.64e7", "60000"),
     ];
     for (what, record_keep, set_keep) in calls {
-        let settings = [record_keep, "30000", "1", "1", set_keep, "60000", "1", "0"];
+        let settings = [
+            record_keep,
+            "30000",
+            "hash",
+            "1",
+            "1",
+            set_keep,
+            "60000",
+            "1",
+            "0",
+        ];
         for how in ["EVAL", "FCALL"] {
             let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
             let mut cmd = redis::cmd(how);

@@ -13,7 +13,7 @@ use mailgate::ledger::{
     Verdict,
 };
 use mailgate::limiter::{Clock, Quotas, Scope, Subject};
-use mailgate::settings::{LimitSettings, RedisSettings};
+use mailgate::settings::{LimitSettings, RecordForm, RedisSettings};
 
 /// Two mailboxes at each of two registrable domains (`DOMAINS[e / 2]`).
 const EMAILS: [&str; 4] = [
@@ -474,7 +474,7 @@ async fn malformed_calls_write_nothing() {
     let mut conn = server.connection();
     let script = mailgate::store::scripts::LEDGER.source();
     let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
-    let head = ["batch", "", "86400000", "30000"];
+    let head = ["batch", "", "86400000", "30000", "hash"];
     let batch = |items: &[&'static str]| [&head[..], &sets[..], items].concat();
     let calls: Vec<(Vec<&str>, Vec<&str>)> = vec![
         // A good request, then one with a bad flag: the first is not written.
@@ -503,11 +503,21 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a"],
             batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]),
         ),
+        // Records in a form there is none of.
+        (
+            vec!["t:job:a", "t:email:a"],
+            [
+                &["batch", "", "86400000", "30000", "json"][..],
+                &sets[..],
+                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+            ]
+            .concat(),
+        ),
         // A good request whose record would outlive what Redis accepts.
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "99999999999999999", "30000"][..],
+                &["batch", "", "99999999999999999", "30000", "hash"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -521,6 +531,7 @@ async fn malformed_calls_write_nothing() {
                 "",
                 "86400000",
                 "30000",
+                "hash",
                 "1",
                 "1",
                 "31536000000000000000",
@@ -556,7 +567,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "86400000.5", "30000"][..],
+                &["batch", "", "86400000.5", "30000", "hash"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -565,7 +576,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "86400000", "30000.5"][..],
+                &["batch", "", "86400000", "30000.5", "hash"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -582,8 +593,8 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             vec![
-                "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
-                "tk", "1:a", "0:c1", "", "01",
+                "batch", "", "86400000", "30000", "hash", "1", "1", "1", "0", "1", "admit", "a",
+                "fp", "tk", "1:a", "0:c1", "", "01",
             ],
         ),
         (
@@ -599,7 +610,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a"],
             [
-                &["batch", "", "99999999999999999", "30000"][..],
+                &["batch", "", "99999999999999999", "30000", "hash"][..],
                 &sets[..],
                 &["sending", "tk", "1:a", "c1"],
             ]
@@ -1872,40 +1883,59 @@ async fn scope_logs_trimmed_hourly_survive_a_clock_stepping_back() {
     assert!(admitted.len() > 300, "{} admitted", admitted.len());
 }
 
-/// Rewrites job record `key` as an earlier version wrote records: a hash
-/// of the same fields (`ledger.lua`'s RECORD; `fin` and `rv` only when
-/// set), with the same TTL.
-fn as_hash(conn: &mut redis::Connection, key: &str) {
-    let text: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+/// Rewrites job record `key` in the other form (a hash of the same fields
+/// as earlier versions wrote, and `redis.record_form = "hash"` writes; or
+/// the string `"string"` writes), with the same TTL.
+fn flip(conn: &mut redis::Connection, key: &str) {
     let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).unwrap();
-    let f: Vec<&str> = text.splitn(8, '|').collect();
-    let (head, fp) = (f[0].as_bytes(), f[7]);
-    let (st, ans, fin) = (head[0] as char, head[1] as char, head[2] as char);
-    let mut fields: Vec<String> = ["st", &st.to_string(), "ans", &ans.to_string()]
-        .map(String::from)
-        .to_vec();
-    for (name, value) in [
-        ("lease", f[1]),
-        ("own", f[2]),
-        ("n", f[3]),
-        ("c", f[4]),
-        ("at", f[5]),
-        ("fp", fp),
-    ] {
-        fields.extend([name.to_owned(), value.to_owned()]);
+    if type_of(conn, key) == "hash" {
+        let h: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(key).query(conn).unwrap();
+        let f = |name: &str| h.get(name).cloned().unwrap_or_default();
+        let fin = h.get("fin").cloned().unwrap_or_else(|| "-".into());
+        let text = format!(
+            "{}{}{fin}|{}|{}|{}|{}|{}|{}|{}",
+            f("st"),
+            f("ans"),
+            f("lease"),
+            f("own"),
+            f("n"),
+            f("c"),
+            f("at"),
+            f("rv"),
+            f("fp")
+        );
+        let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
+        let () = redis::cmd("SET").arg(key).arg(text).query(conn).unwrap();
+    } else {
+        let text: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+        let f: Vec<&str> = text.splitn(8, '|').collect();
+        let head = f[0].as_bytes();
+        let (st, ans, fin) = (head[0] as char, head[1] as char, head[2] as char);
+        let mut fields: Vec<String> = vec!["st".into(), st.into(), "ans".into(), ans.into()];
+        for (name, value) in [
+            ("lease", f[1]),
+            ("own", f[2]),
+            ("n", f[3]),
+            ("c", f[4]),
+            ("at", f[5]),
+            ("fp", f[7]),
+        ] {
+            fields.extend([name.to_owned(), value.to_owned()]);
+        }
+        if fin != '-' {
+            fields.extend(["fin".to_owned(), fin.to_string()]);
+        }
+        if !f[6].is_empty() {
+            fields.extend(["rv".to_owned(), f[6].to_owned()]);
+        }
+        let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
+        let () = redis::cmd("HSET")
+            .arg(key)
+            .arg(&fields)
+            .query(conn)
+            .unwrap();
     }
-    if fin != '-' {
-        fields.extend(["fin".to_owned(), fin.to_string()]);
-    }
-    if !f[6].is_empty() {
-        fields.extend(["rv".to_owned(), f[6].to_owned()]);
-    }
-    let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
-    let () = redis::cmd("HSET")
-        .arg(key)
-        .arg(&fields)
-        .query(conn)
-        .unwrap();
     let () = redis::cmd("PEXPIRE").arg(key).arg(ttl).query(conn).unwrap();
 }
 
@@ -1914,34 +1944,43 @@ fn type_of(conn: &mut redis::Connection, key: &str) -> String {
     redis::cmd("TYPE").arg(key).query(conn).unwrap()
 }
 
-/// Records an earlier version wrote (hashes) during a rolling upgrade:
-/// every step of a job's life reads them as before, and the step's write
-/// turns each into the string this version writes (a send mark, a settle,
-/// "answered", a lease lapsed mid-send, a refund that gives the quota back).
-#[tokio::test]
-async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
+/// Records in the other form than the ledger writes (`redis.record_form`):
+/// hashes an earlier version wrote, met after moving to strings; strings,
+/// met after moving back to hashes before a rollback. Every step of a
+/// job's life reads them as before, and the step's write leaves the record
+/// in the ledger's own form (a send mark, a settle, "answered", a lease
+/// lapsed mid-send, a refund that gives the quota back, a conflict).
+async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
     let prefix = unique_prefix("oldrec");
     let _cleanup = RedisCleanup {
         prefix: prefix.clone(),
     };
-    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
+    let mut settings = redis_settings(&prefix);
+    settings.record_form = form;
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
     let mut conn = sync_redis();
     let t0 = 1_790_000_000_000;
     let record = |id: &str| format!("{prefix}job:{id}");
+    let own = match form {
+        RecordForm::Hash => "hash",
+        RecordForm::String => "string",
+    };
 
-    // Admitted, marked sending, settled sent, answered: each on a hash.
+    // Admitted, marked sending, settled sent, answered: each on a record
+    // in the other form.
     let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
     assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
-    as_hash(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), own);
+    flip(&mut conn, &record("j1"));
     assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
-    assert_eq!(type_of(&mut conn, &record("j1")), "string");
-    as_hash(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), own);
+    flip(&mut conn, &record("j1"));
     assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
-    as_hash(&mut conn, &record("j1"));
+    flip(&mut conn, &record("j1"));
     assert!(l.answered(&j1.by(&a)).await.unwrap());
-    as_hash(&mut conn, &record("j1"));
+    flip(&mut conn, &record("j1"));
     assert_eq!(
         j1.admit(&l, &Ticket::new(), Clock::At(t0 + 2)).await,
         Verdict::Sent {
@@ -1950,7 +1989,7 @@ async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
             answered: true
         }
     );
-    // Another job under the same id: a conflict, read from the hash.
+    // Another job under the same id: a conflict, read from the other form.
     let other = TestJob::new("j1", "someone.else@example.com", None);
     assert_eq!(
         other.admit(&l, &Ticket::new(), Clock::At(t0 + 3)).await,
@@ -1967,7 +2006,7 @@ async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
     };
     let admitted = l.admit(&now, Clock::At(t0)).await.unwrap();
     assert_eq!(admitted.verdict, Verdict::Admitted);
-    as_hash(&mut conn, &record("j2"));
+    flip(&mut conn, &record("j2"));
     // Well past its lease.
     let late = t0 + 2 * HOUR;
     assert_eq!(
@@ -1977,13 +2016,13 @@ async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
             answered: false
         }
     );
-    assert_eq!(type_of(&mut conn, &record("j2")), "string");
+    assert_eq!(type_of(&mut conn, &record("j2")), own);
 
-    // A refund on a hash gives the quota back: the mailbox (1 a minute)
-    // takes another job at once.
+    // A refund on the other form gives the quota back: the mailbox (1 a
+    // minute) takes another job at once.
     let (j3, c) = (TestJob::new("j3", "c@example.com", None), Ticket::new());
     assert_eq!(j3.admit(&l, &c, Clock::At(t0)).await, Verdict::Admitted);
-    as_hash(&mut conn, &record("j3"));
+    flip(&mut conn, &record("j3"));
     let refund = Ending::Refund(Refund::Failed);
     assert!(l.settle(&j3.by(&c), &refund, false).await.unwrap());
     let next = TestJob::new("j4", "c@example.com", None);
@@ -1991,7 +2030,7 @@ async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
         next.admit(&l, &Ticket::new(), Clock::At(t0 + SEC)).await,
         Verdict::Admitted
     );
-    as_hash(&mut conn, &record("j3"));
+    flip(&mut conn, &record("j3"));
     assert_eq!(
         j3.admit(&l, &c, Clock::At(t0 + 2 * SEC)).await,
         Verdict::Finished {
@@ -1999,4 +2038,115 @@ async fn records_an_earlier_version_wrote_are_read_and_rewritten() {
             answered: false
         }
     );
+    // Every record ends in the ledger's own form, with its expiry.
+    for id in ["j1", "j2", "j3", "j4"] {
+        let ttl: i64 = redis::cmd("PTTL").arg(record(id)).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{id} expires");
+    }
+}
+
+#[tokio::test]
+async fn hashes_of_an_earlier_version_are_read_and_rewritten_as_strings() {
+    records_in_the_other_form_are_read_and_rewritten(RecordForm::String).await;
+}
+
+#[tokio::test]
+async fn strings_are_read_and_rewritten_as_hashes_after_moving_back() {
+    records_in_the_other_form_are_read_and_rewritten(RecordForm::Hash).await;
+}
+
+/// Job ids are the producer's (up to 128 printable characters, `|` and
+/// spaces included) and name the record's key, never its fields: ids that
+/// look like a record's separators, or like a whole record, go through a
+/// job's life apart from each other. A copy of each is answered from its
+/// own record, another job under the id is a conflict, and a refund gives
+/// back that job's quota and no other's. In both record forms.
+#[tokio::test]
+async fn ids_that_look_like_records_keep_their_records_apart() {
+    for form in [RecordForm::String, RecordForm::Hash] {
+        ids_like_records_in(form).await;
+    }
+}
+
+async fn ids_like_records_in(form: RecordForm) {
+    let prefix = unique_prefix("barids");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let mut settings = redis_settings(&prefix);
+    settings.record_form = form;
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    let mut conn = sync_redis();
+    let t0 = 1_790_000_000_000;
+    let ids = [
+        "|",
+        "a|b",
+        "a|b|",
+        "a b",
+        "|x| |",
+        "ax-|0|t|1:a|c|1|0 1 2 3|fp",
+    ];
+    let jobs: Vec<(TestJob, Ticket)> = (ids.iter().enumerate())
+        .map(|(i, id)| {
+            let mail = format!("m{i}@example.com");
+            (TestJob::new(id, &mail, None), Ticket::new())
+        })
+        .collect();
+    for (i, (job, ticket)) in jobs.iter().enumerate() {
+        let at = t0 + i as u64;
+        assert_eq!(
+            job.admit(&l, ticket, Clock::At(at)).await,
+            Verdict::Admitted
+        );
+        let record: String = redis::cmd("TYPE")
+            .arg(format!("{prefix}job:{}", ids[i]))
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(record, form.as_str(), "{:?}'s record", ids[i]);
+    }
+    // Every other job sent and answered; the rest refunded.
+    for (i, (job, ticket)) in jobs.iter().enumerate() {
+        let at = t0 + 100 + i as u64;
+        if i % 2 == 0 {
+            assert!(l.sending(&job.by(ticket), Clock::At(at)).await.unwrap());
+            assert!(
+                l.settle(&job.by(ticket), &Ending::Sent, false)
+                    .await
+                    .unwrap()
+            );
+            assert!(l.answered(&job.by(ticket)).await.unwrap());
+        } else {
+            let failed = Ending::Refund(Refund::Failed);
+            assert!(l.settle(&job.by(ticket), &failed, false).await.unwrap());
+        }
+    }
+    for (i, (job, ticket)) in jobs.iter().enumerate() {
+        let at = t0 + 200 + i as u64;
+        let copy = job.admit(&l, &Ticket::new(), Clock::At(at)).await;
+        let own = job.admit(&l, ticket, Clock::At(at)).await;
+        if i % 2 == 0 {
+            let sent = |by_owner| Verdict::Sent {
+                admitted_at_ms: t0 + i as u64,
+                by_owner,
+                answered: true,
+            };
+            assert_eq!(copy, sent(false), "a copy of {:?}", ids[i]);
+            assert_eq!(own, sent(true), "{:?}'s own lineage", ids[i]);
+        } else {
+            // The refund gave the mailbox's quota back: a copy is admitted
+            // anew (the lineage that ended is answered from its record
+            // only while it owns it).
+            assert_eq!(copy, Verdict::Admitted, "a copy of refunded {:?}", ids[i]);
+            assert_ne!(own, Verdict::Admitted, "{:?}'s own lineage", ids[i]);
+        }
+        let other = TestJob::new(ids[i], "someone.else@example.com", None);
+        assert_eq!(
+            other.admit(&l, &Ticket::new(), Clock::At(at + 1)).await,
+            Verdict::Conflict,
+            "another job under {:?}",
+            ids[i]
+        );
+    }
 }
