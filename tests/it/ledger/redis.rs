@@ -2150,3 +2150,81 @@ async fn ids_like_records_in(form: RecordForm) {
         );
     }
 }
+
+/// A job record's fields in hash form, by name.
+fn fields_of(
+    conn: &mut redis::Connection,
+    key: &str,
+) -> std::collections::BTreeMap<String, String> {
+    redis::cmd("HGETALL").arg(key).query(conn).unwrap()
+}
+
+/// With `redis.record_form = "hash"` (the default) a record holds exactly
+/// the fields, and the values, that versions before the string form wrote
+/// (fp, at, st, own, n, lease, ans, c; fin only once refunded), at every
+/// step of a job's life and after a string was rewritten, so a worker of
+/// an earlier version reads every record the ledger writes while both
+/// run.
+#[tokio::test]
+async fn hash_records_hold_exactly_the_fields_of_earlier_versions() {
+    let prefix = unique_prefix("hashfields");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
+        .await
+        .unwrap();
+    let mut conn = sync_redis();
+    let t0: u64 = 1_790_000_000_000;
+    let key = |id: &str| format!("{prefix}job:{id}");
+    let names = |f: &std::collections::BTreeMap<String, String>| {
+        f.keys().map(String::as_str).collect::<Vec<_>>().join(" ")
+    };
+    const LIVE: &str = "ans at c fp lease n own st";
+    const REFUNDED: &str = "ans at c fin fp lease n own st";
+
+    let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
+    assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
+    let f = fields_of(&mut conn, &key("j1"));
+    assert_eq!(names(&f), LIVE);
+    assert_eq!((f["st"].as_str(), f["ans"].as_str()), ("a", "0"));
+    assert_eq!(f["at"], t0.to_string());
+    assert_eq!(f["own"], a.as_str());
+    let lease: u64 = f["lease"].parse().unwrap();
+    assert!(lease > t0, "a lease from the admission: {f:?}");
+
+    assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
+    let f = fields_of(&mut conn, &key("j1"));
+    assert_eq!((names(&f).as_str(), f["st"].as_str()), (LIVE, "x"));
+    // A string met in hash form is rewritten whole, with the same fields.
+    flip(&mut conn, &key("j1"));
+    assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
+    let f = fields_of(&mut conn, &key("j1"));
+    assert_eq!(names(&f), LIVE);
+    assert_eq!((f["st"].as_str(), f["lease"].as_str()), ("s", "0"));
+    assert_eq!(f["at"], t0.to_string());
+    flip(&mut conn, &key("j1"));
+    assert!(l.answered(&j1.by(&a)).await.unwrap());
+    let f = fields_of(&mut conn, &key("j1"));
+    assert_eq!(names(&f), LIVE);
+    assert_eq!((f["st"].as_str(), f["ans"].as_str()), ("s", "1"));
+
+    // A refund adds fin, and only a refund; a string rewritten keeps it.
+    let (j2, b) = (TestJob::new("j2", "b@example.com", None), Ticket::new());
+    assert_eq!(j2.admit(&l, &b, Clock::At(t0)).await, Verdict::Admitted);
+    let refund = Ending::Refund(Refund::Invalid);
+    assert!(l.settle(&j2.by(&b), &refund, false).await.unwrap());
+    let f = fields_of(&mut conn, &key("j2"));
+    assert_eq!(names(&f), REFUNDED);
+    assert_eq!((f["st"].as_str(), f["fin"].as_str()), ("r", "i"));
+    flip(&mut conn, &key("j2"));
+    assert!(l.answered(&j2.by(&b)).await.unwrap());
+    let f = fields_of(&mut conn, &key("j2"));
+    assert_eq!(names(&f), REFUNDED);
+    assert_eq!((f["fin"].as_str(), f["ans"].as_str()), ("i", "1"));
+    for id in ["j1", "j2"] {
+        assert_eq!(type_of(&mut conn, &key(id)), "hash");
+        let ttl: i64 = redis::cmd("PTTL").arg(key(id)).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{id} expires");
+    }
+}
