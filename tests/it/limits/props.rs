@@ -166,7 +166,7 @@ async fn run_case<L: Ledger>(
     let mut t = START;
     let mut newest = START;
     let norm = Normalization::default();
-    let fail = |e: mailgate::ledger::LedgerError| TestCaseError::fail(e.to_string());
+    let fail = |e: mailgate::ledger::LedgerError| TestCaseError::fail(format!("{e} ({e:?})"));
     for op in ops {
         match *op {
             Op::Check {
@@ -323,7 +323,7 @@ fn agrees(base: &RedisSettings, limits: LimitSettings, max_step: u64) {
             rt.block_on(async {
                 let l = RedisLedger::connect(&settings, &limits)
                     .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    .map_err(|e| TestCaseError::fail(format!("{e} ({e:?})")))?;
                 run_case(&l, &limits, &ops).await
             })
         })
