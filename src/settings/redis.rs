@@ -81,8 +81,8 @@ pub enum RecordForm {
     #[default]
     Hash,
     /// One string, written whole with its expiry by one `SET`: about half
-    /// Redis's work per record read or written (a fifth less per admitted
-    /// job in all; BENCHMARKS.md).
+    /// Redis's work per record read or written (about a sixth less per
+    /// admitted job in all; BENCHMARKS.md).
     String,
 }
 

@@ -121,11 +121,10 @@ local A, X, S, U, R, YES = string.byte('axsur1', 1, 6)
 -- (at, rv, fp: fixed at admission) begins.
 local RECORD = '^...|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()'
 
--- Whether Redis's answer `r` to a read is WRONGTYPE (the key holds the
--- record in the other form); any other error is raised.
+-- Raises the error Redis answered a read with (`r`), unless it is
+-- WRONGTYPE: the key holds the record in the other form.
 local function other_form(r)
-  if string.find(r.err or '', 'WRONGTYPE', 1, true) then return true end
-  error(r)
+  if not string.find(r.err or '', 'WRONGTYPE', 1, true) then error(r) end
 end
 
 -- Reads the record at `key` as a hash (pcall's answer: its fields, or an
@@ -174,9 +173,10 @@ local function load(key, strings, tail, new)
   return from_hash(h, true)
 end
 
--- A tail's admission time (ms).
+-- A tail's admission time (ms; 0 if a record lacks it, so no reply holds
+-- a nil among its values).
 local function at_of(tail)
-  return tonumber(string.match(tail, '^%d*'))
+  return tonumber(string.match(tail, '^%d*')) or 0
 end
 
 -- A tail's reservations (rv), or nil if it has none.
