@@ -12,12 +12,15 @@ Redis's work). The yardstick is one call of article 003's script
 host, so the ratios hold on any machine (issue 28's goals: an admitted job
 at most 1.8 article calls, a rejected one at most 0.6).
 
-    python3 benches/redis_cost.py        # about a minute; needs valgrind and redis-py
+    python3 benches/redis_cost.py        # about two minutes; needs valgrind and redis-py
+    SCRIPTS=<dir> python3 benches/redis_cost.py   # another version's scripts
 
 Each scenario runs 1 000 jobs, 5 per call as the e2e bench's worker
 batches them at full load, then 1 per call (a worker with one job at a
 time), through the ledger's script (EVALSHA) and through its function
-library (FCALL), as the worker calls them; the shipped config's email and
+library (FCALL), as the worker calls them, each writing job records as
+hashes and as strings (redis.record_form; scripts from before the choice
+write hashes); the shipped config's email and
 ip rule sets; every mailbox and network new. Figures: instructions per
 job (and against one article call).
   admitted, marked sending later: call n carries the settles of the jobs
