@@ -28,7 +28,9 @@ job (and against one article call).
       admissions (a worker whose SMTP connections were all busy);
   admitted, sending at once: the admission marks the send (a connection
       was free), so only admissions and settles;
-  rejected: admissions of mailboxes whose 1-per-minute rule is full.
+  rejected: admissions of mailboxes whose 1-per-minute rule is full;
+  rejected, a flood: every job for one mailbox from one network (mail
+      bombing), each rejected by the mailbox's minute.
 """
 import glob
 import os
@@ -142,10 +144,10 @@ def ledger_library(name):
             "  KEYS, ARGV = keys, args\n  main = main or setup()\n  return main()\nend)\n")
 
 
-def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None):
+def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, flood=False):
     """The worker's calls for rounds * per jobs, pipelined (`code`: the
-    script's hash, or ("fcall", function); `form`: see head); returns the
-    replies."""
+    script's hash, or ("fcall", function); `form`: see head; `flood`: every
+    job for mailbox m0 from network n0); returns the replies."""
     boxes = boxes or tag
     p = r.pipeline(transaction=False)
     flag = "1:c1" if send_now else "0:c1"
@@ -161,7 +163,8 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None):
                 args += ["sending", f"tk{j}", "1:ab", "c2"]
         if rd < rounds:
             for j in range(rd * per, (rd + 1) * per):
-                keys += [f"{tag}:job:{j}", f"{boxes}:email:m{j}", f"{tag}:ip:n{j}"]
+                m = 0 if flood else j
+                keys += [f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}"]
                 args += ["admit", str(j), "fp", f"tk{j}", "1:ab", flag, "", "0102", ""]
         if keys and isinstance(code, tuple):
             p.execute_command("FCALL", code[1], len(keys), *keys, *args)
@@ -189,6 +192,13 @@ def scenarios(c, r, code, form, name, per):
     n = c.count(lambda: calls(r, code, form, boxes + "r", rounds, True, per, settle=False,
                               boxes=boxes))
     out.append(("rejected (the mailbox's 1 per minute is full)", n / JOBS))
+    # A flood: every job for one mailbox from one network (mail bombing),
+    # all rejected but the first.
+    flood = f"{name}{per}f"
+    calls(r, code, form, flood + "w", 1, True, 1, settle=False, flood=True)
+    n = c.count(lambda: calls(r, code, form, flood, rounds, True, per, settle=False,
+                              boxes=flood + "w", flood=True))
+    out.append(("rejected, a flood for one mailbox from one network", n / JOBS))
     last = calls(r, code, form, boxes + "r2", 1, True, per, settle=False, boxes=boxes)[-1]
     # The first item's code (times 8 plus how many values follow, since
     # replies leave out values an item does not have).
