@@ -118,8 +118,13 @@ class Counted:
 
 
 def sources():
+    """decide.lua (with records.lua after it, as a second module, where the
+    scripts have one) and ledger.lua."""
     decide = open(os.path.join(SCRIPTS, "decide.lua")).read()
     ledger = open(os.path.join(SCRIPTS, "ledger.lua")).read()
+    records = os.path.join(SCRIPTS, "records.lua")
+    if os.path.exists(records):
+        decide += "\nend)()\nlocal records = (function()\n" + open(records).read()
     return decide, ledger
 
 

@@ -13,21 +13,8 @@ then the library's, set by each call).
 Record KEYS <prefix>job:<id>, which lives `keep_ms` after its last write
 (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
 Redis's clock steps forward), so an id is never mailed twice within
-dedup_for. Two forms, chosen by the batch's settings (redis.record_form):
-  hash    the fields below by name; what every version reads, and the
-          default
-  string  the fields in this order (RECORD below), written whole with
-          the record's expiry by one SET:
-            <st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>
-          the fields a job's life changes first, then those fixed at
-          admission (at, rv, fp: kept as one tail); only fp may hold '|'
-          (the items' checks refuse it in a ticket). One string costs
-          Redis half what a hash of ten fields does, to read and to write;
-          versions before it cannot read one (their batch fails, after
-          writing what its earlier items wrote), so it is for a
-          deployment whose every worker runs this version or a later one.
-`load` reads either form; `store` writes the batch's, and a record held in
-the other form is rewritten whole.
+dedup_for. A hash of these fields by name, or one string of them
+(redis.record_form): records.lua reads either and writes the batch's.
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
@@ -70,7 +57,11 @@ versions from failing on each other's keys during an upgrade.)
 Result codes of an "admit" item (Code in src/ledger/redis/reply.rs; a test in
 src/store/scripts/ checks that both agree):
 ]]
-local call, tonumber, sub, byte = redis.call, tonumber, string.sub, string.byte
+local call, tonumber, sub = redis.call, tonumber, string.sub
+-- The record's states (bytes, as records.load reads them) and its I/O.
+local A, X, S, U, R, YES = records.A, records.X, records.S, records.U, records.R, records.YES
+local load, store, at_of, rv_of, ticket_ok =
+  records.load, records.store, records.at_of, records.rv_of, records.ticket_ok
 
 local CODE = {
   rejected = 0, -- retry_after_ms, scope, rule: a limit applies; nothing written
@@ -115,98 +106,6 @@ local function fail(why)
   return redis.error_reply('mailgate ledger ' .. tostring(op) .. ': ' .. why)
 end
 
--- A record's states and answered flag as `load` reads them (bytes).
-local A, X, S, U, R, YES = string.byte('axsur1', 1, 6)
--- The fields after the first three: lease, own, n, c, and where the tail
--- (at, rv, fp: fixed at admission) begins.
-local RECORD = '^...|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()'
-
--- Raises the error Redis answered a read with (`r`), unless it is
--- WRONGTYPE: the key holds the record in the other form.
-local function other_form(r)
-  if not string.find(r.err or '', 'WRONGTYPE', 1, true) then error(r) end
-end
-
--- Reads the record at `key` as a hash (pcall's answer: its fields, or an
--- error); `tail`: with the fields fixed at admission (at, rv, fp).
-local function read_hash(key, tail)
-  if tail then
-    return redis.pcall('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c', 'at', 'rv', 'fp')
-  end
-  return redis.pcall('HMGET', key, 'st', 'ans', 'fin', 'lease', 'own', 'n', 'c')
-end
-
--- A hash's fields (read_hash's answer) as `load` returns them, or nil.
-local function from_hash(h, tail)
-  if not h[1] then return nil end
-  local st, ans, fin = byte(h[1] .. (h[2] or '0') .. (h[3] or '-'), 1, 3)
-  return st, ans, fin, h[4] or '0', h[5] or '', h[6] or '', h[7] or '',
-    tail and (h[8] or '0') .. '|' .. (h[9] or '') .. '|' .. (h[10] or ''), false
-end
-
--- The record at `key`, or nil if it has none: st, ans, fin (bytes), lease,
--- own, n, c (strings), the tail "<at>|<rv>|<fp>" (read from a hash only
--- with `tail`: a mark that writes a hash needs none of it), and whether it
--- is held as a string. Either form is read; `strings` says which to try
--- first (the one this batch writes). `new`: the key is likely not there
--- (an admission's: most ids are new, and EXISTS costs Redis less than
--- reading the fields).
-local function load(key, strings, tail, new)
-  if not strings then
-    if new and call('EXISTS', key) == 0 then return nil end
-    local h = read_hash(key, tail)
-    if not h.err then return from_hash(h, tail) end
-    other_form(h)
-  end
-  local r = redis.pcall('GET', key)
-  if not r then
-    return nil
-  elseif type(r) == 'string' then
-    local st, ans, fin = byte(r, 1, 3)
-    local lease, own, n, c, tail = string.match(r, RECORD)
-    return st, ans, fin, lease, own, n, c, sub(r, tail), true
-  end
-  other_form(r)
-  -- A hash met by a batch that writes strings: rewritten whole, tail and all.
-  local h = read_hash(key, true)
-  if h.err then error(h) end
-  return from_hash(h, true)
-end
-
--- A tail's admission time (ms; 0 if a record lacks it, so no reply holds
--- a nil among its values).
-local function at_of(tail)
-  return tonumber(string.match(tail, '^%d*')) or 0
-end
-
--- A tail's reservations (rv), or nil if it has none.
-local function rv_of(tail)
-  local rv = string.match(tail, '^%d*|([^|]*)')
-  return rv ~= '' and rv or nil
-end
-
--- Writes the record at `key` in the form the batch writes (b.strings), to
--- live b.keep_s ms: st, ans, fin as characters, the rest as `load` reads
--- them. `as`: whether the key holds it as a string now. A string is
--- written whole; a hash, the fields a life changes (all of them where the
--- key held a string).
-local function store(key, b, as, st, ans, fin, lease, own, n, c, tail)
-  if b.strings then
-    call('SET', key, st .. ans .. fin .. '|' .. lease .. '|' .. own .. '|' .. n .. '|' .. c
-      .. '|' .. tail, 'PX', b.keep_s)
-    return
-  end
-  if as then
-    local at, rv, fp = string.match(tail, '^(%d*)|([^|]*)|(.*)$')
-    call('DEL', key)
-    call('HSET', key, 'fp', fp, 'at', at)
-    if rv ~= '' then call('HSET', key, 'rv', rv) end
-  end
-  call('HSET', key, 'st', st, 'ans', ans, 'lease', lease, 'own', own, 'n', n, 'c', c)
-  if fin ~= '-' then call('HSET', key, 'fin', fin) end
-  call('PEXPIRE', key, b.keep_s)
-end
-
 -- A batch's instant (b.now) and the end of a lease taken now, as commands
 -- take them: formatted when an item first writes them (a batch of
 -- rejections writes neither, and formatting a number costs Redis more
@@ -219,12 +118,6 @@ end
 local function lease_end(b)
   b.lease_s = b.lease_s or decide.int(b.now + b.lease)
   return b.lease_s
-end
-
--- Whether a ticket can be written into a record (no '|'): checked where an
--- item may write its own (admit, settle); the others write the record's.
-local function ticket_ok(t)
-  return t ~= nil and t ~= '' and not string.find(t, '|', 1, true)
 end
 
 --[[

@@ -5,7 +5,7 @@
 //!
 //! | Script | Runs | Parts |
 //! |---|---|---|
-//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe; the clock watch | `decide.lua`, `ledger.lua` |
+//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe; the clock watch | `decide.lua`, `records.lua`, `ledger.lua` |
 //! | [`LEDGER_LIBRARY`] | the ledger's batches, as a Redis Function (Redis >= 7; [`Calls`]) | the same |
 //! | [`SCOPE`] | one scope's log, with keys spread over a cluster's shards | `decide.lua`, `scope.lua` |
 //! | [`TOOLS`] | `mailgate limits show` and `reset`: one scope key's log | `tools.lua` |
@@ -68,6 +68,13 @@ const DECIDE: Module = Module {
     source: include_str!("decide.lua"),
 };
 
+/// How the ledger reads and writes a job's record (`records.lua`), in
+/// either form (`redis.record_form`).
+const RECORDS: Module = Module {
+    name: "records",
+    source: include_str!("records.lua"),
+};
+
 /// One script of the registry: its name, the source sent to Redis, and the
 /// `redis::Script` that runs it (by `EVALSHA`, loading it again on
 /// `NOSCRIPT`). Used as that `redis::Script` (it dereferences to it).
@@ -116,11 +123,11 @@ impl std::ops::Deref for Script {
 /// `main`, which runs the one ARGV[1] names.
 const LEDGER_LUA: &str = include_str!("ledger.lua");
 
-/// The ledger's script: the limiter's decision, then `ledger.lua`'s
-/// definitions, then its `main`.
+/// The ledger's script: the limiter's decision and the records' I/O, then
+/// `ledger.lua`'s definitions, then its `main`.
 pub static LEDGER: LazyLock<Script> = LazyLock::new(|| {
     let body = format!("return (function()\n{LEDGER_LUA}\nend)()()\n");
-    Script::compose("ledger", &[DECIDE], &body)
+    Script::compose("ledger", &[DECIDE, RECORDS], &body)
 });
 
 /// A script as a Redis Function library (Redis >= 7): the same code, whose
@@ -192,9 +199,9 @@ impl FunctionLibrary {
 }
 
 /// The ledger's batches as a Redis Function: `ledger.lua` after the
-/// limiter's decision.
+/// limiter's decision and the records' I/O.
 pub static LEDGER_LIBRARY: LazyLock<FunctionLibrary> =
-    LazyLock::new(|| FunctionLibrary::compose("mailgate_ledger", &[DECIDE], LEDGER_LUA));
+    LazyLock::new(|| FunctionLibrary::compose("mailgate_ledger", &[DECIDE, RECORDS], LEDGER_LUA));
 
 /// How the ledger's batches reach Redis, found when the scripts are loaded
 /// ([`preload`]).

@@ -152,6 +152,24 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         .flat_map(|(_, source)| uses_of(source, DECIDE.name))
         .collect();
     assert_eq!(exported, used, "decide.lua exports exactly what is used");
+    let probe = Script::compose(
+        "probe",
+        &[RECORDS],
+        "local names = {}\n\
+         for name in pairs(records) do names[#names + 1] = name end\n\
+         return names",
+    );
+    let names: Vec<String> = probe
+        .prepare_invoke()
+        .invoke_async(&mut conn)
+        .await
+        .expect("records.lua runs");
+    let exported: BTreeSet<String> = names.into_iter().collect();
+    let used = uses_of(include_str!("ledger.lua"), RECORDS.name);
+    assert_eq!(
+        exported, used,
+        "records.lua exports exactly what ledger.lua uses"
+    );
     ledger_codes_and_width_agree();
     let version = format!("'{}'", crate::store::overrides::VERSION);
     let prune = include_str!("prune.lua");

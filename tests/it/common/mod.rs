@@ -49,6 +49,11 @@ pub(crate) struct Built<L> {
 }
 
 impl<L> Built<L> {
+    /// The key prefix the ledger writes under (a Redis ledger's).
+    pub(crate) fn prefix(&self) -> &str {
+        self.store.as_ref().map_or("", |(_, prefix)| prefix)
+    }
+
     /// Deletes job `id`'s record, as Redis does once it lapses (records
     /// outlive `dedup_for` by an hour, longer than a test waits). In
     /// memory, a record lapses as the test's clock moves on.
@@ -128,9 +133,9 @@ impl Make for RedisStringsBackend {
     }
 }
 
-/// A Redis ledger on the shared Redis under a fresh prefix, writing job
-/// records in `form`.
-async fn on_shared_redis(
+/// A Redis ledger on the shared Redis under a fresh prefix (named for
+/// `test`), writing job records in `form`.
+pub(crate) async fn on_shared_redis(
     test: &str,
     limits: LimitSettings,
     form: RecordForm,

@@ -1951,15 +1951,8 @@ fn type_of(conn: &mut redis::Connection, key: &str) -> String {
 /// in the ledger's own form (a send mark, a settle, "answered", a lease
 /// lapsed mid-send, a refund that gives the quota back, a conflict).
 async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
-    let prefix = unique_prefix("oldrec");
-    let _cleanup = RedisCleanup {
-        prefix: prefix.clone(),
-    };
-    let mut settings = redis_settings(&prefix);
-    settings.record_form = form;
-    let l = RedisLedger::connect(&settings, &LimitSettings::default())
-        .await
-        .unwrap();
+    let built = on_shared_redis("oldrec", LimitSettings::default(), form).await;
+    let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let t0 = 1_790_000_000_000;
     let record = |id: &str| format!("{prefix}job:{id}");
@@ -2069,15 +2062,8 @@ async fn ids_that_look_like_records_keep_their_records_apart() {
 }
 
 async fn ids_like_records_in(form: RecordForm) {
-    let prefix = unique_prefix("barids");
-    let _cleanup = RedisCleanup {
-        prefix: prefix.clone(),
-    };
-    let mut settings = redis_settings(&prefix);
-    settings.record_form = form;
-    let l = RedisLedger::connect(&settings, &LimitSettings::default())
-        .await
-        .unwrap();
+    let built = on_shared_redis("barids", LimitSettings::default(), form).await;
+    let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let t0 = 1_790_000_000_000;
     let ids = [
@@ -2167,13 +2153,8 @@ fn fields_of(
 /// run.
 #[tokio::test]
 async fn hash_records_hold_exactly_the_fields_of_earlier_versions() {
-    let prefix = unique_prefix("hashfields");
-    let _cleanup = RedisCleanup {
-        prefix: prefix.clone(),
-    };
-    let l = RedisLedger::connect(&redis_settings(&prefix), &LimitSettings::default())
-        .await
-        .unwrap();
+    let built = on_shared_redis("hashfields", LimitSettings::default(), RecordForm::Hash).await;
+    let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let t0: u64 = 1_790_000_000_000;
     let key = |id: &str| format!("{prefix}job:{id}");
