@@ -245,7 +245,7 @@ fn encoded_len(v: &AMQPValue, depth: usize) -> Option<usize> {
     })
 }
 
-fn as_string(v: &AMQPValue) -> Option<String> {
+pub(super) fn as_string(v: &AMQPValue) -> Option<String> {
     match v {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
@@ -253,11 +253,11 @@ fn as_string(v: &AMQPValue) -> Option<String> {
     }
 }
 
-fn as_u32(v: &AMQPValue) -> Option<u32> {
+pub(super) fn as_u32(v: &AMQPValue) -> Option<u32> {
     as_u64(v).and_then(|n| u32::try_from(n).ok())
 }
 
-fn as_u64(v: &AMQPValue) -> Option<u64> {
+pub(super) fn as_u64(v: &AMQPValue) -> Option<u64> {
     let n: i64 = match v {
         AMQPValue::ShortShortInt(n) => (*n).into(),
         AMQPValue::ShortShortUInt(n) => (*n).into(),

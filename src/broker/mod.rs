@@ -20,7 +20,8 @@
 //!   its deliveries are counted, and the broker's delivery limit
 //!   dead-letters it alone, never the jobs that were in flight beside it.
 //! - `J.dead`: messages that cannot be answered, or whose answer cannot be
-//!   delivered, with the reason in their headers. Never consumed by mailgate.
+//!   delivered, with the reason in their headers. Never consumed by the
+//!   worker; `mailgate dead` lists, replays and purges them.
 //! - `results_queue`: results, unless a job names its own `reply_to`.
 //!
 //! **Only mailgate's own properties and headers are republished.** A copy
@@ -40,16 +41,22 @@
 //! connection and channels), `topology` (the queues' names and arguments),
 //! `incoming` (what a delivered job's properties and headers say, and what
 //! its copies carry of it), `ops` (consuming, and the confirmed publishes
-//! of results, retries, waits and dead letters).
+//! of results, retries, waits and dead letters), `browse` (looking at a
+//! queue without taking what it does not act on: the tools'), `dead` (what
+//! a dead letter's headers say, and what its replay carries).
 
+mod browse;
 mod connect;
+mod dead;
 mod incoming;
 mod ops;
 mod topology;
 
 use std::time::Duration;
 
+pub use browse::Browse;
 pub use connect::{Broker, connect_node};
+pub use dead::DeadLetter;
 pub use incoming::{Incoming, TraceHeaders};
 pub use ops::Consumers;
 pub use topology::Topology;
@@ -87,6 +94,10 @@ pub const PUBLISHED_HEADER: &str = "x-mailgate-published-ms";
 pub const TIMESTAMP_MS_HEADER: &str = "timestamp_in_ms";
 /// On dead letters: why the message could not be processed or answered.
 pub const ERROR_HEADER: &str = "x-mailgate-error";
+/// On dead letters: why, as one word ([`DeadReason`](crate::domain::DeadReason)).
+pub const REASON_HEADER: &str = "x-mailgate-reason";
+/// On dead letters: when mailgate dead-lettered it, ms since the epoch.
+pub const DEAD_AT_HEADER: &str = "x-mailgate-dead-ms";
 /// On dead letters: how many attempts were made (for people; a dead letter
 /// moved back to the jobs queue starts again at attempt 1).
 pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";

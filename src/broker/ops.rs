@@ -12,10 +12,10 @@ use lapin::{BasicProperties, Channel, Confirmation, Consumer};
 
 use super::incoming::put_trace;
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, ERROR_HEADER, Incoming, ORIGINAL_HEADER,
-    REDELIVERED_HEADER, TICKET_HEADER, TraceHeaders,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, DEAD_AT_HEADER, ERROR_HEADER, Incoming,
+    ORIGINAL_HEADER, REASON_HEADER, REDELIVERED_HEADER, TICKET_HEADER, TraceHeaders,
 };
-use crate::domain::Ticket;
+use crate::domain::{DeadReason, Ticket, now_ms};
 
 /// The two streams of jobs a worker consumes.
 #[derive(Debug)]
@@ -296,12 +296,26 @@ impl Broker {
         self.publish_declared(&queue, job.body(), props).await
     }
 
-    /// Sends `job` to the dead-letter queue with `error`, its attempt count
-    /// and its original properties in the headers. It carries no ticket, so
-    /// moved back to the jobs queue it is processed afresh, as attempt 1.
-    pub async fn dead_letter(&self, job: &Incoming, error: &str) -> Result<(), BrokerError> {
+    /// Sends `job` to the dead-letter queue with why (`reason` and `error`),
+    /// when, its attempt count and its original properties in the headers.
+    /// It carries no ticket, so moved back to the jobs queue it is processed
+    /// afresh, as attempt 1.
+    pub async fn dead_letter(
+        &self,
+        job: &Incoming,
+        reason: DeadReason,
+        error: &str,
+    ) -> Result<(), BrokerError> {
         let mut headers = job.copy_headers();
+        headers.insert(
+            REASON_HEADER.into(),
+            AMQPValue::LongString(reason.as_str().into()),
+        );
         headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.into()));
+        headers.insert(
+            DEAD_AT_HEADER.into(),
+            AMQPValue::LongLongInt(i64::try_from(now_ms()).unwrap_or(i64::MAX)),
+        );
         headers.insert(
             ATTEMPTS_HEADER.into(),
             AMQPValue::LongLongInt(job.attempt.into()),

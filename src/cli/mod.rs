@@ -1,6 +1,7 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
-//! worker, one file each (`publish`, `results`, `limits`, `overrides`,
-//! `clock`, `probe`, `check_config`; `worker` runs [`crate::worker`]).
+//! worker, one file each (`publish`, `results`, `dead`, `limits`,
+//! `overrides`, `clock`, `probe`, `check_config`; `worker` runs
+//! [`crate::worker`]).
 //! Each is an edge like `main`: it may use any stage, and it reports errors
 //! as one line with the cause and a hint. This file holds the clap tree,
 //! the dispatch, and what several tools share: reaching RabbitMQ and Redis
@@ -8,6 +9,7 @@
 
 mod check_config;
 mod clock;
+mod dead;
 mod limits;
 mod overrides;
 mod probe;
@@ -27,13 +29,14 @@ use crate::settings::Settings;
 
 pub use check_config::check_config;
 pub use clock::clock;
+pub use dead::{DeadAction, Filter as DeadFilter, Which as DeadWhich, dead};
 pub use limits::{
     LimitsAction, Named, limits, limits_reset, limits_show, render_usage, usage_json,
 };
 pub use overrides::{AddOverride, OverridesAction, overrides};
 pub use probe::{http_get, probe};
 pub use publish::{PublishArgs, jobs_from, publish};
-pub use results::results;
+pub use results::{Reading, results};
 
 /// Sends verification codes by mail, behind an exact rate limiter.
 #[derive(Parser)]
@@ -83,14 +86,31 @@ pub enum Command {
     Worker,
     /// Publish jobs (one from flags, or JSON lines) with publisher confirms.
     Publish(PublishArgs),
-    /// Print results as JSON lines.
+    /// Print the results queue's results as JSON lines, oldest first. It
+    /// looks and takes nothing unless told to (--consume): the application
+    /// that reads the results still gets every one.
     Results {
-        /// Keep printing new results until Ctrl-C.
+        /// Take the results printed: they leave the queue (for a results
+        /// queue no application reads).
         #[arg(long)]
+        consume: bool,
+        /// Keep printing, and taking, new results until Ctrl-C; needs
+        /// --consume (a look cannot wait for results without taking them).
+        #[arg(long, requires = "consume")]
         follow: bool,
+        /// Print at most this many (without --follow).
+        #[arg(long, conflicts_with = "follow")]
+        limit: Option<u64>,
         /// Read this queue instead of `[amqp]`'s `results_queue`.
         #[arg(long)]
         queue: Option<String>,
+    },
+    /// List, show, replay or purge dead letters (`<jobs_queue>.dead`),
+    /// taking only those acted on; safe while workers run.
+    Dead {
+        #[command(subcommand)]
+        /// List, show, replay or purge.
+        action: DeadAction,
     },
     /// Look at or reset a mailbox's or an IP's quota.
     Limits {
@@ -165,8 +185,18 @@ pub async fn run(
             worker.run(shutdown).await?;
             Ok(true)
         }
-        Command::Results { follow, queue } => {
-            results(&settings, queue.as_deref(), follow, shutdown).await?;
+        Command::Results {
+            consume,
+            follow,
+            limit,
+            queue,
+        } => {
+            let how = match (consume, follow) {
+                (_, true) => Reading::Follow,
+                (true, false) => Reading::Take(limit),
+                (false, false) => Reading::Look(limit),
+            };
+            results(&settings, queue.as_deref(), how, shutdown).await?;
             Ok(true)
         }
         // The other tools stop at once on Ctrl-C or SIGTERM: the handlers
@@ -187,6 +217,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         }
         Command::Publish(args) => publish(settings, &args).await,
         Command::Limits { action } => limits(settings, action).await,
+        Command::Dead { action } => dead(settings, action).await,
         Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Clock { accept } => clock(settings, accept).await,

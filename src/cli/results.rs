@@ -1,4 +1,5 @@
-//! `mailgate results`: print what the results queue holds, or follow it.
+//! `mailgate results`: print what the results queue holds, looking (the
+//! default) or taking, or follow it.
 
 use std::io::{IsTerminal, Write};
 
@@ -8,14 +9,28 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 
 use super::amqp;
+use crate::broker::Browse;
 use crate::settings::Settings;
 
-/// Prints results as JSON lines: what is queued now, or, with `follow`,
-/// everything until `stop` completes. Returns how many were printed.
+/// How `results` reads the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Print what is queued now (at most this many), and leave it there,
+    /// in its order: the application still gets every result.
+    Look(Option<u64>),
+    /// Print what is queued now (at most this many), and take it.
+    Take(Option<u64>),
+    /// Print and take everything, new results included, until stopped.
+    Follow,
+}
+
+/// Prints results as JSON lines, as `how` says, until `stop` completes
+/// (for [`Reading::Follow`]) or what was queued is printed. Returns how
+/// many were printed.
 pub async fn results(
     settings: &Settings,
     queue: Option<&str>,
-    follow: bool,
+    how: Reading,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<u64> {
     let queue = queue.unwrap_or(&settings.amqp.results_queue).to_owned();
@@ -31,38 +46,70 @@ pub async fn results(
         }
         Ok(())
     };
-    if follow {
-        let mut consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "mailgate-results".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .with_context(|| format!("consuming {queue:?} (does the queue exist?)"))?;
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => break,
-                next = consumer.next() => match next {
-                    Some(Ok(d)) => {
-                        print(&d.data)?;
-                        d.ack(BasicAckOptions::default()).await?;
-                    }
-                    Some(Err(e)) => return Err(e).context("RabbitMQ connection lost"),
-                    None => break,
-                },
+    let unknown = || format!("reading {queue:?} (does the queue exist?)");
+    match how {
+        Reading::Follow => {
+            let mut consumer = channel
+                .basic_consume(
+                    queue.as_str().into(),
+                    "mailgate-results".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .with_context(unknown)?;
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    () = &mut stop => break,
+                    next = consumer.next() => match next {
+                        Some(Ok(d)) => {
+                            print(&d.data)?;
+                            d.ack(BasicAckOptions::default()).await?;
+                        }
+                        Some(Err(e)) => return Err(e).context("RabbitMQ connection lost"),
+                        None => break,
+                    },
+                }
             }
         }
-    } else {
-        while let Some(m) = channel
-            .basic_get(queue.as_str().into(), BasicGetOptions::default())
-            .await
-            .with_context(|| format!("reading {queue:?} (does the queue exist?)"))?
-        {
-            print(&m.delivery.data)?;
-            m.delivery.ack(BasicAckOptions::default()).await?;
+        Reading::Take(limit) => {
+            let limit = limit.unwrap_or(u64::MAX);
+            let mut taken = 0;
+            while taken < limit {
+                let Some(m) = channel
+                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                    .await
+                    .with_context(unknown)?
+                else {
+                    break;
+                };
+                print(&m.delivery.data)?;
+                m.delivery.ack(BasicAckOptions::default()).await?;
+                taken += 1;
+            }
+        }
+        Reading::Look(limit) => {
+            let mut browse = Browse::open(&conn, &queue).await.with_context(unknown)?;
+            let limit = limit.unwrap_or(u64::MAX);
+            let mut printed = Ok(());
+            let mut seen = 0;
+            while seen < limit {
+                let Some(d) = browse.next().await? else {
+                    break;
+                };
+                seen += 1;
+                printed = print(&d.data);
+                if printed.is_err() {
+                    break;
+                }
+            }
+            // Everything looked at goes back, whatever happened.
+            browse
+                .close()
+                .await
+                .with_context(|| format!("putting the results back in {queue:?}"))?;
+            printed?;
         }
     }
     if progress {

@@ -4,6 +4,7 @@
 //!
 //! This module depends on no other module of the crate.
 
+mod dead_reason;
 mod email;
 mod ip;
 mod job;
@@ -12,6 +13,7 @@ mod mail_domain;
 mod scope;
 mod ticket;
 
+pub use dead_reason::DeadReason;
 pub use email::{EmailAddress, Normalization};
 pub use ip::IpKey;
 pub use job::{Code, Job, Name, Session, VarValue, Vars};

@@ -33,7 +33,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::{Job, Ticket};
+use crate::domain::{DeadReason, Job, Ticket};
 use crate::ledger::{JobRef, Ledger};
 use crate::mailer::Mailer;
 use crate::settings::Settings;
@@ -72,7 +72,9 @@ pub enum Action {
     /// delivered, or it failed on every attempt (its `failed` result was
     /// published first).
     DeadLetter {
-        /// Why.
+        /// Why, as one word (the `x-mailgate-reason` header).
+        reason: DeadReason,
+        /// Why, for people (the `x-mailgate-error` header).
         error: String,
     },
     /// Leave it unacknowledged: the broker connection is gone, so RabbitMQ
@@ -267,7 +269,10 @@ impl<L: Ledger> Pipeline<L> {
                 tracing::Span::current().record("id", job.id.as_str());
                 Ok(job)
             }
-            Err(DecodeError::Unusable(error)) => Err(Action::DeadLetter { error }),
+            Err(DecodeError::Unusable(error)) => Err(Action::DeadLetter {
+                reason: DeadReason::Unreadable,
+                error,
+            }),
             Err(DecodeError::Invalid { id, error }) => {
                 tracing::Span::current().record("id", id.as_str());
                 let r = Outcome::Invalid(error).result(id.as_str(), None, msg, self.disclose);

@@ -3,7 +3,7 @@
 //! its requester does not own is decided by [`Disclosure`], and results go
 //! out through the worker's [`Outbox`].
 
-use crate::domain::Job;
+use crate::domain::{DeadReason, Job};
 use crate::ledger::{Ledger, Refund};
 use crate::limiter::{Room, Rooms, RuleRef, Scope};
 use crate::settings::Settings;
@@ -200,6 +200,7 @@ impl<L: Ledger> Pipeline<L> {
                 Err(Action::Abandon)
             }
             Err(Unpublished::Refused(e)) => Err(Action::DeadLetter {
+                reason: DeadReason::Unanswerable,
                 error: format!("its result could not be delivered: {e}"),
             }),
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use backon::BackoffBuilder;
 
-use crate::domain::Job;
+use crate::domain::{DeadReason, Job};
 use crate::ledger::{Ledger, LedgerError};
 use crate::telemetry;
 
@@ -56,7 +56,10 @@ impl<L: Ledger> Pipeline<L> {
             .answer(out, msg, job, Outcome::Failed(gave_up.clone()))
             .await
         {
-            Action::Done => Action::DeadLetter { error: gave_up },
+            Action::Done => Action::DeadLetter {
+                reason: DeadReason::Failed,
+                error: gave_up,
+            },
             other => other,
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backon::Retryable;
 
-use crate::domain::Job;
+use crate::domain::{DeadReason, Job};
 use crate::ledger::{Ending, JobRef, Ledger, LedgerError, Refund};
 use crate::mailer::MailError;
 
@@ -144,7 +144,10 @@ impl<L: Ledger> Pipeline<L> {
             )
             .await
         {
-            Action::Done => Action::DeadLetter { error: gave_up },
+            Action::Done => Action::DeadLetter {
+                reason: DeadReason::Failed,
+                error: gave_up,
+            },
             other => other,
         }
     }

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::Worker;
 use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
-use crate::domain::{Ticket, now_ms};
+use crate::domain::{DeadReason, Ticket, now_ms};
 use crate::ledger::Ledger;
 use crate::pipeline::{Action, Message, Outbox, Unpublished, Waiting};
 use crate::telemetry;
@@ -100,6 +100,7 @@ impl<L: Ledger + 'static> Worker<L> {
                         .unwrap_or_default();
                     tracing::error!(panic = %why, "the pipeline panicked on this job");
                     Action::DeadLetter {
+                        reason: DeadReason::Panic,
                         error: format!("mailgate panicked processing this job: {why}"),
                     }
                 }
@@ -160,25 +161,34 @@ async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Act
             let (queue, delay) = broker.topology().wait(delay);
             broker.delay(job, &queue, ticket, job.attempt, delay).await
         }
-        Action::DeadLetter { error } => Err(BrokerError::Refused {
-            queue: String::new(),
-            why: error,
-        }),
+        Action::DeadLetter { reason, error } => {
+            return dead_letter(broker, job, reason, &error).await;
+        }
     };
     let moved = match moved {
         Err(BrokerError::Refused { queue, why }) => {
-            let error = if queue.is_empty() {
-                why
-            } else {
-                format!("rabbitmq refused its copy to {queue}: {why}")
-            };
-            tracing::warn!(error = crate::redact::mask_emails(&error), "dead-lettered");
-            telemetry::dead_lettered();
-            broker.dead_letter(job, &error).await
+            let error = format!("rabbitmq refused its copy to {queue}: {why}");
+            return dead_letter(broker, job, DeadReason::Refused, &error).await;
         }
         other => other,
     };
-    let done = match moved {
+    finished(match moved {
+        Ok(()) => job.ack().await,
+        Err(e) => Err(e),
+    });
+}
+
+/// Sends `job` to the dead-letter queue with why, then acknowledges it. A
+/// dead letter RabbitMQ refuses too is handed back after a pause, so the
+/// pool keeps flowing and nothing is lost.
+async fn dead_letter(broker: &Broker, job: &Incoming, reason: DeadReason, error: &str) {
+    tracing::warn!(
+        reason = reason.as_str(),
+        error = crate::redact::mask_emails(error),
+        "dead-lettered"
+    );
+    telemetry::dead_lettered();
+    let done = match broker.dead_letter(job, reason, error).await {
         Ok(()) => job.ack().await,
         Err(BrokerError::Refused { queue, why }) => {
             tracing::error!(queue, %why, "rabbitmq refuses even the dead letter; handing the job back in a while");

@@ -5,4 +5,5 @@ mod cli;
 mod docs_configs;
 mod example_producer;
 mod layout;
+mod queues;
 mod settings;

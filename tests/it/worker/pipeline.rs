@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use mailgate::domain::{EmailAddress, Ticket, now_ms};
+use mailgate::domain::{DeadReason, EmailAddress, Ticket, now_ms};
 use mailgate::ledger::MemoryLedger;
 use mailgate::limiter::{Clock, Quotas, Subject};
 use mailgate::mailer::{Mailer, Slot};
@@ -295,7 +295,13 @@ async fn a_body_without_a_usable_id_is_dead_lettered_unanswered() {
     ] {
         let action = env.handle(msg(body, &Ticket::new())).await;
         assert!(
-            matches!(action, Action::DeadLetter { .. }),
+            matches!(
+                action,
+                Action::DeadLetter {
+                    reason: DeadReason::Unreadable,
+                    ..
+                }
+            ),
             "{}: {action:?}",
             String::from_utf8_lossy(body)
         );
@@ -534,9 +540,10 @@ async fn a_refused_result_dead_letters_the_job() {
     let body = job("j1", "user@example.com");
     env.fail_with(Some(Unpublished::Refused("no queue".into())));
     let action = env.handle(msg(&body, &Ticket::new())).await;
-    let Action::DeadLetter { error } = action else {
+    let Action::DeadLetter { error, reason } = action else {
         panic!("dead-lettered: {action:?}");
     };
+    assert_eq!(reason, DeadReason::Unanswerable);
     assert!(error.contains("could not be delivered"), "{error}");
     assert!(error.contains("no queue"), "{error}");
     assert_eq!(env.sent(), 1, "the mail went out once");
@@ -643,9 +650,10 @@ async fn a_transient_failure_on_the_last_attempt_fails_and_refunds() {
     let body = job("j1", "user@example.com");
     std::fs::remove_dir_all(&env.mails).unwrap();
     let action = env.handle(again(&body, &Ticket::new(), MAX_ATTEMPTS)).await;
-    let Action::DeadLetter { error } = action else {
+    let Action::DeadLetter { error, reason } = action else {
         panic!("dead-lettered: {action:?}");
     };
+    assert_eq!(reason, DeadReason::Failed);
     assert!(error.contains("gave up after 3 attempts"), "{error}");
     let r = env.one();
     assert_eq!((r.status, r.attempts), (Status::Failed, MAX_ATTEMPTS));

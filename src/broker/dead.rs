@@ -1,0 +1,148 @@
+//! Reading a dead letter's headers, and what its replay carries: for
+//! `mailgate dead`.
+
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::types::{AMQPValue, FieldTable};
+
+use super::incoming::{as_string, as_u32, as_u64};
+use super::{
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, ERROR_HEADER, ORIGINAL_HEADER, REASON_HEADER,
+    TICKET_HEADER,
+};
+use crate::domain::DeadReason;
+
+/// RabbitMQ's own dead-letter history on a message (a quorum jobs queue's
+/// delivery limit writes it).
+const DEATH_HEADER: &str = "x-death";
+
+/// What a dead letter's headers say of why and when it died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Why: RabbitMQ's `x-death` reason if it dead-lettered it, else
+    /// mailgate's `x-mailgate-reason`, else what the error text of an
+    /// earlier version says.
+    pub reason: DeadReason,
+    /// Why, for people (`x-mailgate-error`, or RabbitMQ's reason and queue).
+    pub error: Option<String>,
+    /// Attempts made (`x-mailgate-attempts`), if mailgate wrote it.
+    pub attempts: Option<u32>,
+    /// When it died, ms since the epoch: mailgate's `x-mailgate-dead-ms`,
+    /// or RabbitMQ's `x-death` time (whole seconds); `None` for dead
+    /// letters of versions that wrote neither.
+    pub dead_at_ms: Option<u64>,
+}
+
+impl DeadLetter {
+    /// Reads `delivery`'s headers.
+    pub fn read(delivery: &Delivery) -> DeadLetter {
+        let headers = delivery.properties.headers().as_ref();
+        let header = |name: &str| headers.and_then(|h| h.inner().get(name));
+        let error = header(ERROR_HEADER).and_then(as_string);
+        let attempts = header(ATTEMPTS_HEADER).and_then(as_u32);
+        // RabbitMQ's history first: a producer could write mailgate's
+        // headers on a job, never RabbitMQ's on its dead letter.
+        if let Some(death) = header(DEATH_HEADER).and_then(latest_death) {
+            let why = death.inner().get("reason").and_then(as_string).unwrap_or_default();
+            let queue = death.inner().get("queue").and_then(as_string).unwrap_or_default();
+            return DeadLetter {
+                reason: match why.as_str() {
+                    "delivery_limit" => DeadReason::DeliveryLimit,
+                    _ => DeadReason::Other,
+                },
+                error: Some(format!("rabbitmq dead-lettered it from {queue:?}: {why}")),
+                attempts,
+                dead_at_ms: death
+                    .inner()
+                    .get("time")
+                    .and_then(as_u64)
+                    .map(|s| s.saturating_mul(1000)),
+            };
+        }
+        let reason = header(REASON_HEADER)
+            .and_then(as_string)
+            .and_then(|w| DeadReason::parse(&w))
+            .or_else(|| error.as_deref().map(DeadReason::from_error_text))
+            .unwrap_or(DeadReason::Other);
+        DeadLetter {
+            reason,
+            error,
+            attempts,
+            dead_at_ms: header(DEAD_AT_HEADER).and_then(as_u64),
+        }
+    }
+
+    /// The properties `delivery`, a dead letter, is replayed with: a fresh
+    /// job, attempt 1 of a lineage of its own (no ticket, no attempt), with
+    /// what mailgate needs of the original (`reply_to`, `correlation_id`,
+    /// the publish time, in its properties or `x-mailgate-*` headers) and
+    /// the producer's properties and headers, but neither the dead
+    /// letter's own headers nor RabbitMQ's history. `expiration` (it ran
+    /// out once already) and `user_id` (RabbitMQ refuses one that is not
+    /// the publisher's user) are left out.
+    pub fn replay_properties(delivery: &Delivery) -> BasicProperties {
+        let p = &delivery.properties;
+        let mut props = BasicProperties::default();
+        if let Some(v) = p.content_type() {
+            props = props.with_content_type(v.clone());
+        }
+        if let Some(v) = p.content_encoding() {
+            props = props.with_content_encoding(v.clone());
+        }
+        if let Some(v) = p.correlation_id() {
+            props = props.with_correlation_id(v.clone());
+        }
+        if let Some(v) = p.reply_to() {
+            props = props.with_reply_to(v.clone());
+        }
+        if let Some(v) = p.message_id() {
+            props = props.with_message_id(v.clone());
+        }
+        if let Some(v) = p.kind() {
+            props = props.with_type(v.clone());
+        }
+        if let Some(v) = p.app_id() {
+            props = props.with_app_id(v.clone());
+        }
+        if let Some(v) = p.timestamp() {
+            props = props.with_timestamp(*v);
+        }
+        if let Some(v) = p.priority() {
+            props = props.with_priority(*v);
+        }
+        let dead_letters_own = [
+            DEATH_HEADER,
+            TICKET_HEADER,
+            ATTEMPT_HEADER,
+            ERROR_HEADER,
+            ATTEMPTS_HEADER,
+            ORIGINAL_HEADER,
+            REASON_HEADER,
+            DEAD_AT_HEADER,
+        ];
+        let headers: FieldTable = p
+            .headers()
+            .as_ref()
+            .map(|h| {
+                h.inner()
+                    .iter()
+                    .filter(|(k, _)| !dead_letters_own.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+                    .into()
+            })
+            .unwrap_or_default();
+        props.with_headers(headers)
+    }
+}
+
+/// The most recent entry of an `x-death` header (RabbitMQ puts it first).
+fn latest_death(v: &AMQPValue) -> Option<&FieldTable> {
+    match v {
+        AMQPValue::FieldArray(a) => a.as_slice().iter().find_map(|e| match e {
+            AMQPValue::FieldTable(t) => Some(t),
+            _ => None,
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,203 @@
+//! `mailgate results` and `mailgate dead` against the real RabbitMQ: they
+//! look without taking, and take only what they act on.
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lapin::BasicProperties;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use serde_json::{Value, json};
+
+use crate::common::harness::Harness;
+
+/// Runs the binary with `args` against `h`'s queues and keys.
+async fn mailgate(h: &Harness, args: &[&str]) -> Output {
+    let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), args);
+    c.stdin(Stdio::null());
+    tokio::task::spawn_blocking(move || c.output().expect("the binary runs"))
+        .await
+        .expect("the runner did not panic")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    stdout(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// How many messages `queue` holds, ready or not.
+async fn depth(h: &Harness, queue: &str) -> u32 {
+    let channel = h.channel_for_checks().await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let n = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .expect("the queue exists")
+        .message_count();
+    let _ = channel.close(200, "done".into()).await;
+    n
+}
+
+/// Waits until `queue` holds `n` messages.
+async fn until_depth(h: &Harness, queue: &str, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while depth(h, queue).await != n {
+        assert!(Instant::now() < deadline, "{queue} never held {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_looks_without_taking_unless_told_to_take() {
+    let h = Harness::new("results-look").await;
+    let w = h.start_worker().await;
+    for n in 1..=3 {
+        h.publish(&json!({"id": format!("look-{n}"), "email": format!("look{n}@example.com"), "code": "123456"}))
+            .await;
+        // One at a time, so the results queue holds them in this order.
+        until_depth(&h, &h.settings.amqp.results_queue, n).await;
+    }
+    w.stop().await.unwrap();
+    let ids = |lines: Vec<Value>| -> Vec<String> {
+        lines.iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let all = ["look-1", "look-2", "look-3"];
+
+    // Looking twice shows the same results in the same order, and takes none.
+    for _ in 0..2 {
+        assert_eq!(ids(json_lines(&mailgate(&h, &["results"]).await)), all);
+    }
+    assert_eq!(depth(&h, &h.settings.amqp.results_queue).await, 3);
+    let first = json_lines(&mailgate(&h, &["results", "--limit", "1"]).await);
+    assert_eq!(ids(first), ["look-1"]);
+
+    // --consume takes them, oldest first.
+    let taken = json_lines(&mailgate(&h, &["results", "--consume", "--limit", "2"]).await);
+    assert_eq!(ids(taken), ["look-1", "look-2"]);
+    assert_eq!(ids(json_lines(&mailgate(&h, &["results"]).await)), ["look-3"]);
+
+    // Following takes, so it must be asked for by name.
+    let out = mailgate(&h, &["results", "--follow"]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--consume"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let help = stdout(&mailgate(&h, &["results", "--help"]).await);
+    assert!(help.contains("takes nothing"), "{help}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_listed_shown_replayed_and_purged() {
+    let h = Harness::with("dead-tools", |s| s.retry.max_attempts = 2).await;
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let w = h.start_worker().await;
+
+    // An unreadable message, and a job that fails both its attempts (451).
+    h.publish_raw(b"not json at all", BasicProperties::default())
+        .await;
+    until_depth(&h, &dead, 1).await;
+    h.sink.reply_with(&[451, 451]);
+    h.publish(&json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"}))
+        .await;
+    assert_eq!(h.result().await["status"], "failed");
+    until_depth(&h, &dead, 2).await;
+
+    // `list` shows both, the same way twice, and takes neither.
+    let listed = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
+    assert_eq!(listed, json_lines(&mailgate(&h, &["dead", "list", "--json"]).await));
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["reason"], "unreadable");
+    assert_eq!(listed[0]["id"], Value::Null);
+    assert_eq!(listed[1]["reason"], "failed");
+    assert_eq!(listed[1]["id"], "f1");
+    assert_eq!(listed[1]["email"], "f***@example.com");
+    assert_eq!(listed[1]["attempts"], 2);
+    assert!(listed[1]["dead_at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    let text = stdout(&mailgate(&h, &["dead", "list", "--reason", "failed", "--since", "10m"]).await);
+    assert!(text.contains("f1") && !text.contains("unreadable"), "{text}");
+    assert!(!text.contains("flaky@"), "the mailbox is masked: {text}");
+    let old = stdout(&mailgate(&h, &["dead", "list", "--since", "2020-01-01T00:00:00Z", "--json"]).await);
+    assert_eq!(old.lines().count(), 2, "{old}");
+    assert_eq!(depth(&h, &dead).await, 2);
+
+    // `show` gives one job's whole story, without its code.
+    let shown = stdout(&mailgate(&h, &["dead", "show", "f1", "--json"]).await);
+    let shown: Value = serde_json::from_str(shown.trim()).unwrap();
+    assert_eq!(shown["job"]["code"], "(hidden)");
+    assert_eq!(shown["job"]["purpose"], "verify");
+    assert!(!shown.to_string().contains("918273"), "{shown}");
+    assert!(!mailgate(&h, &["dead", "show", "nobody"]).await.status.success());
+
+    // Replay needs a choice; a dry run changes nothing.
+    assert!(!mailgate(&h, &["dead", "replay"]).await.status.success());
+    let dry = stdout(&mailgate(&h, &["dead", "replay", "--all", "--dry-run"]).await);
+    assert!(dry.contains("would replay 1 dead letters"), "{dry}");
+    assert!(dry.contains("left 1 unreadable"), "{dry}");
+    assert_eq!(depth(&h, &dead).await, 2);
+
+    // Replayed while the worker runs, the job is mailed afresh: its
+    // failure gave its quota back, and the relay takes mail again.
+    let replayed = stdout(&mailgate(&h, &["dead", "replay", "--id", "f1"]).await);
+    assert!(replayed.contains("replayed 1 dead letters"), "{replayed}");
+    let r = h.result().await;
+    assert_eq!((r["id"].as_str(), r["status"].as_str()), (Some("f1"), Some("sent")), "{r}");
+    assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1);
+    assert_eq!(depth(&h, &dead).await, 1, "the unreadable one stays");
+
+    // A dead letter of an id already mailed, replayed, is answered and not
+    // mailed again (the ledger's promise, whatever the tool does).
+    let (body, props) = {
+        let mut headers = FieldTable::default();
+        headers.insert("x-mailgate-reason".into(), AMQPValue::LongString("failed".into()));
+        let body = json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"});
+        (body.to_string(), BasicProperties::default().with_headers(headers))
+    };
+    publish_to(&h, &dead, body.as_bytes(), props).await;
+    stdout(&mailgate(&h, &["dead", "replay", "--reason", "failed"]).await);
+    assert_eq!(h.result().await["status"], "duplicate");
+    h.no_more_results(Duration::from_millis(500)).await;
+    assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1, "never twice");
+
+    // Purge takes what it names, and only that.
+    let dry = stdout(&mailgate(&h, &["dead", "purge", "--reason", "unreadable", "--dry-run"]).await);
+    assert!(dry.contains("would purge 1"), "{dry}");
+    assert_eq!(depth(&h, &dead).await, 1);
+    let purged = stdout(&mailgate(&h, &["dead", "purge", "--reason", "panic"]).await);
+    assert!(purged.contains("purged 0"), "{purged}");
+    let purged = stdout(&mailgate(&h, &["dead", "purge", "--all"]).await);
+    assert!(purged.contains("purged 1"), "{purged}");
+    assert_eq!(depth(&h, &dead).await, 0);
+    w.stop().await.unwrap();
+}
+
+/// Publishes to `queue` directly, confirmed.
+async fn publish_to(h: &Harness, queue: &str, body: &[u8], props: BasicProperties) {
+    h.channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            lapin::options::BasicPublishOptions::default(),
+            body,
+            props.with_delivery_mode(2),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+}
