@@ -74,7 +74,10 @@ impl Browse {
         }
         let got = self
             .channel
-            .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: false })
+            .basic_get(
+                self.queue.as_str().into(),
+                BasicGetOptions { no_ack: false },
+            )
             .await?;
         match got {
             Some(m) => {

@@ -36,15 +36,27 @@ pub struct DeadLetter {
 impl DeadLetter {
     /// Reads `delivery`'s headers.
     pub fn read(delivery: &Delivery) -> DeadLetter {
-        let headers = delivery.properties.headers().as_ref();
+        DeadLetter::from_headers(delivery.properties.headers().as_ref())
+    }
+
+    /// Reads a dead letter's headers.
+    fn from_headers(headers: Option<&FieldTable>) -> DeadLetter {
         let header = |name: &str| headers.and_then(|h| h.inner().get(name));
         let error = header(ERROR_HEADER).and_then(as_string);
         let attempts = header(ATTEMPTS_HEADER).and_then(as_u32);
         // RabbitMQ's history first: a producer could write mailgate's
         // headers on a job, never RabbitMQ's on its dead letter.
         if let Some(death) = header(DEATH_HEADER).and_then(latest_death) {
-            let why = death.inner().get("reason").and_then(as_string).unwrap_or_default();
-            let queue = death.inner().get("queue").and_then(as_string).unwrap_or_default();
+            let why = death
+                .inner()
+                .get("reason")
+                .and_then(as_string)
+                .unwrap_or_default();
+            let queue = death
+                .inner()
+                .get("queue")
+                .and_then(as_string)
+                .unwrap_or_default();
             return DeadLetter {
                 reason: match why.as_str() {
                     "delivery_limit" => DeadReason::DeliveryLimit,
@@ -110,23 +122,13 @@ impl DeadLetter {
         if let Some(v) = p.priority() {
             props = props.with_priority(*v);
         }
-        let dead_letters_own = [
-            DEATH_HEADER,
-            TICKET_HEADER,
-            ATTEMPT_HEADER,
-            ERROR_HEADER,
-            ATTEMPTS_HEADER,
-            ORIGINAL_HEADER,
-            REASON_HEADER,
-            DEAD_AT_HEADER,
-        ];
         let headers: FieldTable = p
             .headers()
             .as_ref()
             .map(|h| {
                 h.inner()
                     .iter()
-                    .filter(|(k, _)| !dead_letters_own.contains(&k.as_str()))
+                    .filter(|(k, _)| !dead_letters_own(k.as_str()))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect::<std::collections::BTreeMap<_, _>>()
                     .into()
@@ -134,6 +136,26 @@ impl DeadLetter {
             .unwrap_or_default();
         props.with_headers(headers)
     }
+}
+
+/// Whether `header` belongs to the dead letter rather than to the job: its
+/// lineage, mailgate's account of its death, or RabbitMQ's bookkeeping
+/// (its dead-letter history, a quorum queue's delivery count).
+fn dead_letters_own(header: &str) -> bool {
+    [
+        TICKET_HEADER,
+        ATTEMPT_HEADER,
+        ERROR_HEADER,
+        ATTEMPTS_HEADER,
+        ORIGINAL_HEADER,
+        REASON_HEADER,
+        DEAD_AT_HEADER,
+        DEATH_HEADER,
+        "x-delivery-count",
+    ]
+    .contains(&header)
+        || header.starts_with("x-first-death-")
+        || header.starts_with("x-last-death-")
 }
 
 /// The most recent entry of an `x-death` header (RabbitMQ puts it first).
@@ -144,5 +166,74 @@ fn latest_death(v: &AMQPValue) -> Option<&FieldTable> {
             _ => None,
         }),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> AMQPValue {
+        AMQPValue::LongString(s.into())
+    }
+
+    #[test]
+    fn rabbitmqs_history_comes_before_mailgates_headers() {
+        let mut death = FieldTable::default();
+        death.insert("reason".into(), text("delivery_limit"));
+        death.insert("queue".into(), text("mailgate.jobs"));
+        death.insert("time".into(), AMQPValue::Timestamp(1_800_000_000));
+        let mut h = FieldTable::default();
+        h.insert(
+            DEATH_HEADER.into(),
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+        );
+        // A producer may write mailgate's header on its job.
+        h.insert(REASON_HEADER.into(), text("failed"));
+        let d = DeadLetter::from_headers(Some(&h));
+        assert_eq!(d.reason, DeadReason::DeliveryLimit);
+        assert_eq!(d.dead_at_ms, Some(1_800_000_000_000));
+        assert!(d.error.unwrap().contains("mailgate.jobs"));
+    }
+
+    #[test]
+    fn a_reason_comes_from_the_header_else_from_the_error_text() {
+        let mut h = FieldTable::default();
+        h.insert(ERROR_HEADER.into(), text("gave up after 5 attempts: 451"));
+        assert_eq!(
+            DeadLetter::from_headers(Some(&h)).reason,
+            DeadReason::Failed,
+            "a version before the reason header"
+        );
+        h.insert(REASON_HEADER.into(), text("panic"));
+        h.insert(DEAD_AT_HEADER.into(), AMQPValue::LongLongInt(5));
+        let d = DeadLetter::from_headers(Some(&h));
+        assert_eq!((d.reason, d.dead_at_ms), (DeadReason::Panic, Some(5)));
+        assert_eq!(DeadLetter::from_headers(None).reason, DeadReason::Other);
+    }
+
+    #[test]
+    fn a_replay_keeps_the_jobs_headers_and_drops_the_dead_letters() {
+        for own in [
+            "x-mailgate-ticket",
+            "x-mailgate-attempt",
+            "x-mailgate-error",
+            "x-mailgate-reason",
+            "x-death",
+            "x-delivery-count",
+            "x-first-death-reason",
+        ] {
+            assert!(dead_letters_own(own), "{own}");
+        }
+        for theirs in [
+            "x-mailgate-reply-to",
+            "x-mailgate-correlation-id",
+            "x-mailgate-published-ms",
+            "x-mailgate-redelivered",
+            "traceparent",
+            "tenant",
+        ] {
+            assert!(!dead_letters_own(theirs), "{theirs}");
+        }
     }
 }

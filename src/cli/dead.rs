@@ -145,8 +145,7 @@ impl Entry {
     fn matches(&self, f: &Filter) -> bool {
         (f.ids.is_empty() || self.id.as_ref().is_some_and(|id| f.ids.contains(id)))
             && (f.reason.is_empty() || f.reason.contains(&self.dead.reason))
-            && f
-                .since
+            && f.since
                 .is_none_or(|since| self.dead.dead_at_ms.is_some_and(|at| at >= since))
     }
 
@@ -166,21 +165,27 @@ impl Entry {
     /// A line of text for `list`, `replay` and `purge`.
     fn line(&self) -> String {
         format!(
-            "{}  {:<14} {:>3}  {}  {}  {}",
-            self.dead.dead_at_ms.map_or_else(|| "(time unknown)".into(), time),
+            "{:<20}  {:<14} {:>3}  {}  {}  {}",
+            self.dead
+                .dead_at_ms
+                .map_or_else(|| "(time unknown)".into(), time),
             self.dead.reason.as_str(),
             self.dead
                 .attempts
                 .map_or_else(|| "-".into(), |n| n.to_string()),
             self.id.as_deref().unwrap_or("(no id)"),
             self.mailbox().unwrap_or_else(|| "-".into()),
-            self.dead.error.as_deref().map(mask_emails).unwrap_or_default(),
+            self.dead
+                .error
+                .as_deref()
+                .map(mask_emails)
+                .unwrap_or_default(),
         )
     }
 }
 
 /// ms since the epoch as RFC 3339, to the second.
-fn time(ms: u64) -> String {
+pub(super) fn time(ms: u64) -> String {
     i64::try_from(ms)
         .ok()
         .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
@@ -191,9 +196,9 @@ fn time(ms: u64) -> String {
 pub async fn dead(settings: &Settings, action: DeadAction) -> anyhow::Result<bool> {
     let queue = format!("{}.dead", settings.amqp.jobs_queue);
     let (conn, _channel) = amqp(settings).await?;
-    let mut browse = Browse::open(&conn, &queue)
-        .await
-        .with_context(|| format!("opening {queue:?} (has a worker ever run with these settings?)"))?;
+    let mut browse = Browse::open(&conn, &queue).await.with_context(|| {
+        format!("opening {queue:?} (has a worker ever run with these settings?)")
+    })?;
     let held = browse.left();
     let outcome = match action {
         DeadAction::List { filter, json } => list(&mut browse, &filter, json).await,
@@ -216,18 +221,25 @@ pub async fn dead(settings: &Settings, action: DeadAction) -> anyhow::Result<boo
 async fn list(browse: &mut Browse, filter: &Filter, json: bool) -> anyhow::Result<bool> {
     let mut out = std::io::stdout();
     if !json {
-        writeln!(out, "dead-lettered at      reason         tries  id  mailbox  error")?;
+        writeln!(
+            out,
+            "{:<20}  {:<14} {:>3}  id  mailbox  error",
+            "dead-lettered at", "reason", "tries"
+        )?;
     }
+    let mut n = 0u64;
     while let Some(d) = browse.next().await? {
         let e = Entry::read(&d);
         if !e.matches(filter) {
             continue;
         }
+        n += 1;
         match json {
             true => writeln!(out, "{}", e.summary())?,
             false => writeln!(out, "{}", e.line())?,
         }
     }
+    eprintln!("{n} listed");
     Ok(true)
 }
 
@@ -342,4 +354,36 @@ async fn act(
         )?;
     }
     Ok(true)
+}
+
+/// The dead letters of job `id` in `queue`, as `dead list --json` prints
+/// them; looks, and takes nothing.
+pub(super) async fn of_job(
+    conn: &lapin::Connection,
+    queue: &str,
+    id: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let mut browse = Browse::open(conn, queue)
+        .await
+        .with_context(|| format!("opening {queue:?}"))?;
+    let mut found = Vec::new();
+    let mut looked = Ok(());
+    loop {
+        match browse.next().await {
+            Ok(Some(d)) => {
+                let e = Entry::read(&d);
+                if e.id.as_deref() == Some(id) {
+                    found.push(e.summary());
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                looked = Err(e);
+                break;
+            }
+        }
+    }
+    browse.close().await?;
+    looked?;
+    Ok(found)
 }

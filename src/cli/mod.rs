@@ -1,5 +1,5 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
-//! worker, one file each (`publish`, `results`, `dead`, `limits`,
+//! worker, one file each (`publish`, `results`, `dead`, `job`, `limits`,
 //! `overrides`, `clock`, `probe`, `check_config`; `worker` runs
 //! [`crate::worker`]).
 //! Each is an edge like `main`: it may use any stage, and it reports errors
@@ -10,6 +10,7 @@
 mod check_config;
 mod clock;
 mod dead;
+mod job;
 mod limits;
 mod overrides;
 mod probe;
@@ -30,6 +31,7 @@ use crate::settings::Settings;
 pub use check_config::check_config;
 pub use clock::clock;
 pub use dead::{DeadAction, Filter as DeadFilter, Which as DeadWhich, dead};
+pub use job::job;
 pub use limits::{
     LimitsAction, Named, limits, limits_reset, limits_show, render_usage, usage_json,
 };
@@ -111,6 +113,15 @@ pub enum Command {
         #[command(subcommand)]
         /// List, show, replay or purge.
         action: DeadAction,
+    },
+    /// What became of one job: its ledger record (state, attempt, times)
+    /// and its dead letters. Reads only; exits 1 if nothing is known of it.
+    Job {
+        /// The job's id.
+        id: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Look at or reset a mailbox's or an IP's quota.
     Limits {
@@ -218,6 +229,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::Publish(args) => publish(settings, &args).await,
         Command::Limits { action } => limits(settings, action).await,
         Command::Dead { action } => dead(settings, action).await,
+        Command::Job { id, json } => job(settings, &id, json).await,
         Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Clock { accept } => clock(settings, accept).await,

@@ -48,31 +48,7 @@ pub async fn results(
     };
     let unknown = || format!("reading {queue:?} (does the queue exist?)");
     match how {
-        Reading::Follow => {
-            let mut consumer = channel
-                .basic_consume(
-                    queue.as_str().into(),
-                    "mailgate-results".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .with_context(unknown)?;
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    () = &mut stop => break,
-                    next = consumer.next() => match next {
-                        Some(Ok(d)) => {
-                            print(&d.data)?;
-                            d.ack(BasicAckOptions::default()).await?;
-                        }
-                        Some(Err(e)) => return Err(e).context("RabbitMQ connection lost"),
-                        None => break,
-                    },
-                }
-            }
-        }
+        Reading::Follow => follow(&channel, &queue, stop, &mut print).await?,
         Reading::Take(limit) => {
             let limit = limit.unwrap_or(u64::MAX);
             let mut taken = 0;
@@ -117,4 +93,36 @@ pub async fn results(
     }
     let _ = conn.close(200, "bye".into()).await;
     Ok(n)
+}
+
+/// Prints, and takes, every result `queue` gets until `stop` completes.
+async fn follow(
+    channel: &lapin::Channel,
+    queue: &str,
+    stop: impl std::future::Future<Output = ()>,
+    print: &mut impl FnMut(&[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "mailgate-results".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("reading {queue:?} (does the queue exist?)"))?;
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return Ok(()),
+            next = consumer.next() => match next {
+                Some(Ok(d)) => {
+                    print(&d.data)?;
+                    d.ack(BasicAckOptions::default()).await?;
+                }
+                Some(Err(e)) => return Err(e).context("RabbitMQ connection lost"),
+                None => return Ok(()),
+            },
+        }
+    }
 }

@@ -69,9 +69,14 @@ impl DeadReason {
             DeadReason::Refused
         } else if error.starts_with("mailgate panicked") {
             DeadReason::Panic
-        } else if ["not a JSON object", "unusable id", "id must be", "id is required"]
-            .iter()
-            .any(|p| error.starts_with(p))
+        } else if [
+            "not a JSON object",
+            "unusable id",
+            "id must be",
+            "id is required",
+        ]
+        .iter()
+        .any(|p| error.starts_with(p))
         {
             DeadReason::Unreadable
         } else {
@@ -104,6 +109,9 @@ mod tests {
             DeadReason::from_error_text("not a JSON object: EOF"),
             DeadReason::Unreadable
         );
-        assert_eq!(DeadReason::from_error_text("moved by hand"), DeadReason::Other);
+        assert_eq!(
+            DeadReason::from_error_text("moved by hand"),
+            DeadReason::Other
+        );
     }
 }

@@ -1,16 +1,19 @@
 //! The production ledger, in Redis ([`RedisLedger`]): its connection and
 //! the [`Ledger`] operations; batching, reply decoding, spread mode, the
-//! clock watch, replication and the support tools' questions each in a
-//! file of their own.
+//! clock watch, replication and the support tools' questions (`quotas`,
+//! `record`) each in a file of their own.
 
 mod batch;
 mod clock;
 mod quotas;
+mod record;
 mod replicas;
 pub(crate) mod reply;
 mod spread;
 
 use std::sync::Arc;
+
+pub use self::record::JobRecord;
 
 use tokio::sync::mpsc;
 

@@ -73,7 +73,10 @@ async fn results_looks_without_taking_unless_told_to_take() {
     }
     w.stop().await.unwrap();
     let ids = |lines: Vec<Value>| -> Vec<String> {
-        lines.iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+        lines
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
     };
     let all = ["look-1", "look-2", "look-3"];
 
@@ -88,7 +91,10 @@ async fn results_looks_without_taking_unless_told_to_take() {
     // --consume takes them, oldest first.
     let taken = json_lines(&mailgate(&h, &["results", "--consume", "--limit", "2"]).await);
     assert_eq!(ids(taken), ["look-1", "look-2"]);
-    assert_eq!(ids(json_lines(&mailgate(&h, &["results"]).await)), ["look-3"]);
+    assert_eq!(
+        ids(json_lines(&mailgate(&h, &["results"]).await)),
+        ["look-3"]
+    );
 
     // Following takes, so it must be asked for by name.
     let out = mailgate(&h, &["results", "--follow"]).await;
@@ -113,14 +119,19 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
         .await;
     until_depth(&h, &dead, 1).await;
     h.sink.reply_with(&[451, 451]);
-    h.publish(&json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"}))
-        .await;
+    h.publish(
+        &json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"}),
+    )
+    .await;
     assert_eq!(h.result().await["status"], "failed");
     until_depth(&h, &dead, 2).await;
 
     // `list` shows both, the same way twice, and takes neither.
     let listed = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
-    assert_eq!(listed, json_lines(&mailgate(&h, &["dead", "list", "--json"]).await));
+    assert_eq!(
+        listed,
+        json_lines(&mailgate(&h, &["dead", "list", "--json"]).await)
+    );
     assert_eq!(listed.len(), 2, "{listed:?}");
     assert_eq!(listed[0]["reason"], "unreadable");
     assert_eq!(listed[0]["id"], Value::Null);
@@ -128,11 +139,30 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     assert_eq!(listed[1]["id"], "f1");
     assert_eq!(listed[1]["email"], "f***@example.com");
     assert_eq!(listed[1]["attempts"], 2);
-    assert!(listed[1]["dead_at"].as_str().is_some_and(|t| t.ends_with('Z')));
-    let text = stdout(&mailgate(&h, &["dead", "list", "--reason", "failed", "--since", "10m"]).await);
-    assert!(text.contains("f1") && !text.contains("unreadable"), "{text}");
+    assert!(
+        listed[1]["dead_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+    let text = stdout(
+        &mailgate(
+            &h,
+            &["dead", "list", "--reason", "failed", "--since", "10m"],
+        )
+        .await,
+    );
+    assert!(
+        text.contains("f1") && !text.contains("unreadable"),
+        "{text}"
+    );
     assert!(!text.contains("flaky@"), "the mailbox is masked: {text}");
-    let old = stdout(&mailgate(&h, &["dead", "list", "--since", "2020-01-01T00:00:00Z", "--json"]).await);
+    let old = stdout(
+        &mailgate(
+            &h,
+            &["dead", "list", "--since", "2020-01-01T00:00:00Z", "--json"],
+        )
+        .await,
+    );
     assert_eq!(old.lines().count(), 2, "{old}");
     assert_eq!(depth(&h, &dead).await, 2);
 
@@ -142,7 +172,27 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     assert_eq!(shown["job"]["code"], "(hidden)");
     assert_eq!(shown["job"]["purpose"], "verify");
     assert!(!shown.to_string().contains("918273"), "{shown}");
-    assert!(!mailgate(&h, &["dead", "show", "nobody"]).await.status.success());
+    assert!(
+        !mailgate(&h, &["dead", "show", "nobody"])
+            .await
+            .status
+            .success()
+    );
+
+    // `job` tells the story from the ledger and the dead letters.
+    let story = stdout(&mailgate(&h, &["job", "f1", "--json"]).await);
+    let story: Value = serde_json::from_str(story.trim()).unwrap();
+    assert_eq!(story["record"]["state"], "refunded", "{story}");
+    assert_eq!(story["record"]["ended"], "failed", "{story}");
+    assert_eq!(story["record"]["answered"], true, "{story}");
+    assert_eq!(story["record"]["attempt"], 2, "{story}");
+    assert_eq!(story["dead_letters"][0]["reason"], "failed", "{story}");
+    let text = stdout(&mailgate(&h, &["job", "f1"]).await);
+    assert!(text.contains("ended without a mail: failed"), "{text}");
+    assert!(text.contains("its quota was given back"), "{text}");
+    let none = mailgate(&h, &["job", "never-seen"]).await;
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stdout).contains("no record"));
 
     // Replay needs a choice; a dry run changes nothing.
     assert!(!mailgate(&h, &["dead", "replay"]).await.status.success());
@@ -156,17 +206,32 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     let replayed = stdout(&mailgate(&h, &["dead", "replay", "--id", "f1"]).await);
     assert!(replayed.contains("replayed 1 dead letters"), "{replayed}");
     let r = h.result().await;
-    assert_eq!((r["id"].as_str(), r["status"].as_str()), (Some("f1"), Some("sent")), "{r}");
+    assert_eq!(
+        (r["id"].as_str(), r["status"].as_str()),
+        (Some("f1"), Some("sent")),
+        "{r}"
+    );
     assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1);
     assert_eq!(depth(&h, &dead).await, 1, "the unreadable one stays");
+    let story = stdout(&mailgate(&h, &["job", "f1", "--json"]).await);
+    let story: Value = serde_json::from_str(story.trim()).unwrap();
+    assert_eq!(story["record"]["state"], "sent", "{story}");
+    assert_eq!(story["record"]["attempt"], 1, "{story}");
+    assert_eq!(story["dead_letters"], json!([]), "{story}");
 
     // A dead letter of an id already mailed, replayed, is answered and not
     // mailed again (the ledger's promise, whatever the tool does).
     let (body, props) = {
         let mut headers = FieldTable::default();
-        headers.insert("x-mailgate-reason".into(), AMQPValue::LongString("failed".into()));
+        headers.insert(
+            "x-mailgate-reason".into(),
+            AMQPValue::LongString("failed".into()),
+        );
         let body = json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"});
-        (body.to_string(), BasicProperties::default().with_headers(headers))
+        (
+            body.to_string(),
+            BasicProperties::default().with_headers(headers),
+        )
     };
     publish_to(&h, &dead, body.as_bytes(), props).await;
     stdout(&mailgate(&h, &["dead", "replay", "--reason", "failed"]).await);
@@ -175,7 +240,13 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1, "never twice");
 
     // Purge takes what it names, and only that.
-    let dry = stdout(&mailgate(&h, &["dead", "purge", "--reason", "unreadable", "--dry-run"]).await);
+    let dry = stdout(
+        &mailgate(
+            &h,
+            &["dead", "purge", "--reason", "unreadable", "--dry-run"],
+        )
+        .await,
+    );
     assert!(dry.contains("would purge 1"), "{dry}");
     assert_eq!(depth(&h, &dead).await, 1);
     let purged = stdout(&mailgate(&h, &["dead", "purge", "--reason", "panic"]).await);

@@ -140,6 +140,26 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     h.publish(&job("poison", "p@example.com")).await;
     let limit = u32::try_from(DELIVERY_LIMIT).unwrap();
     assert_eq!(hand_back(&jobs, limit + 5).await, limit + 1);
+    // `mailgate dead` reads RabbitMQ's account of it.
+    let listed = {
+        let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), &["dead", "list", "--json"]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = tokio::task::spawn_blocking(move || (c.output().unwrap(), c))
+                .await
+                .unwrap();
+            c = out.1;
+            let text = String::from_utf8_lossy(&out.0.stdout).into_owned();
+            if !text.is_empty() || std::time::Instant::now() > deadline {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let listed: Value = serde_json::from_str(listed.trim()).expect("one dead letter");
+    assert_eq!(listed["reason"], "delivery_limit", "{listed}");
+    assert_eq!(listed["id"], "poison", "{listed}");
+    assert!(listed["dead_at"].is_string(), "{listed}");
     let (body, props) = h.dead_letter().await;
     assert_eq!(
         serde_json::from_slice::<Value>(&body).unwrap()["id"],

@@ -1,0 +1,145 @@
+//! Reading one job's record as it is, for `mailgate job` (support staff
+//! asking what became of an id). Reads only; either record form.
+
+use std::collections::HashMap;
+
+use super::RedisLedger;
+use crate::domain::JobId;
+use crate::ledger::{JobState, LedgerError, Refund};
+
+/// What the ledger holds of one job id (see `ledger.lua`'s header for the
+/// fields). Only admitted ids have one, for `limits.dedup_for` after their
+/// last change: rejected, invalid and expired jobs leave nothing behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    /// Where the job's send stands.
+    pub state: JobState,
+    /// Whether the owning lineage's last result was confirmed by RabbitMQ.
+    pub answered: bool,
+    /// When it was admitted, ms since the epoch (Redis's clock).
+    pub admitted_at_ms: Option<u64>,
+    /// Until when its owner holds the send, ms since the epoch; 0 when no
+    /// one does.
+    pub lease_until_ms: u64,
+    /// The owning lineage's attempt (1 for the first).
+    pub attempt: Option<u32>,
+    /// How much longer Redis keeps the record, ms.
+    pub kept_for_ms: Option<u64>,
+}
+
+impl RedisLedger {
+    /// The record of job `id`, if the ledger holds one.
+    pub async fn record(&self, id: &JobId) -> Result<Option<JobRecord>, LedgerError> {
+        let key = self.keys.record_key(id);
+        let mut conn = self.conn.clone();
+        let (kind, ttl): (String, i64) = redis::pipe()
+            .cmd("TYPE")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        let fields: HashMap<String, String> = match kind.as_str() {
+            "none" => return Ok(None),
+            "hash" => {
+                redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            "string" => {
+                let text: String = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                from_string(&text)
+            }
+            other => {
+                return Err(LedgerError::Protocol(format!(
+                    "{key} is a {other}, not a job record"
+                )));
+            }
+        };
+        let mut record = from_fields(&fields)
+            .ok_or_else(|| LedgerError::Protocol(format!("{key} is not a job record")))?;
+        record.kept_for_ms = u64::try_from(ttl).ok();
+        Ok(Some(record))
+    }
+}
+
+/// A string record's fields by their hash names:
+/// `<st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>` (records.lua).
+fn from_string(text: &str) -> HashMap<String, String> {
+    let mut parts = text.splitn(8, '|');
+    let head = parts.next().unwrap_or_default();
+    let mut fields = HashMap::new();
+    for (name, range) in [("st", 0..1), ("ans", 1..2), ("fin", 2..3)] {
+        if let Some(c) = head.get(range) {
+            fields.insert(name.to_owned(), c.to_owned());
+        }
+    }
+    for (name, value) in ["lease", "own", "n", "c", "at", "rv", "fp"]
+        .into_iter()
+        .zip(parts)
+    {
+        fields.insert(name.to_owned(), value.to_owned());
+    }
+    fields
+}
+
+/// The record its fields describe; `None` without a known state.
+fn from_fields(f: &HashMap<String, String>) -> Option<JobRecord> {
+    let byte = |name: &str| f.get(name).and_then(|v| v.bytes().next());
+    let number = |name: &str| f.get(name).and_then(|v| v.parse::<u64>().ok());
+    let state = match byte("st")? {
+        b'a' => JobState::Admitted,
+        b'x' => JobState::Sending,
+        b's' => JobState::Sent,
+        b'u' => JobState::Unknown,
+        b'r' => JobState::Refunded(byte("fin").and_then(Refund::from_code)?),
+        _ => return None,
+    };
+    Some(JobRecord {
+        state,
+        answered: byte("ans") == Some(b'1'),
+        admitted_at_ms: number("at"),
+        lease_until_ms: number("lease").unwrap_or(0),
+        attempt: f
+            .get("n")
+            .and_then(|n| n.split(':').next())
+            .and_then(|a| a.parse().ok()),
+        kept_for_ms: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_forms_read_alike() {
+        let string = from_string("r1f|0|T1|2:h|c9|1800000000000||0123abcd");
+        let hash: HashMap<String, String> = [
+            ("st", "r"),
+            ("ans", "1"),
+            ("fin", "f"),
+            ("lease", "0"),
+            ("own", "T1"),
+            ("n", "2:h"),
+            ("c", "c9"),
+            ("at", "1800000000000"),
+            ("fp", "0123abcd"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let want = JobRecord {
+            state: JobState::Refunded(Refund::Failed),
+            answered: true,
+            admitted_at_ms: Some(1_800_000_000_000),
+            lease_until_ms: 0,
+            attempt: Some(2),
+            kept_for_ms: None,
+        };
+        assert_eq!(from_fields(&string), Some(want.clone()));
+        assert_eq!(from_fields(&hash), Some(want));
+        assert_eq!(from_fields(&from_string("zzz|")), None);
+    }
+}
