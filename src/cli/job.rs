@@ -61,7 +61,7 @@ pub async fn job(settings: &Settings, id: &str, json: bool) -> anyhow::Result<bo
 }
 
 /// What a state means, in a few words.
-fn state_word(state: JobState) -> (&'static str, Option<&'static str>, &'static str) {
+pub(super) fn state_words(state: JobState) -> (&'static str, Option<&'static str>, &'static str) {
     match state {
         JobState::Admitted => ("admitted", None, "admitted; its send has not begun"),
         JobState::Sending => (
@@ -87,8 +87,8 @@ fn state_word(state: JobState) -> (&'static str, Option<&'static str>, &'static 
     }
 }
 
-fn record_json(r: &JobRecord) -> Value {
-    let (state, ended, _) = state_word(r.state);
+pub(super) fn record_json(r: &JobRecord) -> Value {
+    let (state, ended, _) = state_words(r.state);
     let now = crate::domain::now_ms();
     json!({
         "state": state,
@@ -102,7 +102,7 @@ fn record_json(r: &JobRecord) -> Value {
 }
 
 fn print_record(r: &JobRecord) {
-    let (_, _, says) = state_word(r.state);
+    let (_, _, says) = state_words(r.state);
     let answered = match r.answered {
         true => "; its result was delivered",
         false => "",

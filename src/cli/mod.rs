@@ -1,5 +1,5 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
-//! worker, one file each (`publish`, `results`, `dead`, `job`, `limits`,
+//! worker, one file each (`publish`, `results`, `dead`, `job`, `explain`, `limits`,
 //! `overrides`, `clock`, `probe`, `check_config`; `worker` runs
 //! [`crate::worker`]).
 //! Each is an edge like `main`: it may use any stage, and it reports errors
@@ -10,6 +10,7 @@
 mod check_config;
 mod clock;
 mod dead;
+mod explain;
 mod job;
 mod limits;
 mod overrides;
@@ -31,6 +32,7 @@ use crate::settings::Settings;
 pub use check_config::check_config;
 pub use clock::clock;
 pub use dead::{DeadAction, Filter as DeadFilter, Which as DeadWhich, dead};
+pub use explain::explain;
 pub use job::job;
 pub use limits::{
     LimitsAction, Named, limits, limits_reset, limits_show, render_usage, usage_json,
@@ -119,6 +121,23 @@ pub enum Command {
     Job {
         /// The job's id.
         id: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Why a mailbox gets no code, in one answer: the limits in force and
+    /// when the next send is allowed, the overrides that apply, and its
+    /// recent admissions with what became of each. Reads only.
+    Explain {
+        /// The mailbox (normalized as the limiter does).
+        #[arg(long)]
+        email: String,
+        /// The client IP the user sends from, if known.
+        #[arg(long)]
+        ip: Option<String>,
+        /// Judge by this purpose's rules.
+        #[arg(long)]
+        purpose: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -230,6 +249,12 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::Limits { action } => limits(settings, action).await,
         Command::Dead { action } => dead(settings, action).await,
         Command::Job { id, json } => job(settings, &id, json).await,
+        Command::Explain {
+            email,
+            ip,
+            purpose,
+            json,
+        } => explain(settings, &email, ip.as_deref(), purpose.as_deref(), json).await,
         Command::Overrides { action } => overrides(settings, action).await,
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Clock { accept } => clock(settings, accept).await,

@@ -45,7 +45,7 @@ use std::future::Future;
 use sha2::{Digest, Sha256};
 
 pub use self::memory::MemoryLedger;
-pub use self::redis::{JobRecord, RedisLedger};
+pub use self::redis::{Admitted, JobRecord, RedisLedger};
 
 use crate::domain::Name;
 use crate::domain::Ticket;

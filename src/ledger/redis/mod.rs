@@ -13,7 +13,7 @@ mod spread;
 
 use std::sync::Arc;
 
-pub use self::record::JobRecord;
+pub use self::record::{Admitted, JobRecord};
 
 use tokio::sync::mpsc;
 

@@ -1,11 +1,24 @@
-//! Reading one job's record as it is, for `mailgate job` (support staff
-//! asking what became of an id). Reads only; either record form.
+//! Reading one job's record as it is, and a mailbox's recent admissions,
+//! for `mailgate job` and `mailgate explain` (support staff asking what
+//! became of an id, or of a user's codes). Reads only; either record form.
 
 use std::collections::HashMap;
 
 use super::RedisLedger;
 use crate::domain::JobId;
 use crate::ledger::{JobState, LedgerError, Refund};
+use crate::limiter::Subject;
+
+/// One admission a scope's log counts: when, and which job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// When it was admitted, ms since the epoch (Redis's clock).
+    pub at_ms: u64,
+    /// The job's id.
+    pub id: String,
+    /// Its record, if the ledger still holds one.
+    pub record: Option<JobRecord>,
+}
 
 /// What the ledger holds of one job id (see `ledger.lua`'s header for the
 /// fields). Only admitted ids have one, for `limits.dedup_for` after their
@@ -61,6 +74,55 @@ impl RedisLedger {
             .ok_or_else(|| LedgerError::Protocol(format!("{key} is not a job record")))?;
         record.kept_for_ms = u64::try_from(ttl).ok();
         Ok(Some(record))
+    }
+}
+
+impl RedisLedger {
+    /// The admissions `subject`'s log counts, newest first, at most `max`,
+    /// each with its job's record. Reads only.
+    pub async fn admissions(
+        &self,
+        subject: Subject<'_>,
+        max: usize,
+    ) -> Result<Vec<Admitted>, LedgerError> {
+        let key = self.keys.key_of(subject);
+        let stop = isize::try_from(max).unwrap_or(isize::MAX).max(1);
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(stop - 1)
+            .arg("REV")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut found = Vec::with_capacity(members.len());
+        for member in members {
+            // decide.lua's member_of: 12 hex digits of the time, ':', the
+            // id (and, with keys spread over a cluster's shards, ':' and
+            // the reservation's nonce).
+            let Some((at, rest)) = member.split_once(':') else {
+                continue;
+            };
+            let Ok(at_ms) = u64::from_str_radix(at, 16) else {
+                continue;
+            };
+            let mut id = rest.to_owned();
+            let mut record = self.record_of(&id).await?;
+            if record.is_none()
+                && let Some((without_nonce, _)) = rest.rsplit_once(':')
+                && let Some(r) = self.record_of(without_nonce).await?
+            {
+                (id, record) = (without_nonce.to_owned(), Some(r));
+            }
+            found.push(Admitted { at_ms, id, record });
+        }
+        Ok(found)
+    }
+
+    async fn record_of(&self, id: &str) -> Result<Option<JobRecord>, LedgerError> {
+        match JobId::parse(id) {
+            Ok(id) => self.record(&id).await,
+            Err(_) => Ok(None),
+        }
     }
 }
 

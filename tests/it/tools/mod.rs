@@ -7,3 +7,4 @@ mod example_producer;
 mod layout;
 mod queues;
 mod settings;
+mod support;
