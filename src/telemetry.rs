@@ -69,6 +69,7 @@ fn status_label(status: Status) -> &'static str {
         Status::Expired => "expired",
         Status::Failed => "failed",
         Status::Superseded => "superseded",
+        Status::Suppressed => "suppressed",
     }
 }
 

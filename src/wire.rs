@@ -184,12 +184,15 @@ pub enum Status {
     /// this one (`supersede = true`): its code is stale, so it was not
     /// sent; quota refunded.
     Superseded,
+    /// The mailbox is on the suppression list: nothing was sent or
+    /// counted; `error` says so.
+    Suppressed,
 }
 
 impl Status {
     /// Every status (a new one must be listed here: metrics register each
     /// at zero, and a test checks the list against the JSON names).
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Sent,
         Status::Rejected,
         Status::Duplicate,
@@ -197,6 +200,7 @@ impl Status {
         Status::Expired,
         Status::Failed,
         Status::Superseded,
+        Status::Suppressed,
     ];
 }
 
@@ -302,11 +306,12 @@ mod tests {
             Status::Expired => 4,
             Status::Failed => 5,
             Status::Superseded => 6,
+            Status::Suppressed => 7,
         };
         for (i, s) in Status::ALL.into_iter().enumerate() {
             assert_eq!(place(s), i, "{s:?}");
         }
-        assert_eq!(Status::ALL.len(), place(Status::Superseded) + 1);
+        assert_eq!(Status::ALL.len(), place(Status::Suppressed) + 1);
     }
 
     fn invalid(body: &str) -> String {

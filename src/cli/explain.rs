@@ -1,7 +1,7 @@
 //! `mailgate explain`: "why didn't I get my code?" answered for one mailbox
-//! (and a client address) in one command: the limits in force and when the
-//! next send is allowed, the overrides that apply, and the mailbox's
-//! recent admissions with what became of each. Reads only, and only what
+//! (and a client address) in one command: whether it is suppressed, the
+//! limits in force and when the next send is allowed, the overrides that
+//! apply, and the mailbox's recent admissions with what became of each. Reads only, and only what
 //! concerns the mailbox and the address asked about.
 
 use anyhow::{Context as _, bail};
@@ -9,14 +9,35 @@ use serde_json::{Value, json};
 
 use super::job::{record_json, state_words};
 use super::limits::{render_usage, usage_json};
-use super::{dead, limiter, short_duration};
+use super::{dead, limiter, short_duration, time_left};
 use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain};
-use crate::ledger::{Admitted, Backend};
+use crate::ledger::{Admitted, Backend, RedisLedger, Suppression};
 use crate::limiter::{Clock, Quotas, Subject, Usage};
 use crate::settings::Settings;
 
 /// How many of the mailbox's admissions are shown, newest first.
 const ADMISSIONS_SHOWN: usize = 20;
+
+/// What `explain` found.
+struct Findings {
+    email: EmailAddress,
+    ip: Option<IpKey>,
+    purpose: Option<Name>,
+    /// The scopes that have rules or an override, mailbox first.
+    usages: Vec<Usage>,
+    admissions: Vec<Admitted>,
+    suppressed: Option<Suppression>,
+}
+
+impl Findings {
+    /// The scope that holds the next send back longest, if one does.
+    fn binding(&self) -> Option<&Usage> {
+        (self.usages.iter())
+            .filter(|u| !u.exempt)
+            .max_by_key(|u| u.retry_after_ms)
+            .filter(|u| u.retry_after_ms > 0)
+    }
+}
 
 /// Prints the explanation for `email` (and `ip`) under `purpose`'s rules.
 pub async fn explain(
@@ -29,53 +50,78 @@ pub async fn explain(
     let email = EmailAddress::parse(email).context("--email")?;
     let ip = ip.map(IpKey::parse).transpose().context("--ip")?;
     let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
-    let domain = RegistrableDomain::of(&email, &settings.limits.normalize);
     let Backend::Redis(ledger) = limiter(settings).await? else {
         bail!("redis.url is memory://: the limits live inside the worker process");
     };
-    let mut subjects = vec![Subject::Email(&email)];
-    if let Some(ip) = &ip {
+    let usages = usages(settings, &ledger, &email, ip.as_ref(), purpose.as_ref()).await?;
+    let admissions = ledger
+        .admissions(Subject::Email(&email), ADMISSIONS_SHOWN)
+        .await?;
+    let suppressed = match settings.limits.suppress {
+        true => ledger.suppression(&email).await?,
+        false => None,
+    };
+    let found = Findings {
+        email,
+        ip,
+        purpose,
+        usages,
+        admissions,
+        suppressed,
+    };
+    match json {
+        true => println!("{}", findings_json(&found)),
+        false => print_text(settings, &found),
+    }
+    Ok(true)
+}
+
+/// The usage of each scope a job for `email` from `ip` is judged in that
+/// has rules or an override.
+async fn usages(
+    settings: &Settings,
+    ledger: &RedisLedger,
+    email: &EmailAddress,
+    ip: Option<&IpKey>,
+    purpose: Option<&Name>,
+) -> anyhow::Result<Vec<Usage>> {
+    let domain = RegistrableDomain::of(email, &settings.limits.normalize);
+    let mut subjects = vec![Subject::Email(email)];
+    if let Some(ip) = ip {
         subjects.push(Subject::Ip(ip));
     }
-    subjects.push(match &ip {
+    subjects.push(match ip {
         Some(ip) => Subject::Share(&domain, ip),
         None => Subject::Domain(&domain),
     });
     let mut usages = Vec::new();
     for subject in subjects {
-        let usage = ledger
-            .usage(subject, purpose.as_ref(), Clock::Server)
-            .await?;
+        let usage = ledger.usage(subject, purpose, Clock::Server).await?;
         // A scope with no rules and no override says nothing.
         if !usage.rules.is_empty() || usage.by_override.is_some() {
             usages.push(usage);
         }
     }
-    let admissions = ledger
-        .admissions(Subject::Email(&email), ADMISSIONS_SHOWN)
-        .await?;
-    let binding = usages
-        .iter()
-        .filter(|u| !u.exempt)
-        .max_by_key(|u| u.retry_after_ms)
-        .filter(|u| u.retry_after_ms > 0);
-    if json {
-        println!(
-            "{}",
-            json!({
-                "email": email.as_str(),
-                "ip": ip.as_ref().map(|i| i.addr().to_string()),
-                "purpose": purpose.as_ref().map(|p| p.as_str()),
-                "next_send_in_ms": binding.map_or(0, |u| u.retry_after_ms),
-                "bound_by": binding.map(|u| u.key.as_str()),
-                "limits": usages.iter().map(usage_json).collect::<Vec<_>>(),
-                "admissions": admissions.iter().map(admission_json).collect::<Vec<_>>(),
-            })
-        );
-        return Ok(true);
-    }
-    print_text(settings, &email, &usages, binding, &admissions);
-    Ok(true)
+    Ok(usages)
+}
+
+fn findings_json(f: &Findings) -> Value {
+    let binding = f.binding();
+    json!({
+        "email": f.email.as_str(),
+        "ip": f.ip.as_ref().map(|i| i.addr().to_string()),
+        "purpose": f.purpose.as_ref().map(|p| p.as_str()),
+        "next_send_in_ms": binding.map_or(0, |u| u.retry_after_ms),
+        "bound_by": binding.map(|u| u.key.as_str()),
+        "limits": f.usages.iter().map(usage_json).collect::<Vec<_>>(),
+        "admissions": f.admissions.iter().map(admission_json).collect::<Vec<_>>(),
+        "suppressed": f.suppressed.as_ref().map(|s| json!({
+            "since": dead::time(s.since_ms),
+            "source": s.source,
+            "reason": s.why,
+            "left_ms": s.left_ms,
+        })),
+    })
 }
 
 fn admission_json(a: &Admitted) -> Value {
@@ -86,29 +132,42 @@ fn admission_json(a: &Admitted) -> Value {
     })
 }
 
-fn print_text(
-    settings: &Settings,
-    email: &EmailAddress,
-    usages: &[Usage],
-    binding: Option<&Usage>,
-    admissions: &[Admitted],
-) {
-    match binding {
-        None => println!("next send for {}: allowed now", email.as_str()),
-        Some(u) => println!(
-            "next send for {}: in {} (held back by {})",
-            email.as_str(),
+fn print_text(settings: &Settings, f: &Findings) {
+    let email = f.email.as_str();
+    if let Some(s) = &f.suppressed {
+        let left = s.left_ms.map_or_else(
+            || "until removed".into(),
+            |ms| format!("for {}", time_left(ms)),
+        );
+        println!(
+            "SUPPRESSED {left} (since {}, {}: {}): its jobs are answered `suppressed` and no \
+             code is sent; `mailgate suppress remove {email}` lifts it",
+            dead::time(s.since_ms),
+            s.source,
+            s.why,
+        );
+    }
+    let limits = match f.binding() {
+        None => "allowed now".to_owned(),
+        Some(u) => format!(
+            "in {} (held back by {})",
             short_duration(u.retry_after_ms),
             u.key
         ),
+    };
+    match f.suppressed {
+        Some(_) => println!(
+            "next send for {email}: none while it is suppressed (the limits alone: {limits})"
+        ),
+        None => println!("next send for {email}: {limits}"),
     }
     println!();
     let share = settings.limits.domain.network_share;
-    for u in usages {
+    for u in &f.usages {
         print!("{}", render_usage(u, share));
     }
     println!();
-    if admissions.is_empty() {
+    if f.admissions.is_empty() {
         println!("no admission of this mailbox is counted now");
     } else {
         println!(
@@ -116,7 +175,7 @@ fn print_text(
              counts, and is not listed):"
         );
     }
-    for a in admissions {
+    for a in &f.admissions {
         let what = a.record.as_ref().map_or_else(
             || "(its record is gone)".to_owned(),
             |r| {

@@ -1,5 +1,6 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
-//! worker, one file each (`publish`, `results`, `dead`, `job`, `explain`, `limits`,
+//! worker, one file each (`publish`, `results`, `dead`, `job`, `explain`,
+//! `suppress`, `limits`,
 //! `overrides`, `clock`, `probe`, `check_config`; `worker` runs
 //! [`crate::worker`]).
 //! Each is an edge like `main`: it may use any stage, and it reports errors
@@ -17,6 +18,7 @@ mod overrides;
 mod probe;
 mod publish;
 mod results;
+mod suppress;
 
 use std::path::PathBuf;
 
@@ -41,6 +43,7 @@ pub use overrides::{AddOverride, OverridesAction, overrides};
 pub use probe::{http_get, probe};
 pub use publish::{PublishArgs, jobs_from, publish};
 pub use results::{Reading, results};
+pub use suppress::{SuppressAction, suppress};
 
 /// Sends verification codes by mail, behind an exact rate limiter.
 #[derive(Parser)]
@@ -141,6 +144,13 @@ pub enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Add, remove or list suppressed mailboxes: their jobs are answered
+    /// `suppressed`, with no SMTP and no quota used.
+    Suppress {
+        #[command(subcommand)]
+        /// Add, remove or list.
+        action: SuppressAction,
     },
     /// Look at or reset a mailbox's or an IP's quota.
     Limits {
@@ -249,6 +259,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::Limits { action } => limits(settings, action).await,
         Command::Dead { action } => dead(settings, action).await,
         Command::Job { id, json } => job(settings, &id, json).await,
+        Command::Suppress { action } => suppress(settings, action).await,
         Command::Explain {
             email,
             ip,
@@ -320,10 +331,25 @@ where
     })
 }
 
-/// `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the settings.
+/// A time left, rounded up to the unit that reads best: `30d`, `5h`,
+/// `12m`, or to the second ([`short_duration`]).
+fn time_left(ms: u64) -> String {
+    let up = |unit: u64| ms.div_ceil(unit) * unit;
+    match ms {
+        _ if ms >= 2 * 86_400_000 => short_duration(up(86_400_000)),
+        _ if ms >= 2 * 3_600_000 => short_duration(up(3_600_000)),
+        _ if ms >= 2 * 60_000 => short_duration(up(60_000)),
+        _ => short_duration(up(1000)),
+    }
+}
+
+/// `30d`, `24h`, `10m`, `60s`, `1500ms`: as a rule is written in the
+/// settings (whole days from two days on).
 fn short_duration(ms: u64) -> String {
+    const DAY: u64 = 86_400_000;
     match ms {
         0 => "0s".into(),
+        _ if ms >= 2 * DAY && ms.is_multiple_of(DAY) => format!("{}d", ms / DAY),
         _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
         _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
         _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),

@@ -45,7 +45,7 @@ use std::future::Future;
 use sha2::{Digest, Sha256};
 
 pub use self::memory::MemoryLedger;
-pub use self::redis::{Admitted, JobRecord, RedisLedger};
+pub use self::redis::{Admitted, JobRecord, RedisLedger, Suppression};
 
 use crate::domain::Name;
 use crate::domain::Ticket;
@@ -257,6 +257,10 @@ pub enum Verdict {
         /// How long its lease still runs.
         lease_left_ms: u64,
     },
+    /// The mailbox is suppressed (`mailgate suppress`): nothing was
+    /// counted or recorded, and no mail goes out. Only where the limiter
+    /// would decide: an id already admitted goes on as its record says.
+    Suppressed,
     /// The id's mail went out.
     Sent {
         /// When its admission was recorded.

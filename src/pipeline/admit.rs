@@ -231,6 +231,8 @@ fn rule(job: &Job, msg: &Message<'_>, admission: Admission) -> Ruling {
         // Refunded into a record this lineage owns, which records that
         // its answer went out; nothing was counted otherwise.
         Verdict::Superseded { refunded } => answer(Outcome::Superseded, refunded),
+        // Nothing was counted or recorded.
+        Verdict::Suppressed => answer(Outcome::Suppressed, false),
     }
 }
 
@@ -298,6 +300,7 @@ fn record(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Option<&'sta
         Verdict::Finished { .. } => "finished",
         Verdict::Conflict => "conflict",
         Verdict::Superseded { .. } => "superseded",
+        Verdict::Suppressed => "suppressed",
     };
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => v).increment(1);
 }

@@ -44,7 +44,13 @@ pub(super) enum Outcome {
     /// A newer job for the same mailbox and purpose was admitted after
     /// this one: its code is stale, so it is not sent.
     Superseded,
+    /// The mailbox is on the suppression list: nothing is sent or counted.
+    Suppressed,
 }
+
+/// The error of a `suppressed` result.
+const SUPPRESSED: &str = "this mailbox is on the suppression list (it does not exist, or its \
+     owner asked for no mail); no code was sent and no quota used";
 
 /// The error of a job whose delivery is unknown.
 pub(super) const DELIVERY_UNKNOWN: &str = "delivery unknown: the SMTP transaction of this job began and \
@@ -122,6 +128,7 @@ impl Outcome {
             Outcome::Expired => Status::Expired,
             Outcome::Failed(_) => Status::Failed,
             Outcome::Superseded => Status::Superseded,
+            Outcome::Suppressed => Status::Suppressed,
         };
         let mut r = JobResult::new(id, status, msg.attempt);
         r.email = job.map(|j| j.email.to_string());
@@ -149,6 +156,7 @@ impl Outcome {
                 r.rule = Some(RuleWire::from(rule));
             }
             Outcome::Invalid(e) | Outcome::Failed(e) => r.error = Some(e),
+            Outcome::Suppressed => r.error = Some(SUPPRESSED.into()),
             Outcome::Duplicate | Outcome::Expired | Outcome::Superseded => {}
         }
         r

@@ -150,6 +150,12 @@ pub struct LimitSettings {
     /// since it tells a requester about other people's codes. `limits show
     /// --domain` always does.
     pub quota_domain: bool,
+    /// Whether a job to a suppressed mailbox (`mailgate suppress add`: an
+    /// address known not to exist, or that complained) is answered
+    /// `suppressed`, with no SMTP and no quota used. One key read per
+    /// admission, in the same script call. Default true; false skips the
+    /// read and mails suppressed addresses too.
+    pub suppress: bool,
 }
 
 impl Default for LimitSettings {
@@ -174,6 +180,7 @@ impl Default for LimitSettings {
             supersede_skew: Duration::from_secs(2),
             result_granularity: Duration::from_secs(1),
             quota_domain: false,
+            suppress: true,
         }
     }
 }

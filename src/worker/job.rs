@@ -240,7 +240,7 @@ impl Outbox for Replies<'_> {
                     .and_then(|p| now_ms().checked_sub(p));
                 telemetry::job_answered(result.status, since.map(Duration::from_millis));
                 match result.status {
-                    Status::Sent | Status::Rejected | Status::Duplicate => {
+                    Status::Sent | Status::Rejected | Status::Duplicate | Status::Suppressed => {
                         tracing::info!(status = ?result.status, retry_after_ms = result.exact_retry_after_ms.or(result.retry_after_ms), "answered");
                     }
                     _ => tracing::warn!(

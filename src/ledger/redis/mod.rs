@@ -1,7 +1,7 @@
 //! The production ledger, in Redis ([`RedisLedger`]): its connection and
 //! the [`Ledger`] operations; batching, reply decoding, spread mode, the
-//! clock watch, replication and the support tools' questions (`quotas`,
-//! `record`) each in a file of their own.
+//! clock watch, replication, the suppression list and the support tools'
+//! questions (`quotas`, `record`) each in a file of their own.
 
 mod batch;
 mod clock;
@@ -10,10 +10,12 @@ mod record;
 mod replicas;
 pub(crate) mod reply;
 mod spread;
+mod suppression;
 
 use std::sync::Arc;
 
 pub use self::record::{Admitted, JobRecord};
+pub use self::suppression::Suppression;
 
 use tokio::sync::mpsc;
 
@@ -216,6 +218,13 @@ impl Ledger for RedisLedger {
             if let Some(made) = args.last_mut() {
                 let at = (entry.made_at_ms.map(|ms| ms.to_string())).unwrap_or_default();
                 *made = format!("{at},{}", self.keys.supersede_skew_ms());
+            }
+        }
+        if self.keys.checks_suppression() {
+            keys.push(self.keys.suppression_key(job.request.email));
+            // The flag's 's': the last key is the suppression key.
+            if let Some(flag) = args.get_mut(5) {
+                flag.insert(1, 's');
             }
         }
         let reply = (self.submit_judged(clock, (args, keys), entry.send_now, sets)).await?;

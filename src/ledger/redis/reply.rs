@@ -22,10 +22,11 @@ pub(crate) enum Code {
     Conflict = 8,
     Absent = 9,
     Superseded = 10,
+    Suppressed = 11,
 }
 
 /// Every code with its name in `ledger.lua`.
-pub(crate) const CODES: [(Code, &str); 11] = [
+pub(crate) const CODES: [(Code, &str); 12] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -37,6 +38,7 @@ pub(crate) const CODES: [(Code, &str); 11] = [
     (Code::Conflict, "conflict"),
     (Code::Absent, "absent"),
     (Code::Superseded, "superseded"),
+    (Code::Suppressed, "suppressed"),
 ];
 
 /// How many integers answer each item of a batch at most, its code and its
@@ -134,6 +136,7 @@ pub(super) fn verdict(scopes: &[(Scope, Arc<RuleSet>)], r: &[i64; REPLY_WIDTH]) 
         },
         Code::Conflict => Verdict::Conflict,
         Code::Superseded => Verdict::Superseded { refunded: flag(1) },
+        Code::Suppressed => Verdict::Suppressed,
         Code::Absent => return None,
     })
 }

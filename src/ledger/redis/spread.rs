@@ -72,9 +72,15 @@ impl RedisLedger {
             .await?;
         let id = entry.job.request.id.as_str();
         let peeks = self.each_scope(clock, &scopes, id, None).await;
-        let look = answered(look).await?;
+        // The suppression key lives on a shard of its own: read at the
+        // same time as the look, and heeded where the limiter would decide.
+        let (look, suppressed) = tokio::join!(answered(look), self.suppressed(entry));
+        let look = look?;
         if look.values[0] != Code::Absent as i64 {
             return self.decided(entry, &[], look).await;
+        }
+        if suppressed? {
+            return Ok(Admission::at(look.now_ms, Verdict::Suppressed));
         }
         match self.gather(&scopes, peeks, None).await? {
             Reservations::Held(..) => {}
@@ -108,6 +114,20 @@ impl RedisLedger {
             admission.by_override = by_override;
         }
         Ok(admission)
+    }
+
+    /// Whether `entry`'s mailbox is suppressed (false if admissions do not
+    /// check: `limits.suppress`).
+    async fn suppressed(&self, entry: &Entry<'_>) -> Result<bool, LedgerError> {
+        if !self.keys.checks_suppression() {
+            return Ok(false);
+        }
+        let key = self.keys.suppression_key(entry.job.request.email);
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n > 0)
     }
 
     /// Reserves job `id`'s room in each of `scopes`, one scope after

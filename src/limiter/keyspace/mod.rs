@@ -7,7 +7,7 @@ mod applicable;
 
 use super::rules::push_rule_set;
 use super::{CLOCK_SLACK_MS, Request, RuleSet, Scope, ScopeMap, Subject, overrides};
-use crate::domain::{IpKey, JobId, RegistrableDomain};
+use crate::domain::{EmailAddress, IpKey, JobId, RegistrableDomain};
 use crate::settings::{LimitSettings, Rule};
 
 pub(crate) use self::applicable::Applied;
@@ -245,6 +245,24 @@ impl Keyspace {
             Subject::Domain(domain) => format!("{}domain:{domain}", self.prefix),
             Subject::Share(domain, ip) => self.share_key(&self.key_of(Subject::Domain(domain)), ip),
         }
+    }
+
+    /// The key that marks `email`'s mailbox (as the mailbox scope counts it:
+    /// every spelling `limits.normalize` makes one) suppressed:
+    /// `<prefix>sup:<mailbox>`, a string "<since_ms> <source> <why>" that
+    /// lives as long as the suppression.
+    pub(crate) fn suppression_key(&self, email: &EmailAddress) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + 4 + email.as_str().len());
+        key.push_str(&self.prefix);
+        key.push_str("sup:");
+        email.push_mailbox_key(&self.limits.normalize, &mut key);
+        key
+    }
+
+    /// Whether an admission reads its mailbox's suppression key
+    /// (`limits.suppress`).
+    pub(crate) fn checks_suppression(&self) -> bool {
+        self.limits.suppress
     }
 
     /// The key of one client network's share of a domain's log

@@ -84,6 +84,8 @@ local CODE = {
                    -- admitted after this one ("admit"'s made); 1 if this
                    -- job's unsent admission was refunded (into a record
                    -- the caller's ticket owns), 0 if nothing was counted
+  suppressed = 11, -- "admit" with a suppression key: the mailbox is
+                   -- suppressed (its key exists); nothing written
 }
 
 -- The operation of the call under way (ARGV[1]), for error messages.
@@ -161,10 +163,11 @@ end
 
 --[[
 item "admit" -- decide a request: id, fingerprint, ticket, attempt,
-  send_now and the call's id, "<flag>:<hex>" (flag '1': the caller has an
+  send_now and the call's id, "<flag>[s]:<hex>" (flag '1': the caller has an
   SMTP connection free and starts its
     transaction at once, so the record goes straight to x; '0': to a, and the
-    caller marks "sending" later),
+    caller marks "sending" later; 's' ("admit" only): the last key is the
+    mailbox's suppression key, <prefix>sup:<mailbox>),
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules),
   made: '' if the job's purpose does not supersede older jobs; else
@@ -175,7 +178,11 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     AMQP timestamp has whole seconds).
   KEYS: the record, then one scope key per key the shape names (two
   characters each), then, with made, the newest key of the job's mailbox
-  and purpose.
+  and purpose, then, with 's', the suppression key.
+  Suppressed: where the limiter would decide (no live admission of the id,
+  and not expired), a request whose suppression key exists is answered
+  `suppressed`, and nothing is counted or written. A job already admitted
+  goes on as its record says.
   Superseding: another job of the newest key is newer if it was made more
   than skew later; made within skew of each other, neither is newer (which
   was made first cannot be told: both are mailed). A job with a newer
@@ -216,6 +223,7 @@ end
 
 local function admit_ok(a, head, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
+  local flag_form = kind == 'admit' and '^[01]s?:%x+$' or '^[01]:%x+$'
   local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
@@ -228,7 +236,12 @@ local function admit_ok(a, head, kind)
   end
   return last_ok and (expires == '' or tonumber(expires) ~= nil)
     and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ticket_ok(ARGV[a + 2]) and attempt_ok(a + 3)
-    and string.find(flag or '', '^[01]:%x+$') ~= nil
+    and string.find(flag or '', flag_form) ~= nil
+end
+
+-- Whether an item's flag (ARGV[a]) names a suppression key.
+local function checks_suppression(a)
+  return string.byte(ARGV[a], 2) == 115
 end
 
 -- Whether job `id`, made at `made` (ms), is superseded: its newest key
@@ -249,14 +262,16 @@ end
 
 local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  -- "<0 or 1>:<hex>", as admit_ok checked.
+  -- "<0 or 1>[s]:<hex>", as admit_ok checked.
   local flag = ARGV[a + 4]
-  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, 3)
+  local checks = checks_suppression(a + 4)
+  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, checks and 4 or 3)
   local expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
   local last = first + #shape / 2 - 1
   local latest = ARGV[a + 7] ~= '' and KEYS[last + 1]
+  local suppression = checks and KEYS[last + (latest and 2 or 1)]
   -- A time after its admission (a producer's clock ahead) counts as the
   -- admission's, so one such job cannot supersede every later one for as
   -- long.
@@ -317,6 +332,7 @@ local function admit(k, a, b, kind)
     return CODE.expired
   end
   if kind == 'look' then return CODE.absent end
+  if suppression and call('EXISTS', suppression) == 1 then return CODE.suppressed end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
     if latest then
@@ -469,7 +485,10 @@ end
 local one = function() return 1 end
 local ITEMS = {
   admit = {values = 8, ok = function(a, head) return admit_ok(a, head, 'admit') end,
-    keys = function(a) return 1 + #ARGV[a + 6] / 2 + (ARGV[a + 7] ~= '' and 1 or 0) end,
+    keys = function(a)
+      return 1 + #ARGV[a + 6] / 2 + (ARGV[a + 7] ~= '' and 1 or 0)
+        + (checks_suppression(a + 4) and 1 or 0)
+    end,
     run = function(k, a, b) return admit(k, a, b, 'admit') end},
   look = {values = 8, ok = function(a, head) return admit_ok(a, head, 'look') end, keys = one,
     run = function(k, a, b) return admit(k, a, b, 'look') end},

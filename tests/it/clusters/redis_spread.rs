@@ -430,3 +430,42 @@ async fn a_rejections_wait_follows_exactly_from_the_admissions_time() {
     }
     assert!(off.is_empty(), "waits off what the times imply: {off:?}");
 }
+
+/// With the keys spread, the suppression key lives on a shard of its own:
+/// a suppressed mailbox's new job is answered `suppressed` with nothing
+/// counted, and an id admitted before the suppression goes on as its record
+/// says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suppressed_mailbox_is_heeded_where_the_limiter_would_decide() {
+    let cluster = PrivateCluster::start();
+    let settings = RedisSettings::new(cluster.url(), "rsp:s:");
+    assert!(settings.spreads_keys());
+    let lim = limits(&[(60_000, 5)], &[(60_000, 5)]);
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let mailbox = "gone@example.com";
+    let before = TestJob::new("s-before", mailbox, Some("198.51.100.1"));
+    let owner = Ticket::new();
+    let first = before.admission(&l, &owner, Clock::Server).await;
+    assert_eq!(first.verdict, Verdict::Admitted, "{first:?}");
+    let email = mailgate::domain::EmailAddress::parse(mailbox).unwrap();
+    l.suppress(&email, "manual", "test", None).await.unwrap();
+
+    let new = TestJob::new("s-new", mailbox, Some("198.51.100.1"));
+    let a = new.admission(&l, &Ticket::new(), Clock::Server).await;
+    assert_eq!(a.verdict, Verdict::Suppressed, "{a:?}");
+    let usage = l
+        .usage(Subject::Email(&email), None, Clock::Server)
+        .await
+        .unwrap();
+    assert_eq!(
+        usage.rules[0].count, 1,
+        "only the admission before it counts"
+    );
+    // Another copy of the job admitted before: its lease holds, as always.
+    let copy = before.admission(&l, &Ticket::new(), Clock::Server).await;
+    assert!(matches!(copy.verdict, Verdict::Busy { .. }), "{copy:?}");
+
+    assert!(l.unsuppress(&email).await.unwrap());
+    let after = new.admission(&l, &Ticket::new(), Clock::Server).await;
+    assert_eq!(after.verdict, Verdict::Admitted, "{after:?}");
+}

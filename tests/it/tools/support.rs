@@ -3,6 +3,9 @@
 
 use std::process::{Output, Stdio};
 
+use std::time::Duration;
+
+use mailgate::settings::Rule;
 use serde_json::{Value, json};
 
 use crate::common::harness::Harness;
@@ -87,5 +90,115 @@ async fn explain_answers_why_a_mailbox_gets_no_code() {
     let fresh = stdout(&mailgate(&h, &["explain", "--email", "new@example.com"]).await);
     assert!(fresh.contains("allowed now"), "{fresh}");
     assert!(fresh.contains("no admission"), "{fresh}");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suppressed_mailboxes_get_no_code_and_use_no_quota() {
+    let h = Harness::with("suppress", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 5)];
+    })
+    .await;
+    let w = h.start_worker().await;
+    let job = |id: &str, email: &str| json!({"id": id, "email": email, "code": "424242"});
+    h.publish(&job("s0", "gone@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
+
+    let added = stdout(
+        &mailgate(
+            &h,
+            &[
+                "suppress",
+                "add",
+                "gone@example.com",
+                "--reason",
+                "550 5.1.1 from our ESP",
+            ],
+        )
+        .await,
+    );
+    assert!(added.contains("suppressed 1 mailboxes for 30d"), "{added}");
+    let r = {
+        h.publish(&job("s1", "gone@example.com")).await;
+        h.result().await
+    };
+    assert_eq!(r["status"], "suppressed", "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("suppression list"),
+        "{r}"
+    );
+    assert_eq!(
+        h.sink.mails_to("gone@example.com").len(),
+        1,
+        "no second mail"
+    );
+    // No quota used.
+    let usage = stdout(
+        &mailgate(
+            &h,
+            &["limits", "show", "--email", "gone@example.com", "--json"],
+        )
+        .await,
+    );
+    let usage: Value = serde_json::from_str(usage.trim()).unwrap();
+    assert_eq!(usage["rules"][0]["count"], 1, "{usage}");
+    // The id sent before is still answered from its record.
+    h.publish(&job("s0", "gone@example.com")).await;
+    assert_eq!(h.result().await["status"], "duplicate");
+
+    // Listed, and explained.
+    let listed = stdout(&mailgate(&h, &["suppress", "list", "--json"]).await);
+    let listed: Value = serde_json::from_str(listed.trim()).unwrap();
+    assert_eq!(listed["mailbox"], "gone@example.com");
+    assert_eq!(listed["source"], "manual");
+    assert_eq!(listed["reason"], "550 5.1.1 from our ESP");
+    assert!(listed["left_ms"].as_u64().unwrap() > 29 * 86_400_000);
+    let explained = stdout(&mailgate(&h, &["explain", "--email", "gone@example.com"]).await);
+    assert!(explained.starts_with("SUPPRESSED for 30d"), "{explained}");
+
+    // A provider's export: a header, CSV lines, a line without a mailbox.
+    let file = std::env::temp_dir().join(format!("{}-bounces.csv", h.settings.amqp.jobs_queue));
+    std::fs::write(
+        &file,
+        "email,type\n\"bounce1@example.com\",hard\nbounce2@example.com,complaint\n\nno mailbox here\n",
+    )
+    .unwrap();
+    let imported = stdout(
+        &mailgate(
+            &h,
+            &[
+                "suppress",
+                "add",
+                "--file",
+                file.to_str().unwrap(),
+                "--forever",
+            ],
+        )
+        .await,
+    );
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        imported.contains("suppressed 2 mailboxes until removed"),
+        "{imported}"
+    );
+    assert!(imported.contains("skipped 2 lines"), "{imported}");
+    let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(
+        listed.contains("bounce2@example.com") && listed.contains("import"),
+        "{listed}"
+    );
+
+    // Lifted, the mailbox gets its code again.
+    let removed = stdout(&mailgate(&h, &["suppress", "remove", "gone@example.com"]).await);
+    assert!(removed.contains("removed gone@example.com"), "{removed}");
+    assert!(
+        !mailgate(&h, &["suppress", "remove", "gone@example.com"])
+            .await
+            .status
+            .success()
+    );
+    h.publish(&job("s2", "gone@example.com")).await;
+    assert_eq!(h.result().await["status"], "sent");
     w.stop().await.unwrap();
 }

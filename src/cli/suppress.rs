@@ -1,0 +1,174 @@
+//! `mailgate suppress`: add, remove and list the mailboxes no code is
+//! mailed to, e.g. the bounce and complaint lists a mail provider exports.
+
+use std::io::BufRead as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{dead, limiter, short_duration, time_left};
+use crate::domain::EmailAddress;
+use crate::ledger::{Backend, RedisLedger};
+use crate::settings::Settings;
+
+/// `suppress`' actions.
+#[derive(Subcommand, Debug)]
+pub enum SuppressAction {
+    /// Suppress mailboxes: their jobs are answered `suppressed`, with no
+    /// SMTP and no quota used (every worker, at once).
+    Add {
+        /// Mailboxes (counted as the limiter counts them: every spelling
+        /// `limits.normalize` makes one).
+        emails: Vec<String>,
+        /// Also every mailbox in this file: one per line, or a CSV export
+        /// (the first field that holds an '@'); other lines are skipped.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// How long (e.g. `30d`, `1y`).
+        #[arg(long = "for", value_parser = humantime::parse_duration, default_value = "30d", conflicts_with = "forever")]
+        period: Duration,
+        /// Until removed.
+        #[arg(long)]
+        forever: bool,
+        /// Why, for whoever finds it later (default: "added by hand", or
+        /// "imported from FILE").
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lift mailboxes' suppression.
+    Remove {
+        /// Mailboxes.
+        #[arg(required = true)]
+        emails: Vec<String>,
+    },
+    /// List the suppressions in force.
+    List {
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `suppress` action, printing what it did.
+pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Result<bool> {
+    let Backend::Redis(ledger) = limiter(settings).await? else {
+        bail!("redis.url is memory://: there is no shared suppression list to change");
+    };
+    match action {
+        SuppressAction::Add {
+            emails,
+            file,
+            period,
+            forever,
+            reason,
+        } => {
+            let period = (!forever).then_some(period);
+            add(&ledger, emails, file, period, reason).await
+        }
+        SuppressAction::Remove { emails } => {
+            let mut ok = true;
+            for e in emails {
+                let email = EmailAddress::parse(&e).with_context(|| format!("{e:?}"))?;
+                match ledger.unsuppress(&email).await? {
+                    true => println!("removed {}", email.as_str()),
+                    false => {
+                        println!("{} was not suppressed", email.as_str());
+                        ok = false;
+                    }
+                }
+            }
+            Ok(ok)
+        }
+        SuppressAction::List { json } => {
+            let all = ledger.suppressions().await?;
+            for s in &all {
+                let left = s.left_ms.map_or_else(|| "until removed".into(), time_left);
+                if json {
+                    let line = json!({
+                        "mailbox": s.mailbox,
+                        "since": dead::time(s.since_ms),
+                        "source": s.source,
+                        "reason": s.why,
+                        "left_ms": s.left_ms,
+                    });
+                    println!("{line}");
+                } else {
+                    let since = dead::time(s.since_ms);
+                    println!(
+                        "{}  since {since}  {left} left  {}: {}",
+                        s.mailbox, s.source, s.why
+                    );
+                }
+            }
+            eprintln!("{} suppressed", all.len());
+            Ok(true)
+        }
+    }
+}
+
+async fn add(
+    ledger: &RedisLedger,
+    emails: Vec<String>,
+    file: Option<PathBuf>,
+    period: Option<Duration>,
+    reason: Option<String>,
+) -> anyhow::Result<bool> {
+    let mut given: Vec<(String, &str)> = emails.into_iter().map(|e| (e, "manual")).collect();
+    let mut skipped = 0u64;
+    if let Some(path) = &file {
+        let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        for line in std::io::BufReader::new(f).lines() {
+            let line = line.with_context(|| format!("reading {}", path.display()))?;
+            match line
+                .split([',', ';', '\t'])
+                .map(|f| f.trim().trim_matches('"'))
+                .find(|f| f.contains('@'))
+            {
+                Some(mailbox) => given.push((mailbox.to_owned(), "import")),
+                None if line.trim().is_empty() => {}
+                None => skipped += 1,
+            }
+        }
+    }
+    if given.is_empty() {
+        bail!("name mailboxes, or --file with one per line");
+    }
+    let (mut added, mut bad) = (0u64, Vec::new());
+    for (text, source) in &given {
+        let Ok(email) = EmailAddress::parse(text) else {
+            bad.push(text.clone());
+            continue;
+        };
+        let why = match (&reason, &file, *source) {
+            (Some(r), _, _) => r.clone(),
+            (None, Some(f), "import") => format!("imported from {}", f.display()),
+            _ => "added by hand".to_owned(),
+        };
+        ledger.suppress(&email, source, &why, period).await?;
+        added += 1;
+    }
+    let how_long = period.map_or_else(
+        || "until removed".to_owned(),
+        |p| {
+            format!(
+                "for {}",
+                short_duration(u64::try_from(p.as_millis()).unwrap_or(u64::MAX))
+            )
+        },
+    );
+    println!("suppressed {added} mailboxes {how_long}");
+    if skipped > 0 {
+        println!("skipped {skipped} lines without a mailbox");
+    }
+    if !bad.is_empty() {
+        println!(
+            "refused {} that are not mailboxes: {}",
+            bad.len(),
+            bad.join(", ")
+        );
+    }
+    Ok(bad.is_empty())
+}

@@ -1,0 +1,149 @@
+//! The suppression list: mailboxes no code is mailed to (they do not
+//! exist, or their owners asked for no mail). Each is a key of its own,
+//! `<prefix>sup:<mailbox>` ([`Keyspace::suppression_key`]), which an
+//! admission reads in the same script call ([`RedisLedger::admit`]), and an
+//! entry in the index `<prefix>suppressed` (a sorted set: the key, scored
+//! by when it ends, ms; `+inf` for never), which `mailgate suppress list`
+//! reads, so listing never scans the keyspace.
+
+use super::RedisLedger;
+use crate::domain::EmailAddress;
+use crate::ledger::LedgerError;
+
+/// Why a mailbox is suppressed, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suppression {
+    /// The mailbox as the limiter counts it (normalized).
+    pub mailbox: String,
+    /// When it was suppressed, ms since the epoch.
+    pub since_ms: u64,
+    /// Who suppressed it: `manual` (`mailgate suppress add`) or `import`
+    /// (`--file`).
+    pub source: String,
+    /// Why, for people.
+    pub why: String,
+    /// How much longer it lasts, ms; `None`: until removed.
+    pub left_ms: Option<u64>,
+}
+
+impl RedisLedger {
+    /// Suppresses `email`'s mailbox for `period` (`None`: until removed),
+    /// replacing any suppression of it.
+    pub async fn suppress(
+        &self,
+        email: &EmailAddress,
+        source: &str,
+        why: &str,
+        period: Option<std::time::Duration>,
+    ) -> Result<(), LedgerError> {
+        let key = self.keys.suppression_key(email);
+        let now = crate::domain::now_ms();
+        let value = format!("{now} {source} {why}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(value);
+        let ends = match period {
+            Some(p) => {
+                let ms = u64::try_from(p.as_millis()).unwrap_or(u64::MAX).max(1);
+                set.arg("PX").arg(ms);
+                now.saturating_add(ms).to_string()
+            }
+            None => "+inf".to_owned(),
+        };
+        let mut conn = self.conn.clone();
+        // The key first: should the index write fail, the mailbox is
+        // suppressed all the same, and only `list` misses it.
+        let () = set.query_async(&mut conn).await?;
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.suppression_index())
+            .arg(ends)
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Lifts `email`'s suppression; whether there was one.
+    pub async fn unsuppress(&self, email: &EmailAddress) -> Result<bool, LedgerError> {
+        let key = self.keys.suppression_key(email);
+        let mut conn = self.conn.clone();
+        let removed: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+        let _: i64 = redis::cmd("ZREM")
+            .arg(self.suppression_index())
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed > 0)
+    }
+
+    /// `email`'s suppression, if it has one.
+    pub async fn suppression(
+        &self,
+        email: &EmailAddress,
+    ) -> Result<Option<Suppression>, LedgerError> {
+        let key = self.keys.suppression_key(email);
+        self.read_suppression(&key).await
+    }
+
+    /// Every suppression in force, oldest end first; entries of the index
+    /// whose key is gone (it expired) are dropped from it on the way.
+    pub async fn suppressions(&self) -> Result<Vec<Suppression>, LedgerError> {
+        let index = self.suppression_index();
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&index)
+            .arg("-inf")
+            .arg(format!("({}", crate::domain::now_ms()))
+            .query_async(&mut conn)
+            .await?;
+        let keys: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let mut found = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.read_suppression(&key).await? {
+                Some(s) => found.push(s),
+                None => {
+                    let _: i64 = redis::cmd("ZREM")
+                        .arg(&index)
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await?;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    fn suppression_index(&self) -> String {
+        format!("{}suppressed", self.keys.prefix)
+    }
+
+    async fn read_suppression(&self, key: &str) -> Result<Option<Suppression>, LedgerError> {
+        let mut conn = self.conn.clone();
+        let (value, ttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let mut words = value.splitn(3, ' ');
+        let since_ms = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        let source = words.next().unwrap_or_default().to_owned();
+        let why = words.next().unwrap_or_default().to_owned();
+        let prefix = format!("{}sup:", self.keys.prefix);
+        Ok(Some(Suppression {
+            mailbox: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
+            since_ms,
+            source,
+            why,
+            left_ms: u64::try_from(ttl).ok(),
+        }))
+    }
+}
