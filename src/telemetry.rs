@@ -4,13 +4,14 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
-//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
+//! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`, `suppressed`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
+//! | `mailgate_bounces_total` | counter | none; counts mailboxes a relay said do not exist (5.1.1), each suppressed for `limits.suppress_bounces_for`: a sudden rise is a relay refusing everyone (past 5 in a row without a mail taken, the refusals stop suppressing) or a code farmer probing addresses |
 //! | `mailgate_jobs_in_flight` | gauge | |
-//! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent`, `unknown` |
+//! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` (a mailbox that does not exist too), `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
 //! | `mailgate_smtp_relay_up` | gauge | 1 while some relay's circuit is closed and its latest send or session setup worked; 0 after a relay failure (connect, TLS, AUTH, greeting, MAIL FROM) on every relay, until the next successful session setup or send |
 //! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
@@ -97,6 +98,7 @@ pub fn register() {
         metrics::counter!("mailgate_retries_total", "reason" => reason).increment(0);
     }
     metrics::counter!("mailgate_dead_letters_total").increment(0);
+    metrics::counter!("mailgate_bounces_total").increment(0);
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => "admitted").increment(0);
     metrics::gauge!("mailgate_jobs_in_flight").increment(0.0);
     metrics::gauge!("mailgate_jobs_queue_messages").set(0.0);
@@ -143,6 +145,11 @@ pub fn isolated() {
 /// `redis.min_replicas_acked` acknowledged it in time: the job waits.
 pub fn send_mark_unreplicated() {
     metrics::counter!("mailgate_send_marks_unreplicated_total").increment(1);
+}
+
+/// A relay said a job's mailbox does not exist.
+pub fn bounced() {
+    metrics::counter!("mailgate_bounces_total").increment(1);
 }
 
 /// A message went to the dead-letter queue.

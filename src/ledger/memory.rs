@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::{
     Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
 };
-use crate::domain::{Name, Ticket};
+use crate::domain::{EmailAddress, Name, Ticket};
 use crate::limiter::{Applied, Clock, Keyspace, MemoryLogs, Quotas, Subject, Usage};
 use crate::settings::LimitSettings;
 
@@ -40,6 +40,9 @@ struct State {
     /// 16 jobs admitted for it, each when it was made and its id, and
     /// until when they are kept (as `ledger.lua`'s latest keys).
     latest: HashMap<String, (Vec<(u64, String)>, u64)>,
+    /// Suppression key ([`Keyspace::suppression_key`]) → until when a
+    /// bounce suppresses its mailbox (`ledger.lua`'s suppression keys).
+    suppressed: HashMap<String, u64>,
     admissions: u64,
     /// The latest time any call was made at: the clock of the calls that
     /// take none (their records' lives are counted from it).
@@ -68,6 +71,7 @@ impl MemoryLedger {
                 logs: MemoryLogs::new(Keyspace::new("", limits)),
                 records: HashMap::new(),
                 latest: HashMap::new(),
+                suppressed: HashMap::new(),
                 admissions: 0,
                 clock: 0,
             })),
@@ -116,6 +120,7 @@ impl State {
         self.logs.sweep(now);
         self.records.retain(|_, r| r.until > now);
         self.latest.retain(|_, (_, until)| *until > now);
+        self.suppressed.retain(|_, until| *until > now);
     }
 
     /// Whether job `id`, made at `made`, is superseded: `latest` holds
@@ -248,6 +253,13 @@ impl State {
         let (id, scopes, dedup) = (asked.id, &asked.scopes, asked.dedup);
         if asked.expired {
             return Verdict::Expired;
+        }
+        let keys = self.logs.keyspace();
+        if keys.checks_suppression() {
+            let key = keys.suppression_key(entry.job.request.email);
+            if self.suppressed.get(&key).is_some_and(|until| *until > now) {
+                return Verdict::Suppressed;
+            }
         }
         let made = entry.made_at_ms.map_or(now, |m| m.min(now));
         if self.stale(&asked, made, now) {
@@ -448,6 +460,18 @@ impl Ledger for MemoryLedger {
                 .logs
                 .forget(&keys.applicable(&job.request), admitted_at, id);
         }
+        Ok(true)
+    }
+
+    async fn bounced(&self, email: &EmailAddress, _why: &str) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        let keys = state.logs.keyspace();
+        let Some(ms) = keys.bounce_suppression_ms() else {
+            return Ok(false);
+        };
+        let key = keys.suppression_key(email);
+        let until = state.clock.saturating_add(ms);
+        state.suppressed.insert(key, until);
         Ok(true)
     }
 

@@ -47,8 +47,8 @@ use sha2::{Digest, Sha256};
 pub use self::memory::MemoryLedger;
 pub use self::redis::{Admitted, JobRecord, RedisLedger, Suppression};
 
-use crate::domain::Name;
 use crate::domain::Ticket;
+use crate::domain::{EmailAddress, Name};
 use crate::limiter::overrides::OverrideError;
 use crate::limiter::{Clock, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
@@ -352,6 +352,16 @@ pub trait Ledger: Send + Sync {
     /// that came before the result was published).
     fn answered(&self, job: &JobRef<'_>) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
+    /// A relay said `email`'s mailbox does not exist (`why`: its reply):
+    /// the mailbox is suppressed for `limits.suppress_bounces_for`, so its
+    /// next jobs are answered `suppressed`. Whether it was (`false` where
+    /// bounces suppress nothing).
+    fn bounced(
+        &self,
+        email: &EmailAddress,
+        why: &str,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
     /// Whether the store answers and can keep the ledger's promises (for
     /// readiness checks): Redis answers, lets this client run the script and
     /// write (not a replica, no ACL in the way), and does not evict keys
@@ -466,6 +476,13 @@ impl Ledger for Backend {
         match self {
             Backend::Redis(l) => l.answered(job).await,
             Backend::Memory(l) => l.answered(job).await,
+        }
+    }
+
+    async fn bounced(&self, email: &EmailAddress, why: &str) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.bounced(email, why).await,
+            Backend::Memory(l) => l.bounced(email, why).await,
         }
     }
 

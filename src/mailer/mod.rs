@@ -58,6 +58,14 @@ pub enum MailError {
     /// address to a server without SMTPUTF8).
     #[error("{0}")]
     Permanent(String),
+    /// The recipient's mailbox does not exist: a 5xx to RCPT, DATA or the
+    /// message whose enhanced status code is `5.1.1` (bad destination
+    /// mailbox). Permanent, and grounds to suppress the mailbox
+    /// (`limits.suppress_bounces_for`) — unless the relay has said so of
+    /// every mailbox lately ([`crate::mailer`]'s relays then answer
+    /// [`MailError::Permanent`]).
+    #[error("{0}")]
+    NoMailbox(String),
     /// The final dot was written and no reply came (the deadline, EOF, an
     /// I/O error): the server may have the mail. Never send it again.
     #[error("{0}")]
@@ -75,6 +83,7 @@ impl MailError {
             Relay(t) => Relay(code.hide_in(&t)),
             Transient(t) => Transient(code.hide_in(&t)),
             Permanent(t) => Permanent(code.hide_in(&t)),
+            NoMailbox(t) => NoMailbox(code.hide_in(&t)),
             Unknown(t) => Unknown(code.hide_in(&t)),
         }
     }

@@ -64,6 +64,16 @@ impl<L: Ledger> Pipeline<L> {
                 let e = format!("{DELIVERY_UNKNOWN} ({e})");
                 return self.end(job, job_ref, msg, out, Ending::Unknown, e).await;
             }
+            Delivery::Failed(MailError::NoMailbox(e)) => {
+                // Its next jobs are answered `suppressed`, before the quota
+                // is given back and the job answered.
+                let why: String = e.chars().take(200).collect();
+                self.record(|| self.ledger.bounced(&job.email, &why)).await;
+                crate::telemetry::bounced();
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
+                    .await;
+            }
             Delivery::Failed(e @ (MailError::Permanent(_) | MailError::Address(_))) => {
                 let e = e.to_string();
                 return self

@@ -156,6 +156,11 @@ pub struct LimitSettings {
     /// admission, in the same script call. Default true; false skips the
     /// read and mails suppressed addresses too.
     pub suppress: bool,
+    /// How long a mailbox is suppressed once a relay answered, for its
+    /// mail, that it does not exist (enhanced status code 5.1.1). Default
+    /// 30 days; "0s": such an answer suppresses nothing. At most 10 years.
+    #[serde(deserialize_with = "human_duration")]
+    pub suppress_bounces_for: Duration,
 }
 
 impl Default for LimitSettings {
@@ -181,6 +186,7 @@ impl Default for LimitSettings {
             result_granularity: Duration::from_secs(1),
             quota_domain: false,
             suppress: true,
+            suppress_bounces_for: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -350,6 +356,13 @@ impl LimitSettings {
         if self.result_granularity > Duration::from_secs(3600) {
             return Err(SettingsError::Invalid(
                 "limits.result_granularity must be at most 1h".into(),
+            ));
+        }
+        if self.suppress_bounces_for > Duration::from_secs(10 * 365 * 86_400) {
+            return Err(SettingsError::Invalid(
+                "limits.suppress_bounces_for must be at most 10 years (\"0s\": bounces \
+                 suppress nothing)"
+                    .into(),
             ));
         }
         Ok(())

@@ -303,6 +303,19 @@ impl Ledger for RedisLedger {
         Ok(reply.values[0] == 1)
     }
 
+    async fn bounced(
+        &self,
+        email: &crate::domain::EmailAddress,
+        why: &str,
+    ) -> Result<bool, LedgerError> {
+        let Some(ms) = self.keys.bounce_suppression_ms() else {
+            return Ok(false);
+        };
+        let period = std::time::Duration::from_millis(ms);
+        self.suppress(email, "bounce", why, Some(period)).await?;
+        Ok(true)
+    }
+
     async fn health(&self) -> Result<(), LedgerError> {
         probe(&mut self.conn.clone(), self.calls, &self.keys.prefix)
             .await

@@ -17,8 +17,8 @@ pub struct Suppression {
     pub mailbox: String,
     /// When it was suppressed, ms since the epoch.
     pub since_ms: u64,
-    /// Who suppressed it: `manual` (`mailgate suppress add`) or `import`
-    /// (`--file`).
+    /// Who suppressed it: `bounce` (a relay said the mailbox does not
+    /// exist), `manual` (`mailgate suppress add`) or `import` (`--file`).
     pub source: String,
     /// Why, for people.
     pub why: String,

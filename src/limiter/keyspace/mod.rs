@@ -265,6 +265,13 @@ impl Keyspace {
         self.limits.suppress
     }
 
+    /// How long a mailbox a relay said does not exist is suppressed, ms
+    /// (`limits.suppress_bounces_for`); `None`: not at all.
+    pub(crate) fn bounce_suppression_ms(&self) -> Option<u64> {
+        let ms = u64::try_from(self.limits.suppress_bounces_for.as_millis()).unwrap_or(u64::MAX);
+        (ms > 0).then_some(ms)
+    }
+
     /// The key of one client network's share of a domain's log
     /// (`domain_key` is the domain's): `<domain key>:net:<network>`, the
     /// network an IPv4 /24 or an IPv6 /48 (narrower if the IP scope groups

@@ -55,7 +55,17 @@ struct Status {
     /// different recipients in a row; ended by a mail it took (not by a
     /// probe: a relay that refuses every RCPT passes one).
     streak: Option<Streak>,
+    /// How many mailboxes in a row the relay said do not exist (5.1.1)
+    /// since it last took a mail ([`Relays::judge_no_mailbox`]).
+    no_mailbox_run: usize,
 }
+
+/// How many mailboxes in a row a relay may say do not exist, without
+/// taking a mail in between, before its word is no longer taken as grounds
+/// to suppress them: a relay that answers 5.1.1 to every recipient (a
+/// misconfigured recipient table) would otherwise suppress every user who
+/// asks for a code while it lasts.
+const NO_MAILBOX_RUN: usize = 5;
 
 /// A run of one refusal code to different recipients in a row.
 #[derive(Debug, Clone)]
@@ -137,6 +147,7 @@ impl Relays {
                         circuit: Circuit::new(circuit.failures, circuit.cool_down),
                         health: Ok(()),
                         streak: None,
+                        no_mailbox_run: 0,
                     }),
                 }
             })
@@ -184,12 +195,17 @@ impl Relays {
             match relay.pool.send(envelope, message, open_by, deadline).await {
                 Ok(()) => {
                     telemetry::smtp_relay_sent(&relay.name);
-                    lock(&relay.status).streak = None;
+                    {
+                        let mut s = lock(&relay.status);
+                        s.streak = None;
+                        s.no_mailbox_run = 0;
+                    }
                     self.worked(i);
                     return Ok(());
                 }
                 Err(failure) => {
                     let failure = self.judge_suspect(i, failure, envelope);
+                    let failure = self.judge_no_mailbox(i, failure);
                     self.record(i, &failure);
                     match failure.error {
                         // Nothing of the mail was handed over: the next relay.
@@ -244,6 +260,38 @@ impl Relays {
             relay_fault: true,
             suspect: None,
         }
+    }
+
+    /// A relay's word that a mailbox does not exist ([`MailError::NoMailbox`])
+    /// is taken only while it has not said so of [`NO_MAILBOX_RUN`]
+    /// mailboxes in a row without taking a mail: past that, the refusal is
+    /// [`MailError::Permanent`] (the job fails all the same; its mailbox is
+    /// not suppressed), until the relay takes a mail again.
+    fn judge_no_mailbox(&self, i: usize, mut failure: Failure) -> Failure {
+        let MailError::NoMailbox(text) = &failure.error else {
+            return failure;
+        };
+        let run = {
+            let mut s = lock(&self.list[i].status);
+            s.no_mailbox_run += 1;
+            s.no_mailbox_run
+        };
+        if run > NO_MAILBOX_RUN {
+            if run == NO_MAILBOX_RUN + 1 {
+                tracing::warn!(
+                    relay = self.list[i].name,
+                    run,
+                    "this relay said {run} mailboxes in a row do not exist without taking a \
+                     mail: their mailboxes are not suppressed until it takes one"
+                );
+            }
+            failure.error = MailError::Permanent(format!(
+                "{text} (not taken as grounds to suppress the mailbox: {} said {run} mailboxes \
+                 in a row do not exist)",
+                self.list[i].name
+            ));
+        }
+        failure
     }
 
     /// For readiness: a session and NOOP on the first relay that takes

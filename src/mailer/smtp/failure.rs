@@ -90,16 +90,7 @@ impl Refusal {
     /// status code, if the relay sends one: `4.3.1 insufficient system
     /// storage`).
     fn of(code: u16, text: &str) -> Self {
-        let enhanced = text
-            .split_whitespace()
-            .next()
-            .map(|c| c.split('.').collect::<Vec<_>>())
-            .filter(|p| {
-                p.len() == 3
-                    && p.iter()
-                        .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-            })
-            .filter(|p| p[0] == "4" || p[0] == "5");
+        let enhanced = enhanced(text);
         // The reply's words without the addresses it quotes: a recipient
         // named "throttle" must not read as a relay that throttles.
         let words: String = text
@@ -121,6 +112,26 @@ impl Refusal {
             Some(_) | None => Refusal::Mail,
         }
     }
+}
+
+/// The enhanced status code a reply's text begins with (RFC 3463: class,
+/// subject, detail), if it has one of class 4 or 5.
+fn enhanced(text: &str) -> Option<Vec<&str>> {
+    text.split_whitespace()
+        .next()
+        .map(|c| c.split('.').collect::<Vec<_>>())
+        .filter(|p| {
+            p.len() == 3
+                && p.iter()
+                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|p| p[0] == "4" || p[0] == "5")
+}
+
+/// Whether a 5xx reply's text says the mailbox does not exist: its
+/// enhanced status code is `5.1.1`.
+fn no_mailbox(text: &str) -> bool {
+    enhanced(text).is_some_and(|p| p == ["5", "1", "1"])
 }
 
 /// A failed session step: where, and what.
@@ -203,6 +214,11 @@ impl Failed {
         match (self.phase, &self.fault) {
             (Phase::Connect | Phase::StartTls | Phase::Auth | Phase::Noop | Phase::MailFrom, _) => {
                 MailError::Relay(format!("relay: {text}"))
+            }
+            // 5.1.1: "bad destination mailbox address", the recipient's
+            // own server's word that the mailbox does not exist.
+            (_, Fault::Reply(code, reply)) if *code >= 500 && no_mailbox(reply) => {
+                MailError::NoMailbox(text)
             }
             (_, Fault::Reply(code, _)) if *code >= 500 => MailError::Permanent(text),
             (_, Fault::Reply(..)) => MailError::Transient(text),
@@ -309,6 +325,7 @@ mod tests {
             MailError::Relay(_) => "relay",
             MailError::Transient(_) => "transient",
             MailError::Permanent(_) => "permanent",
+            MailError::NoMailbox(_) => "no mailbox",
             MailError::Unknown(_) => "unknown",
             MailError::Config(_) | MailError::Address(_) => "other",
         }
@@ -343,6 +360,18 @@ mod tests {
         assert_eq!(class(Data, unsupported()), "permanent");
         assert_eq!(class(EndOfData, broken()), "unknown");
         assert_eq!(class(EndOfData, Fault::Deadline), "unknown");
+        // Only the recipient's server's 5.1.1 says the mailbox does not
+        // exist; any other 5xx, a 4.1.1 or a 5.1.1 during the session's
+        // setup says nothing of it.
+        let said = |c, t: &str| Fault::Reply(c, t.into());
+        for phase in [Rcpt, Data, EndOfData] {
+            assert_eq!(class(phase, said(550, "5.1.1 no such user")), "no mailbox");
+            assert_eq!(class(phase, said(550, "5.1.10 null MX")), "permanent");
+            assert_eq!(class(phase, said(550, "5.7.1 relay denied")), "permanent");
+            assert_eq!(class(phase, said(550, "no such user 5.1.1")), "permanent");
+            assert_eq!(class(phase, said(450, "4.1.1 try later")), "transient");
+        }
+        assert_eq!(class(MailFrom, said(550, "5.1.1 sender")), "relay");
     }
 
     #[test]

@@ -26,8 +26,8 @@ struct State {
     /// machine stays in DATA after an error reply to the end of data, which
     /// would wedge the connection.)
     rcpt_replies: VecDeque<u16>,
-    /// Recipients (substring) refused at RCPT with this code.
-    refuse_rcpt: Vec<(String, u16)>,
+    /// Recipients (substring) refused at RCPT with this code and text.
+    refuse_rcpt: Vec<(String, u16, String)>,
     /// How long to take before answering the end of DATA.
     delay: Duration,
     transactions: u64,
@@ -67,16 +67,17 @@ impl Handler for Session {
         let refused = {
             let mut s = self.state.lock().unwrap();
             s.transactions += 1;
-            let planned = s.rcpt_replies.pop_front();
+            let planned =
+                (s.rcpt_replies.pop_front()).map(|c| (c, "refused by the test".to_owned()));
             planned.or_else(|| {
                 s.refuse_rcpt
                     .iter()
-                    .find(|(n, _)| to.contains(n.as_str()))
-                    .map(|(_, code)| *code)
+                    .find(|(n, ..)| to.contains(n.as_str()))
+                    .map(|(_, code, text)| (*code, text.clone()))
             })
         };
         match refused {
-            Some(code) => Response::custom(code, "refused by the test".to_owned()),
+            Some((code, text)) => Response::custom(code, text),
             None => {
                 self.to.push(to.to_owned());
                 response::OK
@@ -142,11 +143,17 @@ impl SmtpSink {
 
     /// Recipients containing `needle` are refused at RCPT with `code`.
     pub(crate) fn refuse(&self, needle: &str, code: u16) {
+        self.refuse_saying(needle, code, "refused by the test");
+    }
+
+    /// Recipients containing `needle` are refused at RCPT with `code` and
+    /// `text` (which may begin with an enhanced status code).
+    pub(crate) fn refuse_saying(&self, needle: &str, code: u16, text: &str) {
         self.state
             .lock()
             .unwrap()
             .refuse_rcpt
-            .push((needle.to_owned(), code));
+            .push((needle.to_owned(), code, text.to_owned()));
     }
 
     /// Down (`true`): every new session and transaction is refused with

@@ -202,3 +202,74 @@ async fn suppressed_mailboxes_get_no_code_and_use_no_quota() {
     assert_eq!(h.result().await["status"], "sent");
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailbox_its_server_says_does_not_exist_is_suppressed() {
+    let h = Harness::with("bounce", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 5)];
+    })
+    .await;
+    h.sink.refuse_saying(
+        "ghost@",
+        550,
+        "5.1.1 <ghost@example.com>: Recipient address rejected: User unknown",
+    );
+    h.sink.refuse_saying("full@", 552, "5.2.2 mailbox full");
+    let w = h.start_worker().await;
+    let job = |id: &str, email: &str| json!({"id": id, "email": email, "code": "909090"});
+
+    h.publish(&job("b1", "ghost@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert!(r["error"].as_str().unwrap().contains("5.1.1"), "{r}");
+    // Its next job is answered without SMTP.
+    let tried = h.sink.transactions();
+    h.publish(&job("b2", "ghost@example.com")).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "suppressed", "{r}");
+    assert_eq!(h.sink.transactions(), tried, "no SMTP");
+    let listed = stdout(&mailgate(&h, &["suppress", "list", "--json"]).await);
+    let listed: Value = serde_json::from_str(listed.trim()).unwrap();
+    assert_eq!(listed["mailbox"], "ghost@example.com");
+    assert_eq!(listed["source"], "bounce");
+    assert!(
+        listed["reason"].as_str().unwrap().contains("User unknown"),
+        "{listed}"
+    );
+    assert!(
+        listed["left_ms"].as_u64().unwrap() > 29 * 86_400_000,
+        "{listed}"
+    );
+
+    // Any other permanent refusal fails the job and suppresses nothing.
+    for id in ["f1", "f2"] {
+        h.publish(&job(id, "full@example.com")).await;
+        assert_eq!(h.result().await["status"], "failed");
+    }
+    let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
+    assert!(!listed.contains("full@"), "{listed}");
+    w.stop().await.unwrap();
+}
+
+/// A relay that says every mailbox does not exist (a broken recipient
+/// table) must not suppress everyone who asks for a code while it lasts:
+/// past five in a row without a mail taken, its word stops counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_says_every_mailbox_is_unknown_suppresses_only_the_first_few() {
+    let h = Harness::new("bounce-all").await;
+    h.sink.refuse_saying(
+        "@example.com",
+        550,
+        "5.1.1 User unknown in relay recipient table",
+    );
+    let w = h.start_worker().await;
+    for n in 0..8 {
+        let job =
+            json!({"id": format!("u{n}"), "email": format!("user{n}@example.com"), "code": "1"});
+        h.publish(&job).await;
+        assert_eq!(h.result().await["status"], "failed");
+    }
+    let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
+    assert_eq!(listed.lines().count(), 5, "{listed}");
+    w.stop().await.unwrap();
+}
