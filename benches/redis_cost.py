@@ -30,7 +30,10 @@ job (and against one article call).
       was free), so only admissions and settles;
   rejected: admissions of mailboxes whose 1-per-minute rule is full;
   rejected, a flood: every job for one mailbox from one network (mail
-      bombing), each rejected by the mailbox's minute.
+      bombing), each rejected by the mailbox's minute;
+  suppressed: every mailbox on the suppression list (scripts that check
+      it name each admission's suppression key, as the worker does by
+      default, in every scenario).
 """
 import glob
 import os
@@ -149,13 +152,22 @@ def ledger_library(name):
             "  KEYS, ARGV = keys, args\n  main = main or setup()\n  return main()\nend)\n")
 
 
+def suppression():
+    """Whether the scripts check the suppression list (and answer
+    `suppressed`)."""
+    return "suppressed = 11" in sources()[1]
+
+
 def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, flood=False):
     """The worker's calls for rounds * per jobs, pipelined (`code`: the
     script's hash, or ("fcall", function); `form`: see head; `flood`: every
     job for mailbox m0 from network n0); returns the replies."""
     boxes = boxes or tag
     p = r.pipeline(transaction=False)
-    flag = "1:c1" if send_now else "0:c1"
+    # Scripts that check the suppression list name each admission's
+    # suppression key, as the worker does by default (limits.suppress).
+    sup = suppression()
+    flag = ("1" if send_now else "0") + ("s" if sup else "") + ":c1"
     for rd in range(rounds + 2):
         keys, args = [], head(code, form)
         if settle and rd >= 2:
@@ -170,6 +182,8 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
             for j in range(rd * per, (rd + 1) * per):
                 m = 0 if flood else j
                 keys += [f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}"]
+                if sup:
+                    keys.append(f"{boxes}:sup:m{m}")
                 args += ["admit", str(j), "fp", f"tk{j}", "1:ab", flag, "", "0102", ""]
         if keys and isinstance(code, tuple):
             p.execute_command("FCALL", code[1], len(keys), *keys, *args)
@@ -204,6 +218,16 @@ def scenarios(c, r, code, form, name, per):
     n = c.count(lambda: calls(r, code, form, flood, rounds, True, per, settle=False,
                               boxes=flood + "w", flood=True))
     out.append(("rejected, a flood for one mailbox from one network", n / JOBS))
+    if suppression():
+        # Suppressed: every mailbox is on the suppression list.
+        gone = f"{name}{per}s"
+        p = r.pipeline(transaction=False)
+        for j in range(JOBS):
+            p.set(f"{gone}:sup:m{j}", "1 manual test")
+        p.execute()
+        n = c.count(lambda: calls(r, code, form, gone + "j", rounds, True, per, settle=False,
+                                  boxes=gone))
+        out.append(("suppressed (the mailbox is on the suppression list)", n / JOBS))
     last = calls(r, code, form, boxes + "r2", 1, True, per, settle=False, boxes=boxes)[-1]
     # The first item's code (times 8 plus how many values follow, since
     # replies leave out values an item does not have).
