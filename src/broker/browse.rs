@@ -1,11 +1,19 @@
 //! Looking at a queue without taking what it holds: `mailgate results`,
-//! `mailgate dead`. Each message is held (unacknowledged) while it is
-//! looked at; those not taken go back to the queue when the browse ends,
-//! and, should the tool die first, when RabbitMQ closes its channel.
+//! `mailgate dead`, `mailgate job`. Each message is taken off the queue
+//! one at a time; one the command does not act on is published again at
+//! the queue's tail (confirmed) before the original is acknowledged, so a
+//! look that goes through the whole queue leaves it as it was, in order.
+//!
+//! Why not hand messages back (`basic.nack` with requeue): a quorum queue
+//! counts every message handed back as a delivery, and at its delivery
+//! limit (RabbitMQ 4.0 to 4.2 set 20 on every quorum queue; a policy can
+//! set one on any) drops it; and it puts what it is handed back at its
+//! tail, each batch of returns in its own order. Publishing again counts
+//! nothing, on either queue type, and keeps the order.
 
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
@@ -15,30 +23,30 @@ use super::BrokerError;
 
 /// A look at one queue's messages, in order, each at most once.
 ///
-/// Invariants: only the messages the queue held when the browse began are
-/// seen (its depth then), so messages published meanwhile, and those a
-/// browse itself publishes to the queue, are not; a message is removed only
-/// by [`Browse::take`]; every other message goes back to the queue at
-/// [`Browse::close`], which first looks through the rest of them, so all
-/// go back together, in their order. (A classic queue puts each back in its
-/// place; a quorum queue puts what it is handed back at its tail, so only
-/// holding them all keeps their order. Messages published to a quorum
-/// queue during a browse end up ahead of them.) A message put back is
-/// marked redelivered, and a quorum queue counts one more delivery of it
-/// (`x-delivery-count`).
+/// Invariants: only as many messages as the queue held when the look
+/// began are taken off it (its depth then), so messages published
+/// meanwhile, and those it publishes again, are not seen; each message
+/// seen is held until [`Browse::take`] removes it or [`Browse::keep`]
+/// publishes it again at the tail, one at a time (so other readers are
+/// held back by at most one message). A copy published again is a new
+/// message: not marked redelivered, no delivery counted; its properties,
+/// headers and body are the original's. Should the command die while it
+/// holds one, RabbitMQ hands that one back when the channel closes; should
+/// it die between a copy's confirm and the original's acknowledgement, the
+/// message is there twice.
 #[derive(Debug)]
 pub struct Browse {
     channel: Channel,
     queue: String,
-    /// Messages still to look at.
-    left: u32,
-    /// Whether any message was seen.
-    seen: bool,
+    /// How many messages the queue held when the look began.
+    depth: u32,
+    /// How many were seen.
+    seen: u32,
 }
 
 impl Browse {
-    /// Begins a browse of `queue` on a channel of its own (with publisher
-    /// confirms, for [`Browse::publish`]). Fails if the queue does not exist.
+    /// Begins a look at `queue` on a channel of its own, with publisher
+    /// confirms. Fails if the queue does not exist.
     pub async fn open(conn: &Connection, queue: &str) -> Result<Browse, BrokerError> {
         let channel = conn.create_channel().await?;
         channel
@@ -54,22 +62,27 @@ impl Browse {
         Ok(Browse {
             channel,
             queue: queue.to_owned(),
-            left: declared.message_count(),
-            seen: false,
+            depth: declared.message_count(),
+            seen: 0,
         })
     }
 
-    /// How many messages the queue held when the browse began, less those
-    /// seen since.
-    pub fn left(&self) -> u32 {
-        self.left
+    /// How many messages the queue held (ready) when the look began.
+    pub fn depth(&self) -> u32 {
+        self.depth
     }
 
-    /// The next message, held until it is taken or the browse ends; `None`
-    /// once every message the queue held at the start was seen (or the
-    /// queue has no more to give: another consumer holds the rest).
+    /// How many of those were not seen: another reader (a consumer, or
+    /// another command) held them while this one looked.
+    pub fn unseen(&self) -> u32 {
+        self.depth.saturating_sub(self.seen)
+    }
+
+    /// The next message, held until it is taken or kept; `None` once as
+    /// many as the queue held at the start were seen, or the queue has no
+    /// more to give.
     pub async fn next(&mut self) -> Result<Option<Delivery>, BrokerError> {
-        if self.left == 0 {
+        if self.seen >= self.depth {
             return Ok(None);
         }
         let got = self
@@ -79,23 +92,24 @@ impl Browse {
                 BasicGetOptions { no_ack: false },
             )
             .await?;
-        match got {
-            Some(m) => {
-                self.left -= 1;
-                self.seen = true;
-                Ok(Some(m.delivery))
-            }
-            None => {
-                self.left = 0;
-                Ok(None)
-            }
-        }
+        Ok(got.map(|m| {
+            self.seen += 1;
+            m.delivery
+        }))
     }
 
-    /// Removes `delivery`, a message this browse holds, from the queue.
+    /// Removes `delivery`, a message this look holds, from the queue.
     pub async fn take(&self, delivery: &Delivery) -> Result<(), BrokerError> {
         delivery.ack(BasicAckOptions::default()).await?;
         Ok(())
+    }
+
+    /// Leaves `delivery`, a message this look holds, in the queue: a copy
+    /// at its tail (confirmed), then the original removed.
+    pub async fn keep(&self, delivery: &Delivery) -> Result<(), BrokerError> {
+        let props = delivery.properties.clone();
+        self.publish(&self.queue, &delivery.data, props).await?;
+        self.take(delivery).await
     }
 
     /// Publishes `body` persistently to `queue` (mandatory) and waits for
@@ -132,22 +146,8 @@ impl Browse {
         })
     }
 
-    /// Ends the browse: every message not taken goes back to the queue, in
-    /// its order.
-    pub async fn close(mut self) -> Result<(), BrokerError> {
-        while self.next().await?.is_some() {}
-        if self.seen {
-            // Tag 0 with `multiple`: every message still held (AMQP 0-9-1).
-            self.channel
-                .basic_nack(
-                    0,
-                    BasicNackOptions {
-                        multiple: true,
-                        requeue: true,
-                    },
-                )
-                .await?;
-        }
+    /// Ends the look.
+    pub async fn close(self) -> Result<(), BrokerError> {
         self.channel.close(200, "done".into()).await?;
         Ok(())
     }

@@ -162,7 +162,7 @@ impl Topology {
     /// (`<name>.wait.<n>`, `<name>.retry.<n>`, and `<name>.wait`, the one
     /// wait queue of earlier versions): a result parked there, with no
     /// expiry, would hold up every wait behind it.
-    pub(super) fn reserved(&self, queue: &str) -> bool {
+    pub fn reserved(&self, queue: &str) -> bool {
         let waiting = match queue.rsplit_once('.') {
             Some((head, "wait")) => !head.is_empty(),
             Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {

@@ -1,21 +1,21 @@
 //! `mailgate dead`: list, show, replay and purge the dead-letter queue's
 //! messages. Each command looks at the messages the queue held when it
-//! began, one at a time, and takes only those it acts on: the rest go back
+//! began, one at a time, and takes only those it acts on: the rest stay,
 //! in their order ([`Browse`]). Safe while workers run: they never read
-//! the dead-letter queue, and two commands never see the same message at
-//! once.
+//! the dead-letter queue, and two commands never act on the same message.
 
 use std::io::Write as _;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use clap::{ArgGroup, Args, Subcommand};
 use lapin::message::Delivery;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::amqp;
+use super::letters::{Entry, printable};
+use super::{amqp, limiter};
 use crate::broker::{Browse, DeadLetter};
-use crate::domain::DeadReason;
-use crate::redact::mask_emails;
+use crate::domain::{DeadReason, JobId, now_ms};
+use crate::ledger::{Backend, RedisLedger};
 use crate::settings::Settings;
 
 /// `dead`'s actions.
@@ -109,116 +109,105 @@ fn since_ms(text: &str) -> Result<u64, String> {
         .map_err(|_| "a time (2026-11-27T10:00:00Z) or an age (2h, 30m)".into())
 }
 
-/// One dead letter as the commands see it.
-struct Entry {
-    /// The body's `id`, if it is a JSON object with a string id.
-    id: Option<String>,
-    /// The body as JSON, if it is.
-    job: Option<Value>,
-    dead: DeadLetter,
-}
-
 impl Entry {
-    fn read(delivery: &Delivery) -> Entry {
-        let job: Option<Value> = serde_json::from_slice(&delivery.data).ok();
-        let id = job
-            .as_ref()
-            .and_then(|j| j.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        Entry {
-            id,
-            job,
-            dead: DeadLetter::read(delivery),
-        }
-    }
-
-    fn field(&self, name: &str) -> Option<&str> {
-        self.job.as_ref()?.get(name)?.as_str()
-    }
-
-    /// The body's mailbox, masked as the logs mask it.
-    fn mailbox(&self) -> Option<String> {
-        self.field("email").map(mask_emails)
-    }
-
     fn matches(&self, f: &Filter) -> bool {
         (f.ids.is_empty() || self.id.as_ref().is_some_and(|id| f.ids.contains(id)))
             && (f.reason.is_empty() || f.reason.contains(&self.dead.reason))
             && f.since
                 .is_none_or(|since| self.dead.dead_at_ms.is_some_and(|at| at >= since))
     }
-
-    /// A line of JSON for `list`.
-    fn summary(&self) -> Value {
-        json!({
-            "id": self.id,
-            "email": self.mailbox(),
-            "purpose": self.field("purpose"),
-            "reason": self.dead.reason.as_str(),
-            "error": self.dead.error.as_deref().map(mask_emails),
-            "attempts": self.dead.attempts,
-            "dead_at": self.dead.dead_at_ms.map(time),
-        })
-    }
-
-    /// A line of text for `list`, `replay` and `purge`.
-    fn line(&self) -> String {
-        format!(
-            "{:<20}  {:<14} {:>3}  {}  {}  {}",
-            self.dead
-                .dead_at_ms
-                .map_or_else(|| "(time unknown)".into(), time),
-            self.dead.reason.as_str(),
-            self.dead
-                .attempts
-                .map_or_else(|| "-".into(), |n| n.to_string()),
-            self.id.as_deref().unwrap_or("(no id)"),
-            self.mailbox().unwrap_or_else(|| "-".into()),
-            self.dead
-                .error
-                .as_deref()
-                .map(mask_emails)
-                .unwrap_or_default(),
-        )
-    }
 }
 
-/// ms since the epoch as RFC 3339, to the second.
-pub(super) fn time(ms: u64) -> String {
-    i64::try_from(ms)
-        .ok()
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-        .map_or_else(|| ms.to_string(), |t| format!("{t:.0}"))
-}
-
-/// Runs a `dead` action, printing what it found or did.
-pub async fn dead(settings: &Settings, action: DeadAction) -> anyhow::Result<bool> {
+/// Runs a `dead` action, printing what it found or did; stops taking
+/// messages once `stop` completes (Ctrl-C), never between a replay's
+/// publish and the removal of its dead letter.
+pub async fn dead(
+    settings: &Settings,
+    action: DeadAction,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<bool> {
     let queue = format!("{}.dead", settings.amqp.jobs_queue);
+    // A replay asks the ledger whether each job's mail may have gone out.
+    let ledger = match &action {
+        DeadAction::Replay { .. } => match limiter(settings).await? {
+            Backend::Redis(l) => Some(l),
+            Backend::Memory(_) => None,
+        },
+        _ => None,
+    };
     let (conn, _channel) = amqp(settings).await?;
     let mut browse = Browse::open(&conn, &queue).await.with_context(|| {
         format!("opening {queue:?} (has a worker ever run with these settings?)")
     })?;
-    let held = browse.left();
-    let outcome = match action {
-        DeadAction::List { filter, json } => list(&mut browse, &filter, json).await,
-        DeadAction::Show { id, json } => show(&mut browse, &id, json).await,
-        DeadAction::Replay { which, dry_run } => {
-            let to = settings.amqp.jobs_queue.as_str();
-            act(&mut browse, &which, Act::Replay { to }, dry_run).await
-        }
-        DeadAction::Purge { which, dry_run } => act(&mut browse, &which, Act::Purge, dry_run).await,
+    let mut look = Look {
+        browse: &mut browse,
+        stop: std::pin::pin!(stop),
+        stopped: false,
     };
-    // Whatever happened, what was not taken goes back.
+    let outcome = match action {
+        DeadAction::List { filter, json } => list(&mut look, &filter, json).await,
+        DeadAction::Show { id, json } => show(&mut look, &id, json).await,
+        DeadAction::Replay { which, dry_run } => {
+            let act = Act::Replay {
+                to: settings.amqp.jobs_queue.as_str(),
+                ledger: ledger.as_ref(),
+                dedup_ms: u64::try_from(settings.limits.dedup_for.as_millis()).unwrap_or(u64::MAX),
+            };
+            act_on(&mut look, &which, act, dry_run).await
+        }
+        DeadAction::Purge { which, dry_run } => {
+            act_on(&mut look, &which, Act::Purge, dry_run).await
+        }
+    };
+    let stopped = look.stopped;
+    let (depth, unseen) = (browse.depth(), browse.unseen());
     let closed = browse.close().await;
     let _ = conn.close(200, "bye".into()).await;
     let found = outcome?;
-    closed.with_context(|| format!("putting back what was not taken from {queue:?}"))?;
-    eprintln!("({held} dead letters in {queue} when this began)");
+    closed.with_context(|| format!("closing the look at {queue:?}"))?;
+    eprintln!("({depth} dead letters in {queue} when this began)");
+    if unseen > 0 && !stopped {
+        eprintln!(
+            "{unseen} of them were held by another reader meanwhile (another `mailgate dead` \
+             or `mailgate job`, or a consumer) and were not looked at: run it again"
+        );
+    }
+    if stopped {
+        bail!("interrupted: the dead letters not looked at are as they were");
+    }
     Ok(found)
 }
 
-async fn list(browse: &mut Browse, filter: &Filter, json: bool) -> anyhow::Result<bool> {
+/// A look at the dead-letter queue that a stop signal ends between two
+/// messages.
+struct Look<'a, S> {
+    browse: &'a mut Browse,
+    stop: std::pin::Pin<&'a mut S>,
+    stopped: bool,
+}
+
+impl<S: std::future::Future<Output = ()>> Look<'_, S> {
+    /// The next dead letter, or `None` at the end or once stopped.
+    async fn next(&mut self) -> anyhow::Result<Option<Delivery>> {
+        if self.stopped {
+            return Ok(None);
+        }
+        tokio::select! {
+            biased;
+            () = &mut self.stop => {
+                self.stopped = true;
+                Ok(None)
+            }
+            next = self.browse.next() => Ok(next?),
+        }
+    }
+}
+
+async fn list<S: std::future::Future<Output = ()>>(
+    look: &mut Look<'_, S>,
+    filter: &Filter,
+    json: bool,
+) -> anyhow::Result<bool> {
     let mut out = std::io::stdout();
     if !json {
         writeln!(
@@ -228,8 +217,9 @@ async fn list(browse: &mut Browse, filter: &Filter, json: bool) -> anyhow::Resul
         )?;
     }
     let mut n = 0u64;
-    while let Some(d) = browse.next().await? {
+    while let Some(d) = look.next().await? {
         let e = Entry::read(&d);
+        look.browse.keep(&d).await?;
         if !e.matches(filter) {
             continue;
         }
@@ -243,28 +233,23 @@ async fn list(browse: &mut Browse, filter: &Filter, json: bool) -> anyhow::Resul
     Ok(true)
 }
 
-async fn show(browse: &mut Browse, id: &str, json: bool) -> anyhow::Result<bool> {
+async fn show<S: std::future::Future<Output = ()>>(
+    look: &mut Look<'_, S>,
+    id: &str,
+    json: bool,
+) -> anyhow::Result<bool> {
     let mut found = false;
     let mut out = std::io::stdout();
-    while let Some(d) = browse.next().await? {
+    while let Some(d) = look.next().await? {
         let e = Entry::read(&d);
+        look.browse.keep(&d).await?;
         if e.id.as_deref() != Some(id) {
             continue;
         }
         found = true;
-        let mut job = e.job.clone().unwrap_or(Value::Null);
-        if let Some(fields) = job.as_object_mut() {
-            if fields.contains_key("code") {
-                fields.insert("code".into(), json!("(hidden)"));
-            }
-            if let Some(mailbox) = e.mailbox() {
-                fields.insert("email".into(), json!(mailbox));
-            }
-        }
         let p = &d.properties;
         let header = |name: &str| {
-            p.headers()
-                .as_ref()
+            (p.headers().as_ref())
                 .and_then(|h| h.inner().get(name))
                 .and_then(|v| match v {
                     lapin::types::AMQPValue::LongString(s) => {
@@ -273,117 +258,164 @@ async fn show(browse: &mut Browse, id: &str, json: bool) -> anyhow::Result<bool>
                     _ => None,
                 })
         };
-        let reply_to = p
-            .reply_to()
-            .as_ref()
-            .map(|s| s.to_string())
+        let reply_to = (p.reply_to().as_ref().map(|s| s.to_string()))
             .or_else(|| header(crate::broker::REPLY_TO_HEADER));
-        let correlation_id = p
-            .correlation_id()
-            .as_ref()
-            .map(|s| s.to_string())
+        let correlation_id = (p.correlation_id().as_ref().map(|s| s.to_string()))
             .or_else(|| header(crate::broker::CORRELATION_HEADER));
         let mut all = e.summary();
         all["reply_to"] = json!(reply_to);
         all["correlation_id"] = json!(correlation_id);
-        all["job"] = job;
-        if json {
-            writeln!(out, "{all}")?;
-        } else {
-            writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?;
+        all["job"] = e.job_shown();
+        // JSON escapes every control character.
+        match json {
+            true => writeln!(out, "{all}")?,
+            false => writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?,
         }
     }
     if !found {
-        eprintln!("no dead letter of {id:?}");
+        eprintln!("no dead letter of {}", printable(id));
     }
     Ok(found)
 }
 
 /// What `replay` and `purge` do with each dead letter they choose.
 enum Act<'a> {
-    /// Publish it to this queue as a fresh job, then take it.
-    Replay { to: &'a str },
+    /// Publish it to `to` as a fresh job, then take it; `ledger` tells
+    /// whether a job's mail may have gone out, for letters older than
+    /// `dedup_ms`.
+    Replay {
+        to: &'a str,
+        ledger: Option<&'a RedisLedger>,
+        dedup_ms: u64,
+    },
     /// Take it.
     Purge,
 }
 
-async fn act(
-    browse: &mut Browse,
+/// What became of the dead letters a `replay` or `purge` chose.
+#[derive(Default)]
+struct Tally {
+    done: u64,
+    unreadable: u64,
+    forgotten: u64,
+}
+
+async fn act_on<S: std::future::Future<Output = ()>>(
+    look: &mut Look<'_, S>,
     which: &Which,
     act: Act<'_>,
     dry_run: bool,
 ) -> anyhow::Result<bool> {
-    let (verb, done) = match (&act, dry_run) {
-        (Act::Replay { .. }, false) => ("replayed", "replayed"),
-        (Act::Replay { .. }, true) => ("would replay", "would replay"),
-        (Act::Purge, false) => ("purged", "purged"),
-        (Act::Purge, true) => ("would purge", "would purge"),
+    let verb = match (&act, dry_run) {
+        (Act::Replay { .. }, false) => "replayed",
+        (Act::Replay { .. }, true) => "would replay",
+        (Act::Purge, false) => "purged",
+        (Act::Purge, true) => "would purge",
     };
-    let (mut n, mut skipped) = (0u64, 0u64);
+    let mut tally = Tally::default();
     let mut out = std::io::stdout();
-    while let Some(d) = browse.next().await? {
+    while let Some(d) = look.next().await? {
         let e = Entry::read(&d);
-        if !e.matches(&which.filter) {
-            continue;
+        let acts = e.matches(&which.filter) && eligible(&act, &e, &mut tally).await?;
+        match acts && !dry_run {
+            true => act_one(look.browse, &act, &e, &d).await?,
+            false => look.browse.keep(&d).await?,
         }
-        if let Act::Replay { to } = act {
-            // Its body is no job: it would come straight back.
-            if e.dead.reason == DeadReason::Unreadable || e.id.is_none() {
-                skipped += 1;
-                continue;
-            }
-            if !dry_run {
-                browse
-                    .publish(to, &d.data, DeadLetter::replay_properties(&d))
-                    .await
-                    .with_context(|| format!("replaying to {to:?}"))?;
-            }
+        if acts {
+            tally.done += 1;
+            writeln!(out, "{verb}  {}", e.line())?;
         }
-        if !dry_run {
-            browse.take(&d).await?;
-        }
-        n += 1;
-        writeln!(out, "{verb}  {}", e.line())?;
     }
-    writeln!(out, "{done} {n} dead letters")?;
-    if skipped > 0 {
+    writeln!(out, "{verb} {} dead letters", tally.done)?;
+    if tally.unreadable > 0 {
         writeln!(
             out,
-            "left {skipped} unreadable dead letters (no job in their body to replay: \
-             fix and publish them again, then purge them with --reason unreadable)"
+            "left {} unreadable dead letters (no job in their body to replay: fix and publish \
+             them again, then purge them with --reason unreadable)",
+            tally.unreadable
+        )?;
+    }
+    if tally.forgotten > 0 {
+        writeln!(
+            out,
+            "left {} dead letters whose job may have been mailed and which the ledger no longer \
+             remembers (older than limits.dedup_for): replayed, they could be mailed a second \
+             time; publish them again under a new id if they must go out, or purge them",
+            tally.forgotten
         )?;
     }
     Ok(true)
 }
 
-/// The dead letters of job `id` in `queue`, as `dead list --json` prints
-/// them; looks, and takes nothing.
-pub(super) async fn of_job(
-    conn: &lapin::Connection,
-    queue: &str,
-    id: &str,
-) -> anyhow::Result<Vec<Value>> {
-    let mut browse = Browse::open(conn, queue)
-        .await
-        .with_context(|| format!("opening {queue:?}"))?;
-    let mut found = Vec::new();
-    let mut looked = Ok(());
-    loop {
-        match browse.next().await {
-            Ok(Some(d)) => {
-                let e = Entry::read(&d);
-                if e.id.as_deref() == Some(id) {
-                    found.push(e.summary());
-                }
-            }
-            Ok(None) => break,
-            Err(e) => {
-                looked = Err(e);
-                break;
-            }
-        }
+/// Whether `act` may be done to `e`, a chosen dead letter: a purge always;
+/// a replay unless its body is no job (it would come straight back), or
+/// it could mail a job twice ([`replay_is_safe`]). Counts those left.
+async fn eligible(act: &Act<'_>, e: &Entry, tally: &mut Tally) -> anyhow::Result<bool> {
+    let Act::Replay {
+        ledger, dedup_ms, ..
+    } = act
+    else {
+        return Ok(true);
+    };
+    let Some(id) =
+        e.id.as_deref()
+            .filter(|_| e.dead.reason != DeadReason::Unreadable)
+    else {
+        tally.unreadable += 1;
+        return Ok(false);
+    };
+    if !replay_is_safe(e, id, *ledger, *dedup_ms).await? {
+        tally.forgotten += 1;
+        return Ok(false);
     }
-    browse.close().await?;
-    looked?;
-    Ok(found)
+    Ok(true)
+}
+
+/// Replays or purges `d` (read as `e`): it leaves the dead-letter queue.
+async fn act_one(browse: &Browse, act: &Act<'_>, e: &Entry, d: &Delivery) -> anyhow::Result<()> {
+    if let Act::Replay { to, .. } = act {
+        let mut props = DeadLetter::replay_properties(d);
+        if e.dead.reason == DeadReason::Unanswerable {
+            // Its mail went out and its `sent` was lost: the replay is the
+            // original asking again, and is answered `sent`.
+            let mut headers = props.headers().clone().unwrap_or_default();
+            headers.insert(
+                crate::broker::REDELIVERED_HEADER.into(),
+                lapin::types::AMQPValue::Boolean(true),
+            );
+            props = props.with_headers(headers);
+        }
+        (browse.publish(to, &d.data, props).await)
+            .with_context(|| format!("replaying to {to:?}"))?;
+    }
+    browse.take(d).await?;
+    Ok(())
+}
+
+/// Whether replaying `e` (job `id`) can mail nothing twice: the ledger
+/// holds the job's record (it decides the replay as any message of the
+/// id), or the job was never mailed (it failed on every attempt), or it
+/// died within `dedup_ms` by mailgate's own clock (so a missing record
+/// means the job was never admitted). Otherwise the ledger may have
+/// forgotten a job whose mail went out.
+async fn replay_is_safe(
+    e: &Entry,
+    id: &str,
+    ledger: Option<&RedisLedger>,
+    dedup_ms: u64,
+) -> anyhow::Result<bool> {
+    if e.dead.reason == DeadReason::Failed {
+        return Ok(true);
+    }
+    // Only mailgate's own time counts: RabbitMQ's x-death keeps a time a
+    // producer wrote.
+    let recent = e.dead.reason != DeadReason::DeliveryLimit
+        && (e.dead.dead_at_ms).is_some_and(|at| now_ms().saturating_sub(at) < dedup_ms);
+    if recent {
+        return Ok(true);
+    }
+    let (Some(ledger), Ok(id)) = (ledger, JobId::parse(id)) else {
+        return Ok(false);
+    };
+    Ok(ledger.record(&id).await?.is_some())
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::job::{record_json, state_words};
 use super::limits::{render_usage, usage_json};
-use super::{dead, limiter, short_duration, time_left};
+use super::{letters, limiter, short_duration, time_left};
 use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain};
 use crate::ledger::{Admitted, Backend, RedisLedger, Suppression};
 use crate::limiter::{Clock, Quotas, Subject, Usage};
@@ -116,7 +116,7 @@ fn findings_json(f: &Findings) -> Value {
         "limits": f.usages.iter().map(usage_json).collect::<Vec<_>>(),
         "admissions": f.admissions.iter().map(admission_json).collect::<Vec<_>>(),
         "suppressed": f.suppressed.as_ref().map(|s| json!({
-            "since": dead::time(s.since_ms),
+            "since": letters::time(s.since_ms),
             "source": s.source,
             "reason": s.why,
             "left_ms": s.left_ms,
@@ -127,7 +127,7 @@ fn findings_json(f: &Findings) -> Value {
 fn admission_json(a: &Admitted) -> Value {
     json!({
         "id": a.id,
-        "admitted_at": dead::time(a.at_ms),
+        "admitted_at": letters::time(a.at_ms),
         "record": a.record.as_ref().map(record_json),
     })
 }
@@ -142,7 +142,7 @@ fn print_text(settings: &Settings, f: &Findings) {
         println!(
             "SUPPRESSED {left} (since {}, {}: {}): its jobs are answered `suppressed` and no \
              code is sent; `mailgate suppress remove {email}` lifts it",
-            dead::time(s.since_ms),
+            letters::time(s.since_ms),
             s.source,
             s.why,
         );
@@ -185,6 +185,6 @@ fn print_text(settings: &Settings, f: &Findings) {
                 format!("{}{attempt}", state_words(r.state).2)
             },
         );
-        println!("  {}  {}  {what}", dead::time(a.at_ms), a.id);
+        println!("  {}  {}  {what}", letters::time(a.at_ms), a.id);
     }
 }

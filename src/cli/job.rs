@@ -4,7 +4,8 @@
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use super::{amqp, dead, limiter, short_duration};
+use super::letters::{self, printable};
+use super::{amqp, limiter, short_duration};
 use crate::domain::JobId;
 use crate::ledger::{Backend, JobRecord, JobState, Refund};
 use crate::settings::Settings;
@@ -12,20 +13,17 @@ use crate::settings::Settings;
 /// Prints what the ledger and the dead-letter queue hold of job `id`;
 /// `Ok(false)` if they hold nothing.
 pub async fn job(settings: &Settings, id: &str, json: bool) -> anyhow::Result<bool> {
-    let parsed = JobId::parse(id).with_context(|| format!("{id:?} is no job id"))?;
+    let parsed = JobId::parse(id).with_context(|| format!("{:?} is no job id", printable(id)))?;
     let Backend::Redis(ledger) = limiter(settings).await? else {
         bail!("redis.url is memory://: the ledger lives inside the worker process");
     };
-    let record = ledger
-        .record(&parsed)
-        .await
-        .context("reading the job's record")?;
+    let record = (ledger.record(&parsed).await).context("reading the job's record")?;
     let (conn, _channel) = amqp(settings).await?;
     let queue = format!("{}.dead", settings.amqp.jobs_queue);
-    let dead = dead::of_job(&conn, &queue, id).await;
+    let dead = letters::of_job(&conn, &queue, id).await;
     let _ = conn.close(200, "bye".into()).await;
-    let dead = dead?;
-    let found = record.is_some() || !dead.is_empty();
+    let (dead, unseen) = dead?.map_or((None, 0), |(d, u)| (Some(d), u));
+    let found = record.is_some() || dead.as_ref().is_some_and(|d| !d.is_empty());
     if json {
         let record = record.as_ref().map(record_json);
         println!(
@@ -38,24 +36,34 @@ pub async fn job(settings: &Settings, id: &str, json: bool) -> anyhow::Result<bo
     match &record {
         Some(r) => print_record(r),
         None => println!(
-            "  ledger: no record. It was never admitted (rejected, invalid and expired jobs \
-             leave none), or it changed last more than limits.dedup_for ({}) ago",
+            "  ledger: no record. It was never admitted (rejected, invalid, expired and \
+             suppressed jobs leave none), or it changed last more than limits.dedup_for ({}) ago",
             short_duration(u64::try_from(settings.limits.dedup_for.as_millis()).unwrap_or(0))
         ),
     }
-    match dead.len() {
-        0 => println!("  dead letters: none in {queue}"),
-        n => {
-            println!("  dead letters: {n} in {queue} (mailgate dead show {id})");
-            for d in &dead {
-                println!(
+    match dead.as_deref() {
+        None => println!("  dead letters: {queue} does not exist"),
+        Some([]) => println!("  dead letters: none in {queue}"),
+        Some(dead) => {
+            println!(
+                "  dead letters: {} in {queue} (mailgate dead show {id})",
+                dead.len()
+            );
+            for d in dead {
+                let line = format!(
                     "    {}  {}  {}",
                     d["dead_at"].as_str().unwrap_or("(time unknown)"),
                     d["reason"].as_str().unwrap_or_default(),
                     d["error"].as_str().unwrap_or_default()
                 );
+                println!("{}", printable(&line));
             }
         }
+    }
+    if unseen > 0 {
+        println!(
+            "  ({unseen} dead letters were held by another reader and not looked at: ask again)"
+        );
     }
     Ok(found)
 }
@@ -93,19 +101,20 @@ pub(super) fn record_json(r: &JobRecord) -> Value {
     json!({
         "state": state,
         "ended": ended,
-        "answered": r.answered,
-        "admitted_at": r.admitted_at_ms.map(dead::time),
+        // Recorded for a job that ended without a mail, not for a sent one.
+        "answered": matches!(r.state, JobState::Refunded(_)).then_some(r.answered),
+        "admitted_at": r.admitted_at_ms.map(letters::time),
         "attempt": r.attempt,
-        "lease_until": (r.lease_until_ms > now).then(|| dead::time(r.lease_until_ms)),
+        "lease_until": (r.lease_until_ms > now).then(|| letters::time(r.lease_until_ms)),
         "kept_for_ms": r.kept_for_ms,
     })
 }
 
 fn print_record(r: &JobRecord) {
     let (_, _, says) = state_words(r.state);
-    let answered = match r.answered {
-        true => "; its result was delivered",
-        false => "",
+    let answered = match (r.state, r.answered) {
+        (JobState::Refunded(_), true) => "; its result was delivered",
+        _ => "",
     };
     println!(
         "  ledger: {says}{answered}; its quota {}",
@@ -118,13 +127,13 @@ fn print_record(r: &JobRecord) {
         let attempt = r
             .attempt
             .map_or_else(String::new, |a| format!(", attempt {a}"));
-        println!("  admitted: {}{attempt}", dead::time(at));
+        println!("  admitted: {}{attempt}", letters::time(at));
     }
     let now = crate::domain::now_ms();
     if r.lease_until_ms > now {
         println!(
             "  send lease: held until {} ({} from now)",
-            dead::time(r.lease_until_ms),
+            letters::time(r.lease_until_ms),
             short_duration(r.lease_until_ms - now)
         );
     }

@@ -13,6 +13,7 @@ mod clock;
 mod dead;
 mod explain;
 mod job;
+mod letters;
 mod limits;
 mod overrides;
 mod probe;
@@ -225,6 +226,7 @@ pub async fn run(
             worker.run(shutdown).await?;
             Ok(true)
         }
+        // These stop between two messages on Ctrl-C or SIGTERM.
         Command::Results {
             consume,
             follow,
@@ -239,6 +241,7 @@ pub async fn run(
             results(&settings, queue.as_deref(), how, shutdown).await?;
             Ok(true)
         }
+        Command::Dead { action } => dead(&settings, action, shutdown).await,
         // The other tools stop at once on Ctrl-C or SIGTERM: the handlers
         // are installed for every command, so nothing else would stop them.
         tool => tokio::select! {
@@ -248,16 +251,15 @@ pub async fn run(
     }
 }
 
-/// Runs a command other than `worker` and `results`.
+/// Runs a command other than `worker`, `results` and `dead`.
 async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool> {
     match command {
         // `run` takes these two itself and passes every other command here.
-        Command::Worker | Command::Results { .. } => {
-            unreachable!("run handles worker and results itself")
+        Command::Worker | Command::Results { .. } | Command::Dead { .. } => {
+            unreachable!("run handles worker, results and dead itself")
         }
         Command::Publish(args) => publish(settings, &args).await,
         Command::Limits { action } => limits(settings, action).await,
-        Command::Dead { action } => dead(settings, action).await,
         Command::Job { id, json } => job(settings, &id, json).await,
         Command::Suppress { action } => suppress(settings, action).await,
         Command::Explain {

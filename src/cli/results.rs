@@ -3,7 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use futures_lite::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions};
 use lapin::types::FieldTable;
@@ -34,6 +34,14 @@ pub async fn results(
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<u64> {
     let queue = queue.unwrap_or(&settings.amqp.results_queue).to_owned();
+    let topology = crate::broker::Topology::new(settings);
+    if topology.reserved(&queue) && queue != topology.results {
+        bail!(
+            "{queue:?} is one of mailgate's own queues, not a results queue: `mailgate dead` \
+             looks at dead letters; the others hold jobs, which a look would hold back from \
+             the workers"
+        );
+    }
     let (conn, channel) = amqp(settings).await?;
     let progress = std::io::stderr().is_terminal();
     let stdout = std::io::stdout();
@@ -47,17 +55,23 @@ pub async fn results(
         Ok(())
     };
     let unknown = || format!("reading {queue:?} (does the queue exist?)");
+    let mut stop = std::pin::pin!(stop);
+    let mut stopped = false;
     match how {
         Reading::Follow => follow(&channel, &queue, stop, &mut print).await?,
         Reading::Take(limit) => {
             let limit = limit.unwrap_or(u64::MAX);
             let mut taken = 0;
             while taken < limit {
-                let Some(m) = channel
-                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
-                    .await
-                    .with_context(unknown)?
-                else {
+                let got = tokio::select! {
+                    biased;
+                    () = &mut stop => {
+                        stopped = true;
+                        break;
+                    }
+                    got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()) => got,
+                };
+                let Some(m) = got.with_context(unknown)? else {
                     break;
                 };
                 print(&m.delivery.data)?;
@@ -67,39 +81,61 @@ pub async fn results(
         }
         Reading::Look(limit) => {
             let mut browse = Browse::open(&conn, &queue).await.with_context(unknown)?;
-            let limit = limit.unwrap_or(u64::MAX);
-            let mut printed = Ok(());
-            let mut seen = 0;
-            while seen < limit {
-                let Some(d) = browse.next().await? else {
-                    break;
-                };
-                seen += 1;
-                printed = print(&d.data);
-                if printed.is_err() {
-                    break;
-                }
+            let looked = look(&mut browse, limit, &mut stop, &mut print).await;
+            let unseen = browse.unseen();
+            browse.close().await?;
+            stopped = looked?;
+            if unseen > 0 && !stopped {
+                eprintln!(
+                    "{unseen} results were held by another reader (the application, or \
+                     another look) and were not looked at"
+                );
             }
-            // Everything looked at goes back, whatever happened.
-            browse
-                .close()
-                .await
-                .with_context(|| format!("putting the results back in {queue:?}"))?;
-            printed?;
         }
     }
     if progress {
         eprintln!();
     }
     let _ = conn.close(200, "bye".into()).await;
+    if stopped {
+        bail!("interrupted after {n} results");
+    }
     Ok(n)
+}
+
+/// Prints the first `limit` results of a look, and looks through the rest
+/// (each is published again at the tail, so all must be, to keep their
+/// order); whether `stop` ended it early.
+async fn look(
+    browse: &mut Browse,
+    limit: Option<u64>,
+    stop: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    print: &mut impl FnMut(&[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<bool> {
+    let limit = limit.unwrap_or(u64::MAX);
+    let mut seen = 0;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = &mut *stop => return Ok(true),
+            next = browse.next() => next?,
+        };
+        let Some(d) = next else {
+            return Ok(false);
+        };
+        if seen < limit {
+            print(&d.data)?;
+        }
+        seen += 1;
+        browse.keep(&d).await?;
+    }
 }
 
 /// Prints, and takes, every result `queue` gets until `stop` completes.
 async fn follow(
     channel: &lapin::Channel,
     queue: &str,
-    stop: impl std::future::Future<Output = ()>,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     print: &mut impl FnMut(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let mut consumer = channel
@@ -111,7 +147,6 @@ async fn follow(
         )
         .await
         .with_context(|| format!("reading {queue:?} (does the queue exist?)"))?;
-    tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => return Ok(()),

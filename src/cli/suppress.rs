@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde_json::json;
 
-use super::{dead, limiter, short_duration, time_left};
+use super::{letters, limiter, short_duration, time_left};
 use crate::domain::EmailAddress;
 use crate::ledger::{Backend, RedisLedger};
 use crate::settings::Settings;
@@ -89,14 +89,14 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
                 if json {
                     let line = json!({
                         "mailbox": s.mailbox,
-                        "since": dead::time(s.since_ms),
+                        "since": letters::time(s.since_ms),
                         "source": s.source,
                         "reason": s.why,
                         "left_ms": s.left_ms,
                     });
                     println!("{line}");
                 } else {
-                    let since = dead::time(s.since_ms);
+                    let since = letters::time(s.since_ms);
                     println!(
                         "{}  since {since}  {left} left  {}: {}",
                         s.mailbox, s.source, s.why

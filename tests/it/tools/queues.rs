@@ -238,6 +238,19 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     assert_eq!(h.result().await["status"], "duplicate");
     h.no_more_results(Duration::from_millis(500)).await;
     assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1, "never twice");
+    // One whose `sent` result was lost gets it now, and no second mail.
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-mailgate-reason".into(),
+        AMQPValue::LongString("unanswerable".into()),
+    );
+    let lost =
+        json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"});
+    let props = BasicProperties::default().with_headers(headers);
+    publish_to(&h, &dead, lost.to_string().as_bytes(), props).await;
+    stdout(&mailgate(&h, &["dead", "replay", "--id", "f1"]).await);
+    assert_eq!(h.result().await["status"], "sent");
+    assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1, "never twice");
 
     // Purge takes what it names, and only that.
     let dry = stdout(
@@ -271,4 +284,157 @@ async fn publish_to(h: &Harness, queue: &str, body: &[u8], props: BasicPropertie
         .expect("publish")
         .await
         .expect("confirm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_keeps_the_order_and_counts_no_delivery() {
+    let h = Harness::new("results-order").await;
+    let w = h.start_worker().await;
+    w.stop().await.unwrap();
+    let results = h.settings.amqp.results_queue.clone();
+    // More than a quorum queue hands back in one batch.
+    for n in 0..60 {
+        let body = json!({"id": format!("r{n}"), "status": "sent"}).to_string();
+        publish_to(&h, &results, body.as_bytes(), BasicProperties::default()).await;
+    }
+    let ids = |out: &Output| -> Vec<String> {
+        json_lines(out)
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all: Vec<String> = (0..60).map(|n| format!("r{n}")).collect();
+    assert_eq!(
+        ids(&mailgate(&h, &["results", "--limit", "1"]).await),
+        ["r0"]
+    );
+    for _ in 0..3 {
+        assert_eq!(ids(&mailgate(&h, &["results"]).await), all);
+    }
+    // Taken at last, none was counted as delivered before.
+    let (_, props) = h.next_on(&results, Duration::from_secs(5)).await.unwrap();
+    let count = props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned());
+    assert!(
+        matches!(count, None | Some(AMQPValue::LongLongInt(0))),
+        "{count:?}"
+    );
+    // A look never holds the workers' jobs back.
+    let jobs = h.settings.amqp.jobs_queue.clone();
+    for q in [
+        jobs.clone(),
+        format!("{jobs}.dead"),
+        format!("{jobs}.retry.1"),
+    ] {
+        let out = mailgate(&h, &["results", "--queue", &q]).await;
+        assert!(!out.status.success(), "{q}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("one of mailgate's own queues"), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
+    let h = Harness::new("dead-safe").await;
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let w = h.start_worker().await;
+    let letter = |reason: &str, dead_ms: Option<u64>| {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "x-mailgate-reason".into(),
+            AMQPValue::LongString(reason.into()),
+        );
+        if let Some(ms) = dead_ms {
+            headers.insert(
+                "x-mailgate-dead-ms".into(),
+                AMQPValue::LongLongInt(ms as i64),
+            );
+        }
+        BasicProperties::default().with_headers(headers)
+    };
+    let now = mailgate::domain::now_ms();
+    let body = |id: &str| json!({"id": id, "email": format!("{id}@example.com"), "code": "777111"});
+    // Died two days ago: the ledger no longer tells whether it was mailed.
+    let old = body("old1").to_string();
+    publish_to(
+        &h,
+        &dead,
+        old.as_bytes(),
+        letter("unanswerable", Some(now - 2 * 86_400_000)),
+    )
+    .await;
+    // RabbitMQ's history, which a producer can write: not trusted for time.
+    let mut death = FieldTable::default();
+    death.insert(
+        "reason".into(),
+        AMQPValue::LongString("delivery_limit".into()),
+    );
+    death.insert("queue".into(), AMQPValue::LongString("j".into()));
+    death.insert("time".into(), AMQPValue::Timestamp(now / 1000));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+    );
+    let forged = body("dl1").to_string();
+    publish_to(
+        &h,
+        &dead,
+        forged.as_bytes(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    // Died a minute ago, never admitted: replayed.
+    let fresh = body("new1").to_string();
+    publish_to(
+        &h,
+        &dead,
+        fresh.as_bytes(),
+        letter("panic", Some(now - 60_000)),
+    )
+    .await;
+    // A byte order mark before the JSON, as the worker accepts it; its
+    // session and variables are not shown.
+    let bom = [
+        b"\xEF\xBB\xBF".as_slice(),
+        json!({"id": "bom1", "email": "bom1@example.com", "code": "1", "session": "sess_live_x",
+               "vars": {"link": "https://x.example/?token=tok_secret"}})
+        .to_string()
+        .as_bytes(),
+    ]
+    .concat();
+    publish_to(&h, &dead, &bom, letter("failed", Some(now))).await;
+    // Terminal escapes in a producer's id.
+    let evil = json!({"id": "\u{1b}]0;pwned\u{7}x", "email": "e@example.com"}).to_string();
+    publish_to(&h, &dead, evil.as_bytes(), letter("unreadable", Some(now))).await;
+
+    let text = stdout(&mailgate(&h, &["dead", "list"]).await);
+    assert!(
+        !text.contains('\u{1b}') && text.contains("\\u{1b}"),
+        "{text}"
+    );
+    assert!(text.contains("bom1"), "{text}");
+    let shown = stdout(&mailgate(&h, &["dead", "show", "bom1", "--json"]).await);
+    assert!(
+        !shown.contains("sess_live") && !shown.contains("tok_secret"),
+        "{shown}"
+    );
+
+    let out = stdout(&mailgate(&h, &["dead", "replay", "--all"]).await);
+    assert!(out.contains("replayed 2 dead letters"), "{out}");
+    assert!(
+        out.contains("left 2 dead letters whose job may have been mailed"),
+        "{out}"
+    );
+    assert!(out.contains("left 1 unreadable"), "{out}");
+    let answered = h.results(2).await;
+    assert_eq!(answered["new1"]["status"], "sent");
+    assert_eq!(answered["bom1"]["status"], "sent");
+    let left = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
+    let left: Vec<&str> = left.iter().filter_map(|l| l["id"].as_str()).collect();
+    assert_eq!(left.len(), 3, "{left:?}");
+    assert!(left.contains(&"old1") && left.contains(&"dl1"), "{left:?}");
+    w.stop().await.unwrap();
 }

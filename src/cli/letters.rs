@@ -1,0 +1,149 @@
+//! A dead letter as the tools show it: its job's id and masked mailbox,
+//! why and when it died; written for a terminal without anything a
+//! producer put in the message reaching it raw.
+
+use lapin::message::Delivery;
+use serde_json::{Value, json};
+
+use crate::broker::{Browse, DeadLetter};
+use crate::redact::mask_emails;
+
+/// One dead letter as the commands see it.
+pub(super) struct Entry {
+    /// The body's `id`, if it is a JSON object with a string id.
+    pub(super) id: Option<String>,
+    /// The body as JSON, if it is.
+    pub(super) job: Option<Value>,
+    /// What its headers say.
+    pub(super) dead: DeadLetter,
+}
+
+impl Entry {
+    /// Reads a dead letter (its body as the worker reads one: a UTF-8 byte
+    /// order mark skipped).
+    pub(super) fn read(delivery: &Delivery) -> Entry {
+        let body = &delivery.data;
+        let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+        let job: Option<Value> = serde_json::from_slice(body).ok();
+        let id = job
+            .as_ref()
+            .and_then(|j| j.get("id"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Entry {
+            id,
+            job,
+            dead: DeadLetter::read(delivery),
+        }
+    }
+
+    pub(super) fn field(&self, name: &str) -> Option<&str> {
+        self.job.as_ref()?.get(name)?.as_str()
+    }
+
+    /// The body's mailbox, masked as the logs mask it.
+    pub(super) fn mailbox(&self) -> Option<String> {
+        self.field("email").map(mask_emails)
+    }
+
+    /// A line of JSON for `list` (and `job`).
+    pub(super) fn summary(&self) -> Value {
+        json!({
+            "id": self.id,
+            "email": self.mailbox(),
+            "purpose": self.field("purpose"),
+            "reason": self.dead.reason.as_str(),
+            "error": self.dead.error.as_deref().map(mask_emails),
+            "attempts": self.dead.attempts,
+            "dead_at": self.dead.dead_at_ms.map(time),
+        })
+    }
+
+    /// The job as `show` prints it: its code and session hidden, its
+    /// variables' values hidden (a link may carry a token), its mailbox
+    /// masked.
+    pub(super) fn job_shown(&self) -> Value {
+        let mut job = self.job.clone().unwrap_or(Value::Null);
+        if let Some(fields) = job.as_object_mut() {
+            for secret in ["code", "session"] {
+                if fields.contains_key(secret) {
+                    fields.insert(secret.into(), json!("(hidden)"));
+                }
+            }
+            if let Some(Value::Object(vars)) = fields.get_mut("vars") {
+                for v in vars.values_mut() {
+                    *v = json!("(hidden)");
+                }
+            }
+            if let Some(mailbox) = self.mailbox() {
+                fields.insert("email".into(), json!(mailbox));
+            }
+        }
+        job
+    }
+
+    /// A line of text for `list`, `replay` and `purge`.
+    pub(super) fn line(&self) -> String {
+        printable(&format!(
+            "{:<20}  {:<14} {:>3}  {}  {}  {}",
+            self.dead
+                .dead_at_ms
+                .map_or_else(|| "(time unknown)".into(), time),
+            self.dead.reason.as_str(),
+            self.dead
+                .attempts
+                .map_or_else(|| "-".into(), |n| n.to_string()),
+            self.id.as_deref().unwrap_or("(no id)"),
+            self.mailbox().unwrap_or_else(|| "-".into()),
+            self.dead
+                .error
+                .as_deref()
+                .map(mask_emails)
+                .unwrap_or_default(),
+        ))
+    }
+}
+
+/// `text` with every control character written as an escape (`\u{1b}`), so
+/// that nothing a producer put in a message moves a terminal's cursor,
+/// rewrites its lines or sets its title.
+pub(super) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_unicode().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
+/// ms since the epoch as RFC 3339, to the second.
+pub(super) fn time(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(|| ms.to_string(), |t| format!("{t:.0}"))
+}
+
+/// The dead letters of job `id` in `queue`, as `dead list --json` prints
+/// them, and how many were held by another reader meanwhile; takes
+/// nothing. `None` if there is no such queue.
+pub(super) async fn of_job(
+    conn: &lapin::Connection,
+    queue: &str,
+    id: &str,
+) -> anyhow::Result<Option<(Vec<Value>, u32)>> {
+    let Ok(mut browse) = Browse::open(conn, queue).await else {
+        return Ok(None);
+    };
+    let mut found = Vec::new();
+    while let Some(d) = browse.next().await? {
+        let e = Entry::read(&d);
+        if e.id.as_deref() == Some(id) {
+            found.push(e.summary());
+        }
+        browse.keep(&d).await?;
+    }
+    let unseen = browse.unseen();
+    browse.close().await?;
+    Ok(Some((found, unseen)))
+}
