@@ -338,9 +338,10 @@ async fn act_on<S: std::future::Future<Output = ()>>(
     if tally.forgotten > 0 {
         writeln!(
             out,
-            "left {} dead letters whose job may have been mailed and which the ledger no longer \
-             remembers (older than limits.dedup_for): replayed, they could be mailed a second \
-             time; publish them again under a new id if they must go out, or purge them",
+            "left {} dead letters whose id the ledger no longer remembers (they died more than \
+             limits.dedup_for ago, or RabbitMQ dead-lettered them): their id may have been \
+             mailed, and a replay could mail it a second time; publish them again under a new \
+             id if they must go out, or purge them",
             tally.forgotten
         )?;
     }
@@ -394,19 +395,17 @@ async fn act_one(browse: &Browse, act: &Act<'_>, e: &Entry, d: &Delivery) -> any
 
 /// Whether replaying `e` (job `id`) can mail nothing twice: the ledger
 /// holds the job's record (it decides the replay as any message of the
-/// id), or the job was never mailed (it failed on every attempt), or it
-/// died within `dedup_ms` by mailgate's own clock (so a missing record
-/// means the job was never admitted). Otherwise the ledger may have
-/// forgotten a job whose mail went out.
+/// id), or it died within `dedup_ms` by mailgate's own clock (so a missing
+/// record means the id was never admitted since). Otherwise the ledger may
+/// have forgotten an id whose mail went out: this job's (one whose result
+/// was lost), or another message's of the same id (a job that failed on
+/// every attempt, which its producer then sent again).
 async fn replay_is_safe(
     e: &Entry,
     id: &str,
     ledger: Option<&RedisLedger>,
     dedup_ms: u64,
 ) -> anyhow::Result<bool> {
-    if e.dead.reason == DeadReason::Failed {
-        return Ok(true);
-    }
     // Only mailgate's own time counts: RabbitMQ's x-death keeps a time a
     // producer wrote.
     let recent = e.dead.reason != DeadReason::DeliveryLimit

@@ -86,14 +86,16 @@ async fn usages(
     purpose: Option<&Name>,
 ) -> anyhow::Result<Vec<Usage>> {
     let domain = RegistrableDomain::of(email, &settings.limits.normalize);
+    // The domain's own log, and with a client address that network's
+    // share of it: a job must fit both.
     let mut subjects = vec![Subject::Email(email)];
     if let Some(ip) = ip {
         subjects.push(Subject::Ip(ip));
     }
-    subjects.push(match ip {
-        Some(ip) => Subject::Share(&domain, ip),
-        None => Subject::Domain(&domain),
-    });
+    subjects.push(Subject::Domain(&domain));
+    if let Some(ip) = ip {
+        subjects.push(Subject::Share(&domain, ip));
+    }
     let mut usages = Vec::new();
     for subject in subjects {
         let usage = ledger.usage(subject, purpose, Clock::Server).await?;
@@ -149,11 +151,7 @@ fn print_text(settings: &Settings, f: &Findings) {
     }
     let limits = match f.binding() {
         None => "allowed now".to_owned(),
-        Some(u) => format!(
-            "in {} (held back by {})",
-            short_duration(u.retry_after_ms),
-            u.key
-        ),
+        Some(u) => holding(u),
     };
     match f.suppressed {
         Some(_) => println!(
@@ -187,4 +185,36 @@ fn print_text(settings: &Settings, f: &Findings) {
         );
         println!("  {}  {}  {what}", letters::time(a.at_ms), a.id);
     }
+}
+
+/// When the next send is allowed, and what holds it back: an override's
+/// deny, or a rule (its scope, max and window), with the key it reads.
+fn holding(u: &Usage) -> String {
+    if let Some(o) = u.by_override.as_ref().filter(|o| o.kind == "deny") {
+        let until = o.expires_at_ms.map_or_else(
+            || "until it is removed".to_owned(),
+            |t| format!("for {}", time_left(t.saturating_sub(u.at_ms))),
+        );
+        return format!(
+            "{until} (held back by an override, deny {}: {})",
+            o.target, o.reason
+        );
+    }
+    let rule = (u.rules.iter())
+        .filter(|r| r.enforce && r.retry_after_ms == u.retry_after_ms)
+        .map(|r| {
+            let window = short_duration(r.rule.window_ms);
+            format!(
+                "the {} scope's {} per {window}, ",
+                r.rule.scope.as_str(),
+                r.rule.max
+            )
+        })
+        .next()
+        .unwrap_or_default();
+    format!(
+        "in {} (held back by {rule}{})",
+        short_duration(u.retry_after_ms),
+        u.key
+    )
 }

@@ -20,15 +20,16 @@ pub enum SuppressAction {
     /// Suppress mailboxes: their jobs are answered `suppressed`, with no
     /// SMTP and no quota used (every worker, at once).
     Add {
-        /// Mailboxes (counted as the limiter counts them: every spelling
-        /// `limits.normalize` makes one).
+        /// Mailboxes, each exactly as mail is sent to it (ASCII letters in
+        /// any case): `jane+x@example.com` is not `jane@example.com`.
         emails: Vec<String>,
         /// Also every mailbox in this file: one per line, or a CSV export
-        /// (the first field that holds an '@'); other lines are skipped.
+        /// (the first field that is a mailbox; quoted fields, `,`, `;` or
+        /// tab separators); lines without a mailbox are skipped.
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
         /// How long (e.g. `30d`, `1y`).
-        #[arg(long = "for", value_parser = humantime::parse_duration, default_value = "30d", conflicts_with = "forever")]
+        #[arg(long = "for", value_parser = period, default_value = "30d", conflicts_with = "forever")]
         period: Duration,
         /// Until removed.
         #[arg(long)]
@@ -85,7 +86,10 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
         SuppressAction::List { json } => {
             let all = ledger.suppressions().await?;
             for s in &all {
-                let left = s.left_ms.map_or_else(|| "until removed".into(), time_left);
+                let left = s.left_ms.map_or_else(
+                    || "until removed".into(),
+                    |ms| format!("{} left", time_left(ms)),
+                );
                 if json {
                     let line = json!({
                         "mailbox": s.mailbox,
@@ -98,7 +102,7 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
                 } else {
                     let since = letters::time(s.since_ms);
                     println!(
-                        "{}  since {since}  {left} left  {}: {}",
+                        "{}  since {since}  {left}  {}: {}",
                         s.mailbox, s.source, s.why
                     );
                 }
@@ -122,13 +126,16 @@ async fn add(
         let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         for line in std::io::BufReader::new(f).lines() {
             let line = line.with_context(|| format!("reading {}", path.display()))?;
-            match line
-                .split([',', ';', '\t'])
-                .map(|f| f.trim().trim_matches('"'))
-                .find(|f| f.contains('@'))
-            {
-                Some(mailbox) => given.push((mailbox.to_owned(), "import")),
+            // A spreadsheet's UTF-8 byte order mark is no part of a mailbox.
+            let line = line.trim_start_matches('\u{feff}');
+            let fields = csv_fields(line);
+            match fields.iter().find(|f| EmailAddress::parse(f).is_ok()) {
+                Some(mailbox) => given.push((mailbox.clone(), "import")),
                 None if line.trim().is_empty() => {}
+                // Something like a mailbox that is none: said, not skipped.
+                None if fields.iter().any(|f| f.contains('@')) => {
+                    given.push((line.to_owned(), "import"));
+                }
                 None => skipped += 1,
             }
         }
@@ -171,4 +178,56 @@ async fn add(
         );
     }
     Ok(bad.is_empty())
+}
+
+/// `--for`: at least a second, at most ten years.
+fn period(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3650 * 86_400) {
+        return Err("from 1s to 10 years (or --forever)".into());
+    }
+    Ok(d)
+}
+
+/// The fields of a line of a CSV export (RFC 4180 quoting: a quoted field
+/// may hold separators and doubled quotes), separated by `,`, `;` or tabs,
+/// each trimmed.
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' | ';' | '\t' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields.into_iter().map(|f| f.trim().to_owned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_honour_quotes() {
+        assert_eq!(
+            csv_fields("\"Bounced: x, by postmaster@corp.example\",\"pm1@corp.example\",hard"),
+            [
+                "Bounced: x, by postmaster@corp.example",
+                "pm1@corp.example",
+                "hard"
+            ]
+        );
+        assert_eq!(
+            csv_fields("a@b.example; \"say \"\"hi\"\"\""),
+            ["a@b.example", "say \"hi\""]
+        );
+        assert_eq!(csv_fields("plain@x.example"), ["plain@x.example"]);
+    }
 }

@@ -70,6 +70,10 @@ impl<L: Ledger> Pipeline<L> {
                 let why: String = e.chars().take(200).collect();
                 self.record(|| self.ledger.bounced(&job.email, &why)).await;
                 crate::telemetry::bounced();
+                tracing::info!(
+                    "the relay says this mailbox does not exist: it is suppressed \
+                     (limits.suppress_bounces_for)"
+                );
                 return self
                     .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
                     .await;

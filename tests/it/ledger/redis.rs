@@ -2209,3 +2209,58 @@ async fn hash_records_hold_exactly_the_fields_of_earlier_versions() {
         assert!(ttl > 0, "{id} expires");
     }
 }
+
+/// A bounce suppresses the address it was about, and never shortens a
+/// suppression someone made or one that lasts longer.
+#[tokio::test]
+async fn a_bounce_keeps_a_longer_or_manual_suppression() {
+    let l = on_shared_redis("bounce-keeps", LimitSettings::default(), RecordForm::Hash).await;
+    let l = &l.ledger;
+    let email = |a: &str| mailgate::domain::EmailAddress::parse(a).unwrap();
+    l.suppress(&email("cc@corp.example"), "manual", "complaint", None)
+        .await
+        .unwrap();
+    assert!(
+        l.bounced(&email("cc@corp.example"), "550 5.1.1")
+            .await
+            .unwrap()
+    );
+    let s = l
+        .suppression(&email("cc@corp.example"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.source.as_str(), s.left_ms), ("manual", None), "{s:?}");
+
+    // A bounce of one spelling is not another's (a +tag an attacker
+    // chose, Unicode case); ASCII case aside, it is the address itself.
+    assert!(
+        l.bounced(&email("victim+x@corp.example"), "550 5.1.1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        l.bounced(&email("\u{212a}im@corp.example"), "550 5.1.1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        l.suppression(&email("victim@corp.example"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        l.suppression(&email("kim@corp.example"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let tagged = l
+        .suppression(&email("VICTIM+X@corp.example"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tagged.source, "bounce");
+    assert!(tagged.left_ms.unwrap() > 29 * 86_400_000);
+}

@@ -425,7 +425,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     let out = stdout(&mailgate(&h, &["dead", "replay", "--all"]).await);
     assert!(out.contains("replayed 2 dead letters"), "{out}");
     assert!(
-        out.contains("left 2 dead letters whose job may have been mailed"),
+        out.contains("left 2 dead letters whose id the ledger no longer remembers"),
         "{out}"
     );
     assert!(out.contains("left 1 unreadable"), "{out}");

@@ -160,7 +160,9 @@ async fn suppressed_mailboxes_get_no_code_and_use_no_quota() {
     let file = std::env::temp_dir().join(format!("{}-bounces.csv", h.settings.amqp.jobs_queue));
     std::fs::write(
         &file,
-        "email,type\n\"bounce1@example.com\",hard\nbounce2@example.com,complaint\n\nno mailbox here\n",
+        "\u{feff}email,type\n\"bounce1@example.com\",hard\nbounce2@example.com,complaint\n\n\
+         \"Bounced: x, reported by postmaster@example.com\",\"bounce3@example.com\"\n\
+         no mailbox here\n",
     )
     .unwrap();
     let imported = stdout(
@@ -178,12 +180,13 @@ async fn suppressed_mailboxes_get_no_code_and_use_no_quota() {
     );
     let _ = std::fs::remove_file(&file);
     assert!(
-        imported.contains("suppressed 2 mailboxes until removed"),
+        imported.contains("suppressed 3 mailboxes until removed"),
         "{imported}"
     );
     assert!(imported.contains("skipped 2 lines"), "{imported}");
     let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
-    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+    assert!(!listed.contains("postmaster"), "{listed}");
     assert!(
         listed.contains("bounce2@example.com") && listed.contains("import"),
         "{listed}"
@@ -215,6 +218,7 @@ async fn a_mailbox_its_server_says_does_not_exist_is_suppressed() {
         "5.1.1 <ghost@example.com>: Recipient address rejected: User unknown",
     );
     h.sink.refuse_saying("full@", 552, "5.2.2 mailbox full");
+    h.sink.refuse_saying("tagged+x@", 550, "5.1.1 no such user");
     let w = h.start_worker().await;
     let job = |id: &str, email: &str| json!({"id": id, "email": email, "code": "909090"});
 
@@ -239,6 +243,18 @@ async fn a_mailbox_its_server_says_does_not_exist_is_suppressed() {
     assert!(
         listed["left_ms"].as_u64().unwrap() > 29 * 86_400_000,
         "{listed}"
+    );
+
+    // The address in any ASCII case is the same; another spelling is not.
+    h.publish(&job("b3", "GHOST@example.com")).await;
+    assert_eq!(h.result().await["status"], "suppressed");
+    h.publish(&job("b4", "tagged+x@example.com")).await;
+    assert_eq!(h.result().await["status"], "failed");
+    h.publish(&job("b5", "tagged@example.com")).await;
+    assert_eq!(
+        h.result().await["status"],
+        "sent",
+        "a +tag's bounce is not its base's"
     );
 
     // Any other permanent refusal fails the job and suppresses nothing.
@@ -271,5 +287,40 @@ async fn a_relay_that_says_every_mailbox_is_unknown_suppresses_only_the_first_fe
     }
     let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
     assert_eq!(listed.lines().count(), 5, "{listed}");
+    w.stop().await.unwrap();
+}
+
+/// With a client address, `explain` weighs the domain's own total as well
+/// as that network's share of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_with_an_ip_weighs_the_domains_own_total() {
+    let h = Harness::with("explain-domain", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 5)];
+        s.limits.ip.rules = vec![Rule::new(Duration::from_secs(60), 50)];
+        s.limits.domain.rules = vec![Rule::new(Duration::from_secs(600), 5)];
+        s.limits.domain.network_share = 0.4;
+    })
+    .await;
+    let w = h.start_worker().await;
+    for n in 0..5 {
+        let ip = format!("198.18.{}.1", n % 3);
+        let job = json!({"id": format!("d{n}"), "email": format!("m{n}@dom.example"), "ip": ip, "code": "1"});
+        h.publish(&job).await;
+        assert_eq!(h.result().await["status"], "sent");
+    }
+    let args = [
+        "explain",
+        "--email",
+        "new@dom.example",
+        "--ip",
+        "198.18.4.1",
+    ];
+    let out = stdout(&mailgate(&h, &[&args[..], &["--json"]].concat()).await);
+    let e: Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(e["next_send_in_ms"].as_u64().unwrap() > 0, "{e}");
+    let bound = e["bound_by"].as_str().unwrap();
+    assert!(bound.ends_with("domain:dom.example"), "{e}");
+    let text = stdout(&mailgate(&h, &args).await);
+    assert!(text.contains("the domain scope's 5 per 10m"), "{text}");
     w.stop().await.unwrap();
 }
