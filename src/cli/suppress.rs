@@ -14,6 +14,9 @@ use crate::domain::EmailAddress;
 use crate::ledger::{Backend, RedisLedger};
 use crate::settings::Settings;
 
+/// How many suppressions `add` writes at once.
+const WRITE_AT_ONCE: usize = 256;
+
 /// `suppress`' actions.
 #[derive(Subcommand, Debug)]
 pub enum SuppressAction {
@@ -144,18 +147,29 @@ async fn add(
         bail!("name mailboxes, or --file with one per line");
     }
     let (mut added, mut bad) = (0u64, Vec::new());
-    for (text, source) in &given {
-        let Ok(email) = EmailAddress::parse(text) else {
-            bad.push(text.clone());
+    let mut writes = tokio::task::JoinSet::new();
+    for (text, source) in given {
+        let Ok(email) = EmailAddress::parse(&text) else {
+            bad.push(text);
             continue;
         };
-        let why = match (&reason, &file, *source) {
+        let why = match (&reason, &file, source) {
             (Some(r), _, _) => r.clone(),
             (None, Some(f), "import") => format!("imported from {}", f.display()),
             _ => "added by hand".to_owned(),
         };
-        ledger.suppress(&email, source, &why, period).await?;
+        // Many at once: a provider's export may hold many thousands.
+        if writes.len() >= WRITE_AT_ONCE
+            && let Some(done) = writes.join_next().await
+        {
+            done??;
+        }
+        let ledger = ledger.clone();
+        writes.spawn(async move { ledger.suppress(&email, source, &why, period).await });
         added += 1;
+    }
+    while let Some(done) = writes.join_next().await {
+        done??;
     }
     let how_long = period.map_or_else(
         || "until removed".to_owned(),

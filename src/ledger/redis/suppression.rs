@@ -10,6 +10,9 @@ use super::RedisLedger;
 use crate::domain::EmailAddress;
 use crate::ledger::LedgerError;
 
+/// How many suppressions `list` reads at once.
+const READ_AT_ONCE: usize = 256;
+
 /// Why a mailbox is suppressed, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suppression {
@@ -102,15 +105,29 @@ impl RedisLedger {
             .query_async(&mut conn)
             .await?;
         let mut found = Vec::with_capacity(keys.len());
-        for key in keys {
-            match self.read_suppression(&key).await? {
-                Some(s) => found.push(s),
-                None => {
-                    let _: i64 = redis::cmd("ZREM")
-                        .arg(&index)
-                        .arg(&key)
-                        .query_async(&mut conn)
-                        .await?;
+        // Many at once (each a round trip of its own: the keys may live on
+        // different shards), in the index's order.
+        for chunk in keys.chunks(READ_AT_ONCE) {
+            let mut reads = tokio::task::JoinSet::new();
+            for (i, key) in chunk.iter().enumerate() {
+                let (ledger, key) = (self.clone(), key.clone());
+                reads.spawn(async move { (i, ledger.read_suppression(&key).await) });
+            }
+            let mut read: Vec<Option<Suppression>> = vec![None; chunk.len()];
+            while let Some(done) = reads.join_next().await {
+                let (i, s) = done.map_err(|e| LedgerError::Protocol(e.to_string()))?;
+                read[i] = s?;
+            }
+            for (key, s) in chunk.iter().zip(read) {
+                match s {
+                    Some(s) => found.push(s),
+                    None => {
+                        let _: i64 = redis::cmd("ZREM")
+                            .arg(&index)
+                            .arg(key)
+                            .query_async(&mut conn)
+                            .await?;
+                    }
                 }
             }
         }
