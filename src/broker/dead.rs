@@ -31,6 +31,9 @@ pub struct DeadLetter {
     /// or RabbitMQ's `x-death` time (whole seconds); `None` for dead
     /// letters of versions that wrote neither.
     pub dead_at_ms: Option<u64>,
+    /// Whether RabbitMQ dead-lettered it (its `x-death`): then its time
+    /// is RabbitMQ's record, which keeps a time a producer wrote.
+    pub by_rabbitmq: bool,
 }
 
 impl DeadLetter {
@@ -69,6 +72,7 @@ impl DeadLetter {
                     .get("time")
                     .and_then(as_u64)
                     .map(|s| s.saturating_mul(1000)),
+                by_rabbitmq: true,
             };
         }
         let reason = header(REASON_HEADER)
@@ -81,6 +85,7 @@ impl DeadLetter {
             error,
             attempts,
             dead_at_ms: header(DEAD_AT_HEADER).and_then(as_u64),
+            by_rabbitmq: false,
         }
     }
 

@@ -408,7 +408,7 @@ async fn replay_is_safe(
 ) -> anyhow::Result<bool> {
     // Only mailgate's own time counts: RabbitMQ's x-death keeps a time a
     // producer wrote.
-    let recent = e.dead.reason != DeadReason::DeliveryLimit
+    let recent = !e.dead.by_rabbitmq
         && (e.dead.dead_at_ms).is_some_and(|at| now_ms().saturating_sub(at) < dedup_ms);
     if recent {
         return Ok(true);

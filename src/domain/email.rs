@@ -114,6 +114,26 @@ impl EmailAddress {
         &self.address[self.at + 1..]
     }
 
+    /// This address as mail servers take it, for the suppression list: a
+    /// quoted local part's content (RFC 5321 §4.1.2: `"jane"@x` is
+    /// `jane@x`), its ASCII letters lower-cased, `@`, the domain. Nothing
+    /// else is folded (no `+tag`, no Unicode case, no provider's aliases),
+    /// unlike [`EmailAddress::mailbox_key`]: a server's "no such mailbox"
+    /// is about the address it was given, whose spelling an attacker
+    /// chooses.
+    pub fn address_key(&self) -> String {
+        let raw = self.local();
+        let local = match raw.starts_with('"') {
+            // Parsing checked the quoting; the raw text if that changed.
+            true => quoted_content(raw).unwrap_or_else(|| raw.to_owned()),
+            false => raw.to_owned(),
+        };
+        let mut key = local.to_ascii_lowercase();
+        key.push('@');
+        key.push_str(self.domain());
+        key
+    }
+
     /// The rate-limit identity of this mailbox: every spelling that reaches the
     /// same inbox (under the steps `n` switches on) yields the same key.
     pub fn mailbox_key(&self, n: &Normalization) -> String {

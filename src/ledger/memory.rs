@@ -471,7 +471,9 @@ impl Ledger for MemoryLedger {
         };
         let key = keys.suppression_key(email);
         let until = state.clock.saturating_add(ms);
-        state.suppressed.insert(key, until);
+        // A longer one stands.
+        let held = state.suppressed.entry(key).or_insert(until);
+        *held = (*held).max(until);
         Ok(true)
     }
 

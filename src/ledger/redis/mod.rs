@@ -311,15 +311,7 @@ impl Ledger for RedisLedger {
         let Some(ms) = self.keys.bounce_suppression_ms() else {
             return Ok(false);
         };
-        // A suppression in force that lasts longer, or that someone made
-        // (a complaint, an import), stands.
-        if let Some(s) = self.suppression(email).await?
-            && (s.source != "bounce" || s.left_ms.is_none_or(|left| left >= ms))
-        {
-            return Ok(true);
-        }
-        let period = std::time::Duration::from_millis(ms);
-        self.suppress(email, "bounce", why, Some(period)).await?;
+        self.bounce(email, why, ms).await?;
         Ok(true)
     }
 

@@ -9,6 +9,7 @@
 use super::RedisLedger;
 use crate::domain::EmailAddress;
 use crate::ledger::LedgerError;
+use crate::store::scripts::SUPPRESS;
 
 /// How many suppressions `list` reads at once.
 const READ_AT_ONCE: usize = 256;
@@ -63,6 +64,38 @@ impl RedisLedger {
             .query_async(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// Suppresses `email` for `ms` after a bounce (`why`), unless a
+    /// suppression in force lasts longer or someone made it, in one step
+    /// (`suppress.lua`); whether it did.
+    pub(super) async fn bounce(
+        &self,
+        email: &EmailAddress,
+        why: &str,
+        ms: u64,
+    ) -> Result<bool, LedgerError> {
+        let key = self.keys.suppression_key(email);
+        let now = crate::domain::now_ms();
+        let set: i64 = SUPPRESS
+            .key(&key)
+            .arg("bounce")
+            .arg(format!("{now} bounce {why}"))
+            .arg(ms.max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        if set == 1 {
+            // GT: a suppression until removed that someone made meanwhile
+            // keeps its place in the index.
+            let _: i64 = redis::cmd("ZADD")
+                .arg(self.suppression_index())
+                .arg("GT")
+                .arg(now.saturating_add(ms))
+                .arg(&key)
+                .query_async(&mut self.conn.clone())
+                .await?;
+        }
+        Ok(set == 1)
     }
 
     /// Lifts `email`'s suppression; whether there was one.

@@ -249,21 +249,14 @@ impl Keyspace {
 
     /// The key that marks `email` suppressed: `<prefix>sup:<address>`, a
     /// string "<since_ms> <source> <why>" that lives as long as the
-    /// suppression. The address is the one mail is delivered to, its ASCII
-    /// letters lower-cased (mail servers take local parts without regard to
-    /// case), and nothing else folded: a server's "no such mailbox" is about
-    /// the address it was given, and `limits.normalize`'s steps (a `+tag`
-    /// dropped, Unicode case folding) would let a bounce of
+    /// suppression. The address is [`EmailAddress::address_key`]: as mail
+    /// servers take it, and nothing else folded, since a server's "no such
+    /// mailbox" is about the address it was given, and `limits.normalize`'s
+    /// steps (a `+tag` dropped, Unicode case folding) would let a bounce of
     /// `victim+x@corp.example`, an address an attacker chose, suppress
     /// `victim@corp.example`.
     pub(crate) fn suppression_key(&self, email: &EmailAddress) -> String {
-        let mut key = String::with_capacity(self.prefix.len() + 4 + email.as_str().len());
-        key.push_str(&self.prefix);
-        key.push_str("sup:");
-        key.push_str(&email.local().to_ascii_lowercase());
-        key.push('@');
-        key.push_str(email.domain());
-        key
+        format!("{}sup:{}", self.prefix, email.address_key())
     }
 
     /// Whether an admission reads its mailbox's suppression key

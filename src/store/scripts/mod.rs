@@ -10,6 +10,7 @@
 //! | [`SCOPE`] | one scope's log, with keys spread over a cluster's shards | `decide.lua`, `scope.lua` |
 //! | [`TOOLS`] | `mailgate limits show` and `reset`: one scope key's log | `tools.lua` |
 //! | [`PRUNE`] | `mailgate overrides`: drops expired overrides | `prune.lua` |
+//! | [`SUPPRESS`] | a bounce's suppression, where it shortens none in force | `suppress.lua` |
 //!
 //! Each file's header documents its KEYS, ARGV and reply.
 //!
@@ -226,9 +227,13 @@ pub static TOOLS: LazyLock<Script> =
 pub static PRUNE: LazyLock<Script> =
     LazyLock::new(|| Script::compose("prune", &[], include_str!("prune.lua")));
 
+/// The suppression list's script, `suppress.lua`.
+pub static SUPPRESS: LazyLock<Script> =
+    LazyLock::new(|| Script::compose("suppress", &[], include_str!("suppress.lua")));
+
 /// Every script mailgate runs.
-pub fn all() -> [&'static Script; 4] {
-    [&LEDGER, &SCOPE, &TOOLS, &PRUNE]
+pub fn all() -> [&'static Script; 5] {
+    [&LEDGER, &SCOPE, &TOOLS, &PRUNE, &SUPPRESS]
 }
 
 /// Loads every script (`SCRIPT LOAD`; on a cluster, on every primary), so

@@ -324,3 +324,23 @@ async fn explain_with_an_ip_weighs_the_domains_own_total() {
     assert!(text.contains("the domain scope's 5 per 10m"), "{text}");
     w.stop().await.unwrap();
 }
+
+/// A quoted local part is the same address as the unquoted one (RFC 5321):
+/// a suppression of either holds for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quoted_spelling_is_the_same_suppressed_address() {
+    let h = Harness::new("suppress-quoted").await;
+    let w = h.start_worker().await;
+    stdout(&mailgate(&h, &["suppress", "add", "victim@corp.example"]).await);
+    for (id, email) in [
+        ("q1", "\"victim\"@corp.example"),
+        ("q2", "\"Vi\\ctim\"@corp.example"),
+        ("q3", "VICTIM@CORP.EXAMPLE"),
+    ] {
+        h.publish(&json!({"id": id, "email": email, "code": "5"}))
+            .await;
+        let r = h.result().await;
+        assert_eq!(r["status"], "suppressed", "{email}: {r}");
+    }
+    w.stop().await.unwrap();
+}

@@ -1,0 +1,29 @@
+--[[
+mailgate suppression list: a bounce's suppression of one address, set only
+where it shortens no suppression in force, in one step (a `mailgate
+suppress add` between a read and a write would otherwise be replaced).
+
+op "bounce"
+  KEYS[1] the suppression key, <prefix>sup:<address>.
+  ARGV[2] the value, "<since_ms> bounce <why>"; ARGV[3] how long it lasts,
+  ms (at least 1).
+  A suppression in force stands if someone made it (its source, the value's
+  second word, is not "bounce"), if it lasts until removed, or if it lasts
+  at least as long; else the key is set to the value for ARGV[3] ms.
+  returns 1 if it set the key, 0 if the one in force stands.
+]]
+if ARGV[1] ~= 'bounce' or #KEYS ~= 1 or #ARGV ~= 3 then
+  return redis.error_reply('mailgate suppression: takes op "bounce", 1 key and 2 arguments')
+end
+local period = tonumber(ARGV[3])
+if not period or period < 1 or not string.find(ARGV[3], '^%d+$') then
+  return redis.error_reply('mailgate suppression bounce: bad period')
+end
+local held = redis.call('GET', KEYS[1])
+if held then
+  local source = string.match(held, '^%d+ (%S+)')
+  local left = redis.call('PTTL', KEYS[1])
+  if source ~= 'bounce' or left < 0 or left >= period then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
