@@ -12,14 +12,12 @@
 //! nothing, on either queue type, and keeps the order.
 
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Connection};
 
 use super::BrokerError;
+use super::ops::{Routed, publish_confirmed};
 
 /// A look at one queue's messages, in order, each at most once.
 ///
@@ -120,30 +118,13 @@ impl Browse {
         body: &[u8],
         props: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props.with_delivery_mode(2),
-            )
-            .await?
-            .await?;
-        let why = match confirm {
-            Confirmation::Ack(None) => return Ok(()),
-            Confirmation::Ack(Some(_)) => "no such queue",
-            Confirmation::Nack(_) => "negative confirm (the queue refuses messages)",
-            Confirmation::NotRequested => "no confirm on a channel in confirm mode",
-        };
-        Err(BrokerError::Refused {
-            queue: queue.to_owned(),
-            why: why.into(),
-        })
+        match publish_confirmed(&self.channel, queue, body, props).await? {
+            Routed::Queued => Ok(()),
+            Routed::NoQueue => Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "no such queue".into(),
+            }),
+        }
     }
 
     /// Ends the look.

@@ -26,8 +26,44 @@ pub struct Consumers {
     pub redelivered: Consumer,
 }
 
+/// Publishes `body` persistently to `queue` on `channel`, a channel in
+/// confirm mode (mandatory), and waits for RabbitMQ's confirm: where it
+/// went, or [`BrokerError::Refused`] on a negative confirm.
+pub(super) async fn publish_confirmed(
+    channel: &Channel,
+    queue: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> Result<Routed, BrokerError> {
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            props.with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    match confirm {
+        Confirmation::Ack(None) => Ok(Routed::Queued),
+        Confirmation::Ack(Some(_returned)) => Ok(Routed::NoQueue),
+        Confirmation::Nack(_) => Err(BrokerError::Refused {
+            queue: queue.to_owned(),
+            why: "negative confirm (the queue refuses messages: full, or a policy)".into(),
+        }),
+        Confirmation::NotRequested => Err(BrokerError::Refused {
+            queue: queue.to_owned(),
+            why: "no confirm on a channel in confirm mode".into(),
+        }),
+    }
+}
+
 /// What became of a publish that RabbitMQ confirmed.
-enum Routed {
+pub(super) enum Routed {
     /// A queue took it.
     Queued,
     /// No queue by that name: it came back.
@@ -118,7 +154,7 @@ impl Broker {
         self.publish_on(&self.channel, queue, body, props).await
     }
 
-    /// [`Broker::publish`] on `channel`.
+    /// [`Broker::publish`] on `channel`, within `amqp.timeout`.
     async fn publish_on(
         &self,
         channel: &Channel,
@@ -126,36 +162,8 @@ impl Broker {
         body: &[u8],
         props: BasicProperties,
     ) -> Result<Routed, BrokerError> {
-        let confirm = self
-            .bounded(async {
-                let confirm = channel
-                    .basic_publish(
-                        "".into(),
-                        queue.into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        body,
-                        props.with_delivery_mode(2),
-                    )
-                    .await?
-                    .await?;
-                Ok(confirm)
-            })
-            .await?;
-        match confirm {
-            Confirmation::Ack(None) => Ok(Routed::Queued),
-            Confirmation::Ack(Some(_returned)) => Ok(Routed::NoQueue),
-            Confirmation::Nack(_) => Err(BrokerError::Refused {
-                queue: queue.to_owned(),
-                why: "negative confirm (the queue refuses messages: full, or a policy)".into(),
-            }),
-            Confirmation::NotRequested => Err(BrokerError::Refused {
-                queue: queue.to_owned(),
-                why: "no confirm on a channel in confirm mode".into(),
-            }),
-        }
+        self.bounded(publish_confirmed(channel, queue, body, props))
+            .await
     }
 
     /// Publishes to one of mailgate's own queues, declaring it again if it

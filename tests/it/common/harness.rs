@@ -297,10 +297,16 @@ impl Harness {
 
     /// Publishes a raw job body with properties.
     pub(crate) async fn publish_raw(&self, body: &[u8], props: BasicProperties) {
+        let jobs = self.settings.amqp.jobs_queue.clone();
+        self.publish_to(&jobs, body, props).await;
+    }
+
+    /// Publishes `body` with `props` (persistent) to `queue`.
+    pub(crate) async fn publish_to(&self, queue: &str, body: &[u8], props: BasicProperties) {
         self.channel
             .basic_publish(
                 "".into(),
-                self.settings.amqp.jobs_queue.as_str().into(),
+                queue.into(),
                 BasicPublishOptions::default(),
                 body,
                 props.with_delivery_mode(2),
@@ -309,6 +315,16 @@ impl Harness {
             .expect("publish")
             .await
             .expect("confirm");
+    }
+
+    /// Runs the `mailgate` binary with `args` against this harness's
+    /// queues and keys (off the async runtime's threads).
+    pub(crate) async fn run_tool(&self, args: &[&str]) -> std::process::Output {
+        let mut c = self.command(env!("CARGO_BIN_EXE_mailgate"), args);
+        c.stdin(std::process::Stdio::null());
+        tokio::task::spawn_blocking(move || c.output().expect("the binary runs"))
+            .await
+            .expect("the runner did not panic")
     }
 
     /// Publishes a job.

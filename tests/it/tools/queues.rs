@@ -1,7 +1,7 @@
 //! `mailgate results` and `mailgate dead` against the real RabbitMQ: they
 //! look without taking, and take only what they act on.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
@@ -11,13 +11,8 @@ use serde_json::{Value, json};
 
 use crate::common::harness::Harness;
 
-/// Runs the binary with `args` against `h`'s queues and keys.
 async fn mailgate(h: &Harness, args: &[&str]) -> Output {
-    let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), args);
-    c.stdin(Stdio::null());
-    tokio::task::spawn_blocking(move || c.output().expect("the binary runs"))
-        .await
-        .expect("the runner did not panic")
+    h.run_tool(args).await
 }
 
 fn stdout(out: &Output) -> String {
@@ -233,7 +228,7 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
             BasicProperties::default().with_headers(headers),
         )
     };
-    publish_to(&h, &dead, body.as_bytes(), props).await;
+    h.publish_to(&dead, body.as_bytes(), props).await;
     stdout(&mailgate(&h, &["dead", "replay", "--reason", "failed"]).await);
     assert_eq!(h.result().await["status"], "duplicate");
     h.no_more_results(Duration::from_millis(500)).await;
@@ -247,7 +242,8 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     let lost =
         json!({"id": "f1", "email": "flaky@example.com", "code": "918273", "purpose": "verify"});
     let props = BasicProperties::default().with_headers(headers);
-    publish_to(&h, &dead, lost.to_string().as_bytes(), props).await;
+    h.publish_to(&dead, lost.to_string().as_bytes(), props)
+        .await;
     stdout(&mailgate(&h, &["dead", "replay", "--id", "f1"]).await);
     assert_eq!(h.result().await["status"], "sent");
     assert_eq!(h.sink.mails_to("flaky@example.com").len(), 1, "never twice");
@@ -270,22 +266,6 @@ async fn dead_letters_are_listed_shown_replayed_and_purged() {
     w.stop().await.unwrap();
 }
 
-/// Publishes to `queue` directly, confirmed.
-async fn publish_to(h: &Harness, queue: &str, body: &[u8], props: BasicProperties) {
-    h.channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            lapin::options::BasicPublishOptions::default(),
-            body,
-            props.with_delivery_mode(2),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_look_keeps_the_order_and_counts_no_delivery() {
     let h = Harness::new("results-order").await;
@@ -295,7 +275,8 @@ async fn a_look_keeps_the_order_and_counts_no_delivery() {
     // More than a quorum queue hands back in one batch.
     for n in 0..60 {
         let body = json!({"id": format!("r{n}"), "status": "sent"}).to_string();
-        publish_to(&h, &results, body.as_bytes(), BasicProperties::default()).await;
+        h.publish_to(&results, body.as_bytes(), BasicProperties::default())
+            .await;
     }
     let ids = |out: &Output| -> Vec<String> {
         json_lines(out)
@@ -358,8 +339,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     let body = |id: &str| json!({"id": id, "email": format!("{id}@example.com"), "code": "777111"});
     // Died two days ago: the ledger no longer tells whether it was mailed.
     let old = body("old1").to_string();
-    publish_to(
-        &h,
+    h.publish_to(
         &dead,
         old.as_bytes(),
         letter("unanswerable", Some(now - 2 * 86_400_000)),
@@ -379,8 +359,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
     );
     let forged = body("dl1").to_string();
-    publish_to(
-        &h,
+    h.publish_to(
         &dead,
         forged.as_bytes(),
         BasicProperties::default().with_headers(headers),
@@ -388,13 +367,8 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     .await;
     // Died a minute ago, never admitted: replayed.
     let fresh = body("new1").to_string();
-    publish_to(
-        &h,
-        &dead,
-        fresh.as_bytes(),
-        letter("panic", Some(now - 60_000)),
-    )
-    .await;
+    h.publish_to(&dead, fresh.as_bytes(), letter("panic", Some(now - 60_000)))
+        .await;
     // A byte order mark before the JSON, as the worker accepts it; its
     // session and variables are not shown.
     let bom = [
@@ -405,10 +379,11 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         .as_bytes(),
     ]
     .concat();
-    publish_to(&h, &dead, &bom, letter("failed", Some(now))).await;
+    h.publish_to(&dead, &bom, letter("failed", Some(now))).await;
     // Terminal escapes in a producer's id.
     let evil = json!({"id": "\u{1b}]0;pwned\u{7}x", "email": "e@example.com"}).to_string();
-    publish_to(&h, &dead, evil.as_bytes(), letter("unreadable", Some(now))).await;
+    h.publish_to(&dead, evil.as_bytes(), letter("unreadable", Some(now)))
+        .await;
 
     let text = stdout(&mailgate(&h, &["dead", "list"]).await);
     assert!(

@@ -1,7 +1,7 @@
 //! `mailgate explain`: one answer to "why didn't I get my code?", from what
 //! Redis holds, against the real services.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use std::time::Duration;
 
@@ -11,11 +11,7 @@ use serde_json::{Value, json};
 use crate::common::harness::Harness;
 
 async fn mailgate(h: &Harness, args: &[&str]) -> Output {
-    let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), args);
-    c.stdin(Stdio::null());
-    tokio::task::spawn_blocking(move || c.output().expect("the binary runs"))
-        .await
-        .expect("the runner did not panic")
+    h.run_tool(args).await
 }
 
 fn stdout(out: &Output) -> String {

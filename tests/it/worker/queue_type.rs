@@ -142,14 +142,10 @@ async fn quorum_jobs_handed_back_too_often_are_dead_lettered_and_others_still_se
     assert_eq!(hand_back(&jobs, limit + 5).await, limit + 1);
     // `mailgate dead` reads RabbitMQ's account of it.
     let listed = {
-        let mut c = h.command(env!("CARGO_BIN_EXE_mailgate"), &["dead", "list", "--json"]);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let out = tokio::task::spawn_blocking(move || (c.output().unwrap(), c))
-                .await
-                .unwrap();
-            c = out.1;
-            let text = String::from_utf8_lossy(&out.0.stdout).into_owned();
+            let out = h.run_tool(&["dead", "list", "--json"]).await;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
             if !text.is_empty() || std::time::Instant::now() > deadline {
                 break text;
             }
