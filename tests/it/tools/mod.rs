@@ -2,6 +2,7 @@
 //! shipped configs, and settings from the environment.
 
 mod cli;
+mod contract;
 mod docs_configs;
 mod example_producer;
 mod layout;
