@@ -30,10 +30,12 @@ fn main() -> ExitCode {
     // One rustls crypto provider, chosen before any connection is made.
     mailgate::tls::install_provider();
     let cli = Cli::parse();
-    let default_filter = if matches!(cli.command, Command::Worker) {
-        "info,lapin=warn"
-    } else {
-        "warn,lapin=error"
+    let default_filter = match cli.command {
+        Command::Worker => "info,lapin=warn",
+        // A purge looks for queues that may not be there: RabbitMQ closes
+        // the channel of each miss, which lapin logs as an error.
+        Command::Admin { .. } => "warn,lapin=error,lapin::channel=off",
+        _ => "warn,lapin=error",
     };
     // The settings load once, before logging starts: the worker exports its
     // spans where they say. A command exports none; settings that do not

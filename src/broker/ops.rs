@@ -1,14 +1,17 @@
 //! What a worker does with RabbitMQ once connected: consuming jobs, and
 //! publishing results, retries, lease waits and dead letters, each
-//! confirmed by the broker before the job it replaces is acknowledged.
+//! confirmed by the broker before the job it replaces is acknowledged;
+//! and, for `mailgate admin purge`, looking at a queue and deleting it.
 
 use std::time::Duration;
 
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Consumer};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, Consumer};
 
 use super::incoming::put_trace;
 use super::{
@@ -68,6 +71,86 @@ pub(super) enum Routed {
     Queued,
     /// No queue by that name: it came back.
     NoQueue,
+}
+
+/// A queue as a passive declare finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueState {
+    /// Its name.
+    pub name: String,
+    /// The messages ready in it (not those handed out and not yet settled).
+    pub messages: u32,
+    /// How many consumers are attached to it.
+    pub consumers: u32,
+}
+
+/// `queue` as it is now, or `None` if there is no such queue: a passive
+/// declare, on a channel of its own (a failed one closes its channel).
+pub async fn queue_state(
+    conn: &Connection,
+    queue: &str,
+) -> Result<Option<QueueState>, BrokerError> {
+    let channel = conn.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    match channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+    {
+        Ok(q) => {
+            let _ = channel.close(200, "done".into()).await;
+            Ok(Some(QueueState {
+                name: queue.to_owned(),
+                messages: q.message_count(),
+                consumers: q.consumer_count(),
+            }))
+        }
+        Err(e) if soft_error(&e) == Some(AMQPSoftError::NOTFOUND) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes `queue`, on a channel of its own, and says how many messages it
+/// held. With `if_unused` RabbitMQ refuses, at once and atomically, while a
+/// consumer is attached ([`BrokerError::Refused`]): only classic queues
+/// offer it (a quorum queue answers `not_implemented`, which closes the
+/// connection).
+pub async fn delete_queue(
+    conn: &Connection,
+    queue: &str,
+    if_unused: bool,
+) -> Result<u32, BrokerError> {
+    let channel = conn.create_channel().await?;
+    let options = QueueDeleteOptions {
+        if_unused,
+        ..QueueDeleteOptions::default()
+    };
+    match channel.queue_delete(queue.into(), options).await {
+        Ok(messages) => {
+            let _ = channel.close(200, "done".into()).await;
+            Ok(messages)
+        }
+        Err(e) if soft_error(&e) == Some(AMQPSoftError::PRECONDITIONFAILED) => {
+            Err(BrokerError::Refused {
+                queue: queue.to_owned(),
+                why: "a consumer is attached to it".into(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The channel-level error RabbitMQ answered with, if `e` is one.
+fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(soft) => Some(soft.clone()),
+            AMQPErrorKind::Hard(_) => None,
+        },
+        _ => None,
+    }
 }
 
 impl Broker {

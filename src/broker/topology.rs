@@ -82,6 +82,36 @@ impl Topology {
         all
     }
 
+    /// `J.wait`, the one lease-wait queue of earlier versions: no longer
+    /// declared, but a deployment that ran them may still have it.
+    pub fn legacy_wait(&self) -> String {
+        format!("{}.wait", self.jobs)
+    }
+
+    /// Every queue `mailgate admin purge` looks for by name: those of
+    /// [`Topology::all`], then [`Topology::legacy_wait`]. (Earlier settings
+    /// may have declared more numbered ones: [`Topology::beyond`].)
+    pub fn purgeable(&self) -> Vec<String> {
+        let mut all = self.all();
+        all.push(self.legacy_wait());
+        all
+    }
+
+    /// The `k`th queue (from 1) past the last of each numbered series, as
+    /// earlier settings of this deployment may have declared them: the
+    /// retry queue of attempt `retries + k` (a larger `retry.max_attempts`
+    /// then), and the lease-wait band `k` doublings past the longest (a
+    /// longer `limits.send_lease`). Each series is numbered without gaps,
+    /// so the first missing one ends it.
+    pub fn beyond(&self, k: u32) -> [String; 2] {
+        let longest = self.wait_bands_ms.last().copied().unwrap_or(1);
+        let band = longest.saturating_mul(1u64.checked_shl(k).unwrap_or(u64::MAX));
+        [
+            self.retry(self.retries.saturating_add(k)),
+            self.wait_band(band),
+        ]
+    }
+
     /// The arguments `queue` is declared with:
     /// - its type, always named, so a vhost whose default type is another
     ///   never picks it (RabbitMQ takes `classic` as equal to no type, so
@@ -288,5 +318,15 @@ mod tests {
                 .iter()
                 .all(|b| all.contains(&format!("j.wait.{b}")))
         );
+    }
+
+    #[test]
+    fn a_purge_also_looks_for_what_earlier_settings_declared() {
+        let t = Topology::new(&settings());
+        let purgeable = t.purgeable();
+        assert_eq!(purgeable.len(), t.all().len() + 1);
+        assert_eq!(purgeable.last().map(String::as_str), Some("j.wait"));
+        assert_eq!(t.beyond(1), ["j.retry.3", "j.wait.64000"]);
+        assert_eq!(t.beyond(2), ["j.retry.4", "j.wait.128000"]);
     }
 }

@@ -1,13 +1,14 @@
 //! The `mailgate` command line: the clap tree, and the tools around the
 //! worker, one file each (`publish`, `results`, `dead`, `job`, `explain`,
 //! `suppress`, `limits`,
-//! `overrides`, `clock`, `probe`, `check_config`; `worker` runs
+//! `overrides`, `clock`, `probe`, `check_config`, `admin`; `worker` runs
 //! [`crate::worker`]).
 //! Each is an edge like `main`: it may use any stage, and it reports errors
 //! as one line with the cause and a hint. This file holds the clap tree,
 //! the dispatch, and what several tools share: reaching RabbitMQ and Redis
 //! with a hint on failure, and writing a duration as the settings do.
 
+mod admin;
 mod check_config;
 mod clock;
 mod dead;
@@ -32,6 +33,7 @@ use crate::ledger::Backend;
 use crate::redact::redact_url;
 use crate::settings::Settings;
 
+pub use admin::{AdminAction, admin};
 pub use check_config::check_config;
 pub use clock::clock;
 pub use dead::{DeadAction, Filter as DeadFilter, Which as DeadWhich, dead};
@@ -178,6 +180,13 @@ pub enum Command {
     },
     /// Ask the local worker's /readyz; exit 0 if it is ready (container health checks).
     Probe,
+    /// Operate on the deployment as a whole: `purge` removes its queues
+    /// and Redis keys.
+    Admin {
+        #[command(subcommand)]
+        /// Purge.
+        action: AdminAction,
+    },
     /// Validate the settings and render every template with sample data.
     CheckConfig {
         /// Also reach RabbitMQ, Redis and SMTP.
@@ -272,6 +281,7 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::CheckConfig { connect } => check_config(settings, connect).await,
         Command::Clock { accept } => clock(settings, accept).await,
         Command::Probe => probe(settings).await,
+        Command::Admin { action } => admin(settings, action).await,
     }
 }
 

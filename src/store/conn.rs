@@ -175,6 +175,85 @@ impl Conn {
     }
 }
 
+/// A server a `SCAN` visits: the one server (or the primary Sentinel
+/// names), or one of a cluster's primaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ScanNode {
+    /// The server the connection reaches.
+    Server,
+    /// A cluster's primary, at `host:port`.
+    Primary(String, u16),
+}
+
+impl std::fmt::Display for ScanNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScanNode::Server => f.write_str("server"),
+            ScanNode::Primary(host, port) => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl Conn {
+    /// The servers a `SCAN` must visit to see every key: on a cluster each
+    /// shard's primary (a `SCAN` sees one node's keys); elsewhere the one
+    /// server.
+    pub(crate) async fn scan_nodes(&self) -> RedisResult<Vec<ScanNode>> {
+        let Conn::Cluster(c) = self else {
+            return Ok(vec![ScanNode::Server]);
+        };
+        let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let replies = c.clone().route_command(redis::cmd("PING"), every).await?;
+        let replies: Vec<(String, Value)> = redis::from_redis_value(replies)?;
+        replies
+            .into_iter()
+            .map(|(addr, _)| {
+                let port = addr
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h, p.parse().ok()?)));
+                port.map(|(host, port)| ScanNode::Primary(host.to_owned(), port))
+                    .ok_or_else(|| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "a cluster node's address",
+                            addr,
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// One page of `SCAN cursor MATCH pattern COUNT count` on `node`: the
+    /// next cursor (0 when the scan is done) and the keys, as bytes (keys
+    /// that are not mailgate's need not be UTF-8).
+    pub(crate) async fn scan_page(
+        &self,
+        node: &ScanNode,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        match (self, node) {
+            (Conn::Cluster(c), ScanNode::Primary(host, port)) => {
+                let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                Ok(redis::from_redis_value(
+                    c.clone().route_command(scan, at).await?,
+                )?)
+            }
+            _ => scan.query_async(&mut self.clone()).await,
+        }
+    }
+}
+
 /// What redis-rs needs of a link's TLS: the CA bundle it trusts instead of
 /// the bundled roots, and the client certificate, as PEM. `None` when
 /// neither is set (the bundled roots, no client certificate).

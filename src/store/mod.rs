@@ -14,5 +14,5 @@ mod error;
 pub mod overrides;
 pub mod scripts;
 
-pub(crate) use self::conn::{Conn, connect};
+pub(crate) use self::conn::{Conn, ScanNode, connect};
 pub use self::error::StoreError;

@@ -366,7 +366,7 @@ fn new_version() -> String {
 
 /// The overrides' hash key.
 fn hash_key(prefix: &str) -> String {
-    format!("{prefix}overrides")
+    crate::limiter::families::overrides_key(prefix)
 }
 
 /// Whether storing `new` over `old` (one field: the same subject as the

@@ -12,12 +12,7 @@ impl RedisLedger {
     /// canary and when it was last refreshed, under the prefix and in one
     /// slot (the prefix's hash tag, or without one `{clock}`).
     fn clock_keys(&self) -> [String; 3] {
-        let mark = format!("{}{{clock}}", self.keys.prefix);
-        [
-            mark.clone(),
-            format!("{mark}:canary"),
-            format!("{mark}:since"),
-        ]
+        crate::limiter::families::clock_keys(&self.keys.prefix)
     }
 
     /// Runs `ledger.lua`'s "clock" as `how`: whether it found a loss (or,

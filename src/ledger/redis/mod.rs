@@ -155,7 +155,7 @@ impl RedisLedger {
 /// the ledger (`calls`), loading it again if Redis lost it: may this user
 /// run it, and write under `prefix`?
 async fn probe(conn: &mut Conn, calls: Calls, prefix: &str) -> redis::RedisResult<()> {
-    let key = format!("{prefix}probe");
+    let key = crate::limiter::families::probe_key(prefix);
     let callee = Callee::ledger(calls);
     let mut call = redis::cmd(callee.command());
     call.arg(callee.name()).arg(1).arg(&key).arg("probe");

@@ -9,6 +9,7 @@
 use super::RedisLedger;
 use crate::domain::EmailAddress;
 use crate::ledger::LedgerError;
+use crate::limiter::families;
 use crate::store::scripts::SUPPRESS;
 
 /// How many suppressions `list` reads at once.
@@ -168,7 +169,7 @@ impl RedisLedger {
     }
 
     fn suppression_index(&self) -> String {
-        format!("{}suppressed", self.keys.prefix)
+        families::suppression_index_key(&self.keys.prefix)
     }
 
     async fn read_suppression(&self, key: &str) -> Result<Option<Suppression>, LedgerError> {
@@ -187,7 +188,7 @@ impl RedisLedger {
         let since_ms = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
         let source = words.next().unwrap_or_default().to_owned();
         let why = words.next().unwrap_or_default().to_owned();
-        let prefix = format!("{}sup:", self.keys.prefix);
+        let prefix = format!("{}{}", self.keys.prefix, families::SUPPRESSION);
         Ok(Some(Suppression {
             mailbox: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
             since_ms,

@@ -4,6 +4,7 @@
 //! the keeps and periods derived from `limits`.
 
 mod applicable;
+pub(crate) mod families;
 
 use super::rules::push_rule_set;
 use super::{CLOCK_SLACK_MS, Request, RuleSet, Scope, ScopeMap, Subject, overrides};
@@ -180,7 +181,7 @@ impl Keyspace {
     pub(crate) fn record_key(&self, id: &JobId) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 4 + id.as_str().len());
         key.push_str(&self.prefix);
-        key.push_str("job:");
+        key.push_str(families::JOB);
         key.push_str(id.as_str());
         key
     }
@@ -233,16 +234,17 @@ impl Keyspace {
             Subject::Email(email) => {
                 let mut key = String::with_capacity(self.prefix.len() + 6 + email.as_str().len());
                 key.push_str(&self.prefix);
-                key.push_str("email:");
+                key.push_str(families::EMAIL);
                 email.push_mailbox_key(&l.normalize, &mut key);
                 key
             }
             Subject::Ip(ip) => format!(
-                "{}ip:{}",
+                "{}{}{}",
                 self.prefix,
+                families::IP,
                 ip.network(l.ipv4_prefix, l.ipv6_prefix)
             ),
-            Subject::Domain(domain) => format!("{}domain:{domain}", self.prefix),
+            Subject::Domain(domain) => format!("{}{}{domain}", self.prefix, families::DOMAIN),
             Subject::Share(domain, ip) => self.share_key(&self.key_of(Subject::Domain(domain)), ip),
         }
     }
@@ -256,7 +258,12 @@ impl Keyspace {
     /// `victim+x@corp.example`, an address an attacker chose, suppress
     /// `victim@corp.example`.
     pub(crate) fn suppression_key(&self, email: &EmailAddress) -> String {
-        format!("{}sup:{}", self.prefix, email.address_key())
+        format!(
+            "{}{}{}",
+            self.prefix,
+            families::SUPPRESSION,
+            email.address_key()
+        )
     }
 
     /// Whether an admission reads its mailbox's suppression key
@@ -309,7 +316,7 @@ impl Keyspace {
         let digest = sha2::Sha256::digest(&requester);
         let mut key = String::with_capacity(self.prefix.len() + 28 + purpose.len() + 64);
         key.push_str(&self.prefix);
-        key.push_str("newest:");
+        key.push_str(families::NEWEST);
         key.push_str(purpose);
         key.push(':');
         for b in &digest[..8] {

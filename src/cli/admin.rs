@@ -1,0 +1,338 @@
+//! `mailgate admin purge`: removes one deployment's queues and Redis keys,
+//! and nothing else.
+//!
+//! The queues are those mailgate declares for these settings
+//! ([`Topology::purgeable`]), and the numbered ones earlier settings may
+//! have declared past them ([`Topology::beyond`]); the keys are those of
+//! mailgate's families under `redis.key_prefix`
+//! ([`families`](crate::limiter::families)), found by `SCAN` on every
+//! primary, so the application's own keys under the same prefix stay.
+//! Left alone: the Redis Function libraries (`mailgate_ledger_*`, which
+//! other deployments on the same Redis may call), the queues jobs name in
+//! `reply_to` (the producers'), and, with `--keep-results`, the results
+//! queue.
+//!
+//! It refuses while anything consumes one of the queues (a worker, or the
+//! application reading results), and then removes nothing: every queue is
+//! looked at before any is deleted, and a classic queue is deleted with
+//! `if-unused`, which RabbitMQ refuses atomically should a consumer have
+//! attached since. (A quorum queue has no `if-unused`: it is looked at
+//! again just before it is deleted.) A worker that starts during the purge
+//! declares its queues again (empty) and writes keys again: the purge
+//! looks for the queues once done, and says so.
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{amqp, in_redis};
+use crate::broker::{self, BrokerError, QueueState, Topology};
+use crate::ledger::Backend;
+use crate::limiter::families::{FAMILIES, family_of, match_under};
+use crate::settings::{QueueType, Settings};
+use crate::store::{self, Conn};
+
+/// How many keys one `SCAN` call looks at, and so at most how many one
+/// `UNLINK` removes.
+const SCAN_COUNT: usize = 1000;
+
+/// How far past the last numbered queue of a series a purge looks: a
+/// series has no gaps, so the first missing one ends it well before.
+const MAX_BEYOND: u32 = 64;
+
+/// `admin`'s actions.
+#[derive(Subcommand, Debug)]
+pub enum AdminAction {
+    /// Remove this deployment's queues and Redis keys: say what would go
+    /// and remove nothing, unless told to (--yes). Refuses while a worker,
+    /// or any other consumer, is attached to one of the queues.
+    Purge {
+        /// Remove them.
+        #[arg(long)]
+        yes: bool,
+        /// Leave the results queue (one the application, or another
+        /// deployment, still uses).
+        #[arg(long)]
+        keep_results: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs an `admin` action, printing what it found or did.
+pub async fn admin(settings: &Settings, action: AdminAction) -> anyhow::Result<bool> {
+    match action {
+        AdminAction::Purge {
+            yes,
+            keep_results,
+            json,
+        } => purge(settings, yes, keep_results, json).await,
+    }
+}
+
+/// What a purge finds, or removed.
+#[derive(Debug, Default)]
+struct Found {
+    /// The deployment's queues, with the messages each holds (held, once
+    /// deleted).
+    queues: Vec<QueueState>,
+    /// How many keys of each of [`FAMILIES`] (`None`: no Redis to look in,
+    /// `memory://`).
+    keys: Option<[u64; FAMILIES.len()]>,
+    /// Keys under the prefix of no family: not mailgate's, left alone.
+    others: u64,
+}
+
+impl Found {
+    fn is_empty(&self) -> bool {
+        self.queues.is_empty() && self.keys.is_none_or(|k| k.iter().all(|&n| n == 0))
+    }
+}
+
+async fn purge(
+    settings: &Settings,
+    yes: bool,
+    keep_results: bool,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let topology = Topology::new(settings);
+    let (conn, _channel) = amqp(settings).await?;
+    let redis = match Backend::is_memory(&settings.redis) {
+        true => None,
+        false => Some(in_redis(settings, store::connect(&settings.redis)).await?),
+    };
+    let mut found = Found {
+        queues: find_queues(&conn, &topology, keep_results).await?,
+        ..Found::default()
+    };
+    refuse_if_consumed(&found.queues, &topology)?;
+    let prefix = &settings.redis.key_prefix;
+    if let Some(redis) = &redis {
+        sweep(redis, prefix, false, &mut found).await?;
+    }
+    if !yes || found.is_empty() {
+        report(settings, &found, Done::Looked, json);
+        return Ok(found.is_empty());
+    }
+    let classic = settings.amqp.queue_type == QueueType::Classic;
+    let mut removed = Found::default();
+    for q in &found.queues {
+        let messages = delete(&conn, q, classic).await.map_err(|e| {
+            let done = removed.queues.len();
+            e.context(format!(
+                "{done} queues were removed before it, no keys; stop every consumer and run again"
+            ))
+        })?;
+        removed.queues.push(QueueState {
+            messages,
+            ..q.clone()
+        });
+    }
+    if let Some(redis) = &redis {
+        sweep(redis, prefix, true, &mut removed).await?;
+    }
+    // A worker that started meanwhile declares every queue again.
+    let mut back = Vec::new();
+    for q in &removed.queues {
+        if broker::queue_state(&conn, &q.name).await?.is_some() {
+            back.push(q.name.clone());
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    report(settings, &removed, Done::Removed, json);
+    if !back.is_empty() {
+        eprintln!(
+            "{} exist again: a worker started during the purge and declared them (and may \
+             have written keys); stop every worker and run the purge again",
+            back.join(", ")
+        );
+    }
+    Ok(back.is_empty())
+}
+
+/// The deployment's queues that exist: those of [`Topology::purgeable`]
+/// (but the results queue, with `keep_results`), then any numbered ones
+/// past them ([`Topology::beyond`]).
+async fn find_queues(
+    conn: &lapin::Connection,
+    topology: &Topology,
+    keep_results: bool,
+) -> anyhow::Result<Vec<QueueState>> {
+    let look = |name: String| async move {
+        broker::queue_state(conn, &name)
+            .await
+            .with_context(|| format!("looking at queue {name:?}"))
+    };
+    let mut queues = Vec::new();
+    for name in topology.purgeable() {
+        if keep_results && name == topology.results {
+            continue;
+        }
+        queues.extend(look(name).await?);
+    }
+    for series in 0..2 {
+        for k in 1..=MAX_BEYOND {
+            let Some(q) = look(topology.beyond(k)[series].clone()).await? else {
+                break;
+            };
+            queues.push(q);
+        }
+    }
+    Ok(queues)
+}
+
+/// Refuses, naming each queue with consumers and how many, if any has
+/// one.
+fn refuse_if_consumed(queues: &[QueueState], topology: &Topology) -> anyhow::Result<()> {
+    let busy: Vec<String> = (queues.iter())
+        .filter(|q| q.consumers > 0)
+        .map(|q| format!("{} has {} consumers", q.name, q.consumers))
+        .collect();
+    if busy.is_empty() {
+        return Ok(());
+    }
+    let results = (queues.iter()).any(|q| q.consumers > 0 && q.name == topology.results);
+    let hint = match results {
+        true => {
+            "; the results queue's may be the application reading results: stop it, or pass \
+             --keep-results to leave that queue"
+        }
+        false => "",
+    };
+    bail!(
+        "refusing to purge while the queues are in use: {} (stop every worker{hint}); nothing \
+         was removed",
+        busy.join(", ")
+    )
+}
+
+/// Deletes `q`: with `if-unused` where RabbitMQ offers it (a classic
+/// queue), else once a last look finds no consumer on it.
+async fn delete(conn: &lapin::Connection, q: &QueueState, classic: bool) -> anyhow::Result<u32> {
+    let in_use = |consumers: u32| {
+        anyhow::anyhow!(
+            "refusing to delete {}: {consumers} consumers attached to it during the purge \
+             (a worker started?)",
+            q.name
+        )
+    };
+    if !classic {
+        match broker::queue_state(conn, &q.name).await? {
+            None => return Ok(0),
+            Some(now) if now.consumers > 0 => return Err(in_use(now.consumers)),
+            Some(_) => {}
+        }
+    }
+    match broker::delete_queue(conn, &q.name, classic).await {
+        Ok(messages) => Ok(messages),
+        Err(BrokerError::Refused { .. }) => Err(in_use(1)),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("deleting queue {:?}", q.name))),
+    }
+}
+
+/// Scans every primary for keys under `prefix`, counting those of each
+/// family (and the others) into `found`, and with `remove` unlinking
+/// mailgate's, a page at a time.
+async fn sweep(redis: &Conn, prefix: &str, remove: bool, found: &mut Found) -> anyhow::Result<()> {
+    let pattern = match_under(prefix);
+    let mut counts = [0u64; FAMILIES.len()];
+    let scanning =
+        |node: &store::ScanNode| format!("scanning Redis ({node}) for keys under {prefix:?}");
+    for node in redis
+        .scan_nodes()
+        .await
+        .context("listing Redis's primaries")?
+    {
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = redis
+                .scan_page(&node, cursor, &pattern, SCAN_COUNT)
+                .await
+                .with_context(|| scanning(&node))?;
+            let mut ours = Vec::with_capacity(keys.len());
+            for key in keys {
+                match family_of(prefix, &key) {
+                    Some(f) => {
+                        counts[f] += 1;
+                        ours.push(key);
+                    }
+                    None => found.others += 1,
+                }
+            }
+            if remove && !ours.is_empty() {
+                redis::cmd("UNLINK")
+                    .arg(&ours)
+                    .query_async::<u64>(&mut redis.clone())
+                    .await
+                    .context("removing keys (UNLINK)")?;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    found.keys = Some(counts);
+    Ok(())
+}
+
+/// Whether a report is of what would be removed, or what was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Looked,
+    Removed,
+}
+
+/// Prints `found`: what would be removed (and that nothing was), or what
+/// was; and what is left alone.
+fn report(settings: &Settings, found: &Found, done: Done, json: bool) {
+    let prefix = &settings.redis.key_prefix;
+    let families = |keys: &[u64; FAMILIES.len()]| -> Vec<(&str, u64)> {
+        (FAMILIES.iter().zip(keys))
+            .filter(|(_, n)| **n > 0)
+            .map(|(f, n)| (f.name, *n))
+            .collect()
+    };
+    let keys = found.keys.as_ref().map(families).unwrap_or_default();
+    if json {
+        let line = json!({
+            "removed": done == Done::Removed,
+            "queues": found.queues.iter().map(|q| json!({"name": q.name, "messages": q.messages})).collect::<Vec<_>>(),
+            "keys": keys.iter().map(|(f, n)| json!({"family": f, "keys": n})).collect::<Vec<_>>(),
+            "key_prefix": prefix,
+            "other_keys_left": found.others,
+        });
+        println!("{line}");
+    } else {
+        let verb = match done {
+            Done::Looked => "would remove",
+            Done::Removed => "removed",
+        };
+        for q in &found.queues {
+            println!("{verb} queue {}  ({} messages)", q.name, q.messages);
+        }
+        for (family, n) in &keys {
+            println!("{verb} {n} keys: {family} under {prefix:?}");
+        }
+    }
+    eprintln!("{}", left_alone(settings, found));
+    match (done, found.is_empty()) {
+        (Done::Looked, true) | (Done::Removed, true) => eprintln!("nothing to remove"),
+        (Done::Looked, false) => eprintln!("nothing removed; run again with --yes"),
+        (Done::Removed, false) => {}
+    }
+}
+
+/// What a purge leaves alone, for people.
+fn left_alone(settings: &Settings, found: &Found) -> String {
+    let keys = match found.keys {
+        None => "redis.url is memory://: no keys to remove".to_owned(),
+        Some(_) => format!(
+            "{} other keys under {:?} (not mailgate's), the Redis Function libraries \
+             mailgate_ledger_* (other deployments on this Redis may use them)",
+            found.others, settings.redis.key_prefix
+        ),
+    };
+    format!("left alone: {keys}, and the queues jobs name in reply_to (the producers')")
+}

@@ -1,0 +1,301 @@
+//! `mailgate admin purge` against the real RabbitMQ and Redis: it removes
+//! one deployment's queues and keys, and nothing of a neighbour whose names
+//! begin like its own, nor the application's keys under its prefix; it
+//! refuses while anything consumes the queues; it says what it would do
+//! without `--yes`; and a second run finds nothing.
+
+use std::collections::BTreeSet;
+use std::process::Output;
+
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection};
+use mailgate::broker::Topology;
+use serde_json::{Value, json};
+
+use crate::common::harness::Harness;
+use crate::common::{PrivateCluster, sync_redis};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn succeeded(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Whether `queue` exists.
+async fn exists(h: &Harness, queue: &str) -> bool {
+    let channel = h.channel_for_checks().await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let found = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .is_ok();
+    let _ = channel.close(200, "ok".into()).await;
+    found
+}
+
+/// Every key that begins with `start` (its glob characters escaped), but
+/// the clock watch's canary (it lapses by itself).
+fn keys_under(start: &str) -> BTreeSet<String> {
+    let mut pattern = String::new();
+    for c in start.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{pattern}*"))
+        .query(&mut sync_redis())
+        .expect("KEYS");
+    keys.into_iter()
+        .filter(|k| !k.ends_with("{clock}:canary"))
+        .collect()
+}
+
+/// One job through a worker of `h`'s, answered `sent`; and a suppression.
+async fn run_a_job(h: &Harness, id: &str) {
+    let w = h.start_worker().await;
+    let job = json!({"id": id, "email": "who@example.com", "ip": "203.0.113.7", "code": "424242"});
+    h.publish(&job).await;
+    assert_eq!(h.result().await["status"], "sent");
+    w.stop().await.unwrap();
+    succeeded(&h.run_tool(&["suppress", "add", "gone@example.com"]).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_one_deployment_and_nothing_of_its_neighbours() {
+    // A prefix with glob characters, and a neighbour whose queue names and
+    // prefix begin with this deployment's.
+    let mut base = String::new();
+    let a = Harness::with("purge", |s| {
+        base = s.redis.key_prefix.clone();
+        s.redis.key_prefix = format!("{base}a*[1]:");
+    })
+    .await;
+    let b = Harness::with("purge2", |s| {
+        s.amqp.jobs_queue = format!("{}2", a.settings.amqp.jobs_queue);
+        s.amqp.results_queue = format!("{}2", a.settings.amqp.results_queue);
+        s.redis.key_prefix = format!("{}x:", a.settings.redis.key_prefix);
+    })
+    .await;
+    run_a_job(&a, "p1").await;
+    succeeded(
+        &a.run_tool(&[
+            "overrides",
+            "add",
+            "ip:203.0.113.7",
+            "--rule",
+            "1h=100",
+            "--reason",
+            "office",
+        ])
+        .await,
+    );
+    run_a_job(&b, "p1").await;
+    let jobs = a.settings.amqp.jobs_queue.clone();
+    let dead = format!("{jobs}.dead");
+    a.publish_to(&dead, b"{}", BasicProperties::default()).await;
+    // Queues of earlier settings: one more retry, and the old wait queue.
+    let old = [
+        a.declare("jobs.retry.5").await,
+        a.declare("jobs.wait").await,
+    ];
+    // The application's keys under the prefix, and one an unescaped glob
+    // of it would match.
+    let prefix = a.settings.redis.key_prefix.clone();
+    let apps = [
+        format!("{prefix}app:1"),
+        format!("{prefix}jobs"),
+        format!("{base}ab1:job:1"),
+    ];
+    for key in &apps {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg("x")
+            .query(&mut sync_redis())
+            .unwrap();
+    }
+    let neighbour = keys_under(&b.settings.redis.key_prefix);
+    assert!(neighbour.len() >= 4, "{neighbour:?}");
+    let mine: BTreeSet<String> = keys_under(&base)
+        .difference(&neighbour)
+        .filter(|k| !apps.contains(k))
+        .cloned()
+        .collect();
+    for family in ["job:p1", "email:", "ip:", "sup:", "suppressed", "overrides"] {
+        let key = format!("{prefix}{family}");
+        assert!(
+            mine.iter().any(|k| k.starts_with(&key)),
+            "{key} in {mine:?}"
+        );
+    }
+    let mut queues = Topology::new(&a.settings).purgeable();
+    queues.extend(old);
+
+    // Without --yes: what it would remove, and nothing removed.
+    let looked = a.run_tool(&["admin", "purge"]).await;
+    assert!(!looked.status.success());
+    let (out, err) = (text(&looked.stdout), text(&looked.stderr));
+    assert!(
+        err.contains("nothing removed; run again with --yes"),
+        "{err}"
+    );
+    assert!(
+        out.contains(&format!("would remove queue {dead}  (1 messages)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("would remove queue {jobs}.retry.5 ")),
+        "{out}"
+    );
+    assert!(out.contains("keys: job records"), "{out}");
+    assert!(err.contains("other keys under"), "{err}");
+    for q in &queues {
+        assert!(exists(&a, q).await, "{q} is still there");
+    }
+    assert!(
+        mine.iter().all(|k| keys_under(k).contains(k)),
+        "no key removed"
+    );
+
+    // With --yes: all of this deployment's, and nothing else.
+    let out = succeeded(&a.run_tool(&["admin", "purge", "--yes"]).await);
+    assert!(
+        out.contains(&format!("removed queue {dead}  (1 messages)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("removed queue {jobs}  (0 messages)")),
+        "{out}"
+    );
+    for q in &queues {
+        assert!(!exists(&a, q).await, "{q} is gone");
+    }
+    for q in Topology::new(&b.settings).all() {
+        assert!(exists(&b, &q).await, "the neighbour's {q} stays");
+    }
+    let left = keys_under(&base);
+    let expected: BTreeSet<String> = neighbour
+        .union(&apps.iter().cloned().collect())
+        .cloned()
+        .collect();
+    assert_eq!(
+        left, expected,
+        "only the neighbour's and the application's keys are left"
+    );
+
+    // Again: nothing to remove.
+    let again = a.run_tool(&["admin", "purge", "--yes", "--json"]).await;
+    let report: Value = serde_json::from_str(succeeded(&again).trim()).unwrap();
+    assert_eq!(report["queues"], json!([]), "{report}");
+    assert_eq!(report["keys"], json!([]), "{report}");
+    assert!(text(&again.stderr).contains("nothing to remove"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_refuses_while_the_queues_are_consumed() {
+    let h = Harness::new("purgebusy").await;
+    let w = h.start_worker().await;
+    let job = json!({"id": "b1", "email": "who@example.com", "code": "424242"});
+    h.publish(&job).await;
+    assert_eq!(h.result().await["status"], "sent");
+    let (jobs, results) = (&h.settings.amqp.jobs_queue, &h.settings.amqp.results_queue);
+    let record = format!("{}job:b1", h.settings.redis.key_prefix);
+
+    let refused = h.run_tool(&["admin", "purge", "--yes"]).await;
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    assert!(err.contains(&format!("{jobs} has 1 consumers")), "{err}");
+    assert!(err.contains("nothing was removed"), "{err}");
+    assert!(exists(&h, jobs).await && exists(&h, results).await);
+    assert!(keys_under(&record).contains(&record), "the record stays");
+    w.stop().await.unwrap();
+
+    // The application reads the results queue: refused, unless it is left.
+    let reader = Connection::connect(&crate::common::harness::amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = reader.create_channel().await.unwrap();
+    let _consumer = channel
+        .basic_consume(
+            results.as_str().into(),
+            "app".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let refused = h.run_tool(&["admin", "purge", "--yes"]).await;
+    let err = text(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains(&format!("{results} has 1 consumers")),
+        "{err}"
+    );
+    assert!(err.contains("--keep-results"), "{err}");
+    let out = succeeded(
+        &h.run_tool(&["admin", "purge", "--yes", "--keep-results"])
+            .await,
+    );
+    assert!(!out.contains(&format!("queue {results} ")), "{out}");
+    assert!(!exists(&h, jobs).await && exists(&h, results).await);
+    assert!(!keys_under(&record).contains(&record), "the record is gone");
+    channel
+        .basic_cancel("app".into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
+    let _ = reader.close(200, "bye".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_finds_keys_on_every_primary_of_a_cluster() {
+    let cluster = PrivateCluster::start();
+    let h = Harness::with("purgecl", |s| s.redis.url = cluster.url().into()).await;
+    let prefix = h.settings.redis.key_prefix.clone();
+    let client =
+        redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}", cluster.ports[0])])
+            .unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let ours: Vec<String> = (0..30)
+        .map(|n| format!("{prefix}job:{n}"))
+        .chain((0..10).map(|n| format!("{prefix}email:m{n}@example.com")))
+        .chain([format!("{prefix}{{clock}}"), format!("{prefix}overrides")])
+        .collect();
+    let theirs = [format!("{prefix}app:1"), format!("{prefix}xjob:1")];
+    for key in ours.iter().chain(&theirs) {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let on_each = |port: u16| -> BTreeSet<String> {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .and_then(|c| c.get_connection())
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut c)
+            .unwrap();
+        keys.into_iter().collect()
+    };
+    let spread = cluster
+        .ports
+        .iter()
+        .filter(|p| !on_each(**p).is_empty())
+        .count();
+    assert!(spread >= 2, "the keys are on {spread} primaries");
+
+    let out = succeeded(&h.run_tool(&["admin", "purge", "--yes"]).await);
+    assert!(out.contains("removed 30 keys: job records"), "{out}");
+    assert!(out.contains("removed 10 keys: mailbox logs"), "{out}");
+    let left: BTreeSet<String> = cluster.ports.iter().flat_map(|p| on_each(*p)).collect();
+    assert_eq!(left, theirs.iter().cloned().collect());
+}
