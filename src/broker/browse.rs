@@ -10,20 +10,33 @@
 //! set one on any) drops it; and it puts what it is handed back at its
 //! tail, each batch of returns in its own order. Publishing again counts
 //! nothing, on either queue type, and keeps the order.
+//!
+//! A copy keeps the original's properties and headers but two: it has no
+//! `user_id` (RabbitMQ refuses a publish whose `user_id` is not the
+//! publisher's own user, so a producer's message that RabbitMQ
+//! dead-lettered itself would stop every look at its queue, and come back
+//! to its head each time, a delivery counted), and it carries
+//! [`LOOK_HEADER`], naming the look that made it.
 
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 
-use super::BrokerError;
+use super::incoming::as_string;
 use super::ops::{Routed, publish_confirmed};
+use super::{BrokerError, LOOK_HEADER};
 
 /// A look at one queue's messages, in order, each at most once.
 ///
 /// Invariants: only as many messages as the queue held when the look
 /// began are taken off it (its depth then), so messages published
-/// meanwhile, and those it publishes again, are not seen; each message
+/// meanwhile, and those it publishes again, are not seen (should another
+/// reader take the rest of the queue meanwhile, the look comes round to
+/// its own copies: it knows them by [`LOOK_HEADER`], hands that one back
+/// and ends, the one delivery it counts); each message
 /// seen is held until [`Browse::take`] removes it or [`Browse::keep`]
 /// publishes it again at the tail, one at a time (so other readers are
 /// held back by at most one message). A copy published again is a new
@@ -40,6 +53,10 @@ pub struct Browse {
     depth: u32,
     /// How many were seen.
     seen: u32,
+    /// This look's name, on the copies it publishes.
+    look: String,
+    /// Whether it came round to its own copies.
+    wrapped: bool,
 }
 
 impl Browse {
@@ -62,6 +79,8 @@ impl Browse {
             queue: queue.to_owned(),
             depth: declared.message_count(),
             seen: 0,
+            look: uuid::Uuid::new_v4().simple().to_string(),
+            wrapped: false,
         })
     }
 
@@ -80,7 +99,7 @@ impl Browse {
     /// many as the queue held at the start were seen, or the queue has no
     /// more to give.
     pub async fn next(&mut self) -> Result<Option<Delivery>, BrokerError> {
-        if self.seen >= self.depth {
+        if self.seen >= self.depth || self.wrapped {
             return Ok(None);
         }
         let got = self
@@ -90,10 +109,28 @@ impl Browse {
                 BasicGetOptions { no_ack: false },
             )
             .await?;
-        Ok(got.map(|m| {
-            self.seen += 1;
-            m.delivery
-        }))
+        let Some(m) = got else {
+            return Ok(None);
+        };
+        if self.made(&m.delivery.properties) {
+            // Come round to its own copies: the rest were taken by another
+            // reader. Handed back to where it was, and the look ends.
+            self.wrapped = true;
+            let back = BasicNackOptions {
+                requeue: true,
+                multiple: false,
+            };
+            m.delivery.nack(back).await?;
+            return Ok(None);
+        }
+        self.seen += 1;
+        Ok(Some(m.delivery))
+    }
+
+    /// Whether this look published the message with `props`.
+    fn made(&self, props: &BasicProperties) -> bool {
+        let header = props.headers().as_ref().and_then(|h| h.inner().get(LOOK_HEADER));
+        header.and_then(as_string).is_some_and(|v| v == self.look)
     }
 
     /// Removes `delivery`, a message this look holds, from the queue.
@@ -105,7 +142,7 @@ impl Browse {
     /// Leaves `delivery`, a message this look holds, in the queue: a copy
     /// at its tail (confirmed), then the original removed.
     pub async fn keep(&self, delivery: &Delivery) -> Result<(), BrokerError> {
-        let props = delivery.properties.clone();
+        let props = kept(&delivery.properties, &self.look);
         self.publish(&self.queue, &delivery.data, props).await?;
         self.take(delivery).await
     }
@@ -131,5 +168,80 @@ impl Browse {
     pub async fn close(self) -> Result<(), BrokerError> {
         self.channel.close(200, "done".into()).await?;
         Ok(())
+    }
+}
+
+/// The properties of a look's copy of a message with `p`: the original's,
+/// less its `user_id` (see the module's doc), with [`LOOK_HEADER`] set to
+/// `look`.
+fn kept(p: &BasicProperties, look: &str) -> BasicProperties {
+    let mut headers = p.headers().clone().unwrap_or_default();
+    headers.insert(
+        LOOK_HEADER.into(),
+        AMQPValue::LongString(LongString::from(look)),
+    );
+    let mut props = BasicProperties::default().with_headers(headers);
+    let text = [
+        (p.content_type(), BasicProperties::with_content_type as fn(_, _) -> _),
+        (p.content_encoding(), BasicProperties::with_content_encoding),
+        (p.correlation_id(), BasicProperties::with_correlation_id),
+        (p.reply_to(), BasicProperties::with_reply_to),
+        (p.expiration(), BasicProperties::with_expiration),
+        (p.message_id(), BasicProperties::with_message_id),
+        (p.kind(), BasicProperties::with_type),
+        (p.app_id(), BasicProperties::with_app_id),
+        (p.cluster_id(), BasicProperties::with_cluster_id),
+    ];
+    for (value, with) in text {
+        if let Some(v) = value {
+            props = with(props, v.clone());
+        }
+    }
+    if let Some(v) = p.delivery_mode() {
+        props = props.with_delivery_mode(*v);
+    }
+    if let Some(v) = p.priority() {
+        props = props.with_priority(*v);
+    }
+    if let Some(v) = p.timestamp() {
+        props = props.with_timestamp(*v);
+    }
+    props
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Properties with every field set, `look` as the look header and
+    /// `user_id` if given.
+    fn every(look: &str, user_id: Option<&str>) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        headers.insert("tenant".into(), AMQPValue::LongString("acme".into()));
+        headers.insert(LOOK_HEADER.into(), AMQPValue::LongString(look.into()));
+        let p = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_content_encoding("utf-8".into())
+            .with_headers(headers)
+            .with_delivery_mode(2)
+            .with_priority(3)
+            .with_correlation_id("c".into())
+            .with_reply_to("r".into())
+            .with_expiration("60000".into())
+            .with_message_id("m".into())
+            .with_timestamp(7)
+            .with_type("t".into())
+            .with_app_id("a".into())
+            .with_cluster_id("k".into());
+        match user_id {
+            Some(u) => p.with_user_id(u.into()),
+            None => p,
+        }
+    }
+
+    #[test]
+    fn a_copy_keeps_all_but_the_user_id_and_names_its_look() {
+        let copy = kept(&every("an earlier look", Some("producer")), "this look");
+        assert_eq!(copy, every("this look", None));
     }
 }

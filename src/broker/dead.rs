@@ -7,8 +7,8 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use super::incoming::{as_string, as_u32, as_u64};
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, ERROR_HEADER, ORIGINAL_HEADER, REASON_HEADER,
-    TICKET_HEADER,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, ERROR_HEADER, LOOK_HEADER, ORIGINAL_HEADER,
+    REASON_HEADER, TICKET_HEADER,
 };
 use crate::domain::DeadReason;
 
@@ -156,6 +156,7 @@ fn dead_letters_own(header: &str) -> bool {
         REASON_HEADER,
         DEAD_AT_HEADER,
         DEATH_HEADER,
+        LOOK_HEADER,
         "x-delivery-count",
     ]
     .contains(&header)
@@ -224,6 +225,7 @@ mod tests {
             "x-mailgate-attempt",
             "x-mailgate-error",
             "x-mailgate-reason",
+            "x-mailgate-look",
             "x-death",
             "x-delivery-count",
             "x-first-death-reason",

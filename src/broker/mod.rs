@@ -105,6 +105,12 @@ pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";
 /// so RabbitMQ interprets none of them.
 pub const ORIGINAL_HEADER: &str = "x-mailgate-original";
 
+/// On a message a look ([`Browse`]) published again: which look did, so
+/// that it knows its own copies should it come round to them (another
+/// reader took the rest of the queue meanwhile). Overwritten by each look;
+/// read by nothing else.
+pub const LOOK_HEADER: &str = "x-mailgate-look";
+
 /// The W3C trace context headers (<https://www.w3.org/TR/trace-context/>):
 /// read from a producer's job, carried on mailgate's copies of it, and
 /// written on its result.

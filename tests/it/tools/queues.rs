@@ -316,6 +316,37 @@ async fn a_look_keeps_the_order_and_counts_no_delivery() {
     }
 }
 
+/// Another reader takes the rest of the queue while a look goes through
+/// it: the look comes round to its own copy, knows it, hands it back and
+/// ends, never showing a message twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_ends_at_its_own_copies_when_another_reader_drains_the_queue() {
+    let h = Harness::new("look-wrap").await;
+    let queue = h.declare("look").await;
+    for n in 0..3 {
+        let body = format!("m{n}");
+        h.publish_to(&queue, body.as_bytes(), BasicProperties::default())
+            .await;
+    }
+    let conn = mailgate::broker::connect_node(&h.settings.amqp, Default::default())
+        .await
+        .unwrap();
+    let mut look = mailgate::broker::Browse::open(&conn, &queue).await.unwrap();
+    let first = look.next().await.unwrap().expect("m0");
+    assert_eq!(first.data, b"m0");
+    look.keep(&first).await.unwrap();
+    for n in 1..3 {
+        let (body, _) = h.next_on(&queue, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(body, format!("m{n}").as_bytes(), "the other reader");
+    }
+    assert!(look.next().await.unwrap().is_none(), "its own copy ends it");
+    assert_eq!(look.unseen(), 2, "two were taken by the other reader");
+    look.close().await.unwrap();
+    let (body, _) = h.next_on(&queue, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(body, b"m0", "the copy is back in the queue");
+    assert!(h.next_on(&queue, Duration::from_millis(200)).await.is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     let h = Harness::new("dead-safe").await;
