@@ -129,7 +129,10 @@ impl Browse {
 
     /// Whether this look published the message with `props`.
     fn made(&self, props: &BasicProperties) -> bool {
-        let header = props.headers().as_ref().and_then(|h| h.inner().get(LOOK_HEADER));
+        let header = props
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(LOOK_HEADER));
         header.and_then(as_string).is_some_and(|v| v == self.look)
     }
 
@@ -182,7 +185,10 @@ fn kept(p: &BasicProperties, look: &str) -> BasicProperties {
     );
     let mut props = BasicProperties::default().with_headers(headers);
     let text = [
-        (p.content_type(), BasicProperties::with_content_type as fn(_, _) -> _),
+        (
+            p.content_type(),
+            BasicProperties::with_content_type as fn(_, _) -> _,
+        ),
         (p.content_encoding(), BasicProperties::with_content_encoding),
         (p.correlation_id(), BasicProperties::with_correlation_id),
         (p.reply_to(), BasicProperties::with_reply_to),

@@ -108,14 +108,13 @@ impl Code {
     }
 
     /// `text` (an error from elsewhere, such as a relay that quotes the
-    /// rejected mail) with this code hidden. A code shorter than 4
-    /// characters is left alone: it would hide unrelated text, and a code
-    /// that short guards nothing.
+    /// rejected mail) with this code hidden: as written, escaped for HTML,
+    /// quoted-printable (lines unfolded), and every base64 run and encoded
+    /// word, which may carry it unsearchably, hidden whole. A code shorter
+    /// than 4 characters is not searched for: it would hide unrelated
+    /// text, and a code that short guards nothing.
     pub fn hide_in(&self, text: &str) -> String {
-        if self.0.chars().count() < 4 {
-            return text.to_owned();
-        }
-        text.replace(&self.0, "***")
+        super::hide::hide(&self.0, text)
     }
 }
 

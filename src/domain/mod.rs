@@ -6,6 +6,7 @@
 
 mod dead_reason;
 mod email;
+mod hide;
 mod ip;
 mod job;
 mod job_id;

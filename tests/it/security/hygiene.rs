@@ -224,3 +224,61 @@ async fn a_bad_otlp_endpoint_is_refused_without_its_password() {
         }
     }
 }
+
+/// A relay that quotes the mail back in its refusal, in the forms the mail
+/// carries the code in (quoted-printable, HTML-escaped, an encoded subject,
+/// a base64 body line): none of them reaches the result, nor the
+/// suppression list where a `5.1.1` keeps its reason for 30 days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_quoting_the_code_in_any_encoding_shows_it_nowhere() {
+    let h = Harness::new("quotedcode").await;
+    // "Your code is Zx=9Qp12 and 12<34>&56", base64, as a body line.
+    let body_line = "WW91ciBjb2RlIGlzIFp4PTlRcDEyIGFuZCAxMjwzND4mNTY=".repeat(2);
+    let subject = "=?utf-8?b?WW91ciBjb2RlIFp4PTlRcDEy?=";
+    let cases = [
+        (
+            "q1",
+            "policy1@example.com",
+            "5.7.1",
+            "Zx=9Qp12",
+            "Zx=3D9Qp12",
+        ),
+        (
+            "q2",
+            "policy2@example.com",
+            "5.7.1",
+            "12<34>&56",
+            "12&lt;34&gt;&amp;56",
+        ),
+        (
+            "q3",
+            "gone@example.com",
+            "5.1.1",
+            "Zx=9Qp12",
+            "Zx=3D9Qp= 12",
+        ),
+    ];
+    for (_, email, enhanced, _, form) in cases {
+        let quoted = format!("{enhanced} refused > {form} / {subject} / {body_line}");
+        h.sink.refuse_saying(email, 550, &quoted);
+    }
+    let w = h.start_worker().await;
+    for (id, email, _, code, form) in cases {
+        h.publish(&serde_json::json!({"id": id, "email": email, "code": code}))
+            .await;
+        let r = h.result().await;
+        assert_eq!(r["status"], "failed", "{r}");
+        let error = r["error"].as_str().unwrap();
+        assert!(error.contains("refused > ***"), "{error}");
+        for leak in [code, form, "WW91ciBjb2Rl"] {
+            assert!(!error.contains(leak), "{leak} in {error}");
+        }
+    }
+    let listed = h.run_tool(&["suppress", "list", "--json"]).await;
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("gone@example.com"), "{listed}");
+    for leak in ["Zx=", "WW91ciBjb2Rl"] {
+        assert!(!listed.contains(leak), "{leak} in {listed}");
+    }
+    w.stop().await.unwrap();
+}

@@ -344,7 +344,11 @@ async fn a_look_ends_at_its_own_copies_when_another_reader_drains_the_queue() {
     look.close().await.unwrap();
     let (body, _) = h.next_on(&queue, Duration::from_secs(5)).await.unwrap();
     assert_eq!(body, b"m0", "the copy is back in the queue");
-    assert!(h.next_on(&queue, Duration::from_millis(200)).await.is_none());
+    assert!(
+        h.next_on(&queue, Duration::from_millis(200))
+            .await
+            .is_none()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
