@@ -96,6 +96,15 @@ async fn purge(
     keep_results: bool,
     json: bool,
 ) -> anyhow::Result<bool> {
+    if settings.redis.key_prefix.is_empty() && !Backend::is_memory(&settings.redis) {
+        // Every family would then be matched across the whole database:
+        // another application's `job:…`, `email:…` or `overrides`.
+        bail!(
+            "redis.key_prefix is empty, so this deployment's keys cannot be told from those of \
+             anything else in the database; nothing was removed (set the prefix the workers \
+             use; an empty MAILGATE__REDIS__KEY_PREFIX replaces the default)"
+        );
+    }
     let topology = Topology::new(settings);
     let (conn, _channel) = amqp(settings).await?;
     let redis = match Backend::is_memory(&settings.redis) {

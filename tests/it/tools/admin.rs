@@ -213,6 +213,17 @@ async fn purge_refuses_while_the_queues_are_consumed() {
     assert!(!refused.status.success());
     let err = text(&refused.stderr);
     assert!(err.contains(&format!("{jobs} has 1 consumers")), "{err}");
+    // An empty prefix would match every family across the database.
+    let mut unprefixed = h.command(env!("CARGO_BIN_EXE_mailgate"), &["admin", "purge", "--yes"]);
+    unprefixed.env("MAILGATE__REDIS__KEY_PREFIX", "");
+    let refused = tokio::task::spawn_blocking(move || unprefixed.output().unwrap())
+        .await
+        .unwrap();
+    let why = text(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("key_prefix is empty"),
+        "{why}"
+    );
     assert!(err.contains("nothing was removed"), "{err}");
     assert!(exists(&h, jobs).await && exists(&h, results).await);
     assert!(keys_under(&record).contains(&record), "the record stays");
