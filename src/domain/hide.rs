@@ -2,58 +2,256 @@
 //! that refuses a mail at the end of DATA may quote the message back, and
 //! the mail carries the code as the templates wrote it, then as the
 //! transfer encoding wrote that: escaped for HTML, quoted-printable (its
-//! lines folded with soft breaks), or base64 (the body, or an RFC 2047
-//! encoded word in the subject). Text refused in any of those forms must
-//! not carry the code on into logs, results and the suppression list.
+//! lines folded with soft breaks), or base64 (the body, or RFC 2047
+//! encoded words in the subject). The relay may then cut its reply into
+//! lines anywhere, which lettre joins with spaces. Text refused in any of
+//! those forms must not carry the code on into logs, results and the
+//! suppression list.
+//!
+//! So the text is searched twice: as it is, and as a *view* without its
+//! whitespace and soft breaks, where whatever the folding cut is whole
+//! again. In the view, the code's textual forms are looked for, and each
+//! base64 run and run of encoded words is decoded and hidden if what it
+//! holds has the code; nothing else is touched.
 
-/// How long a run of base64 characters must be to be taken for an
-/// encoded body line (76 characters a line) and hidden whole.
-const BASE64_RUN: usize = 40;
+use std::ops::Range;
 
-/// `text` with `code` hidden (`***`) in each form a mail carries it in
-/// (whole, or folded over two lines), and
-/// with every base64 run and encoded word (which may carry it where no
-/// search can find it) replaced. A code shorter than 4 characters is not
-/// searched for: it would hide unrelated text.
+/// `text` with `code` hidden (`***`) wherever the mail's forms of it
+/// appear, whole or folded. A code shorter than 4 characters is not
+/// searched for: it would hide unrelated text, and a code that short
+/// guards nothing.
 pub(super) fn hide(code: &str, text: &str) -> String {
-    let text = hide_encoded_words(text);
-    let mut text = hide_base64_runs(&text);
-    if code.chars().count() >= 4 {
-        for form in forms(code) {
-            text = text.replace(&form, "***");
-            // Folded by a quoted-printable soft break anywhere in it.
-            for (at, _) in form.char_indices().skip(1) {
-                for soft in SOFT_BREAKS {
-                    let folded = format!("{}{soft}{}", &form[..at], &form[at..]);
-                    if text.contains(&folded) {
-                        text = text.replace(&folded, "***");
-                    }
-                }
+    if code.chars().count() < 4 {
+        return text.to_owned();
+    }
+    let html = escape_html(code);
+    let decoded = [code.as_bytes(), html.as_bytes()];
+    let view = View::of(text);
+    let mut spans = Vec::new();
+    for form in forms(code, &html) {
+        spans.extend(text.match_indices(&form).map(|(at, f)| at..at + f.len()));
+        let folded = view.text.match_indices(&form);
+        spans.extend(folded.map(|(at, f)| view.original(at..at + f.len())));
+    }
+    spans.extend(encoded_words(&view, &decoded));
+    spans.extend(base64_runs(text, &view, &decoded));
+    replace(text, spans)
+}
+
+/// The textual forms of a code in a mail: as written, escaped for HTML (as
+/// minijinja escapes), and each of those quoted-printable (upper-case hex
+/// as lettre writes it, lower-case as a relay may).
+fn forms(code: &str, html: &str) -> Vec<String> {
+    let mut forms = vec![code.to_owned(), html.to_owned()];
+    for s in [code, html] {
+        let qp = quoted_printable(s);
+        forms.push(lower_hex(&qp));
+        forms.push(qp);
+    }
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+/// The text without whitespace and without the `=` of quoted-printable
+/// soft breaks, with where each of its bytes was.
+struct View {
+    text: String,
+    /// The offset in the original text of each byte of `text`.
+    at: Vec<usize>,
+}
+
+impl View {
+    fn of(original: &str) -> View {
+        let mut view = View {
+            text: String::with_capacity(original.len()),
+            at: Vec::with_capacity(original.len()),
+        };
+        let mut chars = original.char_indices().peekable();
+        let mut last = ' ';
+        while let Some((at, c)) = chars.next() {
+            // A soft break: `=` at a line's end (or before the space lettre
+            // joins a reply's lines with), but not the end of an encoded
+            // word (`?=`).
+            let soft_break =
+                c == '=' && last != '?' && chars.peek().is_some_and(|(_, n)| n.is_whitespace());
+            last = c;
+            if c.is_whitespace() || soft_break {
+                continue;
+            }
+            view.text.push(c);
+            view.at.extend((0..c.len_utf8()).map(|k| at + k));
+        }
+        view
+    }
+
+    /// The original text's bytes that the view's `range` came from (with
+    /// whatever whitespace lay between them).
+    fn original(&self, range: Range<usize>) -> Range<usize> {
+        self.at[range.start]..self.at[range.end - 1] + 1
+    }
+}
+
+/// The spans of runs of RFC 2047 encoded words (`=?charset?B|Q?…?=`, one
+/// after another in the view) whose decoded text holds one of `needles`.
+fn encoded_words(view: &View, needles: &[&[u8]]) -> Vec<Range<usize>> {
+    let mut words: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    let mut from = 0;
+    while let Some(found) = view.text[from..].find("=?") {
+        let start = from + found;
+        match encoded_word(&view.text[start..]) {
+            Some((len, bytes)) => {
+                words.push((start..start + len, bytes));
+                from = start + len;
+            }
+            None => from = start + 2,
+        }
+    }
+    let mut spans = Vec::new();
+    let mut run: Option<(Range<usize>, Vec<u8>)> = None;
+    for (range, bytes) in words {
+        run = match run {
+            Some((r, mut held)) if r.end == range.start => {
+                held.extend(bytes);
+                Some((r.start..range.end, held))
+            }
+            other => {
+                spans.extend(
+                    other
+                        .filter(|(_, held)| holds(held, needles))
+                        .map(|(r, _)| r),
+                );
+                Some((range, bytes))
+            }
+        };
+    }
+    spans.extend(run.filter(|(_, held)| holds(held, needles)).map(|(r, _)| r));
+    spans.into_iter().map(|r| view.original(r)).collect()
+}
+
+/// The length of the encoded word `word` begins with, and what it holds.
+fn encoded_word(word: &str) -> Option<(usize, Vec<u8>)> {
+    let (charset, after) = word.strip_prefix("=?")?.split_once('?')?;
+    let (encoding, after) = after.split_once('?')?;
+    let text = &after[..after.find("?=")?];
+    if charset.is_empty() {
+        return None;
+    }
+    let bytes = match encoding {
+        "B" | "b" => decode_base64(text.as_bytes()),
+        "Q" | "q" => decode_q(text.as_bytes()),
+        _ => return None,
+    };
+    Some((
+        2 + charset.len() + 1 + encoding.len() + 1 + text.len() + 2,
+        bytes,
+    ))
+}
+
+/// The spans of runs of base64 characters in the view (at least 8) that,
+/// decoded from any of the four alignments, hold one of `needles`, with
+/// the padding the view took for a soft break.
+fn base64_runs(text: &str, view: &View, needles: &[&[u8]]) -> Vec<Range<usize>> {
+    let is_b64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=');
+    let bytes = view.text.as_bytes();
+    let mut spans = Vec::new();
+    let mut start = 0;
+    while start < bytes.len() {
+        let len = bytes[start..].iter().take_while(|&&b| is_b64(b)).count();
+        if len >= 8 {
+            let run = &bytes[start..start + len];
+            if (0..4).any(|skip| holds(&decode_base64(&run[skip..]), needles)) {
+                let span = view.original(start..start + len);
+                let padding = text[span.end..].bytes().take_while(|&b| b == b'=').count();
+                spans.push(span.start..span.end + padding);
+            }
+        }
+        start += len.max(1);
+    }
+    spans
+}
+
+/// Whether `haystack` holds one of `needles`.
+fn holds(haystack: &[u8], needles: &[&[u8]]) -> bool {
+    needles
+        .iter()
+        .any(|n| !n.is_empty() && haystack.windows(n.len()).any(|w| w == *n))
+}
+
+/// `s` decoded as base64, leniently: each group of four decoded on its own
+/// (a group cut short by `=` gives what it has), anything else skipped.
+fn decode_base64(s: &[u8]) -> Vec<u8> {
+    let sextet = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    for group in s.chunks_exact(4) {
+        let sextets: Vec<u8> = group.iter().map_while(|&c| sextet(c)).collect();
+        let n = (sextets.iter())
+            .chain(std::iter::repeat(&0))
+            .take(4)
+            .fold(0u32, |n, &v| n << 6 | u32::from(v));
+        let [_, a, b, c] = n.to_be_bytes();
+        out.extend_from_slice(&[a, b, c][..sextets.len().saturating_sub(1)]);
+    }
+    out
+}
+
+/// `s` decoded as an encoded word's Q encoding (`_` a space, `=XX` a byte).
+fn decode_q(s: &[u8]) -> Vec<u8> {
+    let hex = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match (
+            s[i],
+            s.get(i + 1).copied().and_then(hex),
+            s.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'=', Some(h), Some(l)) => {
+                out.push(h << 4 | l);
+                i += 3;
+            }
+            (b'_', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
             }
         }
     }
-    text
+    out
 }
 
-/// A quoted-printable soft line break, as a relay's reply may carry it:
-/// the line's end as the mail had it, or as lettre joins the lines of a
-/// multi-line reply (a space).
-const SOFT_BREAKS: [&str; 3] = ["=\r\n", "=\n", "= "];
-
-/// The forms a code takes in a mail: as written, escaped for HTML (as
-/// minijinja escapes), and each of those quoted-printable (as lettre
-/// encodes: uppercase hex). Longest first, so no form is cut by another.
-fn forms(code: &str) -> Vec<String> {
-    let html = escape_html(code);
-    let mut forms = vec![
-        quoted_printable(&html),
-        quoted_printable(code),
-        html,
-        code.to_owned(),
-    ];
-    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
-    forms.dedup();
-    forms
+/// `text` with each of `spans` (merged where they touch) replaced by `***`.
+fn replace(text: &str, mut spans: Vec<Range<usize>>) -> String {
+    spans.sort_by_key(|r| (r.start, r.end));
+    let mut out = String::with_capacity(text.len());
+    // The end of the last span hidden, once one is.
+    let mut done: Option<usize> = None;
+    for span in spans {
+        match done {
+            Some(end) if span.start <= end => done = Some(end.max(span.end)),
+            _ => {
+                out.push_str(&text[done.unwrap_or(0)..span.start]);
+                out.push_str("***");
+                done = Some(span.end);
+            }
+        }
+    }
+    out.push_str(&text[done.unwrap_or(0)..]);
+    out
 }
 
 /// `s` as minijinja's HTML auto-escaping writes it.
@@ -86,75 +284,41 @@ fn quoted_printable(s: &str) -> String {
     out
 }
 
-/// `text` with each RFC 2047 encoded word (`=?charset?B|Q?…?=`) replaced
-/// by `=?…?=`.
-fn hide_encoded_words(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("=?") {
-        let word = &rest[start..];
-        // charset ? encoding ? text ?=
-        let end = encoded_word_len(word);
-        out.push_str(&rest[..start]);
-        match end {
-            Some(len) => {
-                out.push_str("=?…?=");
-                rest = &word[len..];
-            }
-            None => {
-                out.push_str("=?");
-                rest = &word[2..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The length of the encoded word `word` begins with, if it begins with one.
-fn encoded_word_len(word: &str) -> Option<usize> {
-    let (charset, after) = word.strip_prefix("=?")?.split_once('?')?;
-    let (encoding, after) = after.split_once('?')?;
-    let text = &after[..after.find("?=")?];
-    let token = |s: &str| !s.is_empty() && !s.contains(|c: char| c.is_whitespace() || c == '?');
-    let word = token(charset)
-        && matches!(encoding, "B" | "b" | "Q" | "q")
-        && !text.contains(char::is_whitespace);
-    word.then_some(2 + charset.len() + 1 + encoding.len() + 1 + text.len() + 2)
-}
-
-/// `text` with each run of at least [`BASE64_RUN`] base64 characters
-/// replaced by `[base64]`.
-fn hide_base64_runs(text: &str) -> String {
-    let is_b64 = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=');
-    let mut out = String::with_capacity(text.len());
-    let mut run = String::new();
-    let flush = |run: &mut String, out: &mut String| {
-        if run.len() >= BASE64_RUN {
-            out.push_str("[base64]");
+/// `qp` with the hex digits of its `=XX` escapes in lower case.
+fn lower_hex(qp: &str) -> String {
+    let mut out = String::with_capacity(qp.len());
+    let mut escape = 0;
+    for c in qp.chars() {
+        if c == '=' {
+            escape = 2;
+            out.push(c);
+        } else if escape > 0 {
+            escape -= 1;
+            out.push(c.to_ascii_lowercase());
         } else {
-            out.push_str(run);
-        }
-        run.clear();
-    };
-    for c in text.chars() {
-        if is_b64(c) {
-            run.push(c);
-        } else {
-            flush(&mut run, &mut out);
             out.push(c);
         }
     }
-    flush(&mut run, &mut out);
     out
 }
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+
     use super::*;
 
+    /// Asserts `code` is hidden in `quoted`, and no piece of it is left.
+    fn hidden(code: &str, quoted: &str) -> String {
+        let out = hide(code, quoted);
+        assert!(out.contains("***"), "{code}: {out}");
+        assert!(!View::of(&out).text.contains(code), "{code}: {out}");
+        out
+    }
+
     #[test]
-    fn every_form_of_the_code_is_hidden() {
+    fn every_form_of_the_code_is_hidden_whole_or_folded() {
         for (code, quoted) in [
             ("PLAIN4455", "550 5.7.1 your mail said PLAIN4455, refused"),
             ("Zx=9Qp12", "550 5.7.1 > Your code: Zx=3D9Qp12"),
@@ -162,39 +326,50 @@ mod tests {
             ("12<34>&56", "550 5.7.1 > <b>12&lt;34&gt;&amp;56</b>"),
             ("a/b'c\"d", "550 5.7.1 > a&#x2f;b&#x27;c&quot;d"),
             ("<é>&1", "550 5.7.1 > &lt;=C3=A9&gt;&amp;1"),
+            ("Zé1=Q9x/", "550 5.7.1 rejected: Z=c3=a91=3dQ9x&#x2f;"),
             ("ZZZZ99887766", "550 5.7.1 > is ZZZZ998=\r\n87766 ok"),
             ("ZZZZ99887766", "550 5.7.1 > is ZZZZ998= 87766 ok"),
             ("Zx=9Qp12", "550 5.7.1 > is Zx=3D9Q=\np12 ok"),
+            ("482915", "5.7.1 rejected content: ...48 29 15 end"),
+            ("abc=", "550 your code abc= was refused"),
         ] {
-            let hidden = hide(code, quoted);
-            assert!(hidden.contains("***"), "{code}: {hidden}");
-            for form in forms(code) {
-                assert!(!hidden.contains(&form), "{code}: {hidden}");
-            }
-            for piece in ["998", "Q=", "87766", "p12", "4455", "8a7b6c5", "34", "#x2f"] {
-                assert!(!hidden.contains(piece), "{code}: {hidden}");
+            let out = hidden(code, quoted);
+            for piece in [
+                "998", "87766", "p12", "4455", "8a7b6c5", "34", "#x2f", "Q9x", "48 29",
+            ] {
+                assert!(!out.contains(piece), "{code}: {out}");
             }
         }
     }
 
     #[test]
-    fn encoded_words_and_base64_runs_are_hidden_whatever_the_code() {
-        let subject = "550 5.7.1 > Subject: =?utf-8?b?w7w4YTdiNmM1?= (refused)";
-        assert_eq!(
-            hide("ü8a7b6c5", subject),
-            "550 5.7.1 > Subject: =?…?= (refused)"
-        );
-        let body = format!(
-            "550 5.7.1 > {}\r\n> 5L2g55qE",
-            "5L2g55qE6aqM6K+B56CB5piv77yaMTIzNDU2".repeat(2)
-        );
-        assert_eq!(hide("123456", &body), "550 5.7.1 > [base64]\r\n> 5L2g55qE");
+    fn base64_and_encoded_words_holding_the_code_are_hidden_even_cut_up() {
+        let line = STANDARD.encode("验证码：736251\r\n\r\n如果不是您本人操作，请忽略。");
+        let (a, b) = line.split_at(30);
+        let out = hidden("736251", &format!("550 5.7.1 > {a} {b} (end)"));
+        assert_eq!(out, "550 5.7.1 > *** (end)");
+        // A body line the code begins, the next line ends.
+        let body = STANDARD.encode("0123456789ab Your code: 736251 thanks");
+        let (a, b) = body.split_at(28);
+        hidden("736251", &format!("550 > {a}\r\n550 > {b}"));
+        // A subject lettre folded into two words, cut inside the code.
+        let subject = "=?utf-8?b?6aqM6K+B56CB77yaNzM2?= =?utf-8?b?MjUx?=";
+        let out = hidden("736251", &format!("550 > Subject: {subject} (refused)"));
+        assert_eq!(out, "550 > Subject: *** (refused)");
+        // One word cut by the relay's reply lines; and Q encoding.
+        hidden("736251", "550 > =?utf-8?b?6aqM6K+B56C B77yaNzM2MjUx?=");
+        hidden("736251", "550 > =?utf-8?q?code_=37=33=36251?=");
     }
 
     #[test]
     fn the_rest_of_the_text_is_left_as_it_was() {
-        let text = "550 5.1.1 <victim@example.com>: Recipient address rejected: User unknown (=?x)";
-        assert_eq!(hide("493817", text), text);
+        for text in [
+            "550 5.1.1 <victim@example.com>: Recipient address rejected: User unknown (=?x)",
+            "550 5.1.1 <badxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx@example.net>: unknown",
+            "550 5.7.1 > Subject: =?utf-8?b?6aqM6K+B56CB77ya?= and V2VsY29tZSB0byBBY21lIQ==",
+        ] {
+            assert_eq!(hide("493817", text), text);
+        }
         assert_eq!(
             hide("abc", "abc is too short to hide"),
             "abc is too short to hide"

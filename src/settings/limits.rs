@@ -131,9 +131,10 @@ pub struct LimitSettings {
     /// a `supersede` of their own; default false.
     pub supersede: bool,
     /// How far apart two jobs' made times (`created_at`, else the publish
-    /// time) must be for the times to say which is the newer; closer, the
-    /// later admission is. Producers' clocks disagree, and the AMQP
-    /// timestamp has whole seconds. Default 2 s, at most an hour.
+    /// time) must be for the times to say which is the newer; closer,
+    /// neither supersedes the other and both are mailed. Producers' clocks
+    /// disagree, and the AMQP timestamp has whole seconds. Default 2 s, at
+    /// most an hour.
     #[serde(deserialize_with = "human_duration")]
     pub supersede_skew: Duration,
     /// What a result tells about the scopes its requester does not own
