@@ -57,6 +57,18 @@ pub enum TemplateError {
     /// No template set has this purpose (the job is answered `invalid`).
     #[error("unknown purpose {0:?}: no template set has that name")]
     UnknownPurpose(String),
+    /// `[limits.purpose.<name>]` names a purpose no template set has: a
+    /// typo, whose rules would never apply.
+    #[error(
+        "limits.purpose.{purpose}: no template set is named {purpose:?}, so these rules would \
+         never apply (template sets: {known}); fix the name, or add templates/{purpose}/"
+    )]
+    LimitsOfUnknownPurpose {
+        /// The name in the settings.
+        purpose: String,
+        /// The purposes there are templates for, comma-separated.
+        known: String,
+    },
 }
 
 /// The loaded templates.
@@ -183,6 +195,23 @@ impl Templates {
     /// The purposes there are templates for.
     pub fn purposes(&self) -> impl Iterator<Item = &str> {
         self.locales.keys().map(String::as_str)
+    }
+
+    /// Refuses rules of their own (`limits.purpose.<name>`) for a purpose
+    /// no template set has: no job of it could be mailed, so the rules
+    /// could only be a misspelt name of another purpose, whose stricter
+    /// rules would then silently not apply.
+    pub fn check_purposes<'a>(
+        &self,
+        named: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), TemplateError> {
+        match named.into_iter().find(|p| !self.locales.contains_key(*p)) {
+            None => Ok(()),
+            Some(purpose) => Err(TemplateError::LimitsOfUnknownPurpose {
+                purpose: purpose.to_owned(),
+                known: self.purposes().collect::<Vec<_>>().join(", "),
+            }),
+        }
     }
 
     /// Every `(purpose, locale)` template set.
@@ -447,6 +476,16 @@ mod tests {
         let other = Name::parse("purpose", "other").unwrap();
         assert!(!t.has_purpose(&other));
         assert_eq!(t.resolve_locale(&other, None), None);
+    }
+
+    #[test]
+    fn rules_of_a_purpose_without_templates_are_refused() {
+        let (_d, s) = set(OK);
+        let t = Templates::load(&s).unwrap();
+        assert!(t.check_purposes(["verify"]).is_ok());
+        let err = t.check_purposes(["verify", "verfy"]).unwrap_err().to_string();
+        assert!(err.starts_with("limits.purpose.verfy: no template set"), "{err}");
+        assert!(err.contains("(template sets: verify)"), "{err}");
     }
 
     #[test]

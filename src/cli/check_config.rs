@@ -15,6 +15,10 @@ use crate::templates::Templates;
 pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<bool> {
     let templates = Templates::load(&settings.templates)
         .with_context(|| format!("templates in {}", settings.templates.dir.display()))?;
+    templates.check_purposes(settings.limits.purpose.keys().map(String::as_str))?;
+    // smtp.url and smtp.from are read by the mailer: checked before the
+    // settings are said to be ok.
+    let mailer = Mailer::new(&settings.smtp)?;
     let sets: Vec<String> = templates.sets().map(|(p, l)| format!("{p}/{l}")).collect();
     println!("settings: ok");
     println!(
@@ -22,7 +26,6 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         sets.len(),
         sets.join(", ")
     );
-    let mailer = Mailer::new(&settings.smtp)?;
     for warning in settings.warnings() {
         println!("warning: {warning}");
     }

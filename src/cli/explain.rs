@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::job::{record_json, state_words};
 use super::limits::{render_usage, usage_json};
-use super::{letters, limiter, short_duration, time_left};
+use super::{known_purpose, letters, limiter, short_duration, time_left};
 use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain};
 use crate::ledger::{Admitted, Backend, RedisLedger, Suppression};
 use crate::limiter::{Clock, Quotas, Subject, Usage};
@@ -49,7 +49,7 @@ pub async fn explain(
 ) -> anyhow::Result<bool> {
     let email = EmailAddress::parse(email).context("--email")?;
     let ip = ip.map(IpKey::parse).transpose().context("--ip")?;
-    let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
+    let purpose = purpose.map(|p| known_purpose(settings, p)).transpose()?;
     let Backend::Redis(ledger) = limiter(settings).await? else {
         bail!("redis.url is memory://: the limits live inside the worker process");
     };

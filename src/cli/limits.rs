@@ -5,8 +5,8 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{limiter, short_duration};
-use crate::domain::{EmailAddress, IpKey, Name, RegistrableDomain};
+use super::{known_purpose, limiter, short_duration};
+use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
 use crate::limiter::{Clock, Quotas, Scope, Subject, Usage};
 use crate::settings::Settings;
 
@@ -126,7 +126,7 @@ pub async fn limits_show(
     who: &Named,
     purpose: Option<&str>,
 ) -> anyhow::Result<Usage> {
-    let purpose = purpose.map(|p| Name::parse("purpose", p)).transpose()?;
+    let purpose = purpose.map(|p| known_purpose(settings, p)).transpose()?;
     let limiter = limiter(settings).await?;
     Ok(limiter
         .usage(who.subject(), purpose.as_ref(), Clock::Server)

@@ -29,9 +29,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::broker;
+use crate::domain::Name;
 use crate::ledger::Backend;
 use crate::redact::redact_url;
 use crate::settings::Settings;
+use crate::templates::Templates;
 
 pub use admin::{AdminAction, admin};
 pub use check_config::check_config;
@@ -314,6 +316,27 @@ async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
 
 /// Connects the limiter with a hint on failure (one attempt: a tool should
 /// fail fast, unlike the worker).
+/// `purpose` parsed, once a template set of this deployment is found to
+/// have it: the rules of a misspelt purpose would be shown as the
+/// defaults, as if they were its own.
+fn known_purpose(settings: &Settings, purpose: &str) -> anyhow::Result<Name> {
+    let name = Name::parse("purpose", purpose)?;
+    let dir = settings.templates.dir.display();
+    let templates = Templates::load(&settings.templates).with_context(|| {
+        format!(
+            "--purpose is checked against the template sets, and templates in {dir} do not load"
+        )
+    })?;
+    if !templates.has_purpose(&name) {
+        let known: Vec<&str> = templates.purposes().collect();
+        bail!(
+            "unknown purpose {purpose:?}: no template set in {dir} has that name (purposes: {})",
+            known.join(", ")
+        );
+    }
+    Ok(name)
+}
+
 async fn limiter(settings: &Settings) -> anyhow::Result<Backend> {
     in_redis(settings, Backend::open(&settings.redis, &settings.limits)).await
 }

@@ -167,10 +167,13 @@ impl Mailer {
     /// Builds the transport from settings. Does not connect: connections are
     /// opened on demand and at most `pool_size` exist at once.
     pub fn new(settings: &SmtpSettings) -> Result<Self, MailError> {
-        let from: Mailbox = settings
-            .from
-            .parse()
-            .map_err(|e| MailError::Config(format!("smtp.from {:?}: {e}", settings.from)))?;
+        let from: Mailbox = settings.from.parse().map_err(|e| {
+            MailError::Config(format!(
+                "smtp.from {:?}: {e} (expected a mailbox, e.g. \"Acme <no-reply@acme.example>\" \
+                     or \"no-reply@acme.example\")",
+                settings.from
+            ))
+        })?;
         let relays = settings
             .relay_list()
             .map_err(|e| MailError::Config(crate::report::one_line(&e)))?;

@@ -11,7 +11,7 @@ use crate::ledger::{Backend, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Pipeline, Stopping};
 use crate::redact::redact_url;
-use crate::settings::{LimitSettings, RedisSettings, Settings, TemplateSettings};
+use crate::settings::{LimitSettings, RedisSettings, Settings};
 use crate::telemetry;
 use crate::templates::Templates;
 
@@ -24,7 +24,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     crate::telemetry::prometheus();
     crate::telemetry::register();
     let endpoint = Endpoint::bind(&settings.http).await?;
-    let templates = load_templates(&settings.templates)?;
+    let templates = load_templates(&settings)?;
     let mailer = Mailer::new(&settings.smtp)?;
     warn_of(settings, &mailer);
     let ledger = open_ledger(&settings.redis, &settings.limits, &endpoint.starting).await?;
@@ -39,10 +39,14 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     Ok(Worker::new(settings, pipeline, stopping, endpoint))
 }
 
-/// The templates, each checked.
-fn load_templates(templates: &TemplateSettings) -> anyhow::Result<Templates> {
-    Templates::load(templates)
-        .with_context(|| format!("loading templates from {}", templates.dir.display()))
+/// The templates, each checked, and every purpose with rules of its own
+/// one of theirs.
+fn load_templates(settings: &Settings) -> anyhow::Result<Templates> {
+    let dir = &settings.templates.dir;
+    let templates = Templates::load(&settings.templates)
+        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    templates.check_purposes(settings.limits.purpose.keys().map(String::as_str))?;
+    Ok(templates)
 }
 
 /// Logs what the settings warn of, and the modes that keep mail or limits

@@ -369,6 +369,61 @@ async fn check_config_explains_what_is_wrong() {
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
 
+    // A misspelt purpose's rules would never apply: refused, by name, with
+    // the purposes there are; so is asking for its limits.
+    let typo = std::env::temp_dir().join(format!("mailgate-cli-typo-{}.toml", std::process::id()));
+    let shipped = std::fs::read_to_string("config/default.toml").unwrap();
+    let misspelt = shipped.replace(
+        "[limits.purpose.reset_password.email]",
+        "[limits.purpose.resetpassword.email]",
+    );
+    assert_ne!(misspelt, shipped);
+    std::fs::write(&typo, misspelt).unwrap();
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE_CONFIG", &typo);
+    let out = run(c);
+    let _ = std::fs::remove_file(&typo);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        err.contains("limits.purpose.resetpassword") && err.contains("reset_password, verify"),
+        "{err}"
+    );
+    assert!(!text(&out.stdout).contains("settings: ok"), "not ok first");
+    for args in [
+        &[
+            "limits",
+            "show",
+            "--email",
+            "a@example.com",
+            "--purpose",
+            "resetpassword",
+        ][..],
+        &[
+            "explain",
+            "--email",
+            "a@example.com",
+            "--purpose",
+            "resetpassword",
+        ],
+    ] {
+        let out = run(mailgate(&h, args));
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("unknown purpose \"resetpassword\""), "{err}");
+    }
+    // smtp.from is checked before the settings are said to be ok, with
+    // what it should look like.
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE__SMTP__FROM", "Acme no-reply");
+    let out = run(c);
+    assert!(!out.status.success() && !text(&out.stdout).contains("settings: ok"));
+    assert!(
+        text(&out.stderr).contains("Acme <no-reply@acme.example>"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // A broken template names the file.
     let dir = std::env::temp_dir().join(format!("mailgate-cli-broken-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
