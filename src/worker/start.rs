@@ -24,7 +24,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     crate::telemetry::prometheus();
     crate::telemetry::register();
     let endpoint = Endpoint::bind(&settings.http).await?;
-    let templates = load_templates(&settings)?;
+    let templates = load_templates(settings)?;
     let mailer = Mailer::new(&settings.smtp)?;
     warn_of(settings, &mailer);
     let ledger = open_ledger(&settings.redis, &settings.limits, &endpoint.starting).await?;
