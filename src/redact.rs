@@ -206,9 +206,15 @@ fn redact_userinfo(url: &str) -> String {
         return format!("{scheme}://{user}:***@{authority}{tail}");
     }
     if plain_host(authority, list) {
-        url.to_owned()
-    } else {
-        hidden()
+        return url.to_owned();
+    }
+    // `host:` and something not a port: it may be `user:password` with
+    // the '@' left out, so only what follows the first ':' is hidden.
+    match authority.split_once(':') {
+        Some((host, _)) if !list && !host.is_empty() && !host.starts_with('[') => {
+            format!("{scheme}://{host}:***{tail}")
+        }
+        _ => hidden(),
     }
 }
 
@@ -293,10 +299,15 @@ mod tests {
             redact_url("redis://127.0.0.1:6379/0"),
             "redis://127.0.0.1:6379/0"
         );
-        // No '@': the password runs into the host; the authority is hidden.
+        // No '@': the password runs into the host; all after the first ':'
+        // is hidden, so a bad port shows its host.
         assert_eq!(
             redact_url("amqp://guest:S3cretPw127.0.0.1:5672/%2f"),
-            "amqp://***/%2f"
+            "amqp://guest:***/%2f"
+        );
+        assert_eq!(
+            redact_url("smtp://relay.example:25x"),
+            "smtp://relay.example:***"
         );
         assert_eq!(redact_url("S3cret"), "***");
         assert_eq!(redact_url("redis://[::1]:6379/0"), "redis://[::1]:6379/0");

@@ -483,8 +483,14 @@ mod tests {
         let (_d, s) = set(OK);
         let t = Templates::load(&s).unwrap();
         assert!(t.check_purposes(["verify"]).is_ok());
-        let err = t.check_purposes(["verify", "verfy"]).unwrap_err().to_string();
-        assert!(err.starts_with("limits.purpose.verfy: no template set"), "{err}");
+        let err = t
+            .check_purposes(["verify", "verfy"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("limits.purpose.verfy: no template set"),
+            "{err}"
+        );
         assert!(err.contains("(template sets: verify)"), "{err}");
     }
 

@@ -201,11 +201,18 @@ pub enum Command {
 /// for the whole run: `main` reads the worker's span export from them
 /// before logging starts, and hands them to [`run`].
 pub fn load_settings(config: &std::path::Path) -> anyhow::Result<Settings> {
-    Settings::load(config).with_context(|| {
-        format!(
-            "{} (choose another with --config or MAILGATE_CONFIG)",
-            config.display()
-        )
+    Settings::load(config).map_err(|e| {
+        let source = match e.env_source() {
+            Some(var) => format!(
+                "from {var} (an environment variable, applied over {})",
+                config.display()
+            ),
+            None => format!(
+                "{} (choose another with --config or MAILGATE_CONFIG)",
+                config.display()
+            ),
+        };
+        anyhow::Error::new(e).context(source)
     })
 }
 

@@ -130,6 +130,40 @@ pub enum SettingsError {
     Invalid(String),
 }
 
+impl SettingsError {
+    /// The environment variable whose value this error is about, if one
+    /// set it: the key an error names (`for key `limits.dedup_for``, or
+    /// `redis.url …` at the start of a check's message) whose
+    /// `MAILGATE__SECTION__KEY` is set, or the variable of an unknown key
+    /// (`unknown field `pasword``) that only the environment holds. So the
+    /// error is blamed on its source, not on the settings file.
+    pub fn env_source(&self) -> Option<String> {
+        let text = crate::report::one_line(self);
+        let quoted = |after: &str| {
+            let (_, rest) = text.split_once(after)?;
+            rest.split_once('`').map(|(name, _)| name.to_owned())
+        };
+        if let Some(field) = quoted("unknown field `") {
+            let suffix = format!("__{}", field.to_ascii_uppercase());
+            return std::env::vars_os()
+                .filter_map(|(k, _)| k.into_string().ok())
+                .find(|k| k.starts_with("MAILGATE__") && k.ends_with(&suffix));
+        }
+        let is_key = |w: &&str| {
+            w.contains('.')
+                && w.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._".contains(&b))
+        };
+        let key = quoted("for key `").or_else(|| {
+            let message = text.strip_prefix("invalid settings: ")?;
+            let first = message.split([' ', ':']).next()?;
+            Some(first).filter(is_key).map(str::to_owned)
+        })?;
+        let var = format!("MAILGATE__{}", key.replace('.', "__").to_ascii_uppercase());
+        std::env::var_os(&var).map(|_| var)
+    }
+}
+
 impl Settings {
     /// Loads `path`, then applies `MAILGATE__SECTION__KEY` environment
     /// overrides, then checks the result.

@@ -364,10 +364,33 @@ async fn check_config_explains_what_is_wrong() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.starts_with("error: ") && err.contains("unknown field `pasword`"),
+        err.starts_with("error: from MAILGATE__SMTP__PASWORD (an environment variable")
+            && err.contains("unknown field `pasword`"),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
+    // A bad value is blamed on the variable that set it, and a URL with no
+    // password shows its host.
+    for (var, value, says) in [
+        (
+            "MAILGATE__LIMITS__DEDUP_FOR",
+            "banana",
+            "bad duration \"banana\"",
+        ),
+        (
+            "MAILGATE__SMTP__URL",
+            "smtp://relay.example:25x",
+            "smtp://relay.example:***",
+        ),
+    ] {
+        let mut c = mailgate(&h, &["check-config"]);
+        c.env(var, value);
+        let out = run(c);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{var}");
+        assert!(err.starts_with(&format!("error: from {var} ")), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
 
     // A misspelt purpose's rules would never apply: refused, by name, with
     // the purposes there are; so is asking for its limits.
