@@ -82,6 +82,21 @@ pub struct Templates {
     default_locale: String,
 }
 
+/// `dir` as an error names it: absolute, and, if the settings gave it
+/// relative, saying what it is relative to.
+fn where_is(dir: &std::path::Path) -> String {
+    let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+    if dir.is_relative() {
+        format!(
+            "{} (templates.dir {:?} is relative to the current folder, not to the settings file)",
+            absolute.display(),
+            dir.display()
+        )
+    } else {
+        absolute.display().to_string()
+    }
+}
+
 const SUBJECT: &str = "subject.txt";
 const TEXT: &str = "body.txt";
 const HTML: &str = "body.html";
@@ -101,7 +116,7 @@ impl Templates {
             .dir
             .canonicalize()
             .map_err(|error| TemplateError::Read {
-                path: settings.dir.display().to_string(),
+                path: where_is(&settings.dir),
                 error,
             })?;
         for (name, path) in shared_files(&settings.dir, &root)? {

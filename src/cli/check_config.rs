@@ -13,8 +13,7 @@ use crate::templates::Templates;
 /// Checks settings and templates (and, with `connect`, the services),
 /// printing a report. Returns whether everything checked out.
 pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<bool> {
-    let templates = Templates::load(&settings.templates)
-        .with_context(|| format!("templates in {}", settings.templates.dir.display()))?;
+    let templates = Templates::load(&settings.templates).context("templates")?;
     templates.check_purposes(settings.limits.purpose.keys().map(String::as_str))?;
     // smtp.url and smtp.from are read by the mailer: checked before the
     // settings are said to be ok.

@@ -42,9 +42,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
 /// The templates, each checked, and every purpose with rules of its own
 /// one of theirs.
 fn load_templates(settings: &Settings) -> anyhow::Result<Templates> {
-    let dir = &settings.templates.dir;
-    let templates = Templates::load(&settings.templates)
-        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    let templates = Templates::load(&settings.templates).context("loading templates")?;
     templates.check_purposes(settings.limits.purpose.keys().map(String::as_str))?;
     Ok(templates)
 }

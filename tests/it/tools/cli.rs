@@ -447,6 +447,21 @@ async fn check_config_explains_what_is_wrong() {
         text(&out.stderr)
     );
 
+    // Run from another folder, the templates are not found, and the error
+    // says where it looked and relative to what.
+    let config = std::path::absolute("config/default.toml").unwrap();
+    let mut c = mailgate(&h, &["check-config"]);
+    c.current_dir(std::env::temp_dir()).env("MAILGATE_CONFIG", config);
+    let out = run(c);
+    let err = text(&out.stderr);
+    let looked = std::env::temp_dir().join("templates");
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("{} (templates.dir", looked.display())),
+        "{err}"
+    );
+    assert!(err.contains("relative to the current folder"), "{err}");
+
     // A broken template names the file.
     let dir = std::env::temp_dir().join(format!("mailgate-cli-broken-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
