@@ -50,7 +50,8 @@ pub enum TemplateError {
     Template {
         /// `<purpose>/<locale>/<file>`.
         name: String,
-        /// What minijinja said.
+        /// What minijinja said (naming the expression at fault, with the
+        /// environment's debug mode on, as while loading).
         #[source]
         error: minijinja::Error,
     },
@@ -82,6 +83,40 @@ pub struct Templates {
     default_locale: String,
 }
 
+/// Adds the templates of the set `set` (`<purpose>/<locale>`) in `dir`
+/// to `env`; whether it has an HTML body.
+fn add_set(
+    env: &mut Environment<'static>,
+    root: &std::path::Path,
+    dir: &std::path::Path,
+    set: &str,
+) -> Result<bool, TemplateError> {
+    let mut html = false;
+    for file in [SUBJECT, TEXT, HTML] {
+        let path = dir.join(file);
+        match (path.exists(), file) {
+            (false, HTML) => continue,
+            (false, _) => {
+                return Err(TemplateError::Layout(format!(
+                    "{set} has no {file}: a locale needs {SUBJECT} and {TEXT}, and may have \
+                     {HTML} (in {})",
+                    dir.display()
+                )));
+            }
+            (true, _) => html |= file == HTML,
+        }
+        let path = inside(root, &path)?;
+        let source = std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        let name = format!("{set}/{file}");
+        env.add_template_owned(name.clone(), source)
+            .map_err(|error| TemplateError::Template { name, error })?;
+    }
+    Ok(html)
+}
+
 /// `dir` as an error names it: absolute, and, if the settings gave it
 /// relative, saying what it is relative to.
 fn where_is(dir: &std::path::Path) -> String {
@@ -110,6 +145,9 @@ impl Templates {
         // Printing an unknown name fails (a typo is caught by the start-up
         // check); testing one in `{% if %}` is allowed, for optional vars.
         env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+        // While loading, errors name the expression at fault (`vars.nam`
+        // is undefined); off once every set rendered.
+        env.set_debug(true);
         let mut locales: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut with_html = BTreeSet::new();
         let root = settings
@@ -144,23 +182,8 @@ impl Templates {
                         dir.display()
                     )));
                 }
-                for file in [SUBJECT, TEXT, HTML] {
-                    let path = dir.join(file);
-                    if file == HTML && !path.exists() {
-                        continue;
-                    }
-                    let path = inside(&root, &path)?;
-                    let source =
-                        std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
-                            path: path.display().to_string(),
-                            error,
-                        })?;
-                    let name = format!("{purpose}/{locale}/{file}");
-                    env.add_template_owned(name.clone(), source)
-                        .map_err(|error| TemplateError::Template { name, error })?;
-                    if file == HTML {
-                        with_html.insert(format!("{purpose}/{locale}"));
-                    }
+                if add_set(&mut env, &root, &dir, &format!("{purpose}/{locale}"))? {
+                    with_html.insert(format!("{purpose}/{locale}"));
                 }
                 locales
                     .entry(purpose.clone())
@@ -182,13 +205,14 @@ impl Templates {
                 )));
             }
         }
-        let templates = Self {
+        let mut templates = Self {
             env,
             locales,
             with_html,
             default_locale,
         };
         templates.check()?;
+        templates.env.set_debug(false);
         Ok(templates)
     }
 
@@ -523,7 +547,20 @@ mod tests {
         files.push(("verify/fr/body.txt", "x"));
         let (_d, s) = set(&files);
         let err = Templates::load(&s).expect_err("undefined variable");
-        assert!(err.to_string().contains("verify/fr/subject.txt"), "{err}");
+        let mut missing = OK.to_vec();
+        missing.push(("verify/fr/subject.txt", "x"));
+        let (_d2, s2) = set(&missing);
+        let said = Templates::load(&s2).expect_err("no body").to_string();
+        assert!(
+            said.contains("verify/fr has no body.txt: a locale needs"),
+            "{said}"
+        );
+        let said = crate::report::one_line(&err);
+        assert!(said.contains("verify/fr/subject.txt"), "{said}");
+        assert!(said.contains("`cod` is undefined"), "names it: {said}");
+        // Once loaded, rendering keeps no debug information.
+        let (_d, s) = set(OK);
+        assert!(!Templates::load(&s).unwrap().env.debug());
 
         let (_d, s) = set(&[("reset/de/subject.txt", "x"), ("reset/de/body.txt", "x")]);
         let err = Templates::load(&s).expect_err("no default locale");

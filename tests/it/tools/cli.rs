@@ -451,7 +451,8 @@ async fn check_config_explains_what_is_wrong() {
     // says where it looked and relative to what.
     let config = std::path::absolute("config/default.toml").unwrap();
     let mut c = mailgate(&h, &["check-config"]);
-    c.current_dir(std::env::temp_dir()).env("MAILGATE_CONFIG", config);
+    c.current_dir(std::env::temp_dir())
+        .env("MAILGATE_CONFIG", config);
     let out = run(c);
     let err = text(&out.stderr);
     let looked = std::env::temp_dir().join("templates");
