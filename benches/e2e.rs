@@ -603,6 +603,7 @@ async fn ceiling_broker(run: &Run, n: u64, rate: Option<f64>) -> Outcome {
         wait_bands_ms: vec![250],
         retries: 0,
         queue_type: queue_type(),
+        results_expiration: None,
     };
     for q in [run.jobs(), run.results()] {
         run.ch

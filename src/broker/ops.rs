@@ -292,6 +292,9 @@ impl Broker {
         if let Some(c) = &job.correlation_id {
             props = props.with_correlation_id(c.as_str().into());
         }
+        if let Some(ttl) = &self.topology.results_expiration {
+            props = props.with_expiration(ttl.as_str().into());
+        }
         // mailgate's own queues are never a reply target: a result parked
         // in a waiting queue (no TTL) would hold up every retry behind it.
         let reply_to = job.reply_to.as_deref().filter(|q| {

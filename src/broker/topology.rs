@@ -25,6 +25,9 @@ pub struct Topology {
     pub retries: u32,
     /// The type every queue is declared with.
     pub queue_type: QueueType,
+    /// How long a result may wait to be read (`amqp.results_ttl`), as its
+    /// AMQP `expiration`; `None`: forever.
+    pub results_expiration: Option<String>,
 }
 
 impl Topology {
@@ -39,6 +42,9 @@ impl Topology {
             wait_bands_ms: settings.wait_bands_ms(),
             retries: settings.retry.max_attempts.saturating_sub(1),
             queue_type: settings.amqp.queue_type,
+            results_expiration: Some(settings.amqp.results_ttl.as_millis())
+                .filter(|&ms| ms > 0)
+                .map(|ms| ms.to_string()),
             jobs,
         }
     }

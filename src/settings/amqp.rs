@@ -42,6 +42,14 @@ pub struct AmqpSettings {
     /// connections. Refused with an `amqp://` URL.
     #[serde(default)]
     pub tls: TlsSettings,
+    /// How long a result waits to be read before RabbitMQ drops it (the
+    /// AMQP `expiration` of every result, on the results queue and on a
+    /// `reply_to` queue alike): a results queue nobody drains does not
+    /// grow without end. A verification code's result is of no use after
+    /// its code expired. Default 1 day; `"0s"`: results never expire. At
+    /// most 30 days.
+    #[serde(default = "default_results_ttl", deserialize_with = "human_duration")]
+    pub results_ttl: Duration,
 }
 
 /// How mailgate's queues are replicated. New deployments get quorum queues;
@@ -103,6 +111,16 @@ impl AmqpSettings {
             Duration::from_millis(100),
             super::MAX_TIMEOUT,
         )?;
+        if self.results_ttl > Duration::from_secs(30 * 86_400) {
+            return Err(SettingsError::Invalid(
+                "amqp.results_ttl must be at most 30d (or \"0s\": results never expire)".into(),
+            ));
+        }
+        if !self.results_ttl.is_zero() && self.results_ttl < Duration::from_secs(1) {
+            return Err(SettingsError::Invalid(
+                "amqp.results_ttl must be at least 1s, or \"0s\" (results never expire)".into(),
+            ));
+        }
         self.check_transport()
     }
 
@@ -239,4 +257,7 @@ fn default_prefetch() -> u16 {
 }
 fn default_amqp_timeout() -> Duration {
     Duration::from_secs(30)
+}
+fn default_results_ttl() -> Duration {
+    Duration::from_secs(86_400)
 }

@@ -93,6 +93,7 @@ impl Harness {
                 timeout: Duration::from_secs(10),
                 queue_type: queue_type(),
                 tls: Default::default(),
+                results_ttl: std::time::Duration::from_secs(86_400),
             },
             redis: redis_settings(&prefix),
             smtp: SmtpSettings {

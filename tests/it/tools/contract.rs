@@ -132,6 +132,39 @@ async fn a_real_result_of_every_status_matches_the_schema() {
     );
 }
 
+/// A result's AMQP properties are those the AsyncAPI document gives: JSON,
+/// persistent, the job's correlation id, and an expiration of
+/// `amqp.results_ttl` (none with `"0s"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_results_properties_are_the_documented_ones() {
+    for (ttl, expiration) in [(86_400, Some("86400000")), (0, None)] {
+        let h = Harness::with("resultprops", |s| {
+            s.amqp.results_ttl = Duration::from_secs(ttl);
+        })
+        .await;
+        let w = h.start_worker().await;
+        let props = BasicProperties::default().with_correlation_id("c-1".into());
+        h.publish_raw(job("p1", "a@example.com").to_string().as_bytes(), props)
+            .await;
+        let results = h.settings.amqp.results_queue.clone();
+        let (body, props) = h.next_on(&results, Duration::from_secs(20)).await.unwrap();
+        w.stop().await.unwrap();
+        let r: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(r["status"], "sent", "{r}");
+        assert_eq!(
+            props.content_type().as_ref().map(|c| c.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(props.delivery_mode(), &Some(2));
+        assert_eq!(
+            props.correlation_id().as_ref().map(|c| c.as_str()),
+            Some("c-1")
+        );
+        assert_eq!(props.expiration().as_ref().map(|e| e.as_str()), expiration);
+        assert!(props.kind().is_none() && props.content_encoding().is_none());
+    }
+}
+
 /// The result schema's statuses.
 fn schema_statuses() -> Vec<String> {
     let schema = Schema::Result.json();

@@ -89,6 +89,7 @@ impl Env {
                 timeout: std::time::Duration::from_secs(1),
                 queue_type: Default::default(),
                 tls: Default::default(),
+                results_ttl: std::time::Duration::from_secs(86_400),
             },
             redis: RedisSettings::new("memory://", ""),
             smtp: SmtpSettings {
