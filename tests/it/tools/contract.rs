@@ -192,6 +192,15 @@ fn the_contract_the_schemas_and_the_code_agree() {
         "the contract's status table vs the schema"
     );
 
+    // The producers' guide says what the UI says for every status.
+    let guide = std::fs::read_to_string("docs/producers.md").expect("the guide");
+    let in_guide = table_names(section(&guide, "## What your UI says", "## Waiting"));
+    assert_eq!(
+        in_guide.into_iter().collect::<BTreeSet<_>>(),
+        code.iter().cloned().collect(),
+        "docs/producers.md's status table vs the schema"
+    );
+
     // Result fields: what the code writes, the schema's properties and
     // required keys, and the contract's example results.
     let written = keys(&serde_json::to_value(JobResult::new("j", Status::Sent, 1)).unwrap());
