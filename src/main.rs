@@ -176,7 +176,13 @@ fn init_telemetry(
         })
         .with_max_level_hint(hint),
     );
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only on a terminal: a log file or a collector gets plain
+    // text (NO_COLOR, https://no-color.org, turns them off there too).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
     let registry = tracing_subscriber::registry().with(spans);
     match format {
         LogFormat::Pretty => registry.with(fmt.with_filter(filter)).init(),

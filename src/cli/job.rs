@@ -5,7 +5,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use super::letters::{self, printable};
-use super::{amqp, limiter, short_duration};
+use super::{amqp, limiter, short_duration, time_left};
 use crate::domain::JobId;
 use crate::ledger::{Backend, JobRecord, JobState, Refund};
 use crate::settings::Settings;
@@ -138,6 +138,6 @@ fn print_record(r: &JobRecord) {
         );
     }
     if let Some(ms) = r.kept_for_ms {
-        println!("  record kept: {} more", short_duration(ms));
+        println!("  record kept: {} more", time_left(ms));
     }
 }

@@ -7,7 +7,7 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{in_redis, short_duration};
+use super::{in_redis, short_duration, time_left};
 use crate::limiter::overrides::{Action, Override, Target};
 use crate::settings::Settings;
 use crate::store::overrides::OverrideStore;
@@ -36,8 +36,10 @@ pub struct AddOverride {
     /// What it matches: `email:<mailbox>`, `domain:<registrable
     /// domain>` or `ip:<address or network>` (e.g. `ip:10.0.0.0/8`).
     pub target: String,
-    /// Not limited: a mailbox by any scope, a domain or a network by
-    /// its own scope.
+    /// Not limited or counted by the subject's own scope (a mailbox by the
+    /// mailbox rules, a network by the IP rules, a domain by the domain
+    /// rules); the other scopes still judge its requests, so an allowed
+    /// mailbox can still be rejected by its client's IP rules.
     #[arg(long, conflicts_with_all = ["deny", "rule"])]
     pub allow: bool,
     /// Always rejected while it lasts.
@@ -85,7 +87,11 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
         OverridesAction::Add(add) => add_override(settings, &store, add).await,
         OverridesAction::List { json } => {
             let now = crate::domain::now_ms();
-            for ov in store.list().await? {
+            let listed = store.list().await?;
+            if listed.is_empty() && !json {
+                eprintln!("no overrides in force");
+            }
+            for ov in listed {
                 match json {
                     true => println!("{}", override_json(&ov, now)),
                     false => println!("{}", render_override(&ov, now)),
@@ -214,7 +220,7 @@ fn render_override(ov: &Override, now: u64) -> String {
     let until = match ov.expires_at_ms {
         None => "until removed".to_owned(),
         Some(t) if t <= now => "EXPIRED".to_owned(),
-        Some(t) => format!("for {} more", short_duration(t - now)),
+        Some(t) => format!("for {} more", time_left(t - now)),
     };
     format!("{} {does} {until}: {}", ov.target, ov.reason)
 }

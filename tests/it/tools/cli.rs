@@ -522,6 +522,12 @@ async fn the_worker_binary_exits_0_on_sigterm() {
     assert!(out.0.success(), "exit status {:?}: {}", out.0, out.1);
     assert!(out.1.contains("shutdown requested"), "{}", out.1);
     assert!(out.1.contains("reply_to queue does not exist"), "{}", out.1);
+    // Written to a pipe (a file, a collector), the pretty log has no colours.
+    assert!(
+        !out.1.contains('\x1b'),
+        "ANSI escapes in a piped log: {}",
+        out.1
+    );
     // lapin logs a returned message (here the result, with the address)
     // in full, as bytes; mailgate says what happened in its own words.
     assert!(
@@ -531,6 +537,34 @@ async fn the_worker_binary_exits_0_on_sigterm() {
         "{}",
         out.1
     );
+}
+
+/// `overrides list` says when there are none, and a lifetime reads as it
+/// was given (`24h`, not `1440m0s`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_list_says_none_and_durations_read_as_given() {
+    let h = Harness::new("cli-ovlist").await;
+    let out = run_async(mailgate(&h, &["overrides", "list"])).await;
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("no overrides in force"),
+        "{}",
+        text(&out.stderr)
+    );
+    let add = [
+        "overrides",
+        "add",
+        "email:qa@example.com",
+        "--allow",
+        "--reason",
+        "QA",
+        "--expires-in",
+        "24h",
+    ];
+    assert!(run_async(mailgate(&h, &add)).await.status.success());
+    let out = run_async(mailgate(&h, &["overrides", "list"])).await;
+    let listed = text(&out.stdout);
+    assert!(listed.contains("for 24h more"), "{listed}");
 }
 
 /// A Redis that evicts keys is refused at start, with the setting named.
