@@ -141,6 +141,14 @@ async fn add_override(
     }
     println!("added: {}", render_override(&stored, now));
     println!("covers: {}", stored.target.coverage());
+    for wider in wider_in_force(&stored, &store.list().await?, now) {
+        println!(
+            "note: {} is in force for the wider {}; for the clients this one covers, this \
+             one holds instead (the narrowest network holding a client wins)",
+            wider.action.kind(),
+            wider.target
+        );
+    }
     if let Some(note) = network_shares(&stored, settings.limits.domain.network_share) {
         println!("{note}");
     }
@@ -180,6 +188,23 @@ impl AddOverride {
             added_at_ms: now,
         })
     }
+}
+
+/// The live overrides of wider networks than `stored`'s that hold the
+/// networks it covers: `stored`, the narrower, now decides for those
+/// clients (an allow inside a denied /24 lifts the deny for them), which
+/// whoever adds it should be told.
+fn wider_in_force<'a>(stored: &Override, all: &'a [Override], now: u64) -> Vec<&'a Override> {
+    let Target::Net(net) = &stored.target else {
+        return Vec::new();
+    };
+    (all.iter())
+        .filter(|o| o.live(now))
+        .filter(|o| match &o.target {
+            Target::Net(wider) => wider.prefix_len() < net.prefix_len() && wider.contains(net),
+            _ => false,
+        })
+        .collect()
 }
 
 /// What each client network may use of a domain's own rules, when

@@ -565,6 +565,31 @@ async fn overrides_list_says_none_and_durations_read_as_given() {
     let out = run_async(mailgate(&h, &["overrides", "list"])).await;
     let listed = text(&out.stdout);
     assert!(listed.contains("for 24h more"), "{listed}");
+    // An allow inside a denied network holds for what it covers: said.
+    let deny = [
+        "overrides",
+        "add",
+        "ip:203.0.113.0/24",
+        "--deny",
+        "--reason",
+        "abuse",
+    ];
+    assert!(run_async(mailgate(&h, &deny)).await.status.success());
+    let allow = [
+        "overrides",
+        "add",
+        "ip:203.0.113.5",
+        "--allow",
+        "--reason",
+        "office",
+    ];
+    let out = run_async(mailgate(&h, &allow)).await;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("note: deny is in force for the wider ip:203.0.113.0/24"),
+        "{said}"
+    );
 }
 
 /// A Redis that evicts keys is refused at start, with the setting named.
