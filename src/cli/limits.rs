@@ -5,10 +5,12 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{known_purpose, limiter, short_duration};
+use super::letters::{self, printable};
+use super::{in_redis, known_purpose, limiter, short_duration, time_left};
 use crate::domain::{EmailAddress, IpKey, RegistrableDomain};
 use crate::limiter::{Clock, Quotas, Scope, Subject, Usage};
 use crate::settings::Settings;
+use crate::store::overrides::{OverrideStore, ResetNote};
 
 /// `limits`' actions.
 #[derive(Subcommand, Debug)]
@@ -33,7 +35,9 @@ pub enum LimitsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Forget a mailbox's, IP's or domain's admissions (for support staff).
+    /// Forget a mailbox's, IP's or domain's admissions (for support staff);
+    /// noted, with its reason, in the log of resets that `limits show`
+    /// and `limits resets` read.
     Reset {
         /// A mailbox.
         #[arg(long)]
@@ -45,6 +49,15 @@ pub enum LimitsAction {
         /// network's share of the domain's quota.
         #[arg(long)]
         domain: Option<String>,
+        /// Why (required: whoever finds it later must know).
+        #[arg(long)]
+        reason: String,
+    },
+    /// The resets noted (the newest 1 000), newest first.
+    Resets {
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -60,17 +73,47 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
         } => {
             let who = Named::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
             let usage = limits_show(settings, &who, purpose.as_deref()).await?;
+            let resets: Vec<ResetNote> = (reset_log(settings).await?.resets().await?)
+                .into_iter()
+                .filter(|n| n.key == usage.key)
+                .take(3)
+                .collect();
             if json {
-                println!("{}", usage_json(&usage));
+                let mut shown = usage_json(&usage);
+                shown["resets"] = serde_json::to_value(&resets)?;
+                println!("{shown}");
             } else {
                 let share = settings.limits.domain.network_share;
                 print!("{}", render_usage(&usage, share));
+                let now = crate::domain::now_ms();
+                for note in &resets {
+                    println!("reset {}", render_reset(note, now));
+                }
             }
             Ok(true)
         }
-        LimitsAction::Reset { email, ip, domain } => {
+        LimitsAction::Reset {
+            email,
+            ip,
+            domain,
+            reason,
+        } => {
             let who = Named::parse(email.as_deref(), ip.as_deref(), domain.as_deref())?;
-            println!("{}", limits_reset(settings, &who).await?);
+            println!("{}", limits_reset(settings, &who, &reason).await?);
+            Ok(true)
+        }
+        LimitsAction::Resets { json } => {
+            let now = crate::domain::now_ms();
+            let notes = reset_log(settings).await?.resets().await?;
+            if notes.is_empty() && !json {
+                eprintln!("no resets noted");
+            }
+            for note in notes {
+                match json {
+                    true => println!("{}", serde_json::to_string(&note)?),
+                    false => println!("{}", render_reset(&note, now)),
+                }
+            }
             Ok(true)
         }
     }
@@ -134,10 +177,48 @@ pub async fn limits_show(
 }
 
 /// Removes `who`'s admissions; says what it removed.
-pub async fn limits_reset(settings: &Settings, who: &Named) -> anyhow::Result<String> {
+pub async fn limits_reset(
+    settings: &Settings,
+    who: &Named,
+    reason: &str,
+) -> anyhow::Result<String> {
+    anyhow::ensure!(!reason.trim().is_empty(), "--reason must say why");
+    let log = reset_log(settings).await?;
     let limiter = limiter(settings).await?;
     let (key, removed) = limiter.reset(who.subject()).await?;
-    Ok(format!("removed {removed} admission(s) from {key}"))
+    let note = ResetNote {
+        key: key.clone(),
+        reason: reason.to_owned(),
+        removed,
+        at_ms: crate::domain::now_ms(),
+    };
+    log.note_reset(&note)
+        .await
+        .context("the reset was done, but could not be noted in the log of resets")?;
+    Ok(format!(
+        "removed {removed} admission(s) from {key}; noted in the log of resets (limits resets)"
+    ))
+}
+
+/// The store the log of resets is in (the overrides').
+async fn reset_log(settings: &Settings) -> anyhow::Result<OverrideStore> {
+    in_redis(
+        settings,
+        OverrideStore::open(&settings.redis, &settings.limits),
+    )
+    .await
+}
+
+/// A reset noted, for people: when, which log, how many, why.
+fn render_reset(note: &ResetNote, now: u64) -> String {
+    let at = letters::time(note.at_ms);
+    let ago = time_left(now.saturating_sub(note.at_ms));
+    format!(
+        "{at} ({ago} ago): {} admission(s) removed from {}: {}",
+        note.removed,
+        note.key,
+        printable(&note.reason)
+    )
 }
 
 /// A JSON rendering of a [`Usage`], for scripts.

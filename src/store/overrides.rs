@@ -236,6 +236,55 @@ impl OverrideStore {
     }
 }
 
+/// One `mailgate limits reset`, as the log of resets keeps it: support
+/// staff forgetting a subject's admissions leave a trace, as an override
+/// does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetNote {
+    /// The log reset (`<prefix>email:…`, `<prefix>ip:…`, …).
+    pub key: String,
+    /// Why (required by the command).
+    pub reason: String,
+    /// How many admissions it forgot.
+    pub removed: u64,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+}
+
+/// How many resets the log keeps (the newest).
+const RESETS_KEPT: isize = 1000;
+
+impl OverrideStore {
+    /// Notes `note` in the log of resets (`<prefix>resets`, the newest
+    /// [`RESETS_KEPT`]).
+    pub async fn note_reset(&self, note: &ResetNote) -> Result<(), OverrideError> {
+        let key = crate::limiter::families::resets_key(&self.keys.prefix);
+        let json =
+            serde_json::to_string(note).map_err(|e| OverrideError::Invalid(e.to_string()))?;
+        let mut pipe = ::redis::pipe();
+        pipe.lpush(&key, json).ignore();
+        pipe.ltrim(&key, 0, RESETS_KEPT - 1).ignore();
+        let () = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
+    /// The resets noted, newest first (an entry that cannot be read is
+    /// left out).
+    pub async fn resets(&self) -> Result<Vec<ResetNote>, OverrideError> {
+        let key = crate::limiter::families::resets_key(&self.keys.prefix);
+        let all: Vec<String> = ::redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(all
+            .iter()
+            .filter_map(|j| serde_json::from_str(j).ok())
+            .collect())
+    }
+}
+
 /// Puts the overrides stored in Redis in force if their hash changed
 /// ([`stamp`]: one round trip when it did not, and nothing logged);
 /// whether it did. A change made after the stamp was read is installed

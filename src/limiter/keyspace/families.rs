@@ -24,6 +24,8 @@ pub(crate) const SUPPRESSION: &str = "sup:";
 pub(crate) const SUPPRESSION_INDEX: &str = "suppressed";
 /// The overrides' hash: `<prefix>overrides`.
 pub(crate) const OVERRIDES: &str = "overrides";
+/// The log of `limits reset`s, newest first: `<prefix>resets`.
+pub(crate) const RESETS: &str = "resets";
 /// The clock watch's mark, canary and last refresh (one slot: the braces
 /// are a hash tag where the prefix has none).
 pub(crate) const CLOCK: [&str; 3] = ["{clock}", "{clock}:canary", "{clock}:since"];
@@ -49,7 +51,7 @@ pub(crate) struct Family {
 }
 
 /// Every family of keys mailgate writes, in the order a purge reports them.
-pub(crate) const FAMILIES: [Family; 10] = [
+pub(crate) const FAMILIES: [Family; 11] = [
     Family {
         name: "job records",
         tail: Tail::Under(JOB),
@@ -81,6 +83,10 @@ pub(crate) const FAMILIES: [Family; 10] = [
     Family {
         name: "overrides",
         tail: Tail::Exactly(&[OVERRIDES]),
+    },
+    Family {
+        name: "limit resets",
+        tail: Tail::Exactly(&[RESETS]),
     },
     Family {
         name: "clock watch",
@@ -125,6 +131,11 @@ pub(crate) fn suppression_index_key(prefix: &str) -> String {
 /// The overrides' hash key.
 pub(crate) fn overrides_key(prefix: &str) -> String {
     format!("{prefix}{OVERRIDES}")
+}
+
+/// The log of `limits reset`s' key.
+pub(crate) fn resets_key(prefix: &str) -> String {
+    format!("{prefix}{RESETS}")
 }
 
 /// The clock watch's keys: the mark, the canary, and its last refresh.
@@ -178,6 +189,7 @@ mod tests {
             keys.latest_key(&req).expect("supersede is on"),
             suppression_index_key(prefix),
             overrides_key(prefix),
+            resets_key(prefix),
             probe_key(prefix),
         ];
         all.extend(clock_keys(prefix));

@@ -174,15 +174,51 @@ async fn limits_show_matches_the_limiter_and_reset_says_what_it_removed() {
         "{human}"
     );
 
+    // A reset says why, or is refused; it leaves a trace that limits show
+    // and limits resets read.
     let out = run(mailgate(
         &h,
         &["limits", "reset", "--email", "victim@example.com"],
+    ));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--reason"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(mailgate(
+        &h,
+        &[
+            "limits",
+            "reset",
+            "--email",
+            "victim@example.com",
+            "--reason",
+            "ticket 4711",
+        ],
     ));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).starts_with("removed 1 admission(s) from "),
         "{}",
         text(&out.stdout)
+    );
+    let shown = text(
+        &run(mailgate(
+            &h,
+            &["limits", "show", "--email", "victim@example.com"],
+        ))
+        .stdout,
+    );
+    assert!(
+        shown.contains("1 admission(s) removed from") && shown.contains(": ticket 4711"),
+        "{shown}"
+    );
+    let out = run(mailgate(&h, &["limits", "resets", "--json"]));
+    let note: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(
+        (note["reason"].as_str(), note["removed"].as_u64()),
+        (Some("ticket 4711"), Some(1))
     );
     let third = job("l3")
         .admission(&ledger, &Ticket::new(), Clock::Server)
@@ -260,6 +296,8 @@ async fn limits_show_and_reset_a_domain() {
             "farm.example",
             "--ip",
             "198.51.100.9",
+            "--reason",
+            "test",
         ],
     ));
     assert!(
@@ -320,7 +358,14 @@ async fn limits_show_and_reset_a_domain() {
     );
     let out = run(mailgate(
         &h,
-        &["limits", "reset", "--domain", "farm.example"],
+        &[
+            "limits",
+            "reset",
+            "--domain",
+            "farm.example",
+            "--reason",
+            "test",
+        ],
     ));
     assert!(
         text(&out.stdout).starts_with("removed 2 admission(s) from "),
