@@ -1363,3 +1363,64 @@ async fn a_flood_of_hostile_jobs_adds_no_metric_series() {
     );
     w.stop().await.unwrap();
 }
+
+/// The README's command table names every command and subcommand of the
+/// clap tree, each with every flag it takes, and no command that is not
+/// there: the table cannot drift from `--help`.
+#[test]
+fn the_readme_command_table_is_the_clap_tree() {
+    use clap::CommandFactory as _;
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let rows: Vec<&str> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `mailgate "))
+        .collect();
+    let cli = mailgate::cli::Cli::command();
+    let global: Vec<String> = (cli.get_arguments())
+        .filter_map(|a| a.get_long().map(str::to_owned))
+        .chain(["help".into(), "version".into()])
+        .collect();
+    let mut missing = Vec::new();
+    let mut commands: Vec<(String, &clap::Command)> = Vec::new();
+    for c in cli.get_subcommands() {
+        match c.has_subcommands() {
+            false => commands.push((c.get_name().to_owned(), c)),
+            true => commands.extend(
+                (c.get_subcommands()).map(|s| (format!("{} {}", c.get_name(), s.get_name()), s)),
+            ),
+        }
+    }
+    for (path, command) in &commands {
+        // Its row: the first cell names it (`mailgate dead list`, or
+        // `suppress list` beside `suppress remove`).
+        let row = rows.iter().find(|r| {
+            let first = r.split(" | ").next().unwrap_or("");
+            first.contains(&format!("`mailgate {path}")) || first.contains(&format!("`{path}"))
+        });
+        let Some(row) = row else {
+            missing.push(format!("no row for `mailgate {path}`"));
+            continue;
+        };
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if global.iter().any(|g| g == long) || arg.is_hide_set() {
+                continue;
+            }
+            if !row.contains(&format!("--{long}")) {
+                missing.push(format!("`mailgate {path}`'s row lacks --{long}"));
+            }
+        }
+    }
+    for row in &rows {
+        let named = row.trim_start_matches("| `mailgate ");
+        assert!(
+            commands.iter().any(|(p, _)| named.starts_with(p.as_str())),
+            "a row for a command that is not there: {row}"
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "the README's command table:\n{}",
+        missing.join("\n")
+    );
+}
