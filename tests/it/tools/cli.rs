@@ -1424,3 +1424,47 @@ fn the_readme_command_table_is_the_clap_tree() {
         missing.join("\n")
     );
 }
+
+/// Every key the shipped settings file sets or shows (commented) is
+/// explained in the README's configuration table, in its section's row:
+/// the reference cannot drift from the settings (which refuse a key they
+/// do not know, `tools::docs_configs`).
+#[test]
+fn the_readme_explains_every_shipped_setting() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let config = std::fs::read_to_string("config/default.toml").unwrap();
+    let mut section = String::new();
+    let mut missing = Vec::new();
+    for line in config.lines() {
+        let line = line.trim_start_matches('#').trim();
+        if line.starts_with('[') {
+            let name = line.trim_start_matches('[').split(']').next().unwrap_or("");
+            section = name.to_owned();
+            continue;
+        }
+        let Some((key, _)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            continue;
+        }
+        // A section's own key, in its row; a table's under it (`[amqp.tls]`,
+        // `[[smtp.relays]]`), in its row or where the README explains it.
+        let top = section.split('.').next().unwrap_or("");
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `[{top}]` |")));
+        let explained = row.is_some_and(|r| r.contains(&format!("`{key}`")))
+            || (section.contains('.') && readme.contains(&format!("`{key}`")));
+        if !explained {
+            missing.push(format!("[{section}] {key}"));
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "not in the README's configuration table:\n{}",
+        missing.join("\n")
+    );
+}
