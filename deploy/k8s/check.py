@@ -14,6 +14,8 @@ so this parses every manifest and asserts the fields that matter:
   Deployment; the ScaledObject's queue is the config's [amqp] jobs_queue;
 - configmap.yaml holds exactly config/docker.toml and templates/, and the
   Deployment mounts every template file at its path;
+- kustomization.yaml (the base) lists every manifest, and
+  overlays/example builds on it and names the image a registry serves;
 - the Service selects the Deployment's pods on their http port, the
   ServiceMonitor scrapes it, and both it and deploy/prometheus/prometheus.yml
   scrape under the job name the alerts query.
@@ -75,9 +77,11 @@ def template_files():
 
 def configmaps():
     header = (
-        "# Generated from config/docker.toml and templates/ by\n"
-        "#   python3 deploy/k8s/check.py --write\n"
-        "# Do not edit: CI fails when it differs from those files.\n"
+        "# The settings and templates, as ConfigMaps: generated from\n"
+        "# config/docker.toml and templates/ by python3 deploy/k8s/check.py --write\n"
+        "# (mailgate's CI checks they agree). To change them for your cluster, patch\n"
+        "# them in an overlay (deploy/k8s/overlays/example), or set a single key as\n"
+        "# MAILGATE__SECTION__KEY in the Deployment's env.\n"
     )
     config = {
         "apiVersion": "v1",
@@ -130,6 +134,8 @@ def with_items(deployment_text):
 def documents():
     docs = []
     for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is None:
                 continue
@@ -237,6 +243,28 @@ def check(docs):
         fail(f"deploy/prometheus/prometheus.yml scrapes {scraped}; the alerts query job {job!r}")
 
 
+def check_kustomize(docs):
+    """The base lists every manifest; the example overlay builds on it and
+    names the Deployment's image, as a registry serves it."""
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    if base.get("kind") != "Kustomization":
+        fail("kustomization.yaml is not a Kustomization")
+    manifests = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    if sorted(base.get("resources", [])) != manifests:
+        fail(f"kustomization.yaml lists {sorted(base.get('resources', []))}, not {manifests}")
+    overlay = yaml.safe_load((K8S / "overlays" / "example" / "kustomization.yaml").read_text())
+    if "../.." not in overlay.get("resources", []):
+        fail("overlays/example does not build on the base (resources: ../..)")
+    deployment = one(docs, "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"].split(":")[0]
+    named = [i for i in overlay.get("images", []) if i.get("name") == image]
+    if len(named) != 1 or not named[0].get("newName") or not named[0].get("newTag"):
+        fail(f"overlays/example must set newName and newTag of the image {image!r}")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    if "jobs" not in workflow:
+        fail(".github/workflows/release.yml has no jobs")
+
+
 def main():
     write = sys.argv[1:] == ["--write"]
     deployment_path = K8S / "deployment.yaml"
@@ -247,8 +275,10 @@ def main():
             path.write_text(text)
         elif not path.exists() or path.read_text() != text:
             fail(f"{path.name} differs from config/ and templates/: run python3 deploy/k8s/check.py --write")
-    check(documents())
-    print(f"deploy/k8s: {len(documents())} manifests checked")
+    docs = documents()
+    check(docs)
+    check_kustomize(docs)
+    print(f"deploy/k8s: {len(docs)} manifests checked, and the kustomize base and overlay")
 
 
 if __name__ == "__main__":
