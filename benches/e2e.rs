@@ -773,7 +773,8 @@ async fn ceiling_smtp(port: u16, n: u64) -> f64 {
                     })
                     .expect("message");
                 let slot = mailer.reserve().await;
-                mailer.send(slot, m).await.expect("send");
+                let job = mailgate::domain::JobId::parse("bench").expect("an id");
+                mailer.send(slot, m, &job).await.expect("send");
             }
         }));
     }

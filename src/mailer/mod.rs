@@ -26,7 +26,7 @@ use lettre::message::{Mailbox, MultiPart};
 use lettre::{Address, AsyncFileTransport, AsyncTransport, Message, Tokio1Executor};
 use tokio::time::Instant;
 
-use crate::domain::EmailAddress;
+use crate::domain::{EmailAddress, JobId};
 use crate::settings::{Destination, SmtpSettings};
 
 /// Why a mail could not be built or sent. What the caller should do
@@ -336,22 +336,34 @@ impl Mailer {
     /// first relay whose circuit is closed, then the next after a
     /// relay-level failure ([`MailError::Relay`]), never after any other.
     /// Dropping the returned future closes the connection it was using.
-    pub async fn send(&self, _slot: Slot, message: Message) -> Result<(), MailError> {
+    /// Written to files (`file://`), the mail is named after `job`:
+    /// `<job id>.<uuid>.eml`, the id's characters other than letters,
+    /// digits, `-` and `_` written `_`.
+    pub async fn send(&self, _slot: Slot, message: Message, job: &JobId) -> Result<(), MailError> {
         let deadline = Instant::now() + self.deadline;
         match &self.transport {
             Transport::Smtp(relays) => {
                 let bytes = message.formatted();
                 relays.send(message.envelope(), &bytes, deadline).await
             }
-            Transport::File(t, _) => match tokio::time::timeout_at(deadline, t.send(message)).await
-            {
-                Err(_) => Err(MailError::Transient(format!(
-                    "writing the mail file: the send deadline of {} passed",
-                    humantime::format_duration(self.deadline)
-                ))),
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(MailError::Transient(format!("writing the mail file: {e}"))),
-            },
+            Transport::File(t, dir) => {
+                let written = async {
+                    let uuid = t.send(message).await.map_err(|e| e.to_string())?;
+                    let named = dir.join(format!("{}.{uuid}.eml", file_safe(job.as_str())));
+                    let from = dir.join(format!("{uuid}.eml"));
+                    tokio::fs::rename(from, named)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                match tokio::time::timeout_at(deadline, written).await {
+                    Err(_) => Err(MailError::Transient(format!(
+                        "writing the mail file: the send deadline of {} passed",
+                        humantime::format_duration(self.deadline)
+                    ))),
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(MailError::Transient(format!("writing the mail file: {e}"))),
+                }
+            }
         }
     }
 
@@ -405,6 +417,18 @@ impl Mailer {
             Transport::File(..) => Ok(()),
         }
     }
+}
+
+/// `id` as a file name's part: letters, digits, `-` and `_` as they are,
+/// anything else `_`, at most 100 characters (a job id may hold `/`).
+fn file_safe(id: &str) -> String {
+    id.chars()
+        .take(100)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
+            _ => '_',
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ impl<L: Ledger> Pipeline<L> {
             return self.stopped(job_ref).await;
         }
         let started = std::time::Instant::now();
-        let sent = (self.mailer.send(slot, mail))
+        let sent = (self.mailer.send(slot, mail, &job.id))
             .instrument(tracing::info_span!("smtp send", otel.kind = "client"))
             .await;
         telemetry::smtp_send(

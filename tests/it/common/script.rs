@@ -391,7 +391,12 @@ pub(crate) async fn send_code(
         })
         .expect("compose");
     let slot = m.reserve().await;
-    m.send(slot, mail).await
+    m.send(
+        slot,
+        mail,
+        &mailgate::domain::JobId::parse("script").unwrap(),
+    )
+    .await
 }
 
 /// The verbs the server received, over every connection.

@@ -629,7 +629,8 @@ async fn only_a_relay_level_failure_fails_over() {
         };
         let mail = m.compose(&out).unwrap();
         let slot = m.reserve().await;
-        m.send(slot, mail).await
+        m.send(slot, mail, &mailgate::domain::JobId::parse("t").unwrap())
+            .await
     };
     let m = Mailer::new(&smtp(5)).unwrap();
     assert!(send(m.clone(), "a@example.com").await.is_ok());
@@ -768,7 +769,8 @@ async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
     let slot = tokio::time::timeout(Duration::from_secs(5), m.reserve())
         .await
         .expect("the circuit starts closed");
-    let sent = m.send(slot, m.compose(&out).unwrap()).await;
+    let job = mailgate::domain::JobId::parse("t").unwrap();
+    let sent = m.send(slot, m.compose(&out).unwrap(), &job).await;
     assert!(
         matches!(&sent, Err(e) if e.to_string().contains("SMTPUTF8")),
         "{sent:?}"

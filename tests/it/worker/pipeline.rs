@@ -282,6 +282,17 @@ async fn the_mail_file_holds_the_code_and_the_recipient() {
     );
     assert!(mail.contains("Subject: 493817 is your Acme code"), "{mail}");
     assert!(mail.contains("multipart/alternative"), "{mail}");
+    // The file is named after the job, its id made safe for a file name.
+    let body = job("a/../b c", "other@example.com");
+    assert_eq!(env.handle(msg(&body, &Ticket::new())).await, Action::Done);
+    let mut names: Vec<String> = std::fs::read_dir(&env.mails)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].starts_with("a____b_c.") && names[0].ends_with(".eml"), "{names:?}");
+    assert!(names[1].starts_with("j1.") && names[1].ends_with(".eml"), "{names:?}");
 }
 
 #[tokio::test]
