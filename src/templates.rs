@@ -555,7 +555,8 @@ mod tests {
             said.contains("verify/fr has no body.txt: a locale needs"),
             "{said}"
         );
-        let said = crate::report::one_line(&err);
+        let cause = std::error::Error::source(&err).map(ToString::to_string);
+        let said = format!("{err}: {}", cause.unwrap_or_default());
         assert!(said.contains("verify/fr/subject.txt"), "{said}");
         assert!(said.contains("`cod` is undefined"), "names it: {said}");
         // Once loaded, rendering keeps no debug information.
