@@ -34,6 +34,7 @@ try {
   };
   const result = new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("no result within 30s")), 30_000);
+    timer.unref(); // the open connection keeps the process waiting, not the timer
     ch.consume(
       replyTo,
       (msg) => {
@@ -44,7 +45,14 @@ try {
       { noAck: true },
     );
   });
+  // mandatory: with no jobs queue (no worker ever started) RabbitMQ returns
+  // the job instead of dropping it, and the confirm still comes.
+  let returned = false;
+  ch.on("return", () => {
+    returned = true;
+  });
   ch.sendToQueue(jobsQueue, Buffer.from(JSON.stringify(job)), {
+    mandatory: true,
     persistent: true,
     contentType: "application/json",
     replyTo,
@@ -52,6 +60,7 @@ try {
     timestamp: Math.floor(Date.now() / 1000),
   });
   await ch.waitForConfirms();
+  if (returned) throw new Error(`no queue ${jobsQueue}: is a mailgate worker started?`);
   console.log(JSON.stringify(await result));
 } finally {
   await conn.close();
