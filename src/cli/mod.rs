@@ -202,7 +202,13 @@ pub enum Command {
 /// before logging starts, and hands them to [`run`].
 pub fn load_settings(config: &std::path::Path) -> anyhow::Result<Settings> {
     Settings::load(config).map_err(|e| {
+        let list = crate::report::one_line(&e).contains("expected a sequence");
         let source = match e.env_source() {
+            Some(var) if list => format!(
+                "from {var}: a list (rules, exempt, relays) cannot be set from the environment; \
+                 set it in the settings file, {}",
+                config.display()
+            ),
             Some(var) => format!(
                 "from {var} (an environment variable, applied over {})",
                 config.display()
@@ -307,8 +313,14 @@ async fn amqp(settings: &Settings) -> anyhow::Result<(Connection, Channel)> {
     let conn = broker::connect_node(&settings.amqp, ConnectionProperties::default())
         .await
         .map_err(|e| {
+            let refused = crate::report::one_line(&e).contains("ACCESS_REFUSED");
             match crate::tls::explain_url(&e, "amqp.tls", &settings.amqp.url, &settings.amqp.tls) {
                 Some(why) => anyhow!("cannot reach RabbitMQ at {url}: {why}"),
+                // Reached, and the login refused: not a network problem.
+                None if refused => anyhow::Error::new(e).context(format!(
+                    "RabbitMQ at {url} refused the login: check the user, the password and \
+                     the vhost's permissions in [amqp] url or MAILGATE__AMQP__URL"
+                )),
                 None => anyhow::Error::new(e).context(format!(
                     "cannot reach RabbitMQ at {url} (set [amqp] url or MAILGATE__AMQP__URL)"
                 )),

@@ -144,10 +144,14 @@ impl SettingsError {
             rest.split_once('`').map(|(name, _)| name.to_owned())
         };
         if let Some(field) = quoted("unknown field `") {
-            let suffix = format!("__{}", field.to_ascii_uppercase());
+            // The variable that names it, as its key or as a section.
+            let field = field.to_ascii_uppercase();
             return std::env::vars_os()
                 .filter_map(|(k, _)| k.into_string().ok())
-                .find(|k| k.starts_with("MAILGATE__") && k.ends_with(&suffix));
+                .find(|k| {
+                    k.strip_prefix("MAILGATE__")
+                        .is_some_and(|rest| rest.split("__").any(|part| part == field))
+                });
         }
         let is_key = |w: &&str| {
             w.contains('.')
@@ -210,6 +214,7 @@ impl Settings {
     /// start-up.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = self.smtp.warnings();
+        warnings.extend(unread_variables());
         let (drain, send) = (self.worker.shutdown_timeout, self.smtp.timeout);
         if drain.mul_f64(0.9) < send {
             warnings.push(format!(
@@ -358,6 +363,21 @@ fn check_userinfo(key: &str, url: &str) -> Result<(), SettingsError> {
 fn load_tls(tls: &TlsSettings, key: &str) -> Result<LinkTls, SettingsError> {
     tls.load(key)
         .map_err(|e| SettingsError::Invalid(crate::report::one_line(&e)))
+}
+
+/// A warning for each environment variable that looks meant to set a key
+/// but is not read: `MAILGATE_AMQP__URL`, with one underscore after
+/// `MAILGATE` (settings are `MAILGATE__SECTION__KEY`).
+fn unread_variables() -> Vec<String> {
+    std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| !k.starts_with("MAILGATE__"))
+        .filter_map(|k| Some((k.strip_prefix("MAILGATE_")?.to_owned(), k)))
+        .filter(|(rest, _)| rest.contains("__"))
+        .map(|(rest, k)| {
+            format!("{k} is not read: a setting is MAILGATE__SECTION__KEY (two underscores after MAILGATE, as in MAILGATE__{rest})")
+        })
+        .collect()
 }
 
 /// Deserializes `"500ms"`, `"60s"`, `"10m"`, `"24h"`, `"1h 30m"`.

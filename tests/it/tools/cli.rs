@@ -417,6 +417,12 @@ async fn check_config_explains_what_is_wrong() {
     // A bad value is blamed on the variable that set it, and a URL with no
     // password shows its host.
     for (var, value, says) in [
+        ("MAILGATE__AMPQ__URL", "amqp://x", "unknown field `ampq`"),
+        (
+            "MAILGATE__LIMITS__EMAIL__RULES",
+            "[{ window = \"60s\", max = 3 }]",
+            "a list (rules, exempt, relays) cannot be set from the environment",
+        ),
         (
             "MAILGATE__LIMITS__DEDUP_FOR",
             "banana",
@@ -433,9 +439,29 @@ async fn check_config_explains_what_is_wrong() {
         let out = run(c);
         let err = text(&out.stderr);
         assert!(!out.status.success(), "{var}");
-        assert!(err.starts_with(&format!("error: from {var} ")), "{err}");
+        assert!(err.starts_with(&format!("error: from {var}")), "{err}");
         assert!(err.contains(says), "{err}");
     }
+    // A refused login is not "cannot reach", and is one line (when the
+    // test broker's URL has the password to spoil).
+    let url = h.settings.amqp.url.as_str();
+    let wrong = url.replacen("guest:guest@", "guest:wrong@", 1);
+    if wrong != url {
+        let mut c = mailgate(&h, &["results"]);
+        c.env("MAILGATE__AMQP__URL", wrong);
+        let err = text(&run(c).stderr);
+        assert!(err.contains("refused the login"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+
+    // A variable with one underscore after MAILGATE is not read: said.
+    let mut c = mailgate(&h, &["check-config"]);
+    c.env("MAILGATE_AMQP__URL", "amqp://x");
+    let said = text(&run(c).stdout);
+    assert!(
+        said.contains("warning: MAILGATE_AMQP__URL is not read"),
+        "{said}"
+    );
 
     // A misspelt purpose's rules would never apply: refused, by name, with
     // the purposes there are; so is asking for its limits.

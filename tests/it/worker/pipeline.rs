@@ -291,8 +291,14 @@ async fn the_mail_file_holds_the_code_and_the_recipient() {
         .collect();
     names.sort();
     assert_eq!(names.len(), 2, "{names:?}");
-    assert!(names[0].starts_with("a____b_c.") && names[0].ends_with(".eml"), "{names:?}");
-    assert!(names[1].starts_with("j1.") && names[1].ends_with(".eml"), "{names:?}");
+    assert!(
+        names[0].starts_with("a____b_c.") && names[0].ends_with(".eml"),
+        "{names:?}"
+    );
+    assert!(
+        names[1].starts_with("j1.") && names[1].ends_with(".eml"),
+        "{names:?}"
+    );
 }
 
 #[tokio::test]
