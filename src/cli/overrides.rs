@@ -158,7 +158,7 @@ async fn add_override(
 impl AddOverride {
     /// The override these flags describe, added at `now`. Refuses one that
     /// says nothing, a target that does not parse, and (without `--force`)
-    /// a network wider than /8 or /32, or a deny of a domain in
+    /// a network wider than /8 or /32, or a deny or rules of a domain in
     /// `limits.domain.exempt`.
     fn into_override(self, settings: &Settings, now: u64) -> anyhow::Result<Override> {
         let action = match (self.allow, self.deny) {
@@ -170,15 +170,24 @@ impl AddOverride {
         let expires_at_ms = (self.expires_in)
             .map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
         let target = Target::parse_to_add(&self.target, self.force)?;
-        // A deny of a big provider's domain locks out every user there.
-        if let (Target::Domain(d), Action::Deny) = (&target, &action)
+        // A deny of a big provider's domain locks out every user there, and
+        // rules of its own put all of them under one domain rule.
+        if let Target::Domain(d) = &target
             && settings.limits.domain.exempt.contains(d)
             && !self.force
         {
-            bail!(
-                "domain:{d} is in limits.domain.exempt (a big provider): a deny locks out \
-                 every user there; add --force if that is meant"
-            );
+            match &action {
+                Action::Deny => bail!(
+                    "domain:{d} is in limits.domain.exempt (a big provider): a deny locks out \
+                     every user there; add --force if that is meant"
+                ),
+                Action::Rules(_) => bail!(
+                    "domain:{d} is in limits.domain.exempt (a big provider): rules of its own \
+                     would judge every sign-up there by one domain rule (and each client \
+                     network by its share of it); add --force if that is meant"
+                ),
+                Action::Allow => {}
+            }
         }
         Ok(Override {
             target,

@@ -289,7 +289,8 @@ async fn print_results(
         let next = tokio::time::timeout_at(deadline, consumer.next()).await;
         let Ok(Some(Ok(delivery))) = next else {
             eprintln!(
-                "error: no result within {} for {} (is a worker running? `mailgate worker`)",
+                "error: no result within {} for {} (is a worker running? `mailgate job <id>` \
+                 says where a job is, and a worker's /readyz why it may not send)",
                 humantime::format_duration(timeout),
                 waiting.iter().cloned().collect::<Vec<_>>().join(", ")
             );

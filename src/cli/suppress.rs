@@ -180,7 +180,8 @@ async fn add(
             )
         },
     );
-    println!("suppressed {added} mailboxes {how_long}");
+    let mailboxes = if added == 1 { "mailbox" } else { "mailboxes" };
+    println!("suppressed {added} {mailboxes} {how_long}");
     if skipped > 0 {
         println!("skipped {skipped} lines without a mailbox");
     }

@@ -1141,6 +1141,22 @@ async fn an_override_cannot_silently_cover_every_client() {
         "{}",
         text(&provider.stderr)
     );
+    // Rules of its own would put every sign-up there under one rule.
+    let args = [
+        "overrides",
+        "add",
+        "domain:gmail.com",
+        "--rule",
+        "1h=5",
+        "--reason",
+        "test",
+    ];
+    let ruled = run(mailgate(&h, &args));
+    let said = text(&ruled.stderr);
+    assert!(
+        !ruled.status.success() && said.contains("rules of its own"),
+        "{said}"
+    );
     let narrow = add("ip:198.51.100.0/24", &[]);
     assert!(narrow.status.success(), "{}", text(&narrow.stderr));
     assert!(

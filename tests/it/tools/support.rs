@@ -113,7 +113,7 @@ async fn suppressed_mailboxes_get_no_code_and_use_no_quota() {
         )
         .await,
     );
-    assert!(added.contains("suppressed 1 mailboxes for 30d"), "{added}");
+    assert!(added.contains("suppressed 1 mailbox for 30d"), "{added}");
     let r = {
         h.publish(&job("s1", "gone@example.com")).await;
         h.result().await
