@@ -231,6 +231,29 @@ impl Templates {
         Ok(())
     }
 
+    /// The bodies that do not show the code (`{{ code }}`): a mail without
+    /// it is of no use, which `check-config` and the worker warn of. Each
+    /// as `<purpose>/<locale>/<file>`.
+    pub fn without_code(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (purpose, sets) in &self.locales {
+            for locale in sets.values() {
+                let ctx = sample_context(purpose, locale, true);
+                let Ok(r) = self.render_set(purpose, locale, &ctx) else {
+                    continue;
+                };
+                let code = SAMPLE_CODE;
+                if !r.text.contains(code) {
+                    found.push(format!("{purpose}/{locale}/{TEXT}"));
+                }
+                if r.html.is_some_and(|h| !h.contains(code)) {
+                    found.push(format!("{purpose}/{locale}/{HTML}"));
+                }
+            }
+        }
+        found
+    }
+
     /// The purposes there are templates for.
     pub fn purposes(&self) -> impl Iterator<Item = &str> {
         self.locales.keys().map(String::as_str)
@@ -427,6 +450,9 @@ fn subdirs(dir: &Path, root: &Path) -> Result<Vec<String>, TemplateError> {
 
 /// What a job may give a template: with `full`, every optional value;
 /// without, none of them.
+/// The code the templates are rendered with when they are checked.
+const SAMPLE_CODE: &str = "123456";
+
 fn sample_context(purpose: &str, locale: &str, full: bool) -> Value {
     let vars = if full {
         minijinja::context! {
@@ -437,7 +463,7 @@ fn sample_context(purpose: &str, locale: &str, full: bool) -> Value {
         minijinja::context! {}
     };
     minijinja::context! {
-        code => "123456",
+        code => SAMPLE_CODE,
         email => "user@example.com",
         purpose => purpose,
         locale => locale,
@@ -546,6 +572,12 @@ mod tests {
         files.push(("verify/fr/subject.txt", "{{ cod }}"));
         files.push(("verify/fr/body.txt", "x"));
         let (_d, s) = set(&files);
+        let mut no_code = OK.to_vec();
+        no_code.push(("verify/fr/subject.txt", "x"));
+        no_code.push(("verify/fr/body.txt", "Hello, no code here"));
+        let (_d3, s3) = set(&no_code);
+        let t = Templates::load(&s3).expect("it loads");
+        assert_eq!(t.without_code(), ["verify/fr/body.txt"]);
         let err = Templates::load(&s).expect_err("undefined variable");
         let mut missing = OK.to_vec();
         missing.push(("verify/fr/subject.txt", "x"));

@@ -28,6 +28,9 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
     for warning in settings.warnings() {
         println!("warning: {warning}");
     }
+    for body in templates.without_code() {
+        println!("warning: {body} does not show the code ({{{{ code }}}}): its mails are of no use");
+    }
     if let Some(dir) = mailer.outbox() {
         println!(
             "warning: smtp.url is file://: mail is written to {} as .eml files, not sent",

@@ -27,6 +27,9 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     let templates = load_templates(settings)?;
     let mailer = Mailer::new(&settings.smtp)?;
     warn_of(settings, &mailer);
+    for body in templates.without_code() {
+        tracing::warn!(template = %body, "a mail body does not show the code ({{{{ code }}}})");
+    }
     let ledger = open_ledger(&settings.redis, &settings.limits, &endpoint.starting).await?;
     let stopping = Stopping::default();
     let pipeline = Pipeline::new(
