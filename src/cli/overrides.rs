@@ -102,7 +102,9 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
         OverridesAction::Remove { target } => {
             let target = Target::parse(&target)?;
             let done = store.remove(&target).await?;
-            if done.removed.is_empty() {
+            let removed = !done.removed.is_empty();
+            if !removed {
+                // Exit 1, as `suppress remove` of a mailbox with none.
                 println!("{target} had no override");
             }
             for t in done.removed {
@@ -111,7 +113,7 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
             for t in done.still {
                 println!("still in force for the same subject: the override of {t}");
             }
-            Ok(true)
+            Ok(removed)
         }
     }
 }
