@@ -76,6 +76,8 @@ impl<L: Ledger + 'static> Worker<L> {
     /// an SMTP relay to take mail (every circuit open): none of them is
     /// sending, and none would finish before a probe closes a circuit.
     async fn drain(&self, tasks: &mut JoinSet<()>, deadline: tokio::time::Instant) {
+        // Jobs that ended are still in the set until joined: not in flight.
+        while tasks.try_join_next().is_some() {}
         let n = tasks.len();
         if n == 0 {
             return;
