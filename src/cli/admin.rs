@@ -115,13 +115,21 @@ async fn purge(
         queues: find_queues(&conn, &topology, keep_results).await?,
         ..Found::default()
     };
-    refuse_if_consumed(&found.queues, &topology)?;
+    // With --yes, nothing is looked at further while a queue is in use;
+    // without, what would go is shown all the same, and the refusal after.
+    let consumed = match refuse_if_consumed(&found.queues, &topology) {
+        Err(busy) if yes => return Err(busy),
+        other => other,
+    };
     let prefix = &settings.redis.key_prefix;
     if let Some(redis) = &redis {
         sweep(redis, prefix, false, &mut found).await?;
     }
     if !yes || found.is_empty() {
         report(settings, &found, Done::Looked, json);
+        if let Err(busy) = consumed {
+            eprintln!("{}; --yes would refuse now", super::one_line(&busy));
+        }
         return Ok(found.is_empty());
     }
     let classic = settings.amqp.queue_type == QueueType::Classic;

@@ -29,7 +29,9 @@ pub async fn check_config(settings: &Settings, connect: bool) -> anyhow::Result<
         println!("warning: {warning}");
     }
     for body in templates.without_code() {
-        println!("warning: {body} does not show the code ({{{{ code }}}}): its mails are of no use");
+        println!(
+            "warning: {body} does not show the code ({{{{ code }}}}): its mails are of no use"
+        );
     }
     if let Some(dir) = mailer.outbox() {
         println!(

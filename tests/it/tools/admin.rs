@@ -225,6 +225,15 @@ async fn purge_refuses_while_the_queues_are_consumed() {
         "{why}"
     );
     assert!(err.contains("nothing was removed"), "{err}");
+    // Without --yes it shows what would go, and that --yes would refuse.
+    let looked = h.run_tool(&["admin", "purge"]).await;
+    let (out, err) = (text(&looked.stdout), text(&looked.stderr));
+    assert!(!looked.status.success());
+    assert!(
+        out.contains(&format!("would remove queue {jobs} ")),
+        "{out}"
+    );
+    assert!(err.contains("--yes would refuse now"), "{err}");
     assert!(exists(&h, jobs).await && exists(&h, results).await);
     assert!(keys_under(&record).contains(&record), "the record stays");
     w.stop().await.unwrap();
