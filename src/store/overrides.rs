@@ -255,8 +255,8 @@ pub struct ResetNote {
 const RESETS_KEPT: isize = 1000;
 
 impl OverrideStore {
-    /// Notes `note` in the log of resets (`<prefix>resets`, the newest
-    /// [`RESETS_KEPT`]).
+    /// Notes `note` in the log of resets (`<prefix>resets`, which keeps
+    /// the newest 1 000).
     pub async fn note_reset(&self, note: &ResetNote) -> Result<(), OverrideError> {
         let key = crate::limiter::families::resets_key(&self.keys.prefix);
         let json =
