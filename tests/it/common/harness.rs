@@ -267,6 +267,24 @@ impl Harness {
         self._conn.create_channel().await.expect("channel")
     }
 
+    /// How many messages `queue` holds (ready), or `None` if there is no
+    /// such queue: a passive declare on a channel of its own (a miss
+    /// closes that channel).
+    pub(crate) async fn queue_depth(&self, queue: &str) -> Option<u32> {
+        let channel = self.channel_for_checks().await;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let n = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .ok()
+            .map(|q| q.message_count());
+        let _ = channel.close(200, "ok".into()).await;
+        n
+    }
+
     /// Every Redis key under the test's prefix, but the clock watch's
     /// (`<prefix>{clock}…`: a few, whatever the jobs).
     pub(crate) fn redis_keys(&self) -> Vec<String> {

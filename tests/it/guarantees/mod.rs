@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use crate::common;
 use crate::common::harness::Harness;
 use lapin::BasicProperties;
-use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};
 
@@ -23,20 +22,9 @@ fn job(id: &str, email: &str) -> Value {
     json!({"id": id, "email": email, "code": "493817"})
 }
 
-/// How many messages `queue` holds now.
+/// How many messages `queue` holds now (0 if there is none).
 async fn depth(h: &Harness, queue: &str) -> u32 {
-    let ch = h.channel_for_checks().await;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let n = ch
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-        .map(|q| q.message_count())
-        .unwrap_or(0);
-    let _ = ch.close(200, "ok".into()).await;
-    n
+    h.queue_depth(queue).await.unwrap_or(0)
 }
 
 /// A RabbitMQ user of the test's own, deleted when dropped.

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::process::Output;
 
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, QueueDeclareOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use mailgate::broker::Topology;
@@ -27,17 +27,7 @@ fn succeeded(out: &Output) -> String {
 
 /// Whether `queue` exists.
 async fn exists(h: &Harness, queue: &str) -> bool {
-    let channel = h.channel_for_checks().await;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let found = channel
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-        .is_ok();
-    let _ = channel.close(200, "ok".into()).await;
-    found
+    h.queue_depth(queue).await.is_some()
 }
 
 /// Every key that begins with `start` (its glob characters escaped), but

@@ -5,7 +5,6 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
-use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};
 
@@ -31,20 +30,9 @@ fn json_lines(out: &Output) -> Vec<Value> {
         .collect()
 }
 
-/// How many messages `queue` holds, ready or not.
+/// How many messages `queue` holds.
 async fn depth(h: &Harness, queue: &str) -> u32 {
-    let channel = h.channel_for_checks().await;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let n = channel
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-        .expect("the queue exists")
-        .message_count();
-    let _ = channel.close(200, "done".into()).await;
-    n
+    h.queue_depth(queue).await.expect("the queue exists")
 }
 
 /// Waits until `queue` holds `n` messages.
