@@ -46,7 +46,18 @@ fn main() -> ExitCode {
         (Command::Worker, Ok(s)) => s.telemetry.otlp_endpoint.clone(),
         _ => None,
     };
-    let traces = match init_telemetry(cli.log_format, default_filter, otlp.as_deref()) {
+    // A tool's passive looks at queues that may not be there close their
+    // channels, which lapin logs as errors whatever the level: with
+    // RUST_LOG set for the worker (`info`), a clean purge would print one
+    // per queue. Off for the tools unless RUST_LOG names lapin itself.
+    let quiet_channels = !matches!(cli.command, Command::Worker)
+        && std::env::var("RUST_LOG").is_ok_and(|f| !f.contains("lapin"));
+    let traces = match init_telemetry(
+        cli.log_format,
+        default_filter,
+        quiet_channels,
+        otlp.as_deref(),
+    ) {
         Ok(traces) => traces,
         Err(e) => {
             eprintln!("error: {e}");
@@ -129,11 +140,13 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 /// Logs to stderr (filtered by `RUST_LOG`), and, with `otlp`, mailgate's
-/// spans to OpenTelemetry whatever `RUST_LOG` says (see `mailgate::traces`).
+/// spans to OpenTelemetry whatever `RUST_LOG` says (see `mailgate::traces`);
+/// with `quiet_channels`, without lapin's channel errors.
 /// Returns the span pipeline, to shut down at the end.
 fn init_telemetry(
     format: LogFormat,
     default_filter: &str,
+    quiet_channels: bool,
     otlp: Option<&str>,
 ) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, mailgate::traces::TracesError> {
     use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets};
@@ -146,11 +159,15 @@ fn init_telemetry(
     // says.
     // The HTTP client that exports spans logs the collector's URL, password
     // and all, at trace: off too.
+    let channels = quiet_channels.then_some("lapin::channel=off");
     for quiet in [
         "lapin::returned_messages=off",
         "hyper_util=off",
         "reqwest=off",
-    ] {
+    ]
+    .into_iter()
+    .chain(channels)
+    {
         if let Ok(quiet) = quiet.parse() {
             filter = filter.add_directive(quiet);
         }

@@ -58,7 +58,7 @@ pub use browse::Browse;
 pub use connect::{Broker, connect_node};
 pub use dead::DeadLetter;
 pub use incoming::{Incoming, TraceHeaders};
-pub use ops::{Consumers, QueueState, delete_queue, queue_state};
+pub use ops::{Consumers, QueueState, declared_with, delete_queue, queue_state};
 pub use topology::Topology;
 
 /// How many times a quorum jobs queue delivers a message before RabbitMQ

@@ -142,6 +142,27 @@ pub async fn delete_queue(
     }
 }
 
+/// Whether `queue`, a durable queue that exists, has exactly `arguments`:
+/// RabbitMQ declares an existing queue again only with arguments
+/// equivalent to its own (else it answers `PRECONDITION_FAILED`, closing
+/// the channel, its own here). A queue that does not exist is declared by
+/// this, so the caller looks first ([`queue_state`]).
+pub async fn declared_with(
+    conn: &Connection,
+    queue: &str,
+    arguments: FieldTable,
+) -> Result<bool, BrokerError> {
+    let channel = conn.create_channel().await?;
+    match (channel.queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)).await {
+        Ok(_) => {
+            let _ = channel.close(200, "done".into()).await;
+            Ok(true)
+        }
+        Err(e) if soft_error(&e) == Some(AMQPSoftError::PRECONDITIONFAILED) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The channel-level error RabbitMQ answered with, if `e` is one.
 fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
     match e.kind() {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use lapin::types::{AMQPValue, FieldTable};
 
 use super::DELIVERY_LIMIT;
-use crate::settings::{QueueType, Settings};
+use crate::settings::{Lane, QueueType, Settings};
 
 /// Queue names derived from the settings.
 #[derive(Debug, Clone)]
@@ -94,15 +94,6 @@ impl Topology {
         format!("{}.wait", self.jobs)
     }
 
-    /// Every queue `mailgate admin purge` looks for by name: those of
-    /// [`Topology::all`], then [`Topology::legacy_wait`]. (Earlier settings
-    /// may have declared more numbered ones: [`Topology::beyond`].)
-    pub fn purgeable(&self) -> Vec<String> {
-        let mut all = self.all();
-        all.push(self.legacy_wait());
-        all
-    }
-
     /// The `k`th queue (from 1) past the last of each numbered series, as
     /// earlier settings of this deployment may have declared them: the
     /// retry queue of attempt `retries + k` (a larger `retry.max_attempts`
@@ -131,29 +122,29 @@ impl Topology {
     ///   once, which could lose a job; at least once needs `reject-publish`
     ///   overflow, which without a length limit rejects nothing).
     pub fn arguments(&self, queue: &str) -> FieldTable {
-        let quorum = self.queue_type == QueueType::Quorum;
-        let text = |s: &str| AMQPValue::LongString(s.into());
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), text(self.queue_type.as_str()));
-        let dead_letters_to = if self.is_waiting(queue) {
-            Some(&self.jobs)
-        } else if quorum && (queue == self.jobs || queue == self.redelivered) {
+        if self.is_waiting(queue) {
+            return self.lane_arguments(self.queue_type);
+        }
+        let mut args = type_named(self.queue_type);
+        if self.queue_type == QueueType::Quorum && (queue == self.jobs || queue == self.redelivered)
+        {
             args.insert(
                 "x-delivery-limit".into(),
                 AMQPValue::LongLongInt(DELIVERY_LIMIT),
             );
-            Some(&self.dead)
-        } else {
-            None
-        };
-        if let Some(to) = dead_letters_to {
-            args.insert("x-dead-letter-exchange".into(), text(""));
-            args.insert("x-dead-letter-routing-key".into(), text(to));
-            if quorum {
-                args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
-                args.insert("x-overflow".into(), text("reject-publish"));
-            }
+            dead_letters_to(&mut args, &self.dead, self.queue_type);
         }
+        args
+    }
+
+    /// The arguments of a queue where these jobs wait (a retry or a lease
+    /// wait) of `queue_type`: expired messages dead-letter back to the jobs
+    /// queue. RabbitMQ declares an existing queue again only with the
+    /// arguments it has, so these prove a queue is one of this deployment's
+    /// waiting queues, whatever its name says (`admin purge`).
+    pub fn lane_arguments(&self, queue_type: QueueType) -> FieldTable {
+        let mut args = type_named(queue_type);
+        dead_letters_to(&mut args, &self.jobs, queue_type);
         args
     }
 
@@ -199,14 +190,29 @@ impl Topology {
     /// wait queue of earlier versions): a result parked there, with no
     /// expiry, would hold up every wait behind it.
     pub fn reserved(&self, queue: &str) -> bool {
-        let waiting = match queue.rsplit_once('.') {
-            Some((head, "wait")) => !head.is_empty(),
-            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-                head.ends_with(".wait") || head.ends_with(".retry")
-            }
-            _ => false,
-        };
-        self.owns(queue) || waiting
+        self.owns(queue) || Lane::of(queue).is_some_and(Lane::is_waiting)
+    }
+}
+
+/// Arguments that name the queue's type.
+fn type_named(queue_type: QueueType) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.as_str().into()),
+    );
+    args
+}
+
+/// Adds to `args` that the queue dead-letters to `to` (at least once, on a
+/// quorum queue).
+fn dead_letters_to(args: &mut FieldTable, to: &str, queue_type: QueueType) {
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    args.insert("x-dead-letter-exchange".into(), text(""));
+    args.insert("x-dead-letter-routing-key".into(), text(to));
+    if queue_type == QueueType::Quorum {
+        args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+        args.insert("x-overflow".into(), text("reject-publish"));
     }
 }
 
@@ -329,9 +335,7 @@ mod tests {
     #[test]
     fn a_purge_also_looks_for_what_earlier_settings_declared() {
         let t = Topology::new(&settings());
-        let purgeable = t.purgeable();
-        assert_eq!(purgeable.len(), t.all().len() + 1);
-        assert_eq!(purgeable.last().map(String::as_str), Some("j.wait"));
+        assert_eq!(t.legacy_wait(), "j.wait");
         assert_eq!(t.beyond(1), ["j.retry.3", "j.wait.64000"]);
         assert_eq!(t.beyond(2), ["j.retry.4", "j.wait.128000"]);
     }

@@ -2,8 +2,10 @@
 //! and nothing else.
 //!
 //! The queues are those mailgate declares for these settings
-//! ([`Topology::purgeable`]), and the numbered ones earlier settings may
-//! have declared past them ([`Topology::beyond`]); the keys are those of
+//! ([`Topology::all`]), by name, and those earlier settings may have
+//! declared (the old lease-wait queue, numbered ones past each series:
+//! [`Topology::beyond`]) where their arguments prove them this deployment's
+//! waiting queues, not another's named alike; the keys are those of
 //! mailgate's families under `redis.key_prefix`
 //! ([`families`](crate::limiter::families)), found by `SCAN` on every
 //! primary, so the application's own keys under the same prefix stay.
@@ -82,6 +84,9 @@ struct Found {
     keys: Option<[u64; FAMILIES.len()]>,
     /// Keys under the prefix of no family: not mailgate's, left alone.
     others: u64,
+    /// Queues named like this deployment's from earlier settings whose
+    /// arguments say they are not (another deployment's): left alone.
+    foreign: Vec<String>,
 }
 
 impl Found {
@@ -111,8 +116,10 @@ async fn purge(
         true => None,
         false => Some(in_redis(settings, store::connect(&settings.redis)).await?),
     };
+    let (queues, foreign) = find_queues(&conn, &topology, keep_results).await?;
     let mut found = Found {
-        queues: find_queues(&conn, &topology, keep_results).await?,
+        queues,
+        foreign,
         ..Found::default()
     };
     // With --yes, nothing is looked at further while a queue is in use;
@@ -133,7 +140,10 @@ async fn purge(
         return Ok(found.is_empty());
     }
     let classic = settings.amqp.queue_type == QueueType::Classic;
-    let mut removed = Found::default();
+    let mut removed = Found {
+        foreign: found.foreign.clone(),
+        ..Found::default()
+    };
     for q in &found.queues {
         let messages = delete(&conn, q, classic).await.map_err(|e| {
             let done = removed.queues.len();
@@ -168,35 +178,80 @@ async fn purge(
     Ok(back.is_empty())
 }
 
-/// The deployment's queues that exist: those of [`Topology::purgeable`]
-/// (but the results queue, with `keep_results`), then any numbered ones
-/// past them ([`Topology::beyond`]).
+/// The deployment's queues that exist: those these settings declare
+/// ([`Topology::all`], but the results queue with `keep_results`), by
+/// name; then those earlier settings of it may have declared (the one
+/// lease-wait queue of earlier versions, and numbered ones past each
+/// series, [`Topology::beyond`]) only where their arguments prove they are
+/// its waiting queues ([`is_lane`]): a name alone could be another
+/// deployment's queue. Those found by name and left are returned apart.
 async fn find_queues(
     conn: &lapin::Connection,
     topology: &Topology,
     keep_results: bool,
-) -> anyhow::Result<Vec<QueueState>> {
+) -> anyhow::Result<(Vec<QueueState>, Vec<String>)> {
     let look = |name: String| async move {
         broker::queue_state(conn, &name)
             .await
             .with_context(|| format!("looking at queue {name:?}"))
     };
     let mut queues = Vec::new();
-    for name in topology.purgeable() {
+    for name in topology.all() {
         if keep_results && name == topology.results {
             continue;
         }
         queues.extend(look(name).await?);
     }
+    let mut earlier = vec![topology.legacy_wait()];
     for series in 0..2 {
         for k in 1..=MAX_BEYOND {
-            let Some(q) = look(topology.beyond(k)[series].clone()).await? else {
+            let name = topology.beyond(k)[series].clone();
+            if look(name.clone()).await?.is_none() {
                 break;
-            };
-            queues.push(q);
+            }
+            earlier.push(name);
         }
     }
-    Ok(queues)
+    let mut foreign = Vec::new();
+    for name in earlier {
+        let Some(q) = look(name.clone()).await? else {
+            continue;
+        };
+        match is_lane(conn, topology, &name).await? {
+            true => queues.push(q),
+            false => foreign.push(name),
+        }
+    }
+    Ok((queues, foreign))
+}
+
+/// Whether `queue`, which exists, is a waiting queue of this deployment's
+/// jobs: declared with the arguments of one, of either type (RabbitMQ
+/// declares an existing queue again only with its own arguments). Another
+/// deployment's queue that its name makes look like one (its jobs queue
+/// named `J.wait` or `J.retry.5`) has other arguments.
+async fn is_lane(
+    conn: &lapin::Connection,
+    topology: &Topology,
+    queue: &str,
+) -> anyhow::Result<bool> {
+    for kind in [topology.queue_type, other(topology.queue_type)] {
+        let args = topology.lane_arguments(kind);
+        if (broker::declared_with(conn, queue, args).await)
+            .with_context(|| format!("looking at queue {queue:?}'s arguments"))?
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The queue type that is not `kind`.
+fn other(kind: QueueType) -> QueueType {
+    match kind {
+        QueueType::Classic => QueueType::Quorum,
+        QueueType::Quorum => QueueType::Classic,
+    }
 }
 
 /// Refuses, naming each queue with consumers and how many, if any has
@@ -319,6 +374,7 @@ fn report(settings: &Settings, found: &Found, done: Done, json: bool) {
             "keys": keys.iter().map(|(f, n)| json!({"family": f, "keys": n})).collect::<Vec<_>>(),
             "key_prefix": prefix,
             "other_keys_left": found.others,
+            "queues_left": found.foreign,
         });
         println!("{line}");
     } else {
@@ -351,5 +407,14 @@ fn left_alone(settings: &Settings, found: &Found) -> String {
             found.others, settings.redis.key_prefix
         ),
     };
-    format!("left alone: {keys}, and the queues jobs name in reply_to (the producers')")
+    let queues = match &found.foreign[..] {
+        [] => String::new(),
+        names => format!(
+            ", the queues {} (named like this deployment's, but their arguments are not those \
+             of its waiting queues: another deployment's? delete them by hand if they are \
+             this one's)",
+            names.join(", ")
+        ),
+    };
+    format!("left alone: {keys}{queues}, and the queues jobs name in reply_to (the producers')")
 }

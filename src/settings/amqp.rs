@@ -179,6 +179,15 @@ impl AmqpSettings {
             if name.is_empty() {
                 return Err(SettingsError::Invalid(format!("{key} must be named")));
             }
+            if let Some(lane) = Lane::of(name) {
+                return Err(SettingsError::Invalid(format!(
+                    "{key} {name:?} is named like {} of another jobs queue: that \
+                     deployment's `mailgate admin purge` could take it for its own; choose a \
+                     name that does not end in .dead, .redelivered, .wait, .wait.<number> or \
+                     .retry.<number>",
+                    lane.describe()
+                )));
+            }
             if name.starts_with("amq.") {
                 return Err(SettingsError::Invalid(format!(
                     "{key} {name:?}: names starting with \"amq.\" are reserved by RabbitMQ"
@@ -216,6 +225,63 @@ impl AmqpSettings {
             )));
         }
         Ok(())
+    }
+}
+
+/// One of the queues mailgate derives from a jobs queue `J`, as its name
+/// shows it ([`Lane::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// `J.dead`.
+    Dead,
+    /// `J.redelivered`.
+    Redelivered,
+    /// `J.wait`, the one lease-wait queue of earlier versions.
+    OldWait,
+    /// `J.wait.<ms>`.
+    Wait,
+    /// `J.retry.<n>`.
+    Retry,
+}
+
+impl Lane {
+    /// The lane `name` is named like, whatever its jobs queue (a name
+    /// before the suffix): no deployment's own jobs or results queue may be
+    /// named so (another deployment's `admin purge`, which looks for its
+    /// lanes by name, would meet it), and no job's `reply_to` may name a
+    /// waiting one ([`Lane::is_waiting`]: a result parked there would hold
+    /// up every wait behind it).
+    pub fn of(name: &str) -> Option<Lane> {
+        let (head, tail) = name.rsplit_once('.')?;
+        let numbered = !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit());
+        let (jobs, lane) = match tail {
+            "dead" => (head, Lane::Dead),
+            "redelivered" => (head, Lane::Redelivered),
+            "wait" => (head, Lane::OldWait),
+            _ if numbered => match head.rsplit_once('.') {
+                Some((jobs, "wait")) => (jobs, Lane::Wait),
+                Some((jobs, "retry")) => (jobs, Lane::Retry),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        (!jobs.is_empty()).then_some(lane)
+    }
+
+    /// Whether jobs wait in it for a while (a lease wait or a retry).
+    pub fn is_waiting(self) -> bool {
+        matches!(self, Lane::OldWait | Lane::Wait | Lane::Retry)
+    }
+
+    /// What it is, for people.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Lane::Dead => "the dead-letter queue",
+            Lane::Redelivered => "the queue of jobs handed out twice",
+            Lane::OldWait => "the lease-wait queue of earlier versions",
+            Lane::Wait => "a lease-wait queue",
+            Lane::Retry => "a retry queue",
+        }
     }
 }
 

@@ -78,7 +78,7 @@ mod smtp;
 mod tests;
 mod worker;
 
-pub use self::amqp::{AmqpSettings, QueueType};
+pub use self::amqp::{AmqpSettings, Lane, QueueType};
 pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
 pub use self::redis::{RecordForm, RedisSettings};
 pub use self::redis_url::{ClusterTarget, RedisTarget, RedisUrl, SentinelTarget};

@@ -247,6 +247,42 @@ fn queue_names_that_would_crash_or_loop_are_refused() {
     s.validate().expect("240 bytes leave room for '.retry.4'");
 }
 
+/// A jobs or results queue named like another deployment's lane would be
+/// taken for one by that deployment's `admin purge`.
+#[test]
+fn queue_names_like_another_deployments_lanes_are_refused() {
+    for name in [
+        "x.jobs.dead",
+        "x.jobs.redelivered",
+        "x.jobs.wait",
+        "x.jobs.wait.250",
+        "x.jobs.retry.5",
+    ] {
+        for results in [false, true] {
+            let mut s = shipped();
+            match results {
+                true => s.amqp.results_queue = name.into(),
+                false => s.amqp.jobs_queue = name.into(),
+            }
+            let err = s.validate().expect_err(name).to_string();
+            assert!(err.contains("is named like"), "{err}");
+        }
+    }
+    for fine in [
+        "x.jobs",
+        "x.jobs.retry",
+        "x.waiting",
+        "dead",
+        ".wait",
+        "x.retry.x",
+        "x.wait.2a",
+    ] {
+        let mut s = shipped();
+        s.amqp.jobs_queue = fine.into();
+        s.validate().unwrap_or_else(|e| panic!("{fine}: {e}"));
+    }
+}
+
 #[test]
 fn an_ipv6_amqp_host_is_refused_not_read_as_localhost() {
     let mut s = Settings::load(std::path::Path::new("config/default.toml")).unwrap();

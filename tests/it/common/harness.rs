@@ -298,16 +298,27 @@ impl Harness {
 
     /// Declares a queue of the test's own (e.g. a reply_to queue).
     pub(crate) async fn declare(&self, suffix: &str) -> String {
+        self.declare_with(
+            suffix,
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    }
+
+    /// Declares a queue of the test's own, durable, with `arguments`.
+    pub(crate) async fn declare_with(
+        &self,
+        suffix: &str,
+        options: QueueDeclareOptions,
+        arguments: FieldTable,
+    ) -> String {
         let name = format!(
             "{}{suffix}",
             self.settings.amqp.jobs_queue.trim_end_matches("jobs")
         );
         self.channel
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
+            .queue_declare(name.as_str().into(), options, arguments)
             .await
             .expect("declare");
         self.extra_queues.lock().unwrap().push(name.clone());

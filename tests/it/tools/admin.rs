@@ -7,10 +7,11 @@
 use std::collections::BTreeSet;
 use std::process::Output;
 
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use mailgate::broker::Topology;
+use mailgate::settings::QueueType;
 use serde_json::{Value, json};
 
 use crate::common::harness::Harness;
@@ -92,10 +93,14 @@ async fn purge_removes_one_deployment_and_nothing_of_its_neighbours() {
     let jobs = a.settings.amqp.jobs_queue.clone();
     let dead = format!("{jobs}.dead");
     a.publish_to(&dead, b"{}", BasicProperties::default()).await;
-    // Queues of earlier settings: one more retry, and the old wait queue.
+    // Queues of earlier settings: one more retry, and the old wait queue,
+    // as a worker declared them (waiting queues of these jobs).
+    let topology = Topology::new(&a.settings);
+    let lane = || topology.lane_arguments(a.settings.amqp.queue_type);
+    let durable = QueueDeclareOptions::durable;
     let old = [
-        a.declare("jobs.retry.5").await,
-        a.declare("jobs.wait").await,
+        a.declare_with("jobs.retry.5", durable(), lane()).await,
+        a.declare_with("jobs.wait", durable(), lane()).await,
     ];
     // The application's keys under the prefix, and one an unescaped glob
     // of it would match.
@@ -126,7 +131,7 @@ async fn purge_removes_one_deployment_and_nothing_of_its_neighbours() {
             "{key} in {mine:?}"
         );
     }
-    let mut queues = Topology::new(&a.settings).purgeable();
+    let mut queues = topology.all();
     queues.extend(old);
 
     // Without --yes: what it would remove, and nothing removed.
@@ -187,6 +192,75 @@ async fn purge_removes_one_deployment_and_nothing_of_its_neighbours() {
     assert_eq!(report["queues"], json!([]), "{report}");
     assert_eq!(report["keys"], json!([]), "{report}");
     assert!(text(&again.stderr).contains("nothing to remove"));
+}
+
+/// Queues of other deployments whose names look like this one's lanes
+/// from earlier settings (their jobs queues named `J.wait` and
+/// `J.retry.5`, which settings now refuse, but an earlier version took)
+/// are left, with their jobs: only their arguments could prove them this
+/// deployment's. And a purge run with the worker's `RUST_LOG` prints no
+/// lapin errors for the queues it looks for in vain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_leaves_neighbours_named_like_its_lanes() {
+    let a = Harness::new("purgelane").await;
+    run_a_job(&a, "n1").await;
+    let jobs = a.settings.amqp.jobs_queue.clone();
+    let mut neighbours = Vec::new();
+    for (suffix, kind) in [
+        ("jobs.wait", QueueType::Quorum),
+        ("jobs.retry.5", QueueType::Classic),
+        ("jobs.wait.64000", QueueType::Quorum),
+    ] {
+        // As that deployment's worker declared its jobs queue.
+        let mut theirs = a.settings.clone();
+        theirs.amqp.jobs_queue = format!("{jobs}{}", suffix.trim_start_matches("jobs"));
+        theirs.amqp.queue_type = kind;
+        let t = Topology::new(&theirs);
+        let name =
+            (a.declare_with(suffix, QueueDeclareOptions::durable(), t.arguments(&t.jobs))).await;
+        assert_eq!(name, t.jobs);
+        for i in 0..3 {
+            let job = json!({"id": format!("theirs{i}"), "email": "x@example.com", "code": "1"});
+            a.publish_to(
+                &name,
+                job.to_string().as_bytes(),
+                BasicProperties::default(),
+            )
+            .await;
+        }
+        neighbours.push(name);
+    }
+    let mut purge = a.command(env!("CARGO_BIN_EXE_mailgate"), &["admin", "purge", "--yes"]);
+    purge.env("RUST_LOG", "info");
+    let out = tokio::task::spawn_blocking(move || purge.output().unwrap())
+        .await
+        .unwrap();
+    let (stdout, stderr) = (succeeded(&out), text(&out.stderr));
+    assert!(
+        stdout.contains(&format!("removed queue {jobs}  ")),
+        "{stdout}"
+    );
+    for q in &neighbours {
+        assert!(!stdout.contains(&format!("queue {q} ")), "{q}: {stdout}");
+        assert!(
+            stderr.contains(q.as_str()),
+            "{q} named as left alone: {stderr}"
+        );
+        assert_eq!(a.queue_depth(q).await, Some(3), "{q} keeps its jobs");
+    }
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+    // Settings refuse such names now.
+    let mut refused = a.command(env!("CARGO_BIN_EXE_mailgate"), &["check-config"]);
+    refused.env("MAILGATE__AMQP__JOBS_QUEUE", &neighbours[1]);
+    let out = tokio::task::spawn_blocking(move || refused.output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is named like a retry queue of another jobs queue"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
