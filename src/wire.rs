@@ -66,15 +66,7 @@ pub fn decode(body: &[u8]) -> Result<Job, DecodeError> {
     // A UTF-8 byte order mark is not JSON, but editors and some producers'
     // libraries write one: skip it.
     let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
-    let IdOnly { id } = serde_json::from_slice(body)
-        .map_err(|e| DecodeError::Unusable(format!("not a JSON object: {e}")))?;
-    let id = match id {
-        Some(Value::String(s)) => {
-            JobId::parse(&s).map_err(|e| DecodeError::Unusable(format!("unusable id: {e}")))?
-        }
-        Some(_) => return Err(DecodeError::Unusable("id must be a string".into())),
-        None => return Err(DecodeError::Unusable("id is required".into())),
-    };
+    let id = id_of(body).map_err(DecodeError::Unusable)?;
     let invalid = |error: String| DecodeError::Invalid {
         id: id.clone(),
         error,
@@ -87,6 +79,19 @@ pub fn decode(body: &[u8]) -> Result<Job, DecodeError> {
     }
     let wire: JobWire = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
     parse(id.clone(), wire).map_err(|e| invalid(e.to_string()))
+}
+
+/// A message body's job id, read as [`decode`] reads it (a byte order mark
+/// skipped), or why it has none that can be answered.
+pub fn id_of(body: &[u8]) -> Result<JobId, String> {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let IdOnly { id } =
+        serde_json::from_slice(body).map_err(|e| format!("not a JSON object: {e}"))?;
+    match id {
+        Some(Value::String(s)) => JobId::parse(&s).map_err(|e| format!("unusable id: {e}")),
+        Some(_) => Err("id must be a string".into()),
+        None => Err("id is required".into()),
+    }
 }
 
 fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {

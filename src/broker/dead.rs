@@ -7,14 +7,41 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use super::incoming::{as_string, as_u32, as_u64};
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, ERROR_HEADER, LOOK_HEADER, ORIGINAL_HEADER,
-    REASON_HEADER, TICKET_HEADER,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, DEDUP_HEADER, ERROR_HEADER, LOOK_HEADER,
+    ORIGINAL_HEADER, REASON_HEADER, TICKET_HEADER, UNRECORDED_HEADER,
 };
 use crate::domain::DeadReason;
 
 /// RabbitMQ's own dead-letter history on a message (a quorum jobs queue's
 /// delivery limit writes it).
 const DEATH_HEADER: &str = "x-death";
+
+/// What a worker found of a job's record as it dead-lettered the job: none,
+/// at `at_ms` by the ledger's clock. Any admission of the id since then
+/// would be kept at least `dedup_ms` (the worker's `limits.dedup_for`), so
+/// until `at_ms + dedup_ms` by the ledger's clock a missing record means
+/// the id was never admitted since, and a replay cannot mail it twice.
+/// Without it (the worker found a record, or could not ask), a missing
+/// record may be one forgotten: the job's own mail, or another message's
+/// of the same id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unrecorded {
+    /// When the ledger held no record of the id, ms since the epoch, on the
+    /// ledger's clock.
+    pub at_ms: u64,
+    /// How long the ledger keeps an admission after its last change, ms.
+    pub dedup_ms: u64,
+}
+
+impl Unrecorded {
+    /// Until when, by the ledger's clock, a missing record still means the
+    /// id was never admitted since `at_ms`, with the ledger keeping
+    /// admissions at least `dedup_ms` (the smaller of the worker's setting
+    /// and the reader's: either may have been lowered since).
+    pub fn proves_until(&self, dedup_ms: u64) -> u64 {
+        self.at_ms.saturating_add(self.dedup_ms.min(dedup_ms))
+    }
+}
 
 /// What a dead letter's headers say of why and when it died.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +61,10 @@ pub struct DeadLetter {
     /// Whether RabbitMQ dead-lettered it (its `x-death`): then its time
     /// is RabbitMQ's record, which keeps a time a producer wrote.
     pub by_rabbitmq: bool,
+    /// The worker found no record of its id as it dead-lettered it
+    /// (mailgate's headers; never on one RabbitMQ dead-lettered, whose
+    /// headers a producer may have written).
+    pub unrecorded: Option<Unrecorded>,
 }
 
 impl DeadLetter {
@@ -73,6 +104,7 @@ impl DeadLetter {
                     .and_then(as_u64)
                     .map(|s| s.saturating_mul(1000)),
                 by_rabbitmq: true,
+                unrecorded: None,
             };
         }
         let reason = header(REASON_HEADER)
@@ -86,6 +118,10 @@ impl DeadLetter {
             attempts,
             dead_at_ms: header(DEAD_AT_HEADER).and_then(as_u64),
             by_rabbitmq: false,
+            unrecorded: header(UNRECORDED_HEADER)
+                .and_then(as_u64)
+                .zip(header(DEDUP_HEADER).and_then(as_u64))
+                .map(|(at_ms, dedup_ms)| Unrecorded { at_ms, dedup_ms }),
         }
     }
 
@@ -155,6 +191,8 @@ fn dead_letters_own(header: &str) -> bool {
         ORIGINAL_HEADER,
         REASON_HEADER,
         DEAD_AT_HEADER,
+        UNRECORDED_HEADER,
+        DEDUP_HEADER,
         DEATH_HEADER,
         LOOK_HEADER,
         "x-delivery-count",
@@ -226,6 +264,8 @@ mod tests {
             "x-mailgate-error",
             "x-mailgate-reason",
             "x-mailgate-look",
+            "x-mailgate-unrecorded-ms",
+            "x-mailgate-dedup-ms",
             "x-death",
             "x-delivery-count",
             "x-first-death-reason",

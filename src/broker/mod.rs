@@ -56,7 +56,7 @@ use std::time::Duration;
 
 pub use browse::Browse;
 pub use connect::{Broker, connect_node};
-pub use dead::DeadLetter;
+pub use dead::{DeadLetter, Unrecorded};
 pub use incoming::{Incoming, TraceHeaders};
 pub use ops::{Consumers, QueueState, declared_with, delete_queue, queue_state};
 pub use topology::Topology;
@@ -101,6 +101,14 @@ pub const DEAD_AT_HEADER: &str = "x-mailgate-dead-ms";
 /// On dead letters: how many attempts were made (for people; a dead letter
 /// moved back to the jobs queue starts again at attempt 1).
 pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";
+/// On dead letters: when the worker found the ledger held no record of
+/// the job's id, ms on the ledger's clock (Redis's `TIME`); absent where it
+/// held one, or could not say. With [`DEDUP_HEADER`]: until when a missing
+/// record still means "never admitted since" ([`Unrecorded`]).
+pub const UNRECORDED_HEADER: &str = "x-mailgate-unrecorded-ms";
+/// On dead letters with [`UNRECORDED_HEADER`]: the dead-lettering worker's
+/// `limits.dedup_for`, ms.
+pub const DEDUP_HEADER: &str = "x-mailgate-dedup-ms";
 /// On dead letters: the original message's properties and headers, nested
 /// so RabbitMQ interprets none of them.
 pub const ORIGINAL_HEADER: &str = "x-mailgate-original";

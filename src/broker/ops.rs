@@ -15,8 +15,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, Consumer};
 
 use super::incoming::put_trace;
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, DEAD_AT_HEADER, ERROR_HEADER, Incoming,
-    ORIGINAL_HEADER, REASON_HEADER, REDELIVERED_HEADER, TICKET_HEADER, TraceHeaders,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, DEAD_AT_HEADER, DEDUP_HEADER,
+    ERROR_HEADER, Incoming, ORIGINAL_HEADER, REASON_HEADER, REDELIVERED_HEADER, TICKET_HEADER,
+    TraceHeaders, UNRECORDED_HEADER, Unrecorded,
 };
 use crate::domain::{DeadReason, Ticket, now_ms};
 
@@ -412,14 +413,16 @@ impl Broker {
     }
 
     /// Sends `job` to the dead-letter queue with why (`reason` and `error`),
-    /// when, its attempt count and its original properties in the headers.
-    /// It carries no ticket, so moved back to the jobs queue it is processed
+    /// when, its attempt count, its original properties, and whether the
+    /// ledger held no record of it (`unrecorded`), in the headers. It
+    /// carries no ticket, so moved back to the jobs queue it is processed
     /// afresh, as attempt 1.
     pub async fn dead_letter(
         &self,
         job: &Incoming,
         reason: DeadReason,
         error: &str,
+        unrecorded: Option<Unrecorded>,
     ) -> Result<(), BrokerError> {
         let mut headers = job.copy_headers();
         headers.insert(
@@ -436,6 +439,11 @@ impl Broker {
             AMQPValue::LongLongInt(job.attempt.into()),
         );
         headers.insert(ORIGINAL_HEADER.into(), job.original());
+        if let Some(u) = unrecorded {
+            let ms = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
+            headers.insert(UNRECORDED_HEADER.into(), ms(u.at_ms));
+            headers.insert(DEDUP_HEADER.into(), ms(u.dedup_ms));
+        }
         let props = BasicProperties::default().with_headers(headers);
         let dead = self.topology.dead.clone();
         self.publish_declared(&dead, job.body(), props).await

@@ -5,6 +5,7 @@
 //! the dead-letter queue, and two commands never act on the same message.
 
 use std::io::Write as _;
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use clap::{ArgGroup, Args, Subcommand};
@@ -15,7 +16,7 @@ use super::letters::{Entry, printable};
 use super::{amqp, limiter};
 use crate::broker::{Browse, DeadLetter};
 use crate::domain::{DeadReason, JobId, now_ms};
-use crate::ledger::{Backend, RedisLedger};
+use crate::ledger::{Backend, Ledger as _, RedisLedger};
 use crate::settings::Settings;
 
 /// `dead`'s actions.
@@ -128,11 +129,8 @@ pub async fn dead(
 ) -> anyhow::Result<bool> {
     let queue = format!("{}.dead", settings.amqp.jobs_queue);
     // A replay asks the ledger whether each job's mail may have gone out.
-    let ledger = match &action {
-        DeadAction::Replay { .. } => match limiter(settings).await? {
-            Backend::Redis(l) => Some(l),
-            Backend::Memory(_) => None,
-        },
+    let recall = match &action {
+        DeadAction::Replay { .. } => Some(Recall::open(settings).await?),
         _ => None,
     };
     let (conn, _channel) = amqp(settings).await?;
@@ -150,8 +148,7 @@ pub async fn dead(
         DeadAction::Replay { which, dry_run } => {
             let act = Act::Replay {
                 to: settings.amqp.jobs_queue.as_str(),
-                ledger: ledger.as_ref(),
-                dedup_ms: u64::try_from(settings.limits.dedup_for.as_millis()).unwrap_or(u64::MAX),
+                recall: recall.as_ref(),
             };
             act_on(&mut look, &which, act, dry_run).await
         }
@@ -280,13 +277,12 @@ async fn show<S: std::future::Future<Output = ()>>(
 
 /// What `replay` and `purge` do with each dead letter they choose.
 enum Act<'a> {
-    /// Publish it to `to` as a fresh job, then take it; `ledger` tells
-    /// whether a job's mail may have gone out, for letters older than
-    /// `dedup_ms`.
+    /// Publish it to `to` as a fresh job, then take it, unless `recall`
+    /// says a job's mail may have gone out (`None`: replay nothing that
+    /// needs it).
     Replay {
         to: &'a str,
-        ledger: Option<&'a RedisLedger>,
-        dedup_ms: u64,
+        recall: Option<&'a Recall>,
     },
     /// Take it.
     Purge,
@@ -298,6 +294,9 @@ struct Tally {
     done: u64,
     unreadable: u64,
     forgotten: u64,
+    /// Left because the ledger's clock could not be trusted, and why.
+    untimed: u64,
+    untimed_why: String,
 }
 
 async fn act_on<S: std::future::Future<Output = ()>>(
@@ -338,11 +337,20 @@ async fn act_on<S: std::future::Future<Output = ()>>(
     if tally.forgotten > 0 {
         writeln!(
             out,
-            "left {} dead letters whose id the ledger no longer remembers (they died more than \
-             limits.dedup_for ago, or RabbitMQ dead-lettered them): their id may have been \
-             mailed, and a replay could mail it a second time; publish them again under a new \
-             id if they must go out, or purge them",
+            "left {} dead letters whose id the ledger no longer remembers (its record lapsed, \
+             or RabbitMQ dead-lettered them, or a version that did not note it did): their id \
+             may have been mailed, and a replay could mail it a second time; publish them \
+             again under a new id if they must go out, or purge them",
             tally.forgotten
+        )?;
+    }
+    if tally.untimed > 0 {
+        writeln!(
+            out,
+            "left {} dead letters that only the ledger's clock can tell were never mailed, \
+             which cannot be trusted now: {}; run the replay again once `mailgate clock` says \
+             the clocks agree",
+            tally.untimed, tally.untimed_why
         )?;
     }
     Ok(true)
@@ -350,12 +358,9 @@ async fn act_on<S: std::future::Future<Output = ()>>(
 
 /// Whether `act` may be done to `e`, a chosen dead letter: a purge always;
 /// a replay unless its body is no job (it would come straight back), or
-/// it could mail a job twice ([`replay_is_safe`]). Counts those left.
+/// it could mail a job twice ([`Recall::safe`]). Counts those left.
 async fn eligible(act: &Act<'_>, e: &Entry, tally: &mut Tally) -> anyhow::Result<bool> {
-    let Act::Replay {
-        ledger, dedup_ms, ..
-    } = act
-    else {
+    let Act::Replay { recall, .. } = act else {
         return Ok(true);
     };
     let Some(id) =
@@ -365,11 +370,22 @@ async fn eligible(act: &Act<'_>, e: &Entry, tally: &mut Tally) -> anyhow::Result
         tally.unreadable += 1;
         return Ok(false);
     };
-    if !replay_is_safe(e, id, *ledger, *dedup_ms).await? {
+    let Some(recall) = recall else {
         tally.forgotten += 1;
         return Ok(false);
+    };
+    match recall.safe(e, id).await? {
+        Safe::Yes => Ok(true),
+        Safe::Forgotten => {
+            tally.forgotten += 1;
+            Ok(false)
+        }
+        Safe::Untimed(why) => {
+            tally.untimed += 1;
+            tally.untimed_why = why;
+            Ok(false)
+        }
     }
-    Ok(true)
 }
 
 /// Replays or purges `d` (read as `e`): it leaves the dead-letter queue.
@@ -393,28 +409,104 @@ async fn act_one(browse: &Browse, act: &Act<'_>, e: &Entry, d: &Delivery) -> any
     Ok(())
 }
 
-/// Whether replaying `e` (job `id`) can mail nothing twice: the ledger
-/// holds the job's record (it decides the replay as any message of the
-/// id), or it died within `dedup_ms` by mailgate's own clock (so a missing
-/// record means the id was never admitted since). Otherwise the ledger may
-/// have forgotten an id whose mail went out: this job's (one whose result
-/// was lost), or another message's of the same id (a job that failed on
-/// every attempt, which its producer then sent again).
-async fn replay_is_safe(
-    e: &Entry,
-    id: &str,
-    ledger: Option<&RedisLedger>,
+/// What a replay asks of the ledger: whether a job may have been mailed.
+struct Recall {
+    /// The ledger's records (`None` with `memory://`: the worker's memory,
+    /// which no tool reaches).
+    ledger: Option<RedisLedger>,
+    /// The ledger's clock (ms) when read, and this host's monotonic clock
+    /// then; or why it cannot be trusted (it and this host's disagree by
+    /// more than `redis.max_clock_skew`, or a mark of a step stands).
+    clock: Result<(u64, Instant), String>,
+    /// This host's `limits.dedup_for`, ms.
     dedup_ms: u64,
-) -> anyhow::Result<bool> {
-    // Only mailgate's own time counts: RabbitMQ's x-death keeps a time a
-    // producer wrote.
-    let recent = !e.dead.by_rabbitmq
-        && (e.dead.dead_at_ms).is_some_and(|at| now_ms().saturating_sub(at) < dedup_ms);
-    if recent {
-        return Ok(true);
+}
+
+/// Whether replaying a dead letter can mail nothing twice.
+enum Safe {
+    /// Yes: the ledger decides it as any message of its id.
+    Yes,
+    /// The ledger may have forgotten a mail of its id.
+    Forgotten,
+    /// Only the ledger's clock could tell, and it cannot be trusted now.
+    Untimed(String),
+}
+
+impl Recall {
+    /// The ledger of `settings`, with its clock read now.
+    async fn open(settings: &Settings) -> anyhow::Result<Self> {
+        let dedup_ms = u64::try_from(settings.limits.dedup_for.as_millis()).unwrap_or(u64::MAX);
+        let ledger = match limiter(settings).await? {
+            Backend::Redis(l) => l,
+            // The worker's own clock, on this host (a trial's one worker).
+            Backend::Memory(_) => {
+                return Ok(Recall {
+                    ledger: None,
+                    clock: Ok((now_ms(), Instant::now())),
+                    dedup_ms,
+                });
+            }
+        };
+        let clock = Self::read_clock(&ledger, settings).await?;
+        Ok(Recall {
+            ledger: Some(ledger),
+            clock,
+            dedup_ms,
+        })
     }
-    let (Some(ledger), Ok(id)) = (ledger, JobId::parse(id)) else {
-        return Ok(false);
-    };
-    Ok(ledger.record(&id).await?.is_some())
+
+    /// Redis's clock (the latest of its primaries'), if it agrees with this
+    /// host's and no mark stands (a step may have expired records early).
+    async fn read_clock(
+        ledger: &RedisLedger,
+        settings: &Settings,
+    ) -> anyhow::Result<Result<(u64, Instant), String>> {
+        use crate::ledger::clock::Verdict;
+        let Some(readings) = ledger.clocks().await? else {
+            return Ok(Err("this store keeps no clock".into()));
+        };
+        let taken = Instant::now();
+        let mark = ledger.watch_clock(false, None).await?;
+        let max_ms = u64::try_from(settings.redis.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+        Ok(match Verdict::of(&readings, mark, max_ms) {
+            Verdict::Agrees => {
+                let latest = readings.nodes.iter().map(|(_, t)| *t).max();
+                latest
+                    .map(|t| (t, taken))
+                    .ok_or_else(|| "no Redis clock read".into())
+            }
+            untrusted => Err(untrusted.to_string()),
+        })
+    }
+
+    /// Whether replaying `e` (job `id`) can mail nothing twice. Yes when
+    /// the ledger holds the job's record (it decides the replay as any
+    /// message of the id), or when the worker that dead-lettered it found
+    /// no record ([`Unrecorded`](crate::broker::Unrecorded)) less than
+    /// `limits.dedup_for` ago by the ledger's own clock (any admission of
+    /// the id since would still be recorded). Never from the dead letter's
+    /// age by this host's clock, nor from today's `dedup_for` alone: a
+    /// record lapses by the ledger's clock and the setting it was written
+    /// with, and a missing one may be the job's own mail (one whose
+    /// result was lost) or another message's of the id.
+    async fn safe(&self, e: &Entry, id: &str) -> anyhow::Result<Safe> {
+        if let (Some(ledger), Ok(id)) = (&self.ledger, JobId::parse(id))
+            && ledger.record(&id).await?.is_some()
+        {
+            return Ok(Safe::Yes);
+        }
+        let Some(unrecorded) = e.dead.unrecorded.filter(|_| !e.dead.by_rabbitmq) else {
+            return Ok(Safe::Forgotten);
+        };
+        let (at, taken) = match &self.clock {
+            Ok(clock) => *clock,
+            Err(why) => return Ok(Safe::Untimed(why.clone())),
+        };
+        let elapsed = u64::try_from(taken.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let now = at.saturating_add(elapsed);
+        Ok(match now < unrecorded.proves_until(self.dedup_ms) {
+            true => Safe::Yes,
+            false => Safe::Forgotten,
+        })
+    }
 }

@@ -490,6 +490,14 @@ impl Ledger for MemoryLedger {
         })
     }
 
+    async fn unrecorded(&self, id: &crate::domain::JobId) -> Result<Option<u64>, LedgerError> {
+        // The clock of its latest call: a moment before now, so a replay
+        // judged from it errs towards "forgotten".
+        let mut state = self.lock();
+        let now = state.clock;
+        Ok(state.latest(id.as_str()).is_none().then_some(now))
+    }
+
     async fn health(&self) -> Result<(), LedgerError> {
         Ok(())
     }

@@ -47,8 +47,7 @@ use sha2::{Digest, Sha256};
 pub use self::memory::MemoryLedger;
 pub use self::redis::{Admitted, JobRecord, RedisLedger, Suppression};
 
-use crate::domain::Ticket;
-use crate::domain::{EmailAddress, Name};
+use crate::domain::{EmailAddress, JobId, Name, Ticket};
 use crate::limiter::overrides::OverrideError;
 use crate::limiter::{Clock, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
@@ -362,6 +361,17 @@ pub trait Ledger: Send + Sync {
         why: &str,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
+    /// Whether the backend holds no record of `id`: if none, its clock now
+    /// (ms since the epoch; Redis's `TIME`, read with the record's absence
+    /// in one step), from when an admission of the id would be kept at
+    /// least `limits.dedup_for`; `None` while it holds one. A dead letter
+    /// carries it, so that a replay tells "never admitted since it died"
+    /// from "admitted, mailed and forgotten" by the ledger's own clock.
+    fn unrecorded(
+        &self,
+        id: &JobId,
+    ) -> impl Future<Output = Result<Option<u64>, LedgerError>> + Send;
+
     /// Whether the store answers and can keep the ledger's promises (for
     /// readiness checks): Redis answers, lets this client run the script and
     /// write (not a replica, no ACL in the way), and does not evict keys
@@ -483,6 +493,13 @@ impl Ledger for Backend {
         match self {
             Backend::Redis(l) => l.bounced(email, why).await,
             Backend::Memory(l) => l.bounced(email, why).await,
+        }
+    }
+
+    async fn unrecorded(&self, id: &JobId) -> Result<Option<u64>, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.unrecorded(id).await,
+            Backend::Memory(l) => l.unrecorded(id).await,
         }
     }
 

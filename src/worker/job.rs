@@ -8,7 +8,7 @@ use futures_lite::FutureExt as _;
 use tracing::Instrument;
 
 use super::Worker;
-use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming};
+use crate::broker::{Broker, BrokerError, DELIVERY_LIMIT, Incoming, Unrecorded};
 use crate::domain::{DeadReason, Ticket, now_ms};
 use crate::ledger::Ledger;
 use crate::pipeline::{Action, Message, Outbox, Unpublished, Waiting};
@@ -111,7 +111,7 @@ impl<L: Ledger + 'static> Worker<L> {
             match action {
                 Action::Done => finished(job.ack().await),
                 Action::HandBack => self.hand_back(&job).await,
-                action => Box::pin(carry_out(broker, &job, &ticket, action)).await,
+                action => Box::pin(self.carry_out(broker, &job, &ticket, action)).await,
             }
         }
         .instrument(span)
@@ -119,85 +119,116 @@ impl<L: Ledger + 'static> Worker<L> {
     }
 }
 
-/// Moves the message as `action` says, then acknowledges it. A copy that
-/// RabbitMQ refuses becomes a dead letter; a dead letter it refuses too is
-/// handed back after a pause, so the pool keeps flowing and nothing is lost.
-async fn carry_out(broker: &Broker, job: &Incoming, ticket: &Ticket, action: Action) {
-    let moved = match action {
-        Action::Done => Ok(()),
-        Action::Abandon | Action::HandBack => return,
-        Action::Retry {
-            failed_attempt,
-            delay,
-            error,
-        } => {
-            tracing::warn!(
-                error = crate::redact::mask_emails(&error),
-                ?delay,
-                "transient failure; retrying later"
-            );
-            telemetry::retried("transient");
-            let queue = broker.topology().retry(failed_attempt);
-            broker
-                .delay(job, &queue, ticket, failed_attempt + 1, delay)
-                .await
-        }
-        Action::Wait { delay, why } => {
-            match why {
-                Waiting::Redis => tracing::info!(
+impl<L: Ledger + 'static> Worker<L> {
+    /// Moves the message as `action` says, then acknowledges it. A copy that
+    /// RabbitMQ refuses becomes a dead letter; a dead letter it refuses too is
+    /// handed back after a pause, so the pool keeps flowing and nothing is lost.
+    async fn carry_out(&self, broker: &Broker, job: &Incoming, ticket: &Ticket, action: Action) {
+        let moved = match action {
+            Action::Done => Ok(()),
+            Action::Abandon | Action::HandBack => return,
+            Action::Retry {
+                failed_attempt,
+                delay,
+                error,
+            } => {
+                tracing::warn!(
+                    error = crate::redact::mask_emails(&error),
                     ?delay,
-                    "Redis is unavailable; the job waits, spending no attempt"
-                ),
-                Waiting::Relay => tracing::info!(
-                    ?delay,
-                    "no SMTP relay takes mail; the job waits, spending no attempt"
-                ),
-                Waiting::Lease => tracing::info!(
-                    ?delay,
-                    "another attempt owns the send; waiting for its lease"
-                ),
+                    "transient failure; retrying later"
+                );
+                telemetry::retried("transient");
+                let queue = broker.topology().retry(failed_attempt);
+                broker
+                    .delay(job, &queue, ticket, failed_attempt + 1, delay)
+                    .await
             }
-            telemetry::retried(why.label());
-            let (queue, delay) = broker.topology().wait(delay);
-            broker.delay(job, &queue, ticket, job.attempt, delay).await
-        }
-        Action::DeadLetter { reason, error } => {
-            return dead_letter(broker, job, reason, &error).await;
-        }
-    };
-    let moved = match moved {
-        Err(BrokerError::Refused { queue, why }) => {
-            let error = format!("rabbitmq refused its copy to {queue}: {why}");
-            return dead_letter(broker, job, DeadReason::Refused, &error).await;
-        }
-        other => other,
-    };
-    finished(match moved {
-        Ok(()) => job.ack().await,
-        Err(e) => Err(e),
-    });
-}
+            Action::Wait { delay, why } => {
+                match why {
+                    Waiting::Redis => tracing::info!(
+                        ?delay,
+                        "Redis is unavailable; the job waits, spending no attempt"
+                    ),
+                    Waiting::Relay => tracing::info!(
+                        ?delay,
+                        "no SMTP relay takes mail; the job waits, spending no attempt"
+                    ),
+                    Waiting::Lease => tracing::info!(
+                        ?delay,
+                        "another attempt owns the send; waiting for its lease"
+                    ),
+                }
+                telemetry::retried(why.label());
+                let (queue, delay) = broker.topology().wait(delay);
+                broker.delay(job, &queue, ticket, job.attempt, delay).await
+            }
+            Action::DeadLetter { reason, error } => {
+                return self.dead_letter(broker, job, reason, &error).await;
+            }
+        };
+        let moved = match moved {
+            Err(BrokerError::Refused { queue, why }) => {
+                let error = format!("rabbitmq refused its copy to {queue}: {why}");
+                return self
+                    .dead_letter(broker, job, DeadReason::Refused, &error)
+                    .await;
+            }
+            other => other,
+        };
+        finished(match moved {
+            Ok(()) => job.ack().await,
+            Err(e) => Err(e),
+        });
+    }
 
-/// Sends `job` to the dead-letter queue with why, then acknowledges it. A
-/// dead letter RabbitMQ refuses too is handed back after a pause, so the
-/// pool keeps flowing and nothing is lost.
-async fn dead_letter(broker: &Broker, job: &Incoming, reason: DeadReason, error: &str) {
-    tracing::warn!(
-        reason = reason.as_str(),
-        error = crate::redact::mask_emails(error),
-        "dead-lettered"
-    );
-    telemetry::dead_lettered();
-    let done = match broker.dead_letter(job, reason, error).await {
-        Ok(()) => job.ack().await,
-        Err(BrokerError::Refused { queue, why }) => {
-            tracing::error!(queue, %why, "rabbitmq refuses even the dead letter; handing the job back in a while");
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            job.requeue().await
+    /// Sends `job` to the dead-letter queue with why, then acknowledges it. A
+    /// dead letter RabbitMQ refuses too is handed back after a pause, so the
+    /// pool keeps flowing and nothing is lost.
+    async fn dead_letter(&self, broker: &Broker, job: &Incoming, reason: DeadReason, error: &str) {
+        tracing::warn!(
+            reason = reason.as_str(),
+            error = crate::redact::mask_emails(error),
+            "dead-lettered"
+        );
+        telemetry::dead_lettered();
+        let unrecorded = self.unrecorded(job, reason).await;
+        let done = match broker.dead_letter(job, reason, error, unrecorded).await {
+            Ok(()) => job.ack().await,
+            Err(BrokerError::Refused { queue, why }) => {
+                tracing::error!(queue, %why, "rabbitmq refuses even the dead letter; handing the job back in a while");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                job.requeue().await
+            }
+            Err(e) => Err(e),
+        };
+        finished(done);
+    }
+
+    /// Whether the ledger holds no record of `job` as it is dead-lettered,
+    /// for the dead letter's headers ([`Unrecorded`]): a replay then knows
+    /// until when a missing record means "never admitted since". `None` for
+    /// a body without an id, while the ledger holds a record, or when it
+    /// cannot say within a second (Redis away): the replay then needs the
+    /// record itself.
+    async fn unrecorded(&self, job: &Incoming, reason: DeadReason) -> Option<Unrecorded> {
+        if reason == DeadReason::Unreadable {
+            return None;
         }
-        Err(e) => Err(e),
-    };
-    finished(done);
+        let id = crate::wire::id_of(job.body()).ok()?;
+        let asked = self.pipeline.ledger().unrecorded(&id);
+        match tokio::time::timeout(Duration::from_secs(1), asked).await {
+            Ok(Ok(at)) => at.map(|at_ms| Unrecorded {
+                at_ms,
+                dedup_ms: u64::try_from(self.settings.limits.dedup_for.as_millis())
+                    .unwrap_or(u64::MAX),
+            }),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::report::one_line(&e), "could not ask the ledger whether it holds this dead letter's job; a replay of it will need its record");
+                None
+            }
+            Err(_) => None,
+        }
+    }
 }
 
 /// Logs a job that could not be acknowledged (or handed back).

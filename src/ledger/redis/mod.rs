@@ -315,6 +315,15 @@ impl Ledger for RedisLedger {
         Ok(true)
     }
 
+    async fn unrecorded(&self, id: &crate::domain::JobId) -> Result<Option<u64>, LedgerError> {
+        let at: i64 = scripts::TOOLS
+            .key(self.keys.record_key(id))
+            .arg("unrecorded")
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(u64::try_from(at).ok())
+    }
+
     async fn health(&self) -> Result<(), LedgerError> {
         probe(&mut self.conn.clone(), self.calls, &self.keys.prefix)
             .await

@@ -1,6 +1,9 @@
 --[[
-mailgate limiter tools: reading and clearing one scope key's log, for support
-staff (`mailgate limits show|reset`). The log's layout is decide.lua's.
+mailgate tools: questions about one key, each answered in one step on the
+key's own server (its shard, on a cluster): reading and clearing one scope
+key's log, for support staff (`mailgate limits show|reset`; the log's
+layout is decide.lua's), and whether a job has a record, for a worker
+dead-lettering it.
 
 op "peek" -- read one scope key's log without changing anything
   KEYS[1] the scope key. ARGV[2] now in ms, or "" for the Redis server's TIME.
@@ -9,10 +12,14 @@ op "peek" -- read one scope key's log without changing anything
 
 op "reset" -- forget one scope key's admissions
   KEYS[1] the scope key. returns how many admissions were removed
+
+op "unrecorded" -- whether a job has no record, and when that was seen
+  KEYS[1] the job's record key. returns the Redis server's TIME in ms if
+  the key does not exist, else -1
 ]]
 local op = ARGV[1]
 if #KEYS ~= 1 then
-  return redis.error_reply('mailgate limiter tools: takes exactly 1 key')
+  return redis.error_reply('mailgate tools: takes exactly 1 key')
 end
 
 if op == 'peek' and #ARGV == 2 then
@@ -29,9 +36,13 @@ if op == 'peek' and #ARGV == 2 then
     out[#out + 1] = tonumber(string.sub(m, 1, 12), 16)
   end
   return out
+elseif op == 'unrecorded' and #ARGV == 1 then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 elseif op == 'reset' and #ARGV == 1 then
   local n = redis.call('ZCARD', KEYS[1])
   redis.call('DEL', KEYS[1])
   return n
 end
-return redis.error_reply('mailgate limiter tools: unknown op or wrong argument count')
+return redis.error_reply('mailgate tools: unknown op or wrong argument count')

@@ -358,6 +358,21 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         }
         BasicProperties::default().with_headers(headers)
     };
+    // As a worker writes it that found no record of the job's id then (by
+    // Redis's clock, this host's here), with its dedup_for.
+    let unrecorded = |reason: &str, at_ms: u64| {
+        let props = letter(reason, Some(at_ms));
+        let mut headers = props.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-mailgate-unrecorded-ms".into(),
+            AMQPValue::LongLongInt(at_ms as i64),
+        );
+        headers.insert(
+            "x-mailgate-dedup-ms".into(),
+            AMQPValue::LongLongInt(86_400_000),
+        );
+        props.with_headers(headers)
+    };
     let now = mailgate::domain::now_ms();
     let body = |id: &str| json!({"id": id, "email": format!("{id}@example.com"), "code": "777111"});
     // Died two days ago: the ledger no longer tells whether it was mailed.
@@ -388,10 +403,25 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         BasicProperties::default().with_headers(headers),
     )
     .await;
-    // Died a minute ago, never admitted: replayed.
+    // Died a minute ago, never admitted (the worker found no record):
+    // replayed.
     let fresh = body("new1").to_string();
-    h.publish_to(&dead, fresh.as_bytes(), letter("panic", Some(now - 60_000)))
+    h.publish_to(&dead, fresh.as_bytes(), unrecorded("panic", now - 60_000))
         .await;
+    // Died a minute ago, without that note (a version that did not write
+    // it, or the worker found a record then): its age on this host's
+    // clock proves nothing, so it is left.
+    let noted = body("old2").to_string();
+    h.publish_to(&dead, noted.as_bytes(), letter("panic", Some(now - 60_000)))
+        .await;
+    // Found unrecorded two days ago: anything since would be forgotten.
+    let stale = body("old3").to_string();
+    h.publish_to(
+        &dead,
+        stale.as_bytes(),
+        unrecorded("panic", now - 2 * 86_400_000),
+    )
+    .await;
     // A byte order mark before the JSON, as the worker accepts it; its
     // session and variables are not shown.
     let bom = [
@@ -402,7 +432,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         .as_bytes(),
     ]
     .concat();
-    h.publish_to(&dead, &bom, letter("failed", Some(now))).await;
+    h.publish_to(&dead, &bom, unrecorded("failed", now)).await;
     // Terminal escapes in a producer's id.
     let evil = json!({"id": "\u{1b}]0;pwned\u{7}x", "email": "e@example.com"}).to_string();
     h.publish_to(&dead, evil.as_bytes(), letter("unreadable", Some(now)))
@@ -423,7 +453,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     let out = stdout(&mailgate(&h, &["dead", "replay", "--all"]).await);
     assert!(out.contains("replayed 2 dead letters"), "{out}");
     assert!(
-        out.contains("left 2 dead letters whose id the ledger no longer remembers"),
+        out.contains("left 4 dead letters whose id the ledger no longer remembers"),
         "{out}"
     );
     assert!(out.contains("left 1 unreadable"), "{out}");
@@ -432,7 +462,111 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     assert_eq!(answered["bom1"]["status"], "sent");
     let left = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
     let left: Vec<&str> = left.iter().filter_map(|l| l["id"].as_str()).collect();
-    assert_eq!(left.len(), 3, "{left:?}");
-    assert!(left.contains(&"old1") && left.contains(&"dl1"), "{left:?}");
+    assert_eq!(left.len(), 5, "{left:?}");
+    for id in ["old1", "dl1", "old2", "old3"] {
+        assert!(left.contains(&id), "{id} in {left:?}");
+    }
     w.stop().await.unwrap();
+}
+
+/// `rabbitmqctl` on the shared node; panics if it fails.
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Codes mailed, then unanswerable (the results queue refused their
+/// results), whose records lapsed: raising `limits.dedup_for` before a
+/// replay does not make them look "recent". A replay never takes a missing
+/// record for "never admitted" from a setting or a clock; only the
+/// dead-lettering worker's note that it found no record, judged by the
+/// ledger's own clock, can say so (the rejected one is replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_after_dedup_for_is_raised_mails_nothing_twice() {
+    let h = Harness::new("dead-raised").await;
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let results = h.settings.amqp.results_queue.clone();
+    let policy = format!("{results}-refuse");
+    let w = h.start_worker().await;
+    // The results queue refuses every result, as a full one would.
+    rabbitmqctl(&[
+        "set_policy",
+        "--apply-to",
+        "queues",
+        &policy,
+        &format!("^{}$", regex_escape(&results)),
+        r#"{"max-length":0,"overflow":"reject-publish"}"#,
+    ]);
+    // A quorum queue takes one message past its limit (a classic one none).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.publish_to(&results, b"filler", BasicProperties::default())
+        .await;
+    let job = |id: &str, email: &str| json!({"id": id, "email": email, "code": "560012"});
+    h.publish(&job("m1", "m1@example.com")).await;
+    h.publish(&job("m2", "m2@example.com")).await;
+    until_depth(&h, &dead, 2).await;
+    // Rejected (one a minute per mailbox): never admitted, no record.
+    h.publish(&job("r1", "m1@example.com")).await;
+    until_depth(&h, &dead, 3).await;
+    rabbitmqctl(&["clear_policy", &policy]);
+    w.stop().await.unwrap();
+    h.next_on(&results, Duration::from_millis(300)).await;
+    assert_eq!(h.sink.mails_to("m1@example.com").len(), 1);
+    assert_eq!(h.sink.mails_to("m2@example.com").len(), 1);
+    let letters = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
+    assert!(
+        letters.iter().all(|l| l["reason"] == "unanswerable"),
+        "{letters:?}"
+    );
+    // Their records lapse (dedup_for and an hour after their last change).
+    let prefix = &h.settings.redis.key_prefix;
+    for id in ["m1", "m2"] {
+        let n: i64 = redis::cmd("DEL")
+            .arg(format!("{prefix}job:{id}"))
+            .query(&mut crate::common::sync_redis())
+            .unwrap();
+        assert_eq!(n, 1, "{id} had a record");
+    }
+    // An operator raises dedup_for, then replays.
+    let w = h.start_worker().await;
+    let mut replay = h.command(
+        env!("CARGO_BIN_EXE_mailgate"),
+        &["dead", "replay", "--reason", "unanswerable"],
+    );
+    replay.env("MAILGATE__LIMITS__DEDUP_FOR", "48h");
+    let out = tokio::task::spawn_blocking(move || replay.output().unwrap())
+        .await
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("replayed 1 dead letters"), "{text}");
+    assert!(
+        text.contains("left 2 dead letters whose id the ledger no longer remembers"),
+        "{text}"
+    );
+    assert_eq!(h.result().await["id"], "r1");
+    h.no_more_results(Duration::from_secs(1)).await;
+    assert_eq!(h.sink.mails_to("m1@example.com").len(), 1, "never twice");
+    assert_eq!(h.sink.mails_to("m2@example.com").len(), 1, "never twice");
+    assert_eq!(depth(&h, &dead).await, 2);
+    w.stop().await.unwrap();
+}
+
+/// `s` with the regex metacharacters RabbitMQ's policy patterns read
+/// escaped.
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '^' | '$' | '|' | '\\' => {
+                vec!['\\', c]
+            }
+            c => vec![c],
+        })
+        .collect()
 }
