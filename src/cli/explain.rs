@@ -118,6 +118,8 @@ fn findings_json(f: &Findings) -> Value {
         "limits": f.usages.iter().map(usage_json).collect::<Vec<_>>(),
         "admissions": f.admissions.iter().map(admission_json).collect::<Vec<_>>(),
         "suppressed": f.suppressed.as_ref().map(|s| json!({
+            "suppressed": s.mailbox,
+            "spelling_only": s.exact,
             "since": letters::time(s.since_ms),
             "source": s.source,
             "reason": s.why,
@@ -141,9 +143,16 @@ fn print_text(settings: &Settings, f: &Findings) {
             || "until removed".into(),
             |ms| format!("for {}", time_left(ms)),
         );
+        let what = match s.exact {
+            true => format!(
+                "the address {} as spelled (a relay said it does not exist)",
+                s.mailbox
+            ),
+            false => format!("the mailbox {}, every spelling of it", s.mailbox),
+        };
         println!(
-            "SUPPRESSED {left} (since {}, {}: {}): its jobs are answered `suppressed` and no \
-             code is sent; `mailgate suppress remove {email}` lifts it",
+            "SUPPRESSED {left} (since {}, {}: {}): {what}; its jobs are answered `suppressed` \
+             and no code is sent; `mailgate suppress remove {email}` lifts it",
             letters::time(s.since_ms),
             s.source,
             s.why,

@@ -23,8 +23,9 @@ pub enum SuppressAction {
     /// Suppress mailboxes: their jobs are answered `suppressed`, with no
     /// SMTP and no quota used (every worker, at once).
     Add {
-        /// Mailboxes, each exactly as mail is sent to it (ASCII letters in
-        /// any case): `jane+x@example.com` is not `jane@example.com`.
+        /// Mailboxes: each with every spelling the limiter counts as it
+        /// (`Jane+x@example.com` and `JANE@example.com` are
+        /// `jane@example.com`, under the shipped limits.normalize).
         emails: Vec<String>,
         /// Also every mailbox in this file: one per line, or a CSV export
         /// (the first field that is a mailbox; quoted fields, `,`, `;` or
@@ -42,7 +43,8 @@ pub enum SuppressAction {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Lift mailboxes' suppression.
+    /// Lift mailboxes' suppression (every spelling's, as `add` made it)
+    /// and their own spelling's bounce.
     Remove {
         /// Mailboxes.
         #[arg(required = true)]
@@ -96,6 +98,7 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
                 if json {
                     let line = json!({
                         "mailbox": s.mailbox,
+                        "spelling_only": s.exact,
                         "since": letters::time(s.since_ms),
                         "source": s.source,
                         "reason": s.why,
@@ -104,8 +107,9 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
                     println!("{line}");
                 } else {
                     let since = letters::time(s.since_ms);
+                    let spelling = if s.exact { " (this spelling)" } else { "" };
                     println!(
-                        "{}  since {since}  {left}  {}: {}",
+                        "{}{spelling}  since {since}  {left}  {}: {}",
                         s.mailbox, s.source, s.why
                     );
                 }

@@ -40,8 +40,8 @@ struct State {
     /// 16 jobs admitted for it, each when it was made and its id, and
     /// until when they are kept (as `ledger.lua`'s latest keys).
     latest: HashMap<String, (Vec<(u64, String)>, u64)>,
-    /// Suppression key ([`Keyspace::suppression_key`]) → until when a
-    /// bounce suppresses its mailbox (`ledger.lua`'s suppression keys).
+    /// Bounce key ([`Keyspace::bounce_key`]) → until when a bounce
+    /// suppresses that spelling (`ledger.lua`'s first suppression key).
     suppressed: HashMap<String, u64>,
     admissions: u64,
     /// The latest time any call was made at: the clock of the calls that
@@ -256,7 +256,8 @@ impl State {
         }
         let keys = self.logs.keyspace();
         if keys.checks_suppression() {
-            let key = keys.suppression_key(entry.job.request.email);
+            // Only bounces suppress here (no tool reaches this memory).
+            let key = keys.bounce_key(entry.job.request.email);
             if self.suppressed.get(&key).is_some_and(|until| *until > now) {
                 return Verdict::Suppressed;
             }
@@ -469,7 +470,7 @@ impl Ledger for MemoryLedger {
         let Some(ms) = keys.bounce_suppression_ms() else {
             return Ok(false);
         };
-        let key = keys.suppression_key(email);
+        let key = keys.bounce_key(email);
         let until = state.clock.saturating_add(ms);
         // A longer one stands.
         let held = state.suppressed.entry(key).or_insert(until);

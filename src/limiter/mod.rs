@@ -34,7 +34,7 @@ mod usage;
 
 use std::future::Future;
 
-pub(crate) use self::keyspace::{Applied, Keyspace, families, words};
+pub(crate) use self::keyspace::{Applied, Keyspace, families, is_bounce_value, words};
 pub use self::keyspace::{SHARE_IPV4_PREFIX, SHARE_IPV6_PREFIX};
 pub(crate) use self::memory::MemoryLogs;
 pub(crate) use self::rules::RuleSet;

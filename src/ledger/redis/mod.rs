@@ -221,11 +221,12 @@ impl Ledger for RedisLedger {
             }
         }
         if self.keys.checks_suppression() {
-            keys.push(self.keys.suppression_key(job.request.email));
-            // The flag's 's': the last key is the suppression key.
+            let sups = self.keys.suppression_keys(job.request.email);
+            // The flag's 's<n>': the last n keys are the suppression keys.
             if let Some(flag) = args.get_mut(5) {
-                flag.insert(1, 's');
+                flag.insert_str(1, &format!("s{}", sups.len()));
             }
+            keys.extend(sups);
         }
         let reply = (self.submit_judged(clock, (args, keys), entry.send_now, sets)).await?;
         let mut admission = self.decided(entry, &scopes, reply).await?;

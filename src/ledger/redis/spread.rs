@@ -116,18 +116,33 @@ impl RedisLedger {
         Ok(admission)
     }
 
-    /// Whether `entry`'s mailbox is suppressed (false if admissions do not
-    /// check: `limits.suppress`).
+    /// Whether `entry`'s address or mailbox is suppressed (false if
+    /// admissions do not check: `limits.suppress`): its keys
+    /// ([`Keyspace::suppression_keys`](crate::limiter::Keyspace)) read at
+    /// once, each on its own shard, judged as `ledger.lua` judges them.
     async fn suppressed(&self, entry: &Entry<'_>) -> Result<bool, LedgerError> {
         if !self.keys.checks_suppression() {
             return Ok(false);
         }
-        let key = self.keys.suppression_key(entry.job.request.email);
-        let n: i64 = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(n > 0)
+        let mut reads = tokio::task::JoinSet::new();
+        for (i, key) in (self.keys.suppression_keys(entry.job.request.email))
+            .into_iter()
+            .enumerate()
+        {
+            let mut conn = self.conn.clone();
+            reads.spawn(async move {
+                let value: Option<String> =
+                    redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+                Ok::<_, redis::RedisError>((i, value))
+            });
+        }
+        let mut suppressed = false;
+        while let Some(read) = reads.join_next().await {
+            let (i, value) = read.map_err(|e| LedgerError::Protocol(e.to_string()))??;
+            // The first is the address's bounce; the others the mailbox's.
+            suppressed |= value.is_some_and(|v| i == 0 || !crate::limiter::is_bounce_value(&v));
+        }
+        Ok(suppressed)
     }
 
     /// Reserves job `id`'s room in each of `scopes`, one scope after

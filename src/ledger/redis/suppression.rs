@@ -1,10 +1,15 @@
-//! The suppression list: mailboxes no code is mailed to (they do not
-//! exist, or their owners asked for no mail). Each is a key of its own,
-//! `<prefix>sup:<mailbox>` ([`Keyspace::suppression_key`]), which an
-//! admission reads in the same script call ([`RedisLedger::admit`]), and an
-//! entry in the index `<prefix>suppressed` (a sorted set: the key, scored
-//! by when it ends, ms; `+inf` for never), which `mailgate suppress list`
-//! reads, so listing never scans the keyspace.
+//! The suppression list: mailboxes no code is mailed to (their owners asked
+//! for no mail), and addresses relays said do not exist. The two
+//! directions differ. Someone suppresses a mailbox, every spelling the
+//! limiter counts as it: `<prefix>sup:<mailbox>`
+//! ([`Keyspace::suppression_key`]). A bounce suppresses exactly the
+//! spelling the relay refused, which whoever asked for the code chose:
+//! `<prefix>bounced:<address>` ([`Keyspace::bounce_key`]). An admission
+//! reads both (and the key of earlier versions) in the same script call
+//! ([`RedisLedger::admit`]; [`Keyspace::suppression_keys`]). Each is also
+//! an entry in the index `<prefix>suppressed` (a sorted set: the key,
+//! scored by when it ends, ms; `+inf` for never), which `mailgate suppress
+//! list` reads, so listing never scans the keyspace.
 
 use super::RedisLedger;
 use crate::domain::EmailAddress;
@@ -15,11 +20,14 @@ use crate::store::scripts::SUPPRESS;
 /// How many suppressions `list` reads at once.
 const READ_AT_ONCE: usize = 256;
 
-/// Why a mailbox is suppressed, and since when.
+/// Why a mailbox or an address is suppressed, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suppression {
-    /// The mailbox as the limiter counts it (normalized).
+    /// The mailbox as the limiter counts it (normalized), or with
+    /// `exact`, the address as it was sent.
     pub mailbox: String,
+    /// Only this spelling is suppressed: a relay said it does not exist.
+    pub exact: bool,
     /// When it was suppressed, ms since the epoch.
     pub since_ms: u64,
     /// Who suppressed it: `bounce` (a relay said the mailbox does not
@@ -32,8 +40,9 @@ pub struct Suppression {
 }
 
 impl RedisLedger {
-    /// Suppresses `email`'s mailbox for `period` (`None`: until removed),
-    /// replacing any suppression of it.
+    /// Suppresses `email`'s mailbox, every spelling the limiter counts as
+    /// it, for `period` (`None`: until removed), replacing any suppression
+    /// of it.
     pub async fn suppress(
         &self,
         email: &EmailAddress,
@@ -67,16 +76,16 @@ impl RedisLedger {
         Ok(())
     }
 
-    /// Suppresses `email` for `ms` after a bounce (`why`), unless a
-    /// suppression in force lasts longer or someone made it, in one step
-    /// (`suppress.lua`); whether it did.
+    /// Suppresses `email`, exactly as it was sent, for `ms` after a bounce
+    /// (`why`), unless a suppression of that spelling in force lasts
+    /// longer, in one step (`suppress.lua`); whether it did.
     pub(super) async fn bounce(
         &self,
         email: &EmailAddress,
         why: &str,
         ms: u64,
     ) -> Result<bool, LedgerError> {
-        let key = self.keys.suppression_key(email);
+        let key = self.keys.bounce_key(email);
         let now = crate::domain::now_ms();
         let set: i64 = SUPPRESS
             .key(&key)
@@ -99,26 +108,42 @@ impl RedisLedger {
         Ok(set == 1)
     }
 
-    /// Lifts `email`'s suppression; whether there was one.
+    /// Lifts `email`'s suppressions: its mailbox's (as the limiter counts
+    /// it, and under the key of earlier versions) and its own spelling's
+    /// bounce; whether there was one.
     pub async fn unsuppress(&self, email: &EmailAddress) -> Result<bool, LedgerError> {
-        let key = self.keys.suppression_key(email);
         let mut conn = self.conn.clone();
-        let removed: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-        let _: i64 = redis::cmd("ZREM")
-            .arg(self.suppression_index())
-            .arg(&key)
-            .query_async(&mut conn)
-            .await?;
+        let mut removed = 0;
+        for key in self.keys.suppression_keys(email) {
+            let n: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+            removed += n;
+            let _: i64 = redis::cmd("ZREM")
+                .arg(self.suppression_index())
+                .arg(&key)
+                .query_async(&mut conn)
+                .await?;
+        }
         Ok(removed > 0)
     }
 
-    /// `email`'s suppression, if it has one.
+    /// The suppression that keeps a code from `email`, if one does (an
+    /// admission reads the same keys): its mailbox's, which someone made,
+    /// else its own spelling's bounce.
     pub async fn suppression(
         &self,
         email: &EmailAddress,
     ) -> Result<Option<Suppression>, LedgerError> {
-        let key = self.keys.suppression_key(email);
-        self.read_suppression(&key).await
+        let mut bounce = None;
+        for (i, key) in self.keys.suppression_keys(email).iter().enumerate() {
+            match self.read_suppression(key).await? {
+                Some(s) if i == 0 => bounce = Some(s),
+                // An earlier version's bounce under the mailbox's key.
+                Some(s) if s.source == "bounce" => {}
+                Some(s) => return Ok(Some(s)),
+                None => {}
+            }
+        }
+        Ok(bounce)
     }
 
     /// Every suppression in force, oldest end first; entries of the index
@@ -188,9 +213,20 @@ impl RedisLedger {
         let since_ms = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
         let source = words.next().unwrap_or_default().to_owned();
         let why = words.next().unwrap_or_default().to_owned();
-        let prefix = format!("{}{}", self.keys.prefix, families::SUPPRESSION);
+        let family = |f: &str| {
+            key.strip_prefix(&format!("{}{f}", self.keys.prefix))
+                .map(str::to_owned)
+        };
+        let (mailbox, exact) = match family(families::BOUNCED) {
+            Some(address) => (address, true),
+            None => (
+                family(families::SUPPRESSION).unwrap_or_else(|| key.to_owned()),
+                false,
+            ),
+        };
         Ok(Some(Suppression {
-            mailbox: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
+            mailbox,
+            exact,
             since_ms,
             source,
             why,

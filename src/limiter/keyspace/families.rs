@@ -18,8 +18,12 @@ pub(crate) const DOMAIN: &str = "domain:";
 /// The newest job per requester, mailbox and purpose (`limits.supersede`):
 /// `<prefix>newest:<purpose>:<requester>:<mailbox>`.
 pub(crate) const NEWEST: &str = "newest:";
-/// A suppressed mailbox: `<prefix>sup:<address>`.
+/// A suppressed mailbox, every spelling the limiter counts as it (`mailgate
+/// suppress add`): `<prefix>sup:<mailbox>`.
 pub(crate) const SUPPRESSION: &str = "sup:";
+/// An address a relay said does not exist, as it was spelled to the
+/// relay: `<prefix>bounced:<address>`.
+pub(crate) const BOUNCED: &str = "bounced:";
 /// The index of suppressions: `<prefix>suppressed`.
 pub(crate) const SUPPRESSION_INDEX: &str = "suppressed";
 /// The overrides' hash: `<prefix>overrides`.
@@ -51,7 +55,7 @@ pub(crate) struct Family {
 }
 
 /// Every family of keys mailgate writes, in the order a purge reports them.
-pub(crate) const FAMILIES: [Family; 11] = [
+pub(crate) const FAMILIES: [Family; 12] = [
     Family {
         name: "job records",
         tail: Tail::Under(JOB),
@@ -75,6 +79,10 @@ pub(crate) const FAMILIES: [Family; 11] = [
     Family {
         name: "suppressions",
         tail: Tail::Under(SUPPRESSION),
+    },
+    Family {
+        name: "bounced addresses",
+        tail: Tail::Under(BOUNCED),
     },
     Family {
         name: "suppression index",
@@ -186,6 +194,7 @@ mod tests {
             keys.share_key(&domain_key, &ip),
             domain_key,
             keys.suppression_key(&email),
+            keys.bounce_key(&email),
             keys.latest_key(&req).expect("supersede is on"),
             suppression_index_key(prefix),
             overrides_key(prefix),

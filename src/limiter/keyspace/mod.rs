@@ -249,24 +249,57 @@ impl Keyspace {
         }
     }
 
-    /// The key that marks `email` suppressed: `<prefix>sup:<address>`, a
-    /// string "<since_ms> <source> <why>" that lives as long as the
-    /// suppression. The address is [`EmailAddress::address_key`]: as mail
-    /// servers take it, and nothing else folded, since a server's "no such
-    /// mailbox" is about the address it was given, and `limits.normalize`'s
-    /// steps (a `+tag` dropped, Unicode case folding) would let a bounce of
-    /// `victim+x@corp.example`, an address an attacker chose, suppress
-    /// `victim@corp.example`.
+    /// The key that marks `email`'s mailbox suppressed (`mailgate suppress
+    /// add`): `<prefix>sup:<mailbox>`, a string "<since_ms> <source>
+    /// <why>" that lives as long as the suppression. The mailbox is
+    /// [`EmailAddress::mailbox_key`], as the limiter counts it, so every
+    /// spelling that reaches the inbox (`JÖHN@`, `jöhn+x@`, a quoted local
+    /// part) is suppressed with it: a suppressed owner cannot be reached by
+    /// another spelling either. Only people write it, never a bounce.
     pub(crate) fn suppression_key(&self, email: &EmailAddress) -> String {
-        format!(
+        let mut key = format!("{}{}", self.prefix, families::SUPPRESSION);
+        email.push_mailbox_key(&self.limits.normalize, &mut key);
+        key
+    }
+
+    /// The key that marks `email` as a relay refused it, "no such mailbox"
+    /// (a 5.1.1): `<prefix>bounced:<address>`, valued as
+    /// [`Keyspace::suppression_key`]. The address is exactly as it was
+    /// sent ([`EmailAddress::as_str`]: the local part as written, quotes
+    /// and case kept), since a server's "no such mailbox" is about the
+    /// spelling it was given (RFC 5321 lets it look mailboxes up as
+    /// written), which whoever asked for the code chose: a bounce of
+    /// `JANE@owner.example` says nothing of `jane@owner.example`.
+    pub(crate) fn bounce_key(&self, email: &EmailAddress) -> String {
+        format!("{}{}{}", self.prefix, families::BOUNCED, email.as_str())
+    }
+
+    /// Every key an admission of `email` reads for a suppression, in the
+    /// order they are read: its own spelling's bounce
+    /// ([`Keyspace::bounce_key`]), its mailbox's suppression
+    /// ([`Keyspace::suppression_key`]), and, where it differs, the key
+    /// versions before 2026-12-02 wrote a suppression of it under
+    /// (`<prefix>sup:` and [`EmailAddress::address_key`]), so that
+    /// suppressions people made then still hold. Those versions wrote
+    /// bounces under `sup:` keys too, after folding ASCII case, so a
+    /// stranger's spelling could suppress the owner: a `sup:` key whose
+    /// source is `bounce` suppresses nothing ([`is_bounce_value`]).
+    pub(crate) fn suppression_keys(&self, email: &EmailAddress) -> Vec<String> {
+        let mailbox = self.suppression_key(email);
+        let legacy = format!(
             "{}{}{}",
             self.prefix,
             families::SUPPRESSION,
             email.address_key()
-        )
+        );
+        let mut keys = vec![self.bounce_key(email), mailbox];
+        if legacy != keys[1] {
+            keys.push(legacy);
+        }
+        keys
     }
 
-    /// Whether an admission reads its mailbox's suppression key
+    /// Whether an admission reads its suppression keys
     /// (`limits.suppress`).
     pub(crate) fn checks_suppression(&self) -> bool {
         self.limits.suppress
@@ -389,6 +422,14 @@ impl Keyspace {
             .map(Rule::window_ms)
             .fold(self.dedup_ms(), u64::max)
     }
+}
+
+/// Whether a suppression key's value ("<since_ms> <source> <why>") was
+/// written by a bounce: under a `sup:` key, by a version before
+/// 2026-12-02, of a spelling a stranger chose, so it suppresses nothing
+/// (see [`Keyspace::suppression_keys`]).
+pub(crate) fn is_bounce_value(value: &str) -> bool {
+    value.split(' ').nth(1) == Some("bounce")
 }
 
 /// Numbers as the words of one script argument, separated by single spaces

@@ -84,8 +84,8 @@ local CODE = {
                    -- admitted after this one ("admit"'s made); 1 if this
                    -- job's unsent admission was refunded (into a record
                    -- the caller's ticket owns), 0 if nothing was counted
-  suppressed = 11, -- "admit" with a suppression key: the mailbox is
-                   -- suppressed (its key exists); nothing written
+  suppressed = 11, -- "admit" with suppression keys: the address or its
+                   -- mailbox is suppressed; nothing written
 }
 
 -- The operation of the call under way (ARGV[1]), for error messages.
@@ -163,11 +163,13 @@ end
 
 --[[
 item "admit" -- decide a request: id, fingerprint, ticket, attempt,
-  send_now and the call's id, "<flag>[s]:<hex>" (flag '1': the caller has an
-  SMTP connection free and starts its
+  send_now and the call's id, "<flag>[s<n>]:<hex>" (flag '1': the caller has
+  an SMTP connection free and starts its
     transaction at once, so the record goes straight to x; '0': to a, and the
-    caller marks "sending" later; 's' ("admit" only): the last key is the
-    mailbox's suppression key, <prefix>sup:<mailbox>),
+    caller marks "sending" later; 's<n>' ("admit" only, n from 1 to 9): the
+    last n keys are suppression keys, the first the address's own spelling
+    as a relay refused it, <prefix>bounced:<address>, then its mailbox's,
+    <prefix>sup:<mailbox>, and maybe that of earlier versions),
   expires_at ms ('': never),
   shape (decide.lua; may be empty: no scope has rules),
   made: '' if the job's purpose does not supersede older jobs; else
@@ -178,11 +180,14 @@ item "admit" -- decide a request: id, fingerprint, ticket, attempt,
     AMQP timestamp has whole seconds).
   KEYS: the record, then one scope key per key the shape names (two
   characters each), then, with made, the newest key of the job's mailbox
-  and purpose, then, with 's', the suppression key.
+  and purpose, then, with 's<n>', the n suppression keys.
   Suppressed: where the limiter would decide (no live admission of the id,
-  and not expired), a request whose suppression key exists is answered
-  `suppressed`, and nothing is counted or written. A job already admitted
-  goes on as its record says.
+  and not expired), a request is answered `suppressed`, and nothing is
+  counted or written, if its first suppression key exists, or another
+  holds a suppression someone made (a value "<ms> <source> <why>" whose
+  source is not "bounce": versions before 2026-12-02 wrote bounces there,
+  under a spelling a stranger chose). A job already admitted goes on as
+  its record says.
   Superseding: another job of the newest key is newer if it was made more
   than skew later; made within skew of each other, neither is newer (which
   was made first cannot be told: both are mailed). A job with a newer
@@ -223,7 +228,7 @@ end
 
 local function admit_ok(a, head, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  local flag_form = kind == 'admit' and '^[01]s?:%x+$' or '^[01]:%x+$'
+  local flag_form = kind == 'admit' and '^[01]s?[1-9]?:%x+$' or '^[01]:%x+$'
   local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
@@ -239,9 +244,24 @@ local function admit_ok(a, head, kind)
     and string.find(flag or '', flag_form) ~= nil
 end
 
--- Whether an item's flag (ARGV[a]) names a suppression key.
-local function checks_suppression(a)
-  return string.byte(ARGV[a], 2) == 115
+-- How many suppression keys an item's flag (ARGV[a]) names: n of
+-- "<0|1>s<n>:<hex>", else 0.
+local function suppression_keys(a)
+  if string.byte(ARGV[a], 2) ~= 115 then return 0 end
+  return (string.byte(ARGV[a], 3) or 48) - 48
+end
+
+-- Whether the n suppression keys from KEYS[k] suppress the request: the
+-- first exists (a relay refused this spelling), or another holds a
+-- suppression someone made (not an earlier version's bounce).
+local function suppressed(k, n)
+  if n == 0 then return false end
+  if call('EXISTS', KEYS[k]) == 1 then return true end
+  for i = k + 1, k + n - 1 do
+    local v = call('GET', KEYS[i])
+    if v and not string.find(v, '^%d+ bounce ') then return true end
+  end
+  return false
 end
 
 -- Whether job `id`, made at `made` (ms), is superseded: its newest key
@@ -264,14 +284,14 @@ local function admit(k, a, b, kind)
   local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   -- "<0 or 1>[s]:<hex>", as admit_ok checked.
   local flag = ARGV[a + 4]
-  local checks = checks_suppression(a + 4)
-  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, checks and 4 or 3)
+  local sups = suppression_keys(a + 4)
+  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, sups > 0 and 5 or 3)
   local expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
   local key, first = KEYS[k], k + 1
   local last = first + #shape / 2 - 1
   local latest = ARGV[a + 7] ~= '' and KEYS[last + 1]
-  local suppression = checks and KEYS[last + (latest and 2 or 1)]
+  local suppression = last + (latest and 2 or 1)
   -- A time after its admission (a producer's clock ahead) counts as the
   -- admission's, so one such job cannot supersede every later one for as
   -- long.
@@ -332,7 +352,7 @@ local function admit(k, a, b, kind)
     return CODE.expired
   end
   if kind == 'look' then return CODE.absent end
-  if suppression and call('EXISTS', suppression) == 1 then return CODE.suppressed end
+  if suppressed(suppression, sups) then return CODE.suppressed end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
     if latest then
@@ -487,7 +507,7 @@ local ITEMS = {
   admit = {values = 8, ok = function(a, head) return admit_ok(a, head, 'admit') end,
     keys = function(a)
       return 1 + #ARGV[a + 6] / 2 + (ARGV[a + 7] ~= '' and 1 or 0)
-        + (checks_suppression(a + 4) and 1 or 0)
+        + suppression_keys(a + 4)
     end,
     run = function(k, a, b) return admit(k, a, b, 'admit') end},
   look = {values = 8, ok = function(a, head) return admit_ok(a, head, 'look') end, keys = one,

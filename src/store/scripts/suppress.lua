@@ -1,10 +1,11 @@
 --[[
-mailgate suppression list: a bounce's suppression of one address, set only
-where it shortens no suppression in force, in one step (a `mailgate
-suppress add` between a read and a write would otherwise be replaced).
+mailgate suppression list: a bounce's suppression of one address as it was
+spelled to the relay, set only where it shortens no suppression of it in
+force, in one step (another worker's bounce, or one of an earlier version's
+that someone made, between a read and a write would otherwise be replaced).
 
 op "bounce"
-  KEYS[1] the suppression key, <prefix>sup:<address>.
+  KEYS[1] the address's bounce key, <prefix>bounced:<address>.
   ARGV[2] the value, "<since_ms> bounce <why>"; ARGV[3] how long it lasts,
   ms (at least 1).
   A suppression in force stands if someone made it (its source, the value's

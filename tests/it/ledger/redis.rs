@@ -2210,8 +2210,8 @@ async fn hash_records_hold_exactly_the_fields_of_earlier_versions() {
     }
 }
 
-/// A bounce suppresses the address it was about, and never shortens a
-/// suppression someone made or one that lasts longer.
+/// A bounce suppresses the address exactly as it was spelled to the relay,
+/// and never shortens a suppression someone made or one that lasts longer.
 #[tokio::test]
 async fn a_bounce_keeps_a_longer_or_manual_suppression() {
     let l = on_shared_redis("bounce-keeps", LimitSettings::default(), RecordForm::Hash).await;
@@ -2233,7 +2233,8 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
     assert_eq!((s.source.as_str(), s.left_ms), ("manual", None), "{s:?}");
 
     // A bounce of one spelling is not another's (a +tag an attacker
-    // chose, Unicode case); ASCII case aside, it is the address itself.
+    // chose, Unicode case, ASCII case: a server may look mailboxes up as
+    // written).
     assert!(
         l.bounced(&email("victim+x@corp.example"), "550 5.1.1")
             .await
@@ -2256,11 +2257,66 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
             .unwrap()
             .is_none()
     );
+    assert!(
+        l.suppression(&email("VICTIM+X@corp.example"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let tagged = l
-        .suppression(&email("VICTIM+X@corp.example"))
+        .suppression(&email("victim+x@corp.example"))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(tagged.source, "bounce");
+    assert_eq!((tagged.source.as_str(), tagged.exact), ("bounce", true));
     assert!(tagged.left_ms.unwrap() > 29 * 86_400_000);
+}
+
+/// Suppressions of versions before 2026-12-02, under `sup:` and the
+/// address folded in ASCII case only: one someone made still holds, a
+/// bounce (of a spelling a stranger may have chosen) no longer does.
+#[tokio::test]
+async fn suppressions_of_earlier_versions_hold_but_their_bounces_do_not() {
+    let built = on_shared_redis("sup-legacy", LimitSettings::default(), RecordForm::Hash).await;
+    let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
+    let mut conn = sync_redis();
+    let set = |conn: &mut redis::Connection, key: &str, value: &str| {
+        let () = redis::cmd("SET").arg(key).arg(value).query(conn).unwrap();
+    };
+    // A tagged address (its legacy key is not its mailbox's), by hand.
+    set(
+        &mut conn,
+        &format!("{prefix}sup:pat+x@corp.example"),
+        "1 manual by hand",
+    );
+    // The owner's mailbox, by a stranger's bounce of JANE@.
+    set(
+        &mut conn,
+        &format!("{prefix}sup:jane@corp.example"),
+        "1 bounce 5.1.1 no such user",
+    );
+    let t0: u64 = 1_790_000_000_000;
+    let pat = TestJob::new("p1", "Pat+X@corp.example", None);
+    assert_eq!(
+        pat.admit(&l, &Ticket::new(), Clock::At(t0)).await,
+        Verdict::Suppressed
+    );
+    let jane = TestJob::new("j1", "jane@corp.example", None);
+    assert_eq!(
+        jane.admit(&l, &Ticket::new(), Clock::At(t0)).await,
+        Verdict::Admitted
+    );
+    let email = |a: &str| mailgate::domain::EmailAddress::parse(a).unwrap();
+    assert!(
+        l.suppression(&email("jane@corp.example"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let s = l
+        .suppression(&email("pat+x@corp.example"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.source.as_str(), s.exact), ("manual", false));
 }

@@ -241,9 +241,10 @@ async fn a_mailbox_its_server_says_does_not_exist_is_suppressed() {
         "{listed}"
     );
 
-    // The address in any ASCII case is the same; another spelling is not.
+    // Only the spelling the server refused: it may look mailboxes up as
+    // written (this one does), and whoever asked chose the spelling.
     h.publish(&job("b3", "GHOST@example.com")).await;
-    assert_eq!(h.result().await["status"], "suppressed");
+    assert_eq!(h.result().await["status"], "sent");
     h.publish(&job("b4", "tagged+x@example.com")).await;
     assert_eq!(h.result().await["status"], "failed");
     h.publish(&job("b5", "tagged@example.com")).await;
@@ -260,6 +261,69 @@ async fn a_mailbox_its_server_says_does_not_exist_is_suppressed() {
     }
     let listed = stdout(&mailgate(&h, &["suppress", "list"]).await);
     assert!(!listed.contains("full@"), "{listed}");
+    w.stop().await.unwrap();
+}
+
+/// A stranger who asks codes for other spellings of the owner's address,
+/// which the owner's server refuses as written (RFC 5321 lets it), does
+/// not get the owner suppressed: a bounce suppresses exactly the refused
+/// spelling. The other way, a mailbox someone suppressed is suppressed in
+/// every spelling the limiter counts as it (Unicode case, a +tag, quotes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_spelling_never_suppresses_the_owner() {
+    let h = Harness::with("bounce-spelling", |s| {
+        s.limits.email.rules = vec![Rule::new(Duration::from_secs(60), 50)];
+    })
+    .await;
+    // The owner's server knows "jane" as written, nothing else.
+    for spelling in ["JANE@", "Jane@", "\"jane\"@", "\"ja\\ne\"@"] {
+        h.sink
+            .refuse_saying(spelling, 550, "5.1.1 no such user here");
+    }
+    let w = h.start_worker().await;
+    let job = |id: &str, email: &str| json!({"id": id, "email": email, "code": "909090"});
+    let spellings = [
+        "JANE@owner.example",
+        "Jane@owner.example",
+        "\"jane\"@owner.example",
+        "\"ja\\ne\"@owner.example",
+    ];
+    for (i, spelling) in spellings.iter().enumerate() {
+        h.publish(&job(&format!("x{i}"), spelling)).await;
+        let r = h.result().await;
+        assert_eq!(r["status"], "failed", "{spelling}: {r}");
+        // Refused again, that spelling is suppressed.
+        h.publish(&job(&format!("y{i}"), spelling)).await;
+        assert_eq!(h.result().await["status"], "suppressed", "{spelling}");
+    }
+    h.publish(&job("owner", "jane@owner.example")).await;
+    assert_eq!(
+        h.result().await["status"],
+        "sent",
+        "the owner gets her code"
+    );
+    let explained = stdout(&mailgate(&h, &["explain", "--email", "jane@owner.example"]).await);
+    assert!(!explained.contains("SUPPRESSED"), "{explained}");
+
+    // The owner asks for no mail: no spelling reaches her.
+    stdout(&mailgate(&h, &["suppress", "add", "jöhn@owner.example"]).await);
+    for (i, spelling) in [
+        "jöhn@owner.example",
+        "JÖHN@owner.example",
+        "jÖhn@owner.example",
+        "jöhn+again@owner.example",
+    ]
+    .iter()
+    .enumerate()
+    {
+        h.publish(&job(&format!("j{i}"), spelling)).await;
+        assert_eq!(h.result().await["status"], "suppressed", "{spelling}");
+    }
+    let explained = stdout(&mailgate(&h, &["explain", "--email", "JÖHN+x@owner.example"]).await);
+    assert!(
+        explained.contains("SUPPRESSED") && explained.contains("every spelling"),
+        "{explained}"
+    );
     w.stop().await.unwrap();
 }
 
