@@ -9,7 +9,8 @@
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
-//! | `mailgate_bounces_total` | counter | none; counts mailboxes a relay said do not exist (5.1.1), each suppressed for `limits.suppress_bounces_for`: a sudden rise is a relay refusing everyone (past 5 in a row without a mail taken, the refusals stop suppressing) or a code farmer probing addresses |
+//! | `mailgate_bounces_total` | counter | none; counts addresses a relay said do not exist (5.1.1), each suppressed, as spelled, for `limits.suppress_bounces_for`: a sudden rise is a relay refusing many (past 5 in a row of one domain, or of any, without a mail taken for it, the refusals stop suppressing: `mailgate_bounces_doubted_total`) or a code farmer probing addresses |
+//! | `mailgate_bounces_doubted_total` | counter | `relay`: 5.1.1s not taken as grounds to suppress, because the relay said so of more than 5 mailboxes in a row of the recipient's domain, or of any, without taking a mail for it (a broken recipient table); the first of each run also lifts the run's earlier suppressions |
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` (a mailbox that does not exist too), `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
@@ -194,7 +195,15 @@ pub fn smtp_relay_registered(relay: &str) {
     let r = relay.to_owned();
     metrics::counter!("mailgate_smtp_relay_sends_total", "relay" => r.clone()).increment(0);
     metrics::counter!("mailgate_smtp_relay_failures_total", "relay" => r.clone()).increment(0);
+    metrics::counter!("mailgate_bounces_doubted_total", "relay" => r.clone()).increment(0);
     metrics::gauge!("mailgate_smtp_relay_circuit", "relay" => r).set(0.0);
+}
+
+/// `relay` said a mailbox does not exist (5.1.1) past the run of them it
+/// is believed for, of the recipient's domain or of any
+/// (`mailer::relays`'s bounce runs): not taken as grounds to suppress it.
+pub fn bounce_doubted(relay: &str) {
+    metrics::counter!("mailgate_bounces_doubted_total", "relay" => relay.to_owned()).increment(1);
 }
 
 /// `relay` accepted a mail.

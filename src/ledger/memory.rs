@@ -491,6 +491,12 @@ impl Ledger for MemoryLedger {
         })
     }
 
+    async fn unbounced(&self, email: &EmailAddress) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        let key = state.logs.keyspace().bounce_key(email);
+        Ok(state.suppressed.remove(&key).is_some())
+    }
+
     async fn unrecorded(&self, id: &crate::domain::JobId) -> Result<Option<u64>, LedgerError> {
         // The clock of its latest call: a moment before now, so a replay
         // judged from it errs towards "forgotten".

@@ -361,6 +361,14 @@ pub trait Ledger: Send + Sync {
         why: &str,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
+    /// Lifts the suppression a bounce made of `email` (as it was sent),
+    /// if there is one: the relay turned out to say "no such mailbox" of
+    /// too many (`mailer`'s bounce runs). Whether there was one.
+    fn unbounced(
+        &self,
+        email: &EmailAddress,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
     /// Whether the backend holds no record of `id`: if none, its clock now
     /// (ms since the epoch; Redis's `TIME`, read with the record's absence
     /// in one step), from when an admission of the id would be kept at
@@ -493,6 +501,13 @@ impl Ledger for Backend {
         match self {
             Backend::Redis(l) => l.bounced(email, why).await,
             Backend::Memory(l) => l.bounced(email, why).await,
+        }
+    }
+
+    async fn unbounced(&self, email: &EmailAddress) -> Result<bool, LedgerError> {
+        match self {
+            Backend::Redis(l) => l.unbounced(email).await,
+            Backend::Memory(l) => l.unbounced(email).await,
         }
     }
 

@@ -60,12 +60,25 @@ pub enum MailError {
     Permanent(String),
     /// The recipient's mailbox does not exist: a 5xx to RCPT, DATA or the
     /// message whose enhanced status code is `5.1.1` (bad destination
-    /// mailbox). Permanent, and grounds to suppress the mailbox
-    /// (`limits.suppress_bounces_for`) — unless the relay has said so of
-    /// every mailbox lately ([`crate::mailer`]'s relays then answer
-    /// [`MailError::Permanent`]).
+    /// mailbox). Permanent, and grounds to suppress the address as it was
+    /// sent (`limits.suppress_bounces_for`) — unless the relay has said so
+    /// of too many mailboxes lately ([`MailError::Untrusted`]).
     #[error("{0}")]
     NoMailbox(String),
+    /// A 5.1.1, as [`MailError::NoMailbox`], from a relay that has said so
+    /// of more than a few mailboxes in a row of this recipient's domain, or
+    /// of any domain, without taking a mail for it in between (a broken
+    /// recipient table): permanent, but no grounds to suppress anyone.
+    #[error("{text}")]
+    Untrusted {
+        /// What the relay said, and why it is not taken at its word.
+        text: String,
+        /// The addresses (as sent) whose 5.1.1s before this one made the
+        /// run, now that it is too long: their suppressions are as
+        /// groundless, and are lifted. Empty but for the refusal that
+        /// ended the trust.
+        lift: Vec<String>,
+    },
     /// The final dot was written and no reply came (the deadline, EOF, an
     /// I/O error): the server may have the mail. Never send it again.
     #[error("{0}")]
@@ -84,6 +97,10 @@ impl MailError {
             Transient(t) => Transient(code.hide_in(&t)),
             Permanent(t) => Permanent(code.hide_in(&t)),
             NoMailbox(t) => NoMailbox(code.hide_in(&t)),
+            Untrusted { text, lift } => Untrusted {
+                text: code.hide_in(&text),
+                lift,
+            },
             Unknown(t) => Unknown(code.hide_in(&t)),
         }
     }

@@ -68,9 +68,12 @@ impl<L: Ledger> Pipeline<L> {
         telemetry::smtp_send(
             match &sent {
                 Ok(()) => "ok",
-                Err(MailError::Permanent(_) | MailError::NoMailbox(_) | MailError::Address(_)) => {
-                    "permanent"
-                }
+                Err(
+                    MailError::Permanent(_)
+                    | MailError::NoMailbox(_)
+                    | MailError::Untrusted { .. }
+                    | MailError::Address(_),
+                ) => "permanent",
                 Err(MailError::Unknown(_)) => "unknown",
                 Err(_) => "transient",
             },

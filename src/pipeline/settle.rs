@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backon::Retryable;
 
-use crate::domain::{DeadReason, Job};
+use crate::domain::{DeadReason, EmailAddress, Job};
 use crate::ledger::{Ending, JobRef, Ledger, LedgerError, Refund};
 use crate::mailer::MailError;
 
@@ -76,6 +76,16 @@ impl<L: Ledger> Pipeline<L> {
                 );
                 return self
                     .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
+                    .await;
+            }
+            Delivery::Failed(MailError::Untrusted { text, lift }) => {
+                // The relay's word is doubted now: the bounces of its run
+                // lose their suppressions too.
+                for address in lift.iter().filter_map(|a| EmailAddress::parse(a).ok()) {
+                    self.record(|| self.ledger.unbounced(&address)).await;
+                }
+                return self
+                    .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), text)
                     .await;
             }
             Delivery::Failed(e @ (MailError::Permanent(_) | MailError::Address(_))) => {

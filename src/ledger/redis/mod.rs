@@ -316,6 +316,10 @@ impl Ledger for RedisLedger {
         Ok(true)
     }
 
+    async fn unbounced(&self, email: &crate::domain::EmailAddress) -> Result<bool, LedgerError> {
+        self.unbounce(email).await
+    }
+
     async fn unrecorded(&self, id: &crate::domain::JobId) -> Result<Option<u64>, LedgerError> {
         let at: i64 = scripts::TOOLS
             .key(self.keys.record_key(id))

@@ -108,6 +108,20 @@ impl RedisLedger {
         Ok(set == 1)
     }
 
+    /// Lifts the suppression a bounce made of `email`, as it was sent;
+    /// whether there was one.
+    pub(super) async fn unbounce(&self, email: &EmailAddress) -> Result<bool, LedgerError> {
+        let key = self.keys.bounce_key(email);
+        let mut conn = self.conn.clone();
+        let removed: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+        let _: i64 = redis::cmd("ZREM")
+            .arg(self.suppression_index())
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed > 0)
+    }
+
     /// Lifts `email`'s suppressions: its mailbox's (as the limiter counts
     /// it, and under the key of earlier versions) and its own spelling's
     /// bounce; whether there was one.

@@ -23,6 +23,7 @@
 //! health; in `circuit.rs` the state machine; in `breaker.rs` how outcomes
 //! drive it (recording, publishing availability, probing).
 
+mod bounces;
 mod breaker;
 mod circuit;
 
@@ -55,17 +56,10 @@ struct Status {
     /// different recipients in a row; ended by a mail it took (not by a
     /// probe: a relay that refuses every RCPT passes one).
     streak: Option<Streak>,
-    /// How many mailboxes in a row the relay said do not exist (5.1.1)
-    /// since it last took a mail ([`Relays::judge_no_mailbox`]).
-    no_mailbox_run: usize,
+    /// Its runs of 5.1.1s since it last took a mail, per domain and in
+    /// all ([`Relays::judge_no_mailbox`]).
+    no_mailbox: bounces::Runs,
 }
-
-/// How many mailboxes in a row a relay may say do not exist, without
-/// taking a mail in between, before its word is no longer taken as grounds
-/// to suppress them: a relay that answers 5.1.1 to every recipient (a
-/// misconfigured recipient table) would otherwise suppress every user who
-/// asks for a code while it lasts.
-const NO_MAILBOX_RUN: usize = 5;
 
 /// A run of one refusal code to different recipients in a row.
 #[derive(Debug, Clone)]
@@ -147,7 +141,7 @@ impl Relays {
                         circuit: Circuit::new(circuit.failures, circuit.cool_down),
                         health: Ok(()),
                         streak: None,
-                        no_mailbox_run: 0,
+                        no_mailbox: bounces::Runs::default(),
                     }),
                 }
             })
@@ -198,14 +192,16 @@ impl Relays {
                     {
                         let mut s = lock(&relay.status);
                         s.streak = None;
-                        s.no_mailbox_run = 0;
+                        for to in envelope.to() {
+                            s.no_mailbox.took(to.as_ref());
+                        }
                     }
                     self.worked(i);
                     return Ok(());
                 }
                 Err(failure) => {
                     let failure = self.judge_suspect(i, failure, envelope);
-                    let failure = self.judge_no_mailbox(i, failure);
+                    let failure = self.judge_no_mailbox(i, failure, envelope);
                     self.record(i, &failure);
                     match failure.error {
                         // Nothing of the mail was handed over: the next relay.
@@ -263,35 +259,46 @@ impl Relays {
     }
 
     /// A relay's word that a mailbox does not exist ([`MailError::NoMailbox`])
-    /// is taken only while it has not said so of [`NO_MAILBOX_RUN`]
-    /// mailboxes in a row without taking a mail: past that, the refusal is
-    /// [`MailError::Permanent`] (the job fails all the same; its mailbox is
-    /// not suppressed), until the relay takes a mail again.
-    fn judge_no_mailbox(&self, i: usize, mut failure: Failure) -> Failure {
+    /// is taken only while it has not said so of [`bounces::RUN`] other
+    /// mailboxes of the recipient's domain, or of any, without taking a
+    /// mail for it in between ([`bounces::Runs`]): past that, the refusal
+    /// is [`MailError::Untrusted`] (the job fails all the same; nothing is
+    /// suppressed, and the run's earlier suppressions are lifted), until
+    /// the relay takes a mail again.
+    fn judge_no_mailbox(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
         let MailError::NoMailbox(text) = &failure.error else {
             return failure;
         };
-        let run = {
-            let mut s = lock(&self.list[i].status);
-            s.no_mailbox_run += 1;
-            s.no_mailbox_run
+        let Some(to) = envelope.to().first() else {
+            return failure;
         };
-        if run > NO_MAILBOX_RUN {
-            if run == NO_MAILBOX_RUN + 1 {
-                tracing::warn!(
-                    relay = self.list[i].name,
-                    run,
-                    "this relay said {run} mailboxes in a row do not exist without taking a \
-                     mail: their mailboxes are not suppressed until it takes one"
-                );
-            }
-            failure.error = MailError::Permanent(format!(
-                "{text} (not taken as grounds to suppress the mailbox: {} said {run} mailboxes \
-                 in a row do not exist)",
-                self.list[i].name
-            ));
+        let word = lock(&self.list[i].status).no_mailbox.refused(to.as_ref());
+        let bounces::Word::Doubted { of, lift } = word else {
+            return failure;
+        };
+        let relay = &self.list[i].name;
+        telemetry::bounce_doubted(relay);
+        if !lift.is_empty() {
+            tracing::warn!(
+                relay,
+                "this relay said more than {} mailboxes {of} in a row do not exist without taking \
+                 a mail for them (a broken recipient table?): its word no longer suppresses them, \
+                 and the {} it suppressed are lifted, until it takes one",
+                bounces::RUN,
+                lift.len()
+            );
         }
-        failure
+        Failure {
+            error: MailError::Untrusted {
+                text: format!(
+                    "{text} (not taken as grounds to suppress the mailbox: {relay} said more \
+                     than {} mailboxes {of} in a row do not exist)",
+                    bounces::RUN
+                ),
+                lift,
+            },
+            ..failure
+        }
     }
 
     /// For readiness: a session and NOOP on the first relay that takes

@@ -325,7 +325,7 @@ mod tests {
             MailError::Relay(_) => "relay",
             MailError::Transient(_) => "transient",
             MailError::Permanent(_) => "permanent",
-            MailError::NoMailbox(_) => "no mailbox",
+            MailError::NoMailbox(_) | MailError::Untrusted { .. } => "no mailbox",
             MailError::Unknown(_) => "unknown",
             MailError::Config(_) | MailError::Address(_) => "other",
         }
