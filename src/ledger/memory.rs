@@ -449,17 +449,19 @@ impl Ledger for MemoryLedger {
             }
             Ending::Refund(how) if mine && unsent => {
                 rec.state = JobState::Refunded(*how);
-                Some(())
+                Some(*how)
             }
             _ => return Ok(false),
         };
         rec.lease_until = 0;
         rec.answered = answered;
         rec.until = now.saturating_add(keys.dedup_ms());
-        if refund.is_some() {
-            state
-                .logs
-                .forget(&keys.applicable(&job.request), admitted_at, id);
+        if let Some(how) = refund {
+            let (back, kept): (Vec<_>, Vec<_>) = (keys.applicable(&job.request))
+                .into_iter()
+                .partition(|a| how.gives_back(a));
+            state.logs.forget(&back, admitted_at, id);
+            state.logs.keep(&kept, admitted_at, id);
         }
         Ok(true)
     }

@@ -135,6 +135,15 @@ impl Refund {
         }
     }
 
+    /// Whether this refund gives the admission back in `scope`'s log:
+    /// everywhere, but a failure stays counted in the requester's own
+    /// logs (its client network, and that network's share of the domain:
+    /// [`Applied::is_requesters`](crate::limiter::Applied)), so that
+    /// failures (probes of made-up mailboxes) are not free to whoever asks.
+    pub(crate) fn gives_back(self, scope: &crate::limiter::Applied) -> bool {
+        self != Refund::Failed || !scope.is_requesters()
+    }
+
     /// The refund a `fin` character stands for.
     pub fn from_code(c: u8) -> Option<Self> {
         [

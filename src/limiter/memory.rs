@@ -141,6 +141,23 @@ impl MemoryLogs {
         }
     }
 
+    /// A failed job's admission at `at` stays counted in `scopes` (its
+    /// requester's), under a name no job's id has (`id` and a `\u{1}`: ids
+    /// hold no control character), as `decide.lua`'s `keep`: the id
+    /// admitted again is a new entry, and its refund never takes this one.
+    pub(crate) fn keep(&mut self, scopes: &[Applied], at: u64, id: &str) {
+        let kept: Arc<str> = format!("{id}\u{1}").into();
+        for Applied { key, .. } in scopes {
+            if let Some(log) = self.logs.get_mut(key) {
+                for (t, member) in log.entries.iter_mut() {
+                    if *t == at && **member == *id {
+                        *member = kept.clone();
+                    }
+                }
+            }
+        }
+    }
+
     /// See [`super::Quotas::usage`].
     pub(crate) fn usage(&self, subject: Subject<'_>, purpose: Option<&Name>, now: u64) -> Usage {
         let (key, set, hit) = self.keys.lookup(subject, purpose);

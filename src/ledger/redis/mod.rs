@@ -270,17 +270,21 @@ impl Ledger for RedisLedger {
             Ending::Unknown => b'u',
             Ending::Refund(r) => r.code(),
         };
-        // A refund takes the admission out of every scope log (spread over
-        // shards: the reservations the record names, given back after).
-        let scope_keys: Vec<String> = match ending {
-            Ending::Refund(..) if !self.spread => self
-                .keys
-                .applicable(&job.request)
+        // A refund takes the admission out of the scope logs (spread over
+        // shards: the reservations the record names, given back after):
+        // of every one, but the requester's for a failure, where it stays
+        // counted (renamed: `decide.lua`'s `keep`).
+        let (back, kept): (Vec<_>, Vec<_>) = match ending {
+            Ending::Refund(how) if !self.spread => (self.keys.applicable(&job.request))
                 .into_iter()
-                .map(|a| a.key)
-                .collect(),
-            _ => Vec::new(),
+                .partition(|a| how.gives_back(a)),
+            _ => (Vec::new(), Vec::new()),
         };
+        let counts = match kept.len() {
+            0 => back.len().to_string(),
+            n => format!("{},{n}", back.len()),
+        };
+        let scope_keys: Vec<String> = back.into_iter().chain(kept).map(|a| a.key).collect();
         let args = vec![
             "settle".to_owned(),
             job.ticket.as_str().to_owned(),
@@ -288,12 +292,13 @@ impl Ledger for RedisLedger {
             job.request.id.as_str().to_owned(),
             char::from(how).to_string(),
             if answered { "1" } else { "0" }.to_owned(),
-            scope_keys.len().to_string(),
+            counts,
         ];
         let reply = self.mark(job, None, args, scope_keys, false).await?;
-        if let Ending::Refund(..) = ending {
+        if let Ending::Refund(how) = ending {
             // Also when asked again after a lost reply (0, and the names).
-            self.give_back_refunded(&job.request, &reply.values).await;
+            self.give_back_refunded(&job.request, *how, &reply.values)
+                .await;
         }
         Ok(reply.values[0] == 1)
     }

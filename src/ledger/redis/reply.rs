@@ -163,7 +163,7 @@ impl RedisLedger {
             return Err(self.unreplicated(&entry.job, acked).await);
         }
         if verdict == Verdict::Expired {
-            self.give_back_refunded(&entry.job.request, &reply.values)
+            self.give_back_refunded(&entry.job.request, Refund::Expired, &reply.values)
                 .await;
         }
         // An admission names the shadow rule that would have rejected it

@@ -17,7 +17,7 @@ use super::replicas::Replication;
 use super::reply::{Code, REPLY_WIDTH, Reply, room_named, rule_named, verdict};
 use super::{RedisLedger, admission_args};
 use crate::domain::RegistrableDomain;
-use crate::ledger::{Admission, Entry, LedgerError, Verdict};
+use crate::ledger::{Admission, Entry, LedgerError, Refund, Verdict};
 use crate::limiter::{Applied, Clock, Keyspace, Request, Rooms, RuleRef, RuleSet, Scope, Subject};
 use crate::store::Conn;
 use crate::store::scripts::SCOPE;
@@ -462,6 +462,7 @@ impl RedisLedger {
     pub(super) async fn give_back_refunded(
         &self,
         request: &Request<'_>,
+        how: Refund,
         values: &[i64; REPLY_WIDTH],
     ) {
         // The code, one time per scope in `Scope::ALL` order, the nonce. A
@@ -488,20 +489,40 @@ impl RedisLedger {
         // The client network's share of the domain's log was reserved at
         // the domain's time, if it applied (giving back what was not
         // reserved removes nothing).
+        let mut share = None;
         if let (Some(ip), Some((_, domain, t))) =
             (request.ip, held.iter().find(|(s, ..)| *s == Scope::Domain))
         {
-            let share = (Scope::Domain, self.keys.share_key(domain, ip), *t);
-            held.push(share);
+            share = Some((Scope::Domain, self.keys.share_key(domain, ip), *t));
         }
+        // A failure stays counted against its requester: its network and
+        // that network's share of the domain (renamed: scope.lua's "keep").
+        let mut kept = Vec::new();
+        if how == Refund::Failed {
+            kept.extend(share.take());
+            kept.extend(held.iter().filter(|(s, ..)| *s == Scope::Ip).cloned());
+            held.retain(|(scope, ..)| *scope != Scope::Ip);
+        }
+        held.extend(share);
         let suffix = format!("{}:{nonce}", request.id.as_str());
         self.give_back(&suffix, &held).await;
+        self.on_reservations(&suffix, &kept, "keep").await;
     }
 
     /// Gives back the reservations `held` (scope, key, time) of `suffix`.
     /// One that cannot be given back now (Redis away) stays counted until
     /// its window passes: a rejection too many, never an admission too many.
     async fn give_back(&self, suffix: &str, held: &[(Scope, String, u64)]) {
+        self.on_reservations(suffix, held, "unreserve").await;
+    }
+
+    /// Runs `op` of `scope.lua` ("unreserve", or "keep": a failure's
+    /// reservation stays counted, renamed) on each reservation of `held`,
+    /// trying a few times over a second.
+    async fn on_reservations(&self, suffix: &str, held: &[(Scope, String, u64)], op: &'static str) {
+        if held.is_empty() {
+            return;
+        }
         let mut left: Vec<(String, &'static str, Vec<String>)> = held
             .iter()
             .map(|(_, key, t)| {
@@ -509,7 +530,7 @@ impl RedisLedger {
                     TIME_UNKNOWN => String::new(),
                     t => t.to_string(),
                 };
-                (key.clone(), "unreserve", vec![t, suffix.to_owned()])
+                (key.clone(), op, vec![t, suffix.to_owned()])
             })
             .collect();
         // A few tries over a second: the call that failed before this one
@@ -529,7 +550,9 @@ impl RedisLedger {
         if !left.is_empty() {
             tracing::warn!(
                 reservations = left.len(),
-                "could not give a reservation back; it counts until its window passes"
+                op,
+                "could not give a reservation back (or mark it a failure's); it counts until its \
+                 window passes"
             );
         }
     }

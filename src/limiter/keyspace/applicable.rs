@@ -9,13 +9,27 @@ use crate::limiter::{Request, Scope, ScopeMap, Subject, overrides};
 
 /// One scope that applies to a request: its scope, its key, and the rule
 /// set it is judged by (with its number among all rule sets, as shapes
-/// name it).
+/// name it); `share`: the key is the client network's share of the
+/// domain's log.
 #[derive(Debug, Clone)]
 pub(crate) struct Applied {
     pub scope: Scope,
     pub key: String,
     pub index: usize,
     pub set: std::sync::Arc<RuleSet>,
+    pub share: bool,
+}
+
+impl Applied {
+    /// Whether this log is the requester's own (its client network, or
+    /// that network's share of a domain) rather than the mailbox's or the
+    /// domain's: an admission whose job failed stays counted in it, so
+    /// failures (a probe of made-up mailboxes, a code the relay refuses)
+    /// are not free to whoever asks, while the mailbox and the domain,
+    /// whom a stranger's failures must not lock out, get theirs back.
+    pub(crate) fn is_requesters(&self) -> bool {
+        self.scope == Scope::Ip || self.share
+    }
 }
 
 impl Keyspace {
@@ -150,6 +164,7 @@ impl Keyspace {
                 key,
                 index,
                 set,
+                share: false,
             });
             if let (Some(((index, set), _)), Some(key)) = (share, share_key) {
                 out.push(Applied {
@@ -157,6 +172,7 @@ impl Keyspace {
                     key,
                     index,
                     set,
+                    share: true,
                 });
             }
         }
@@ -182,6 +198,7 @@ impl Keyspace {
                     key: key.clone(),
                     index: *index,
                     set: set.clone(),
+                    share: false,
                 });
             }
         }

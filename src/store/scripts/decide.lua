@@ -413,6 +413,22 @@ local function forget(first, last, member)
   end
 end
 
+-- A failed job's admission stays counted in the logs KEYS[first..last]
+-- (its requester's), as an entry no job's id can make: `member` with a
+-- '\1' appended (ids hold no control character). So the job's id admitted
+-- again (another message of it) is a new entry, even in the same
+-- millisecond, and never taken for a copy of itself being admitted.
+-- Run again, it finds the entry renamed and changes nothing.
+local function keep(first, last, member)
+  for k = first, last do
+    local score = call('ZSCORE', KEYS[k], member)
+    if score then
+      call('ZREM', KEYS[k], member)
+      call('ZADD', KEYS[k], score, member .. '\1')
+    end
+  end
+end
+
 -- The API: what the scripts composed after this one call, as decide.<name>
 -- (a unit test checks that they use exactly these).
 return {
@@ -430,4 +446,5 @@ return {
   room = room,
   record = record,
   forget = forget,
+  keep = keep,
 }

@@ -431,13 +431,15 @@ end
 item "settle" -- record how the owner's attempt ended.
   Values: ticket, attempt, id, end, answered ('1' if its result was
     confirmed), n (how many scope keys follow the record; a refund names
-    the job's scope keys). Refunds and "unknown" only from the owning attempt.
+    the job's scope keys: "<n>" or "<n>,<m>", n it leaves, then m it stays
+    counted in, renamed as decide.keep does: a failure's requester's).
+    Refunds and "unknown" only from the owning attempt.
   end:  's' sent: the SMTP server accepted the mail (recorded even if another
           copy marked it unknown meanwhile: it is the truth)
         'u' unknown: the end of the message got no answer; never resent
         'e' / 'f' / 'i' / 'p' refund as expired / failed / invalid /
           superseded: only from a or
-          x owned by the ticket; the admission leaves every scope log
+          x owned by the ticket; the admission leaves the n scope logs
   1 if recorded, 0 if the record is gone or not the ticket's; a refund of
   reservations ("create") then names them: t_email, t_ip, t_domain, nonce,
   and so does a refund asked again of the attempt that made it (with 0).
@@ -445,12 +447,20 @@ item "settle" -- record how the owner's attempt ended.
 -- A settle's ends (its `end` value).
 local ENDS = {s = true, u = true, e = true, f = true, i = true, p = true}
 
+-- A settle's scope keys ("<n>" or "<n>,<m>"): how many it leaves, and how
+-- many it stays counted in; nil if malformed.
+local function settled_keys(text)
+  local n, m = string.match(text or '', '^(%d+),(%d+)$')
+  if not n then n, m = string.match(text or '', '^(%d+)$'), '0' end
+  if not n then return nil end
+  return tonumber(n), tonumber(m)
+end
+
 local function settle_ok(a)
-  local how, answered, keys = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  local n = keys ~= '0' and tonumber(keys)
+  local how, answered = ARGV[a + 3], ARGV[a + 4]
   return ticket_ok(ARGV[a]) and attempt_ok(a + 1) and ARGV[a + 2] ~= ''
     and (answered == '1' or answered == '0') and ENDS[how] ~= nil
-    and (keys == '0' or (n and n >= 0 and n == math.floor(n)))
+    and settled_keys(ARGV[a + 5]) ~= nil
 end
 
 local function settle(k, a, b)
@@ -481,7 +491,10 @@ local function settle(k, a, b)
       return 0
     end
     if not owning or (st ~= A and st ~= X) then return 0 end
-    decide.forget(k + 1, k + tonumber(ARGV[a + 5]), decide.member_of(at_of(tail), id))
+    local leaves, stays = settled_keys(ARGV[a + 5])
+    local member = decide.member_of(at_of(tail), id)
+    decide.forget(k + 1, k + leaves, member)
+    decide.keep(k + leaves + 1, k + leaves + stays, member)
     store(key, b, as, 'r', answered, how, '0', own, n, c, tail)
     local rv = rv_of(tail)
     if rv then return 1, reserved(rv) end
@@ -522,8 +535,8 @@ local ITEMS = {
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = release},
   settle = {values = 6, ok = settle_ok, keys = function(a)
-      local n = ARGV[a + 5]
-      return n == '0' and 1 or 1 + tonumber(n)
+      local leaves, stays = settled_keys(ARGV[a + 5])
+      return 1 + leaves + stays
     end,
     run = settle},
   answered = {values = 1, ok = function(a) return ARGV[a] ~= '' end, keys = one, run = answered},

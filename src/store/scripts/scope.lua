@@ -34,6 +34,9 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
              was lost: the log is looked through for the suffix)
   ARGV[4]    its suffix
   returns    {now, 1} if it was there, else {now, 0}
+"keep" -- a failed job's reservation stays counted (in its requester's
+  logs), renamed as decide.keep does, so that the job's id reserving again
+  is never taken for a copy of itself. Arguments and reply as "unreserve".
 ]]
 
 local call, tonumber, sub = redis.call, tonumber, string.sub
@@ -48,17 +51,30 @@ local now, skewed = decide.clock(2)
 if skewed then return skewed end
 if not now then return fail('bad clock') end
 
-if op == 'unreserve' then
+if op == 'unreserve' or op == 'keep' then
   local t, suffix = tonumber(ARGV[3]), ARGV[4]
   if #ARGV ~= 4 or (ARGV[3] ~= '' and (not t or t < 0)) or suffix == '' then
     return fail('takes a time (or "") and a suffix')
   end
-  if t then return {now, call('ZREM', KEYS[1], decide.member_of(t, suffix))} end
-  -- Its time unknown: a log holds what its rules allow in its keep, a few
-  -- dozen entries, so look through it.
-  local tail, found = ':' .. suffix, 0
-  for _, m in ipairs(call('ZRANGE', KEYS[1], 0, -1)) do
-    if sub(m, 13) == tail then found = found + call('ZREM', KEYS[1], m) end
+  local members = {}
+  if t then
+    members[1] = decide.member_of(t, suffix)
+  else
+    -- Its time unknown: a log holds what its rules allow in its keep, a
+    -- few dozen entries, so look through it.
+    local tail = ':' .. suffix
+    for _, m in ipairs(call('ZRANGE', KEYS[1], 0, -1)) do
+      if sub(m, 13) == tail then members[#members + 1] = m end
+    end
+  end
+  local found = 0
+  for _, m in ipairs(members) do
+    if op == 'keep' then
+      found = found + (call('ZSCORE', KEYS[1], m) and 1 or 0)
+      decide.keep(1, 1, m)
+    else
+      found = found + call('ZREM', KEYS[1], m)
+    end
   end
   return {now, found > 0 and 1 or 0}
 elseif op ~= 'peek' and op ~= 'reserve' then

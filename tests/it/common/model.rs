@@ -12,6 +12,9 @@ struct Admission {
     at: u64,
     id: String,
     keys: Vec<String>,
+    /// The keys it stays counted in if its job fails: the requester's own,
+    /// its client network's and that network's share of a domain.
+    requesters: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -159,6 +162,10 @@ impl Model {
                 at: t,
                 id: id.to_owned(),
                 keys: scopes.iter().map(|(_, k, _)| k.clone()).collect(),
+                requesters: (scopes.iter())
+                    .filter(|(scope, k, _)| *scope == Scope::Ip || k.contains(":net:"))
+                    .map(|(_, k, _)| k.clone())
+                    .collect(),
             });
             self.rooms = self.rooms_at(scopes, t);
             self.records.retain(|r| r.id != id);
@@ -285,14 +292,18 @@ impl Model {
         }
     }
 
-    /// A refund, as failed.
+    /// A refund, as failed: the admission leaves every log but the
+    /// requester's own.
     pub(crate) fn refund(&mut self, id: &str, ticket: u32) -> bool {
         match self.record(id) {
             Some(r) if r.owner == ticket && matches!(r.state, State::Admitted | State::Sending) => {
                 r.state = State::Refunded;
                 r.lease_until = 0;
                 r.answered = true;
-                self.admissions.retain(|a| a.id != id);
+                for a in self.admissions.iter_mut().filter(|a| a.id == id) {
+                    a.keys = std::mem::take(&mut a.requesters);
+                }
+                self.admissions.retain(|a| !a.keys.is_empty());
                 true
             }
             _ => false,

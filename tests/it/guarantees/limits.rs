@@ -314,3 +314,53 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
     );
     assert_eq!(failed_default, 0, "default-purpose jobs fail with it");
 }
+
+/// Failures are not free: one client under the shipped ip rule (5 a
+/// minute) probing made-up mailboxes, each refused by the relay, gets 5
+/// SMTP transactions, then is rejected by its own scope; the mailboxes
+/// (and the domain) get their quota back, so a stranger's failures lock
+/// nobody out: the owner of a refused mailbox, asking from elsewhere, is
+/// mailed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_count_against_the_client_that_asked() {
+    let h = Harness::new("probe-fail").await;
+    h.sink
+        .refuse_saying("@probe.example", 550, "5.1.1 no such user");
+    h.sink
+        .refuse_saying("policy@corp.example", 550, "5.7.1 refused by policy");
+    let w = h.start_worker().await;
+    let probe = |n: usize| {
+        json!({"id": format!("p{n}"), "email": format!("made-up{n}@probe.example"),
+               "ip": "203.0.113.66", "code": "1234"})
+    };
+    let started = Instant::now();
+    for n in 0..30 {
+        h.publish(&probe(n)).await;
+    }
+    let results = h.results(30).await;
+    let count = |status: &str| results.values().filter(|r| r["status"] == status).count();
+    assert_eq!((count("failed"), count("rejected")), (5, 25), "{results:?}");
+    assert!(
+        results
+            .values()
+            .filter(|r| r["status"] == "rejected")
+            .all(|r| r["rule"]["scope"] == "ip"),
+        "{results:?}"
+    );
+    assert_eq!(h.sink.transactions(), 5, "5 probes reached the relay");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // A refused mailbox gets its own quota back: its owner, from another
+    // network, is judged as if the stranger had never asked.
+    h.publish(
+        &json!({"id": "s1", "email": "policy@corp.example", "ip": "198.51.100.9", "code": "1"}),
+    )
+    .await;
+    assert_eq!(h.result().await["status"], "failed");
+    h.publish(
+        &json!({"id": "s2", "email": "Policy@corp.example", "ip": "198.51.100.10", "code": "1"}),
+    )
+    .await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "sent", "the mailbox's quota came back: {r}");
+    w.stop().await.unwrap();
+}

@@ -324,10 +324,58 @@ mod cases {
         assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1));
     }
 
+    /// A job that failed stays counted against its requester (its client
+    /// network), and only there: failures, probes of made-up mailboxes
+    /// above all, are not free to whoever asks; its mailbox gets its quota
+    /// back (a stranger's failures must not lock the owner out).
+    pub(super) async fn a_failure_stays_counted_against_its_requester_only<M: Make>(m: M) {
+        let b = m.make("refund-failed", per_hour(1, 1)).await;
+        let l = &b.ledger;
+        let (j, a) = (own_job("j0", 0), Ticket::new());
+        assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(sending(l, &j, &a, T0).await);
+        let failed = Ending::Refund(Refund::Failed);
+        assert!(settle(l, &j, &a, failed, true).await);
+        assert_eq!(used(l, &j, T0 + 1).await, (0, 1));
+        assert_eq!(ask(l, &j, &a, T0 + 1).await, finished(Refund::Failed, true));
+        // The mailbox, asked from another client: admitted.
+        let other_client = TestJob {
+            id: id("k0"),
+            ..own_job("k0", 1)
+        };
+        let same_mailbox = TestJob {
+            email: j.email.clone(),
+            ..other_client
+        };
+        assert_eq!(
+            ask(l, &same_mailbox, &Ticket::new(), T0 + 2).await,
+            Verdict::Admitted
+        );
+        // Another mailbox from the same client: its failure counts.
+        let same_client = TestJob {
+            id: id("k1"),
+            ip: j.ip,
+            ..own_job("k1", 2)
+        };
+        assert!(
+            matches!(
+                ask(l, &same_client, &Ticket::new(), T0 + 3).await,
+                Verdict::Rejected { retry_after_ms, rule } if retry_after_ms == HOUR - 3
+                    && rule.scope == Scope::Ip
+            ),
+            "the client's failure still counts"
+        );
+        // Asked again after a lost reply, the refund takes nothing more.
+        assert!(!settle(l, &j, &a, failed, true).await);
+        assert_eq!(used(l, &j, T0 + 4).await, (1, 1));
+    }
+
     pub(super) async fn an_owners_refund_gives_the_quota_back_in_every_scope<M: Make>(m: M) {
         let b = m.make("refund", per_hour(1, 1)).await;
         let l = &b.ledger;
-        let hows = [Refund::Failed, Refund::Invalid, Refund::Expired];
+        // (A failure gives back all but its requester's:
+        // a_failure_stays_counted_against_its_requester_only.)
+        let hows = [Refund::Invalid, Refund::Expired];
         for (n, how) in (0u8..).zip(hows) {
             let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
             let ans = n == 1;
@@ -1251,6 +1299,7 @@ conformance!(
     sent_is_reported_to_every_later_message,
     a_late_sent_overrides_unknown,
     an_owners_refund_gives_the_quota_back_in_every_scope,
+    a_failure_stays_counted_against_its_requester_only,
     a_refund_by_another_lineage_or_after_a_send_is_refused,
     answered_is_recorded_for_the_owner_only,
     another_job_under_the_same_id_is_a_conflict_that_touches_nothing,
