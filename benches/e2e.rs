@@ -754,6 +754,7 @@ async fn ceiling_smtp(port: u16, n: u64) -> f64 {
         pool_size: POOL,
         timeout: Duration::from_secs(30),
         tls: Default::default(),
+        canary: None,
     })
     .expect("mailer");
     let to = EmailAddress::parse("user@example.com").expect("to");

@@ -8,7 +8,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use super::incoming::{as_string, as_u32, as_u64};
 use super::{
     ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, DEDUP_HEADER, ERROR_HEADER, LOOK_HEADER,
-    ORIGINAL_HEADER, REASON_HEADER, TICKET_HEADER, UNRECORDED_HEADER,
+    ORIGINAL_HEADER, REASON_HEADER, SEEN_HEADER, TICKET_HEADER, UNRECORDED_HEADER,
 };
 use crate::domain::DeadReason;
 
@@ -193,6 +193,7 @@ fn dead_letters_own(header: &str) -> bool {
         DEAD_AT_HEADER,
         UNRECORDED_HEADER,
         DEDUP_HEADER,
+        SEEN_HEADER,
         DEATH_HEADER,
         LOOK_HEADER,
         "x-delivery-count",

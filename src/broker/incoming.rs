@@ -7,10 +7,10 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::{
     ATTEMPT_HEADER, BrokerError, CORRELATION_HEADER, DELIVERY_COUNT_HEADER, PUBLISHED_HEADER,
-    REDELIVERED_HEADER, REPLY_TO_HEADER, TICKET_HEADER, TIMESTAMP_MS_HEADER, TRACEPARENT_HEADER,
-    TRACESTATE_HEADER,
+    REDELIVERED_HEADER, REPLY_TO_HEADER, SEEN_HEADER, TICKET_HEADER, TIMESTAMP_MS_HEADER,
+    TRACEPARENT_HEADER, TRACESTATE_HEADER,
 };
-use crate::domain::Ticket;
+use crate::domain::{Ticket, now_ms};
 
 /// The largest original header table kept on a dead letter, in bytes as
 /// counted by [`encoded_len`]; a larger one is left out, so a dead letter's
@@ -57,6 +57,10 @@ pub struct Incoming {
     pub deliveries_before: u32,
     /// When the producer published it, ms since the epoch.
     pub published_at_ms: Option<u64>,
+    /// When a worker first took it (its lineage: carried on mailgate's
+    /// copies, [`SEEN_HEADER`]), ms since the epoch; now, on a first
+    /// delivery.
+    pub seen_at_ms: u64,
     /// The producer's trace context, if it sent one.
     pub trace: TraceHeaders,
     delivery: Delivery,
@@ -108,6 +112,10 @@ impl Incoming {
                 .or_else(|| header(TIMESTAMP_MS_HEADER))
                 .and_then(as_u64)
                 .or_else(|| p.timestamp().map(|s| s.saturating_mul(1000))),
+            // Never later than now: a header cannot make a job younger
+            // than its delivery.
+            seen_at_ms: (header(SEEN_HEADER).and_then(as_u64))
+                .map_or_else(now_ms, |at| at.min(now_ms())),
             // Within the spec's lengths (55 and 512 characters), with room.
             trace: TraceHeaders {
                 traceparent: header(TRACEPARENT_HEADER)
@@ -154,6 +162,10 @@ impl Incoming {
         if let Some(c) = &self.correlation_id {
             put(CORRELATION_HEADER, AMQPValue::LongString(c.as_str().into()));
         }
+        put(
+            SEEN_HEADER,
+            AMQPValue::LongLongInt(i64::try_from(self.seen_at_ms).unwrap_or(i64::MAX)),
+        );
         if let Some(ms) = self.published_at_ms {
             put(
                 PUBLISHED_HEADER,

@@ -194,6 +194,12 @@ impl Mailer {
         let relays = settings
             .relay_list()
             .map_err(|e| MailError::Config(crate::report::one_line(&e)))?;
+        let canary = (settings.canary.as_deref())
+            .map(|c| {
+                c.parse::<lettre::Address>()
+                    .map_err(|e| MailError::Config(format!("smtp.canary {c:?}: {e}")))
+            })
+            .transpose()?;
         let slots = Arc::new(tokio::sync::Semaphore::new(settings.pool_size as usize));
         let mut pools = Vec::with_capacity(relays.len());
         let mut file = None;
@@ -227,6 +233,7 @@ impl Mailer {
                 &settings.circuit,
                 settings.timeout,
                 slots.clone(),
+                canary,
             )),
         };
         Ok(Self {
@@ -461,6 +468,7 @@ mod tests {
             pool_size: 2,
             timeout: Duration::from_secs(5),
             tls: Default::default(),
+            canary: None,
         }
     }
 

@@ -44,9 +44,17 @@ pub(super) struct Failure {
     pub(super) error: MailError,
     /// Whether it counts against the relay's circuit.
     pub(super) relay_fault: bool,
-    /// A refusal that is the relay's if it repeats for other recipients in
-    /// a row: its code ([`smtp::Refusal::Suspect`]).
-    pub(super) suspect: Option<u16>,
+    /// A refusal that might be the relay's ([`smtp::Refusal::Suspect`]),
+    /// and whether it came at RCPT (a canary can tell then); the relays
+    /// judge it on evidence.
+    pub(super) suspect: Option<Suspect>,
+}
+
+/// A refusal that might be the relay's rather than the mail's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Suspect {
+    /// It came at RCPT, before anything of the message was offered.
+    pub(super) at_rcpt: bool,
 }
 
 /// Poisoning cannot leave these values half-updated (each update is one
@@ -118,6 +126,18 @@ impl SmtpPool {
         Ok(())
     }
 
+    /// Opens a new session and offers `canary` as a recipient (MAIL FROM,
+    /// RCPT TO, then RSET: nothing is handed over), then QUIT: whether the
+    /// relay takes an address it should, within `deadline`.
+    pub(super) async fn canary(&self, canary: &Address, deadline: Instant) -> Result<(), Failure> {
+        let mut conn = self.open(deadline).await?;
+        if let Err(failed) = smtp::recipient_taken(&mut conn, &self.from, canary, deadline).await {
+            return Err(self.failed(&failed));
+        }
+        smtp::quit(conn, deadline).await;
+        Ok(())
+    }
+
     async fn open(&self, deadline: Instant) -> Result<Connection, Failure> {
         self.endpoint
             .open(deadline)
@@ -129,10 +149,9 @@ impl SmtpPool {
         Failure {
             error: failed.classify(&self.endpoint),
             relay_fault: failed.is_relay_fault(),
-            suspect: match failed.refusal() {
-                Some(smtp::Refusal::Suspect(code)) => Some(code),
-                _ => None,
-            },
+            suspect: (failed.refusal() == Some(smtp::Refusal::Suspect)).then(|| Suspect {
+                at_rcpt: failed.at_rcpt(),
+            }),
         }
     }
 

@@ -54,11 +54,12 @@ impl<L: Ledger> Pipeline<L> {
         msg: &Message<'_>,
         out: &impl Outbox,
         send_now: bool,
+        expires_ms: Option<u64>,
     ) -> Result<Admitted, Action> {
         let entry = Entry {
             job: *job_ref,
             send_now,
-            expires_at_ms: job.expires_at.map(ms_since_epoch),
+            expires_at_ms: expires_ms,
             made_at_ms: job.created_at.map(ms_since_epoch).or(msg.published_at_ms),
         };
         let admission = match (self.ledger.admit(&entry, Clock::Server))

@@ -44,6 +44,7 @@ impl<L: Ledger> Pipeline<L> {
         job: &Job,
         job_ref: &JobRef<'_>,
         slot: Option<Slot>,
+        expires_ms: Option<u64>,
     ) -> Delivery {
         let mail = match self.compose(job) {
             Ok(mail) => mail,
@@ -52,7 +53,7 @@ impl<L: Ledger> Pipeline<L> {
         let slot = match slot {
             // Admitted as sending: the transaction begins now.
             Some(slot) => slot,
-            None => match self.claim_slot(job, job_ref).await {
+            None => match self.claim_slot(job_ref, expires_ms).await {
                 Ok(slot) => slot,
                 Err(delivery) => return delivery,
             },
@@ -107,7 +108,11 @@ impl<L: Ledger> Pipeline<L> {
     /// room for the send), then records that the send begins. If either
     /// fails the lease is given back; if the job expired meanwhile, it is
     /// not sent.
-    async fn claim_slot(&self, job: &Job, job_ref: &JobRef<'_>) -> Result<Slot, Delivery> {
+    async fn claim_slot(
+        &self,
+        job_ref: &JobRef<'_>,
+        expires_ms: Option<u64>,
+    ) -> Result<Slot, Delivery> {
         let budget = self
             .settings
             .limits
@@ -122,10 +127,7 @@ impl<L: Ledger> Pipeline<L> {
             return Err(Delivery::NotNow);
         };
         // The wait may have outlasted the code: it is not sent then.
-        if job
-            .expires_at
-            .is_some_and(|at| at <= jiff::Timestamp::now())
-        {
+        if expires_ms.is_some_and(|at| at <= crate::domain::now_ms()) {
             return Err(Delivery::Expired);
         }
         match self.ledger.sending(job_ref, Clock::Server).await {

@@ -167,6 +167,9 @@ pub struct Message<'a> {
     /// (carried on mailgate's copies): when the job was made, if its body
     /// has no `created_at`.
     pub published_at_ms: Option<u64>,
+    /// When a worker first took it (carried on mailgate's copies), ms since
+    /// the epoch: when the job was made, if nothing else says.
+    pub seen_at_ms: u64,
 }
 
 /// Why a result was not published.
@@ -249,14 +252,16 @@ impl<L: Ledger> Pipeline<L> {
             holder: uuid::Uuid::new_v4().as_u64_pair().0,
         };
         let slot = self.mailer.try_reserve();
-        let admitted = match self.admit(&job, &job_ref, msg, out, slot.is_some()).await {
-            Ok(admitted) => admitted,
-            Err(action) => return action,
-        };
+        let expires_ms = self.expires_ms(&job, msg);
+        let admitted =
+            match (self.admit(&job, &job_ref, msg, out, slot.is_some(), expires_ms)).await {
+                Ok(admitted) => admitted,
+                Err(action) => return action,
+            };
         // Boxed: the SMTP transaction's state is most of a job's future
         // (about 10 KB), and only admitted jobs need it, so a rejected job's
         // task stays small (it is spawned, and moved, once per message).
-        let delivery = Box::pin(self.deliver(&job, &job_ref, slot)).await;
+        let delivery = Box::pin(self.deliver(&job, &job_ref, slot, expires_ms)).await;
         self.settle(&job, &job_ref, msg, out, delivery, admitted)
             .await
     }
@@ -279,6 +284,22 @@ impl<L: Ledger> Pipeline<L> {
                 Err(self.publish(out, &r).await.err().unwrap_or(Action::Done))
             }
         }
+    }
+
+    /// When the job expires, ms since the epoch: its `expires_at`, else
+    /// `limits.max_age` after it was made (its `created_at`, else its
+    /// publish time, else when a worker first took it), so no job waits
+    /// without end; `None` with neither.
+    fn expires_ms(&self, job: &Job, msg: &Message<'_>) -> Option<u64> {
+        let ms = |t: jiff::Timestamp| u64::try_from(t.as_millisecond()).unwrap_or(0);
+        if let Some(at) = job.expires_at {
+            return Some(ms(at));
+        }
+        let max_age = u64::try_from(self.settings.limits.max_age.as_millis()).unwrap_or(u64::MAX);
+        let made = (job.created_at.map(ms))
+            .or(msg.published_at_ms)
+            .unwrap_or(msg.seen_at_ms);
+        (max_age > 0).then(|| made.saturating_add(max_age))
     }
 
     /// Screen: why the job can never be mailed, if it cannot.

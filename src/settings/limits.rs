@@ -162,6 +162,15 @@ pub struct LimitSettings {
     /// 30 days; "0s": such an answer suppresses nothing. At most 10 years.
     #[serde(deserialize_with = "human_duration")]
     pub suppress_bounces_for: Duration,
+    /// How old a job without `expires_at` may get before it is answered
+    /// `expired` (and refunded) instead of sent: counted from when it was
+    /// made (`created_at`), else published (the AMQP timestamp or
+    /// `timestamp_in_ms`), else first taken by a worker. No job waits
+    /// without end (a relay that defers it, an outage). Default 1 h;
+    /// "0s": never (such jobs may wait as long as the cause lasts); at
+    /// most `dedup_for` (a job must not outlive its record).
+    #[serde(deserialize_with = "human_duration")]
+    pub max_age: Duration,
 }
 
 impl Default for LimitSettings {
@@ -188,6 +197,7 @@ impl Default for LimitSettings {
             quota_domain: false,
             suppress: true,
             suppress_bounces_for: Duration::from_secs(30 * 86_400),
+            max_age: Duration::from_secs(3600),
         }
     }
 }
@@ -315,6 +325,14 @@ impl LimitSettings {
                     "limits.purpose.{name}: purpose names hold only letters, digits, '-' and '_'"
                 )));
             }
+        }
+        if self.max_age > self.dedup_for {
+            return Err(SettingsError::Invalid(format!(
+                "limits.max_age ({}) must be at most limits.dedup_for ({}): a job older than \
+                 its record could be forgotten while it waits, and mailed twice",
+                humantime::format_duration(self.max_age),
+                humantime::format_duration(self.dedup_for),
+            )));
         }
         for (what, d) in std::iter::once(("limits.dedup_for", self.dedup_for))
             .chain(std::iter::once(("limits.send_lease", self.send_lease)))

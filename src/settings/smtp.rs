@@ -41,6 +41,16 @@ pub struct SmtpSettings {
     /// trusts (`ca_file` only: no client certificates for SMTP).
     #[serde(default)]
     pub tls: TlsSettings,
+    /// An address every relay takes (the operator's own mailbox), offered
+    /// at RCPT in a session of its own, then reset and never mailed, when
+    /// a relay refuses a recipient in a way that might be the relay's
+    /// (throttling, its mail system, a domain it cannot reach): refused
+    /// too, the refusal is the relay's (the mail goes to the next relay,
+    /// and counts against the circuit); taken, it was the recipient's own.
+    /// Without it, such refusals are the relay's only once they came for
+    /// several recipient domains in a row with no mail taken between.
+    #[serde(default)]
+    pub canary: Option<String>,
 }
 
 /// One `[[smtp.relays]]` entry.
@@ -294,6 +304,14 @@ impl SmtpSettings {
             return Err(SettingsError::Invalid(
                 "smtp.pool_size must be 1 to 1000".into(),
             ));
+        }
+        if let Some(canary) = &self.canary
+            && let Err(e) = crate::domain::EmailAddress::parse(canary)
+        {
+            return Err(SettingsError::Invalid(format!(
+                "smtp.canary {canary:?}: {e} (an address every relay takes, e.g. \
+                 \"postmaster@your-domain.example\")"
+            )));
         }
         Ok(())
     }

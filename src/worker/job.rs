@@ -82,6 +82,7 @@ impl<L: Ledger + 'static> Worker<L> {
                 redelivered: job.redelivered,
                 correlation_id: job.correlation_id.as_deref(),
                 published_at_ms: job.published_at_ms,
+                seen_at_ms: job.seen_at_ms,
             };
             let _in_flight = telemetry::InFlight::enter();
             let out = Replies { broker, job: &job };

@@ -221,6 +221,7 @@ mod tests {
             &settings,
             Duration::from_secs(1),
             Arc::new(Semaphore::new(1)),
+            None,
         );
         let soon = || Instant::now() + Duration::from_secs(1);
         assert!(relays.available());

@@ -5,10 +5,10 @@
 //! failure ([`MailError::Relay`]: nothing of the mail was handed over) moves
 //! it on to the next one, within the same deadline. Any other outcome ends
 //! the send where it happened: a mail refused or deferred by a relay is not
-//! offered to another (unless the refusal is the relay's, whatever the
-//! mail: [`super::smtp::Refusal`], and a suspect refusal that repeats for
-//! other recipients in a row, [`Relays::judge_suspect`]), and one whose
-//! final dot was written is never sent again anywhere.
+//! offered to another (unless the refusal is found to be the relay's,
+//! whatever the mail, on evidence no recipient can fake:
+//! [`Relays::judge_suspect`]), and one whose final dot was written is
+//! never sent again anywhere.
 //!
 //! Each relay's [`Circuit`] counts its relay-level failures in a row
 //! ([`super::smtp::Failed::is_relay_fault`]); at `smtp.circuit.failures` it
@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use lettre::Address;
 use lettre::address::Envelope;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
@@ -52,47 +53,35 @@ struct Status {
     /// `Err(why)` after a relay-level failure, `Ok` after a send or a
     /// session setup that worked.
     health: Result<(), String>,
-    /// The latest run of one suspect refusal ([`Failure::suspect`]) to
-    /// different recipients in a row; ended by a mail it took (not by a
-    /// probe: a relay that refuses every RCPT passes one).
-    streak: Option<Streak>,
+    /// The recipient domains of the suspect refusals ([`Failure::suspect`])
+    /// in a row, different ones, at most [`STREAK`]; ended by a mail it
+    /// took (not by a probe: a relay that refuses every RCPT passes one).
+    streak: Vec<u64>,
+    /// The canary's latest answer ([`Relays::canary_says`]) and when.
+    canary: Option<(Instant, Result<(), String>)>,
     /// Its runs of 5.1.1s since it last took a mail, per domain and in
     /// all ([`Relays::judge_no_mailbox`]).
     no_mailbox: bounces::Runs,
 }
 
-/// A run of one refusal code to different recipients in a row.
-#[derive(Debug, Clone)]
-struct Streak {
-    code: u16,
-    /// The different recipients it came for (hashes of their lower-cased
-    /// addresses), at most [`STREAK`].
-    recipients: Vec<u64>,
-}
-
-/// How many different recipients one suspect refusal must come for in a
-/// row to be the relay's: enough that two full mailboxes and their own
-/// retries (taking turns) are never taken for a failing relay.
+/// How many different recipient domains suspect refusals must come for in
+/// a row, with no mail taken between, to be the relay's (without a canary
+/// to ask): enough that one domain the relay cannot reach, or two, never
+/// open a healthy relay's circuit, and that any mail taken between (a
+/// stranger's refusals interleaved with ordinary codes) ends the run.
 const STREAK: usize = 3;
 
-impl Streak {
-    /// The streak after a refusal `code` to `recipient`: it grows by a
-    /// recipient it has not seen (a recipient refused again, a full mailbox
-    /// retried, adds nothing), else a new one starts.
-    fn after(old: Option<Streak>, code: u16, recipient: u64) -> Streak {
-        match old {
-            Some(mut s) if s.code == code => {
-                if !s.recipients.contains(&recipient) && s.recipients.len() < STREAK {
-                    s.recipients.push(recipient);
-                }
-                s
-            }
-            _ => Streak {
-                code,
-                recipients: vec![recipient],
-            },
-        }
-    }
+/// How long a canary's answer is taken for the relay's state: a burst of
+/// suspect refusals asks it once.
+const CANARY_FRESH: Duration = Duration::from_secs(5);
+
+/// A hash of `address`'s domain, lower-case.
+fn domain_hash(address: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let domain = address.rsplit_once('@').map_or(address, |(_, d)| d);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    domain.to_ascii_lowercase().hash(&mut h);
+    h.finish()
 }
 
 /// Poisoning cannot leave these values half-updated (each update is a few
@@ -105,6 +94,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The relays, in order of preference.
 pub(super) struct Relays {
     list: Vec<Relay>,
+    /// `smtp.canary`: an address every relay should take.
+    canary: Option<Address>,
+    /// One canary session at a time (per worker): the others wait for its
+    /// answer.
+    asking: tokio::sync::Mutex<()>,
     /// `smtp.timeout`, for probes.
     timeout: Duration,
     /// The mailer's `pool_size` slots: a probe takes one, so connections
@@ -128,6 +122,7 @@ impl Relays {
         circuit: &crate::settings::CircuitSettings,
         timeout: Duration,
         slots: Arc<Semaphore>,
+        canary: Option<Address>,
     ) -> Arc<Self> {
         let (available, _) = watch::channel(true);
         let list = relays
@@ -140,7 +135,8 @@ impl Relays {
                     status: Mutex::new(Status {
                         circuit: Circuit::new(circuit.failures, circuit.cool_down),
                         health: Ok(()),
-                        streak: None,
+                        streak: Vec::new(),
+                        canary: None,
                         no_mailbox: bounces::Runs::default(),
                     }),
                 }
@@ -148,6 +144,8 @@ impl Relays {
             .collect();
         let relays = Arc::new_cyclic(|this| Self {
             list,
+            canary,
+            asking: tokio::sync::Mutex::new(()),
             timeout,
             slots,
             available,
@@ -191,7 +189,7 @@ impl Relays {
                     telemetry::smtp_relay_sent(&relay.name);
                     {
                         let mut s = lock(&relay.status);
-                        s.streak = None;
+                        s.streak.clear();
                         for to in envelope.to() {
                             s.no_mailbox.took(to.as_ref());
                         }
@@ -200,7 +198,7 @@ impl Relays {
                     return Ok(());
                 }
                 Err(failure) => {
-                    let failure = self.judge_suspect(i, failure, envelope);
+                    let failure = self.judge_suspect(i, failure, envelope, deadline).await;
                     let failure = self.judge_no_mailbox(i, failure, envelope);
                     self.record(i, &failure);
                     match failure.error {
@@ -222,40 +220,89 @@ impl Relays {
         Err(MailError::Relay(tried.join("; ")))
     }
 
-    /// A suspect refusal ([`Failure::suspect`]) that has come for
-    /// [`STREAK`] different recipients in a row is the relay's: a relay
-    /// failure (counted against its circuit, and the mail goes on to the
-    /// next relay; nothing was delivered). Before that each keeps its own
-    /// class: a full mailbox, or two, and their retries fail alone.
-    fn judge_suspect(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
-        let Some(code) = failure.suspect else {
+    /// A suspect refusal ([`Failure::suspect`]: it might be the relay's,
+    /// whatever the mail) is the relay's only on evidence no recipient can
+    /// fake, and then a relay failure (counted against its circuit, and
+    /// the mail goes on to the next relay; nothing was delivered):
+    /// - at RCPT, with `smtp.canary` set, the relay refuses the canary too
+    ///   ([`Relays::canary_says`]); taking it, the refusal was this
+    ///   recipient's own;
+    /// - else, suspect refusals have come for [`STREAK`] different
+    ///   recipient domains in a row with no mail taken between (a content
+    ///   filter refusing every message, a relay out of storage).
+    ///
+    /// Otherwise it is this mail's answer, as its code says (a 4xx retried,
+    /// spending an attempt; a 5xx failed): a stranger who asks codes for a
+    /// domain the relay cannot reach, between ordinary jobs, opens no
+    /// circuit and delays nobody's code.
+    async fn judge_suspect(
+        &self,
+        i: usize,
+        failure: Failure,
+        envelope: &Envelope,
+        deadline: Instant,
+    ) -> Failure {
+        let Some(suspect) = failure.suspect else {
             return failure;
         };
-        let recipient = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for to in envelope.to() {
-                to.to_string().to_ascii_lowercase().hash(&mut h);
+        let relay = &self.list[i].name;
+        let evidence = match (&self.canary, suspect.at_rcpt) {
+            (Some(canary), true) => match self.canary_says(i, canary, deadline).await {
+                Ok(()) => return failure,
+                Err(why) => format!("it refused the canary {canary} too: {why}"),
+            },
+            _ => {
+                let domain = envelope
+                    .to()
+                    .first()
+                    .map_or(0, |to| domain_hash(to.as_ref()));
+                let mut s = lock(&self.list[i].status);
+                if !s.streak.contains(&domain) && s.streak.len() < STREAK {
+                    s.streak.push(domain);
+                }
+                let seen = s.streak.len();
+                drop(s);
+                if seen < STREAK {
+                    return failure;
+                }
+                format!("it refused recipients of {seen} different domains in a row so")
             }
-            h.finish()
         };
-        let mut s = lock(&self.list[i].status);
-        let streak = Streak::after(s.streak.take(), code, recipient);
-        let seen = streak.recipients.len();
-        s.streak = Some(streak);
-        drop(s);
-        if seen < STREAK {
-            return failure;
-        }
         Failure {
             error: MailError::Relay(format!(
-                "relay: {} refused {seen} different recipients in a row with {code}, so it \
-                 is the relay's: {}",
-                self.list[i].name, failure.error
+                "relay: {relay} refuses mail whatever the recipient ({evidence}): {}",
+                failure.error
             )),
             relay_fault: true,
             suspect: None,
         }
+    }
+
+    /// Whether relay `i` takes `canary` at RCPT (a session of its own,
+    /// nothing handed over), as it answered within [`CANARY_FRESH`], or
+    /// asked now within `deadline`, one session at a time.
+    async fn canary_says(
+        &self,
+        i: usize,
+        canary: &Address,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let fresh = |s: &Status| {
+            (s.canary.as_ref())
+                .filter(|(at, _)| at.elapsed() < CANARY_FRESH)
+                .map(|(_, said)| said.clone())
+        };
+        if let Some(said) = fresh(&lock(&self.list[i].status)) {
+            return said;
+        }
+        let _asking = self.asking.lock().await;
+        if let Some(said) = fresh(&lock(&self.list[i].status)) {
+            return said;
+        }
+        let said =
+            (self.list[i].pool.canary(canary, deadline).await).map_err(|f| f.error.to_string());
+        lock(&self.list[i].status).canary = Some((Instant::now(), said.clone()));
+        said
     }
 
     /// A relay's word that a mailbox does not exist ([`MailError::NoMailbox`])

@@ -59,30 +59,31 @@ impl From<&lettre::transport::smtp::Error> for Fault {
 }
 
 /// What a 4xx or 5xx reply to RCPT, DATA or the message says it is about.
-/// The contract's rule ("a refusal is about the mail") is right for one
-/// mail and wrong for a relay that turns every mail away (one answering
+/// A refusal is this mail's answer, unless it might be the relay's,
+/// whatever the mail (a relay that turns every mail away: one answering
 /// `452 4.3.1` to every RCPT would fail every job while the standby got
-/// none), so a refusal that names the relay is the relay's. It is read so
-/// that no recipient can make a healthy relay's refusal of it look like
-/// the relay's (a reply quoting `<throttle1@farm.example>` does not read
-/// as throttling).
+/// none). Such a refusal is only a [`Refusal::Suspect`]: its words and codes
+/// can come from a recipient (a domain the relay cannot reach answers
+/// `451 4.4.1`, a relay that verifies recipients passes on `4.3.0`), so the
+/// relays take it for the relay's only on evidence no recipient can fake
+/// ([`crate::mailer::relays`]: a canary address the relay must take, or
+/// suspects for several recipient domains in a row with no mail taken
+/// between).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::mailer) enum Refusal {
-    /// The mail or its mailbox (an unknown user, a full mailbox, a policy
-    /// refusal, greylisting): this mail's answer.
+    /// The mail or its mailbox: an unknown user (`X.1.x`), a mailbox full
+    /// or disabled (`X.2.x`), a message too big (`X.3.4`) or unfit
+    /// (`X.5.x`, `X.6.x`), any other code it cannot be read as the
+    /// relay's: this mail's answer.
     Mail,
-    /// The relay, whatever the mail: a 4xx or 5xx whose enhanced status
-    /// code names the mail system (`X.3.x` but `X.3.4`, message too big),
-    /// a 4xx whose code names the network and routing (`4.4.x`; a 5.4.x
-    /// is how some relays refuse a recipient), a 4xx `4.7.x` policy reply
-    /// that says it throttles; without an enhanced code, `454` (SES's
-    /// "Throttling failure") or a 4xx that says it throttles. Words are
-    /// read with the addresses the reply quotes taken out.
-    Relay,
-    /// Either, with this code and no enhanced status code to tell (`451`,
-    /// `452`, `554`): the relay's when it repeats for several other
-    /// recipients ([`crate::mailer::relays`] keeps them).
-    Suspect(u16),
+    /// It might be the relay's: an enhanced status code of the mail system
+    /// (`X.3.x` but `X.3.4`), of the network and routing (`4.4.x`; a
+    /// `5.4.x` is how some relays refuse a recipient) or of policy
+    /// (`X.7.x`: relaying denied, a content filter, throttling); without
+    /// one, `454` (SES's "Throttling failure"), a 4xx that says it throttles
+    /// (its words read with the addresses the reply quotes taken out), or
+    /// a bare `451`, `452` or `554`.
+    Suspect,
 }
 
 impl Refusal {
@@ -104,11 +105,11 @@ impl Refusal {
             .any(|w| words.contains(w));
         let transient = (400..500).contains(&code);
         match enhanced {
-            Some(p) if p[1] == "3" && p[2] != "4" => Refusal::Relay,
-            Some(p) if p[1] == "4" && transient => Refusal::Relay,
-            Some(p) if p[1] == "7" && transient && throttles => Refusal::Relay,
-            None if code == 454 || (transient && throttles) => Refusal::Relay,
-            None if matches!(code, 451 | 452 | 554) => Refusal::Suspect(code),
+            Some(p) if p[1] == "3" && p[2] != "4" => Refusal::Suspect,
+            Some(p) if p[1] == "4" && transient => Refusal::Suspect,
+            Some(p) if p[1] == "7" => Refusal::Suspect,
+            None if code == 454 || (transient && throttles) => Refusal::Suspect,
+            None if matches!(code, 451 | 452 | 554) => Refusal::Suspect,
             Some(_) | None => Refusal::Mail,
         }
     }
@@ -167,19 +168,23 @@ impl Failed {
     /// counts against the relay's circuit: every [`MailError::Relay`]
     /// (session setup, MAIL FROM), and, later in the transaction, a 421
     /// (the server is closing the session: it is going down, whatever the
-    /// mail), a refusal that names the relay ([`Refusal::Relay`]), or a
-    /// connection that broke or went silent (I/O error, EOF, the deadline),
-    /// before or after the final dot. Any other 4xx or 5xx reply to RCPT,
-    /// DATA or the message is about the mail and does not count (the relay
-    /// judges a repeated [`Refusal::Suspect`]); nor does a mail this server
-    /// cannot take (SMTPUTF8, 8BITMIME).
+    /// mail), or a connection that broke or went silent (I/O error, EOF,
+    /// the deadline), before or after the final dot. A 4xx or 5xx reply to
+    /// RCPT, DATA or the message is about the mail and does not count (the
+    /// relays judge a [`Refusal::Suspect`] on evidence of their own); nor
+    /// does a mail this server cannot take (SMTPUTF8, 8BITMIME).
     pub(in crate::mailer) fn is_relay_fault(&self) -> bool {
         self.phase <= Phase::MailFrom
-            || self.refusal() == Some(Refusal::Relay)
             || matches!(
                 self.fault,
                 Fault::Broken(_) | Fault::Deadline | Fault::Reply(421, _)
             )
+    }
+
+    /// Whether it failed at RCPT (before any of the message was offered):
+    /// a canary recipient can tell whether such a refusal is the relay's.
+    pub(in crate::mailer) fn at_rcpt(&self) -> bool {
+        self.phase == Phase::Rcpt
     }
 
     /// How a 4xx or 5xx reply to RCPT, DATA or the message reads; `None`
@@ -203,14 +208,10 @@ impl Failed {
     /// | the message, before the final dot | – | – | Transient | – |
     /// | end of data (the dot was written) | Transient | Permanent | **Unknown** | – |
     ///
-    /// A refusal that names the relay ([`Refusal::Relay`]) is a relay
-    /// failure whatever the phase: nothing was delivered, so the mail may
-    /// go to the next relay.
+    /// A refusal the relays find to be the relay's ([`Refusal::Suspect`],
+    /// on evidence) becomes a relay failure there.
     pub(in crate::mailer) fn classify(&self, endpoint: &Endpoint) -> MailError {
         let text = self.describe(endpoint);
-        if self.refusal() == Some(Refusal::Relay) {
-            return MailError::Relay(format!("relay: {text}"));
-        }
         match (self.phase, &self.fault) {
             (Phase::Connect | Phase::StartTls | Phase::Auth | Phase::Noop | Phase::MailFrom, _) => {
                 MailError::Relay(format!("relay: {text}"))
@@ -280,44 +281,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refusals_that_name_the_relay_are_the_relays() {
+    fn refusals_that_might_be_the_relays_are_suspects() {
         use Refusal::*;
         for (code, text, want) in [
-            (452, "4.3.1 insufficient system storage", Relay),
-            (451, "4.3.0 other or undefined mail system status", Relay),
-            (554, "5.3.0 other mail system problem", Relay),
-            (451, "4.4.1 no answer from host", Relay),
+            (452, "4.3.1 insufficient system storage", Suspect),
+            (451, "4.3.0 other or undefined mail system status", Suspect),
+            (554, "5.3.0 other mail system problem", Suspect),
+            (451, "4.4.1 no answer from host", Suspect),
             (
                 454,
                 "Throttling failure: Maximum sending rate exceeded.",
-                Relay,
+                Suspect,
             ),
-            (451, "4.7.1 rate limit exceeded", Relay),
-            (450, "too many messages, slow down", Relay),
-            (421, "4.7.28 rate limited, try later", Relay),
+            (451, "4.7.1 rate limit exceeded", Suspect),
+            (450, "too many messages, slow down", Suspect),
+            (421, "4.7.28 rate limited, try later", Suspect),
+            (554, "5.7.1 message refused by the content filter", Suspect),
+            (451, "4.7.1 greylisted, try again later", Suspect),
             (
                 450,
                 "4.1.1 <throttle1@farm.example>: Recipient address rejected",
                 Mail,
             ),
-            (
-                451,
-                "<too.many@x.example> temporarily deferred",
-                Suspect(451),
-            ),
+            (451, "<too.many@x.example> temporarily deferred", Suspect),
+            (550, "<too.many@x.example> no such user", Mail),
             (550, "5.4.1 Recipient address rejected: Access denied", Mail),
             (552, "5.3.4 message too big for system", Mail),
             (552, "5.2.2 mailbox full", Mail),
             (550, "5.1.1 no such user", Mail),
-            (451, "4.7.1 greylisted, try again later", Mail),
             (550, "no such user", Mail),
-            (451, "local error", Suspect(451)),
-            (452, "insufficient storage", Suspect(452)),
-            (554, "transaction failed", Suspect(554)),
-            (554, "5.x.y not a code", Suspect(554)),
+            (451, "local error", Suspect),
+            (452, "insufficient storage", Suspect),
+            (554, "transaction failed", Suspect),
+            (554, "5.x.y not a code", Suspect),
         ] {
             assert_eq!(Refusal::of(code, text), want, "{code} {text}");
         }
+        // Suspects are the mail's answer until the relays find otherwise:
+        // no relay failure, nothing against the circuit.
+        let suspect = Failed {
+            phase: Phase::Rcpt,
+            fault: Fault::Reply(451, "4.4.1 no answer from host".into()),
+        };
+        assert_eq!(suspect.refusal(), Some(Suspect));
+        assert!(!suspect.is_relay_fault());
+        assert_eq!(class(Phase::Rcpt, suspect.fault), "transient");
     }
 
     fn class(phase: Phase, fault: Fault) -> &'static str {

@@ -29,7 +29,7 @@ use failure::{Fault, Phase};
 pub(super) use session::Endpoint;
 #[cfg(test)]
 pub(super) use session::tests::endpoint as test_endpoint;
-pub(super) use transaction::{noop, sender_taken, transaction};
+pub(super) use transaction::{noop, recipient_taken, sender_taken, transaction};
 
 /// An open SMTP session.
 pub(super) type Connection = AsyncSmtpConnection;

@@ -190,6 +190,30 @@ pub(in crate::mailer) async fn noop(
         .map(drop)
 }
 
+/// MAIL FROM `from` and RCPT TO `to`, then RSET, for a relay's canary: a
+/// relay that refuses an address it should take (the operator's own)
+/// refuses every recipient. Nothing is handed over (no DATA). Whether the
+/// relay takes `to`; a reply refusing RSET still counts as taken.
+pub(in crate::mailer) async fn recipient_taken(
+    conn: &mut Connection,
+    from: &Address,
+    to: &Address,
+    deadline: Instant,
+) -> Result<(), Failed> {
+    let mail = Mail::new(Some(from.clone()), Vec::new());
+    step(deadline, Phase::MailFrom, conn.command(mail)).await?;
+    step(
+        deadline,
+        Phase::Rcpt,
+        conn.command(Rcpt::new(to.clone(), vec![])),
+    )
+    .await?;
+    match step(deadline, Phase::Noop, conn.command(Rset)).await {
+        Err(f) if matches!(f.fault, Fault::Reply(code, _) if code != 421) => Ok(()),
+        done => done.map(drop),
+    }
+}
+
 /// MAIL FROM `from` (with SMTPUTF8 for a non-ASCII sender, as a send
 /// has, and refused as a send is where the server does not offer it),
 /// then RSET, for probes: a relay that sets sessions up but refuses every

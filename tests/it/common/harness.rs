@@ -104,6 +104,7 @@ impl Harness {
                 pool_size: 4,
                 timeout: Duration::from_secs(5),
                 tls: Default::default(),
+                canary: None,
             },
             http: HttpSettings {
                 listen: "127.0.0.1:0".parse().expect("an address"),

@@ -20,6 +20,7 @@ fn mailer(url: &str, pool_size: u32, timeout: Duration) -> Mailer {
         pool_size,
         timeout,
         tls: Default::default(),
+        canary: None,
     })
     .expect("mailer")
 }

@@ -618,6 +618,7 @@ async fn only_a_relay_level_failure_fails_over() {
         pool_size: 2,
         timeout: Duration::from_secs(1),
         tls: Default::default(),
+        canary: None,
     };
     let send = |m: Mailer, to: &'static str| async move {
         let to = EmailAddress::parse(to).unwrap();
@@ -757,6 +758,7 @@ async fn a_probe_judges_a_non_ascii_sender_as_a_send_does() {
         pool_size: 2,
         timeout: Duration::from_secs(1),
         tls: Default::default(),
+        canary: None,
     })
     .unwrap();
     let to = EmailAddress::parse("u@example.com").unwrap();
@@ -808,6 +810,7 @@ async fn a_probe_fails_when_the_relay_drops_the_session_at_rset() {
         pool_size: 2,
         timeout: Duration::from_secs(1),
         tls: Default::default(),
+        canary: None,
     })
     .unwrap();
     scripted.on("RSET", None, reply(502));
@@ -840,6 +843,16 @@ fn refusing_pair(
     standby: &SmtpSink,
     failures: u32,
 ) -> mailgate::mailer::Mailer {
+    refusing_pair_with(primary, standby, failures, None)
+}
+
+/// [`refusing_pair`], with `smtp.canary`.
+fn refusing_pair_with(
+    primary: &common::script::ScriptedSmtp,
+    standby: &SmtpSink,
+    failures: u32,
+    canary: Option<&str>,
+) -> mailgate::mailer::Mailer {
     mailgate::mailer::Mailer::new(&mailgate::settings::SmtpSettings {
         url: Default::default(),
         relays: vec![
@@ -854,14 +867,18 @@ fn refusing_pair(
         pool_size: 2,
         timeout: Duration::from_secs(5),
         tls: Default::default(),
+        canary: canary.map(str::to_owned),
     })
     .expect("mailer")
 }
 
 /// A relay that refuses every mail, with an enhanced status code of the
 /// mail system (`452 4.3.1`), SES's `454 Throttling failure`, or a 451 that
-/// says it rate-limits, is failing as a relay: each mail goes on to the
-/// standby at once, and after `failures` of them the primary's circuit
+/// says it rate-limits, is failing as a relay once the evidence says so:
+/// with `smtp.canary` set, it refuses the canary too, and each mail goes on
+/// to the standby at once; without one, once its refusals came for three
+/// recipient domains in a row (the first two get their own answer, as they
+/// could be the mails'). After `failures` such mails the primary's circuit
 /// opens (it failed every job while the standby got none). A mailbox that
 /// is really full (`552 5.2.2`) fails alone, and the primary keeps taking
 /// the others.
@@ -874,11 +891,12 @@ async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
         (454, "Throttling failure: Maximum sending rate exceeded."),
         (451, "rate limit exceeded, try again later"),
     ] {
+        // With a canary: the relay refuses it too, so at once.
         let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
         for _ in 0..10 {
             primary.on("RCPT", None, reply(code).saying(text));
         }
-        let m = refusing_pair(&primary, &standby, 3);
+        let m = refusing_pair_with(&primary, &standby, 3, Some("canary@acme.example"));
         for n in 0..6 {
             send_code(&m, &format!("user{n}@example.com"))
                 .await
@@ -889,10 +907,32 @@ async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
             6,
             "{code}: every mail through the standby"
         );
-        // Three refusals opened its circuit: no session after them.
-        assert_eq!(primary.connections(), 3, "{code}");
+        // Three refusals opened its circuit: no session after them but the
+        // canary's one (its answer serves the next refusals).
+        assert_eq!(primary.connections(), 4, "{code}");
         assert!(circuit_is_open("primary"), "{code}");
         assert_eq!(primary.mails().len(), 0);
+
+        // Without one: refusals for three domains in a row.
+        let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+        for _ in 0..10 {
+            primary.on("RCPT", None, reply(code).saying(text));
+        }
+        let m = refusing_pair(&primary, &standby, 3);
+        for n in 0..2 {
+            let r = send_code(&m, &format!("user@d{n}.example")).await;
+            assert!(
+                matches!(r, Err(mailgate::mailer::MailError::Transient(_))),
+                "{code}: mail {n} keeps its own answer: {r:?}"
+            );
+        }
+        for n in 2..6 {
+            send_code(&m, &format!("user@d{n}.example"))
+                .await
+                .unwrap_or_else(|e| panic!("{code}: mail {n} not failed over: {e}"));
+        }
+        assert_eq!(standby.mails().len(), 4, "{code}");
+        assert!(circuit_is_open("primary"), "{code}");
     }
 
     // A refusal that quotes the recipient is read without it:
@@ -954,35 +994,79 @@ async fn a_relay_that_refuses_every_mail_trips_its_circuit() {
     assert!(!circuit_is_open("primary"));
 }
 
-/// A refusal without an enhanced status code (`554` to every message) is
-/// the relay's once it repeats for other recipients in a row: the first
-/// mail gets its own answer (it could be the mail's), the next ones go to
-/// the standby, and the circuit opens. The same code for one recipient
-/// again and again (a retried job) builds no streak.
+/// A refusal that might be the relay's at the end of the message (a
+/// content filter's `554` to every message, which no canary recipient can
+/// tell) is the relay's once it came for three recipient domains in a row
+/// with no mail taken between: the first mails get their own answer (they
+/// could be the mails'), the next ones go to the standby, and the circuit
+/// opens. The same refusal for many recipients of one domain (a domain
+/// whose mail the relay cannot deliver, a stranger's made-up mailboxes
+/// there) builds no streak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_refusal_for_other_recipients_in_a_row_is_the_relays() {
     mailgate::telemetry::prometheus();
     use common::script::{ScriptedSmtp, reply, send_code};
-    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
-    for _ in 0..10 {
-        primary.on(".", None, reply(554).saying("transaction failed"));
+    for text in ["transaction failed", "5.7.1 rejected by the content filter"] {
+        let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+        for _ in 0..10 {
+            primary.on(".", None, reply(554).saying(text));
+        }
+        // A canary changes nothing: it is no message.
+        let m = refusing_pair_with(&primary, &standby, 3, Some("canary@acme.example"));
+        // The first two keep their own answer (they could be the mails').
+        for n in 0..2 {
+            let r = send_code(&m, &format!("a{n}@d{n}.example")).await;
+            assert!(
+                matches!(r, Err(mailgate::mailer::MailError::Permanent(_))),
+                "{r:?}"
+            );
+        }
+        for n in 2..6 {
+            send_code(&m, &format!("A{n}@D{n}.example"))
+                .await
+                .unwrap_or_else(|e| panic!("mail {n} not failed over: {e}"));
+        }
+        assert_eq!(standby.mails().len(), 4, "{text}");
+        assert!(circuit_is_open("primary"), "{text}");
     }
-    let m = refusing_pair(&primary, &standby, 3);
-    // The first two keep their own answer (they could be the mails').
-    for n in 0..2 {
-        let r = send_code(&m, &format!("a{n}@example.com")).await;
+
+    // A canary the relay takes says a refusal at RCPT was the recipient's
+    // own, at once, whatever the domains: the standby gets nothing.
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for n in 0..6 {
+        primary.on(
+            "RCPT",
+            Some(&format!("made-up{n}@")),
+            reply(452).saying("4.3.1 insufficient system storage"),
+        );
+    }
+    let m = refusing_pair_with(&primary, &standby, 3, Some("canary@acme.example"));
+    for n in 0..6 {
+        let r = send_code(&m, &format!("made-up{n}@d{n}.example")).await;
         assert!(
-            matches!(r, Err(mailgate::mailer::MailError::Permanent(_))),
+            matches!(r, Err(mailgate::mailer::MailError::Transient(_))),
             "{r:?}"
         );
     }
-    for n in 2..6 {
-        send_code(&m, &format!("A{n}@Example.com"))
-            .await
-            .unwrap_or_else(|e| panic!("mail {n} not failed over: {e}"));
+    assert_eq!(standby.mails().len(), 0);
+    assert!(!circuit_is_open("primary"));
+    assert_eq!(primary.mails().len(), 0, "the canary is never mailed");
+
+    // Many recipients of one domain: each its own answer.
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..10 {
+        primary.on("RCPT", None, reply(451).saying("4.4.1 no answer from host"));
     }
-    assert_eq!(standby.mails().len(), 4);
-    assert!(circuit_is_open("primary"));
+    let m = refusing_pair(&primary, &standby, 3);
+    for n in 0..10 {
+        let r = send_code(&m, &format!("made-up{n}@unreachable.example")).await;
+        assert!(
+            matches!(r, Err(mailgate::mailer::MailError::Transient(_))),
+            "{r:?}"
+        );
+    }
+    assert_eq!(standby.mails().len(), 0);
+    assert!(!circuit_is_open("primary"));
 
     // Two full mailboxes whose retries take turns (452 with no enhanced
     // code) are two recipients, never a failing relay, however often they
@@ -1083,4 +1167,75 @@ async fn a_throttling_relay_spends_no_attempt() {
         "RELAYS throttling jobs=20 failed=0 dead_lettered=0 retried={retried} waited={waited}"
     );
     w.stop().await.unwrap();
+}
+
+/// A stranger cannot open a healthy relay's circuit: codes asked for
+/// made-up mailboxes at a domain the relay refuses at RCPT in words that
+/// could be the relay's (`451 4.4.1`, a `4.3.x`, a bare `451`),
+/// interleaved 1:1 with ordinary jobs, are those mails' own answers: they
+/// spend their attempts and end `failed`, the circuit stays closed, the
+/// relay stays up, and every ordinary code is sent (the fault: 9 to 11 of
+/// 30 sent within 25 s, and the stranger's jobs never answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_open_a_healthy_relays_circuit() {
+    for (n, (code, text)) in [
+        (451, "4.4.1 no answer from host"),
+        (451, "4.3.0 temporary lookup failure"),
+        (451, "local error in processing"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sink = SmtpSink::start();
+        let url = sink.url();
+        let h = Harness::with(&format!("relays-stranger{n}"), |s| {
+            s.smtp.url = Default::default();
+            s.smtp.relays = vec![relay(url, "only")];
+            s.smtp.circuit = CircuitSettings {
+                failures: 5,
+                cool_down: Duration::from_secs(30),
+            };
+        })
+        .await;
+        sink.refuse_saying("@unreachable.example", code, text);
+        let w = h.start_worker().await;
+        let started = Instant::now();
+        let mut ids = Vec::new();
+        for i in 0..30 {
+            // From a network of its own each (a botnet): no ip rule binds.
+            let probe = json!({"id": format!("x{i}"), "email": format!("made-up{i}@unreachable.example"),
+                               "ip": format!("198.18.{i}.1"), "code": "1"});
+            h.publish(&probe).await;
+            h.publish(&job(&format!("o{i}"), i)).await;
+            ids.extend([format!("x{i}"), format!("o{i}")]);
+        }
+        let results = results_for(&h, &ids, Duration::from_secs(60)).await;
+        let took = started.elapsed();
+        for i in 0..30 {
+            let ordinary = &results[&format!("o{i}")];
+            assert_eq!(ordinary.len(), 1, "{text}: {ordinary:?}");
+            assert_eq!(ordinary[0]["status"], "sent", "{text}: {ordinary:?}");
+            let stranger = &results[&format!("x{i}")];
+            assert_eq!(stranger.len(), 1, "{text}: {stranger:?}");
+            assert_eq!(stranger[0]["status"], "failed", "{text}: {stranger:?}");
+        }
+        assert_eq!(
+            metric(w.http, r#"mailgate_smtp_relay_circuit{relay="only"}"#).await,
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            metric(w.http, "mailgate_smtp_relay_up").await,
+            Some(1.0),
+            "{text}"
+        );
+        let failures = metric(
+            w.http,
+            r#"mailgate_smtp_relay_failures_total{relay="only"}"#,
+        )
+        .await;
+        assert_eq!(failures, Some(0.0), "{text}");
+        eprintln!("RELAYS stranger {text:?}: 30 ordinary sent, 30 failed, in {took:?}");
+        w.stop().await.unwrap();
+    }
 }

@@ -37,6 +37,7 @@ fn mailer(url: &str, tls: TlsSettings) -> Mailer {
         pool_size: 1,
         timeout: Duration::from_secs(5),
         tls,
+        canary: None,
     })
     .expect("mailer")
 }
@@ -675,6 +676,7 @@ async fn a_relays_own_tls_table_replaces_the_shared_one() {
         pool_size: 1,
         timeout: Duration::from_secs(5),
         tls: trusting(Some(&pki.ca_file())),
+        canary: None,
     };
     let shared = Mailer::new(&smtp(None)).expect("mailer");
     send(&shared).await.expect("trusted through [smtp.tls]");

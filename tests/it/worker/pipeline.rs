@@ -100,6 +100,7 @@ impl Env {
                 pool_size: 4,
                 timeout: Duration::from_secs(5),
                 tls: Default::default(),
+                canary: None,
             },
             http: HttpSettings::default(),
             templates: TemplateSettings {
@@ -212,6 +213,7 @@ fn msg<'a>(body: &'a [u8], ticket: &'a Ticket) -> Message<'a> {
         redelivered: false,
         correlation_id: None,
         published_at_ms: None,
+        seen_at_ms: mailgate::domain::now_ms(),
     }
 }
 
