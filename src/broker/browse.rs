@@ -11,12 +11,15 @@
 //! tail, each batch of returns in its own order. Publishing again counts
 //! nothing, on either queue type, and keeps the order.
 //!
-//! A copy keeps the original's properties and headers but two: it has no
+//! A copy keeps the original's properties and headers but three: it has no
 //! `user_id` (RabbitMQ refuses a publish whose `user_id` is not the
 //! publisher's own user, so a producer's message that RabbitMQ
 //! dead-lettered itself would stop every look at its queue, and come back
-//! to its head each time, a delivery counted), and it carries
-//! [`LOOK_HEADER`], naming the look that made it.
+//! to its head each time, a delivery counted), it carries [`LOOK_HEADER`],
+//! naming the look that made it, and its `expiration` is what is left of
+//! the original's (from the original's `timestamp`, which results carry):
+//! a result looked at again and again still expires when it would have,
+//! and one whose time is up is dropped, as RabbitMQ would have.
 
 use lapin::message::Delivery;
 use lapin::options::{
@@ -145,8 +148,9 @@ impl Browse {
     /// Leaves `delivery`, a message this look holds, in the queue: a copy
     /// at its tail (confirmed), then the original removed.
     pub async fn keep(&self, delivery: &Delivery) -> Result<(), BrokerError> {
-        let props = kept(&delivery.properties, &self.look);
-        self.publish(&self.queue, &delivery.data, props).await?;
+        if let Some(props) = kept(&delivery.properties, &self.look, crate::domain::now_ms()) {
+            self.publish(&self.queue, &delivery.data, props).await?;
+        }
         self.take(delivery).await
     }
 
@@ -174,10 +178,22 @@ impl Browse {
     }
 }
 
-/// The properties of a look's copy of a message with `p`: the original's,
-/// less its `user_id` (see the module's doc), with [`LOOK_HEADER`] set to
-/// `look`.
-fn kept(p: &BasicProperties, look: &str) -> BasicProperties {
+/// The properties of a look's copy, at `now_ms`, of a message with `p`:
+/// the original's, less its `user_id` (see the module's doc), with
+/// [`LOOK_HEADER`] set to `look`, and with an `expiration` what is left of
+/// the original's since its `timestamp` (whole seconds: counted from the
+/// end of that second, so a copy never outlives the original); `None` if
+/// none is left (the message would have expired: it is dropped).
+fn kept(p: &BasicProperties, look: &str, now_ms: u64) -> Option<BasicProperties> {
+    let mut expiration = p.expiration().clone();
+    if let (Some(ttl), Some(ts)) = (
+        (p.expiration().as_ref()).and_then(|e| e.as_str().parse::<u64>().ok()),
+        p.timestamp(),
+    ) {
+        let age = now_ms.saturating_sub(ts.saturating_mul(1000).saturating_add(999));
+        let left = ttl.checked_sub(age).filter(|&left| left > 0)?;
+        expiration = Some(left.to_string().as_str().into());
+    }
     let mut headers = p.headers().clone().unwrap_or_default();
     headers.insert(
         LOOK_HEADER.into(),
@@ -192,7 +208,7 @@ fn kept(p: &BasicProperties, look: &str) -> BasicProperties {
         (p.content_encoding(), BasicProperties::with_content_encoding),
         (p.correlation_id(), BasicProperties::with_correlation_id),
         (p.reply_to(), BasicProperties::with_reply_to),
-        (p.expiration(), BasicProperties::with_expiration),
+        (&expiration, BasicProperties::with_expiration),
         (p.message_id(), BasicProperties::with_message_id),
         (p.kind(), BasicProperties::with_type),
         (p.app_id(), BasicProperties::with_app_id),
@@ -212,7 +228,7 @@ fn kept(p: &BasicProperties, look: &str) -> BasicProperties {
     if let Some(v) = p.timestamp() {
         props = props.with_timestamp(*v);
     }
-    props
+    Some(props)
 }
 
 #[cfg(test)]
@@ -247,7 +263,28 @@ mod tests {
 
     #[test]
     fn a_copy_keeps_all_but_the_user_id_and_names_its_look() {
-        let copy = kept(&every("an earlier look", Some("producer")), "this look");
-        assert_eq!(copy, every("this look", None));
+        // Its timestamp (7 s) ends at 7.999 s: nothing of the minute gone.
+        let copy = kept(
+            &every("an earlier look", Some("producer")),
+            "this look",
+            7_999,
+        );
+        assert_eq!(copy, Some(every("this look", None)));
+    }
+
+    #[test]
+    fn a_copy_gets_what_is_left_of_its_time_and_none_once_it_is_up() {
+        let p = every("l", None);
+        let at = |now_ms| kept(&p, "l", now_ms).map(|c| c.expiration().clone());
+        assert_eq!(at(37_999), Some(Some("30000".into())));
+        assert_eq!(at(67_998), Some(Some("1".into())));
+        assert_eq!(at(67_999), None, "expired: dropped");
+        assert_eq!(at(1_000_000), None);
+        // No timestamp to count from: kept as it is.
+        let untimed = BasicProperties::default().with_expiration("60000".into());
+        assert_eq!(
+            kept(&untimed, "l", 1_000_000).and_then(|c| c.expiration().clone()),
+            Some("60000".into())
+        );
     }
 }

@@ -570,3 +570,36 @@ fn regex_escape(s: &str) -> String {
         })
         .collect()
 }
+
+/// A result looked at again and again still expires when it would have:
+/// each look's copy gets what is left of its time, not the whole of it
+/// (the fault: 5 of 5 still queued after three TTLs of looks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looks_do_not_keep_results_alive() {
+    let h = Harness::with("results-ttl", |s| {
+        s.amqp.results_ttl = Duration::from_secs(3);
+    })
+    .await;
+    let results = h.settings.amqp.results_queue.clone();
+    let w = h.start_worker().await;
+    for n in 0..5 {
+        h.publish(
+            &json!({"id": format!("t{n}"), "email": format!("t{n}@example.com"), "code": "1"}),
+        )
+        .await;
+    }
+    until_depth(&h, &results, 5).await;
+    w.stop().await.unwrap();
+    // Looks every half second, for three TTLs.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(9) {
+        let _ = mailgate(&h, &["results"]).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        h.next_on(&results, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "every result expired in time"
+    );
+}
