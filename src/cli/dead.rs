@@ -12,7 +12,7 @@ use clap::{ArgGroup, Args, Subcommand};
 use lapin::message::Delivery;
 use serde_json::json;
 
-use super::letters::{Entry, printable};
+use super::letters::{Entry, printable, printable_json};
 use super::{amqp, limiter};
 use crate::broker::{Browse, DeadLetter};
 use crate::domain::{DeadReason, JobId, now_ms};
@@ -222,7 +222,7 @@ async fn list<S: std::future::Future<Output = ()>>(
         }
         n += 1;
         match json {
-            true => writeln!(out, "{}", e.summary())?,
+            true => writeln!(out, "{}", printable_json(&e.summary().to_string()))?,
             false => writeln!(out, "{}", e.line())?,
         }
     }
@@ -265,8 +265,12 @@ async fn show<S: std::future::Future<Output = ()>>(
         all["job"] = e.job_shown();
         // JSON escapes every control character.
         match json {
-            true => writeln!(out, "{all}")?,
-            false => writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?,
+            true => writeln!(out, "{}", printable_json(&all.to_string()))?,
+            false => writeln!(
+                out,
+                "{}",
+                printable_json(&serde_json::to_string_pretty(&all)?)
+            )?,
         }
     }
     if !found {

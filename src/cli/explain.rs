@@ -70,7 +70,10 @@ pub async fn explain(
         suppressed,
     };
     match json {
-        true => println!("{}", findings_json(&found)),
+        true => println!(
+            "{}",
+            letters::printable_json(&findings_json(&found).to_string())
+        ),
         false => print_text(settings, &found),
     }
     Ok(true)
@@ -150,13 +153,14 @@ fn print_text(settings: &Settings, f: &Findings) {
             ),
             false => format!("the mailbox {}, every spelling of it", s.mailbox),
         };
-        println!(
+        let line = format!(
             "SUPPRESSED {left} (since {}, {}: {}): {what}; its jobs are answered `suppressed` \
              and no code is sent; `mailgate suppress remove {email}` lifts it",
             letters::time(s.since_ms),
             s.source,
             s.why,
         );
+        println!("{}", letters::printable(&line));
     }
     let limits = match f.binding() {
         None => "allowed now".to_owned(),

@@ -26,13 +26,11 @@ pub async fn job(settings: &Settings, id: &str, json: bool) -> anyhow::Result<bo
     let found = record.is_some() || dead.as_ref().is_some_and(|d| !d.is_empty());
     if json {
         let record = record.as_ref().map(record_json);
-        println!(
-            "{}",
-            json!({"id": id, "record": record, "dead_letters": dead})
-        );
+        let shown = json!({"id": id, "record": record, "dead_letters": dead});
+        println!("{}", letters::printable_json(&shown.to_string()));
         return Ok(found);
     }
-    println!("job {id}");
+    println!("job {}", printable(id));
     match &record {
         Some(r) => print_record(r),
         None => println!(
@@ -46,8 +44,9 @@ pub async fn job(settings: &Settings, id: &str, json: bool) -> anyhow::Result<bo
         Some([]) => println!("  dead letters: none in {queue}"),
         Some(dead) => {
             println!(
-                "  dead letters: {} in {queue} (mailgate dead show {id})",
-                dead.len()
+                "  dead letters: {} in {queue} (mailgate dead show {})",
+                dead.len(),
+                printable(id)
             );
             for d in dead {
                 let line = format!(

@@ -104,16 +104,68 @@ impl Entry {
     }
 }
 
-/// `text` with every control character written as an escape (`\u{1b}`), so
-/// that nothing a producer put in a message moves a terminal's cursor,
-/// rewrites its lines or sets its title.
+/// `text` with every control (`Cc`: C0, DEL, C1 such as the 8-bit CSI
+/// U+009B) and format character (`Cf`: the bidirectional overrides such as
+/// U+202E, zero-width characters) written as an escape (`\u{1b}`), so
+/// that nothing a producer or a relay put in a message moves a terminal's
+/// cursor, rewrites its lines, sets its title, or shows an operator
+/// another id than the one acted on.
 pub(super) fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| match c.is_control() {
+        .map(|c| match unprintable(c) {
             true => c.escape_unicode().to_string(),
             false => c.to_string(),
         })
         .collect()
+}
+
+/// `json`, a serialized JSON text for people, with every control and
+/// format character escaped as JSON escapes it (`\u009b`): serde_json
+/// escapes C0 only. Such characters can stand only inside JSON strings, so
+/// the text stays the same JSON.
+pub(super) fn printable_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if unprintable(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether `c` is a control (`Cc`) or format (`Cf`) character: the
+/// Unicode 15 list of `Cf`, which no terminal should be handed raw.
+fn unprintable(c: char) -> bool {
+    const FORMAT: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),
+        (0x0600, 0x0605),
+        (0x061C, 0x061C),
+        (0x06DD, 0x06DD),
+        (0x070F, 0x070F),
+        (0x0890, 0x0891),
+        (0x08E2, 0x08E2),
+        (0x180E, 0x180E),
+        (0x200B, 0x200F),
+        (0x202A, 0x202E),
+        (0x2060, 0x2064),
+        (0x2066, 0x206F),
+        (0xFEFF, 0xFEFF),
+        (0xFFF9, 0xFFFB),
+        (0x110BD, 0x110BD),
+        (0x110CD, 0x110CD),
+        (0x13430, 0x1343F),
+        (0x1BCA0, 0x1BCA3),
+        (0x1D173, 0x1D17A),
+        (0xE0001, 0xE0001),
+        (0xE0020, 0xE007F),
+    ];
+    let u = u32::from(c);
+    c.is_control() || FORMAT.iter().any(|&(lo, hi)| (lo..=hi).contains(&u))
 }
 
 /// ms since the epoch as RFC 3339, to the second.

@@ -81,7 +81,7 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
             if json {
                 let mut shown = usage_json(&usage);
                 shown["resets"] = serde_json::to_value(&resets)?;
-                println!("{shown}");
+                println!("{}", letters::printable_json(&shown.to_string()));
             } else {
                 let share = settings.limits.domain.network_share;
                 print!("{}", render_usage(&usage, share));
@@ -110,7 +110,10 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
             }
             for note in notes {
                 match json {
-                    true => println!("{}", serde_json::to_string(&note)?),
+                    true => println!(
+                        "{}",
+                        letters::printable_json(&serde_json::to_string(&note)?)
+                    ),
                     false => println!("{}", render_reset(&note, now)),
                 }
             }

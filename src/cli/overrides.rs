@@ -7,7 +7,7 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{in_redis, short_duration, time_left};
+use super::{in_redis, letters, short_duration, time_left};
 use crate::limiter::overrides::{Action, Override, Target};
 use crate::settings::Settings;
 use crate::store::overrides::OverrideStore;
@@ -93,7 +93,10 @@ pub async fn overrides(settings: &Settings, action: OverridesAction) -> anyhow::
             }
             for ov in listed {
                 match json {
-                    true => println!("{}", override_json(&ov, now)),
+                    true => println!(
+                        "{}",
+                        letters::printable_json(&override_json(&ov, now).to_string())
+                    ),
                     false => println!("{}", render_override(&ov, now)),
                 }
             }
@@ -258,7 +261,7 @@ fn render_override(ov: &Override, now: u64) -> String {
         Some(t) if t <= now => "EXPIRED".to_owned(),
         Some(t) => format!("for {} more", time_left(t - now)),
     };
-    format!("{} {does} {until}: {}", ov.target, ov.reason)
+    letters::printable(&format!("{} {does} {until}: {}", ov.target, ov.reason))
 }
 
 /// An override as JSON, for scripts.

@@ -9,6 +9,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 
 use super::amqp;
+use super::letters::printable_json;
 use crate::broker::Browse;
 use crate::settings::Settings;
 
@@ -47,7 +48,11 @@ pub async fn results(
     let stdout = std::io::stdout();
     let mut n = 0u64;
     let mut print = |data: &[u8]| -> anyhow::Result<()> {
-        writeln!(stdout.lock(), "{}", String::from_utf8_lossy(data))?;
+        writeln!(
+            stdout.lock(),
+            "{}",
+            printable_json(&String::from_utf8_lossy(data))
+        )?;
         n += 1;
         if progress {
             eprint!("\r{n} results from {queue}");

@@ -104,14 +104,15 @@ pub async fn suppress(settings: &Settings, action: SuppressAction) -> anyhow::Re
                         "reason": s.why,
                         "left_ms": s.left_ms,
                     });
-                    println!("{line}");
+                    println!("{}", letters::printable_json(&line.to_string()));
                 } else {
                     let since = letters::time(s.since_ms);
                     let spelling = if s.exact { " (this spelling)" } else { "" };
-                    println!(
+                    let line = format!(
                         "{}{spelling}  since {since}  {left}  {}: {}",
                         s.mailbox, s.source, s.why
                     );
+                    println!("{}", letters::printable(&line));
                 }
             }
             eprintln!("{} suppressed", all.len());

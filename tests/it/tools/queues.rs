@@ -603,3 +603,78 @@ async fn looks_do_not_keep_results_alive() {
         "every result expired in time"
     );
 }
+
+/// Nothing a producer or a relay wrote reaches the operator's terminal
+/// raw: the 8-bit CSI (U+009B, a C1 control serde_json leaves alone) and
+/// the right-to-left override (U+202E, a format character that shows an
+/// operator another id than the one acted on) are escaped in every text
+/// and JSON output for people, and the JSON still reads the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_control_or_format_character_reaches_a_terminal() {
+    let h = Harness::new("tty-escapes").await;
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let w = h.start_worker().await;
+    let (csi, rlo) = ('\u{9b}', '\u{202e}');
+    let id = format!("a{rlo}cba");
+    let props =
+        BasicProperties::default().with_correlation_id(format!("c{csi}31m").as_str().into());
+    let job = json!({"id": id, "email": "tty@example.com", "code": "1"});
+    h.publish_raw(job.to_string().as_bytes(), props).await;
+    until_depth(&h, &h.settings.amqp.results_queue, 1).await;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-mailgate-error".into(),
+        AMQPValue::LongString(format!("relay said {csi}2J{rlo}gpj.exe").into()),
+    );
+    headers.insert(
+        "x-mailgate-reason".into(),
+        AMQPValue::LongString("failed".into()),
+    );
+    h.publish_to(
+        &dead,
+        job.to_string().as_bytes(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    let raw = |out: &str| out.contains(csi) || out.contains(rlo);
+    let results = stdout(&mailgate(&h, &["results"]).await);
+    assert!(!raw(&results), "{results:?}");
+    let r: Value = serde_json::from_str(results.trim()).unwrap();
+    assert_eq!(
+        (r["id"].as_str(), r["correlation_id"].as_str()),
+        (Some(id.as_str()), Some(format!("c{csi}31m").as_str()))
+    );
+    for args in [
+        &["dead", "list"][..],
+        &["dead", "list", "--json"],
+        &["dead", "show", &id],
+        &["dead", "show", &id, "--json"],
+        &["job", &id],
+        &["job", &id, "--json"],
+    ] {
+        let out = stdout(&mailgate(&h, args).await);
+        assert!(!raw(&out), "{args:?}: {out:?}");
+        assert!(
+            out.contains("a\\u{202e}cba") || out.contains("a\\u202ecba"),
+            "{args:?}: {out}"
+        );
+    }
+    let reason = format!("evil{csi}[2J{rlo}x");
+    stdout(
+        &mailgate(
+            &h,
+            &["suppress", "add", "tty2@example.com", "--reason", &reason],
+        )
+        .await,
+    );
+    for args in [
+        &["suppress", "list"][..],
+        &["suppress", "list", "--json"],
+        &["explain", "--email", "tty2@example.com"],
+        &["explain", "--email", "tty2@example.com", "--json"],
+    ] {
+        let out = stdout(&mailgate(&h, args).await);
+        assert!(!raw(&out), "{args:?}: {out:?}");
+    }
+    w.stop().await.unwrap();
+}
