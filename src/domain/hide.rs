@@ -16,22 +16,29 @@
 
 use std::ops::Range;
 
-/// `text` with `code` hidden (`***`) wherever the mail's forms of it
-/// appear, whole or folded. A code shorter than 4 characters is not
-/// searched for: it would hide unrelated text, and a code that short
-/// guards nothing.
-pub(super) fn hide(code: &str, text: &str) -> String {
-    if code.chars().count() < 4 {
+/// `text` with each of `secrets` (a code, the values of a job's
+/// variables) hidden (`***`) wherever the mail's forms of it appear, whole
+/// or folded. A secret shorter than 4 characters is not searched for: it
+/// would hide unrelated text, and one that short guards nothing.
+pub(super) fn hide(secrets: &[&str], text: &str) -> String {
+    let secrets: Vec<&str> = (secrets.iter().copied())
+        .filter(|s| s.chars().count() >= 4)
+        .collect();
+    if secrets.is_empty() {
         return text.to_owned();
     }
-    let html = escape_html(code);
-    let decoded = [code.as_bytes(), html.as_bytes()];
+    let htmls: Vec<String> = secrets.iter().map(|s| escape_html(s)).collect();
+    let decoded: Vec<&[u8]> = (secrets.iter().map(|s| s.as_bytes()))
+        .chain(htmls.iter().map(|h| h.as_bytes()))
+        .collect();
     let view = View::of(text);
     let mut spans = Vec::new();
-    for form in forms(code, &html) {
-        spans.extend(text.match_indices(&form).map(|(at, f)| at..at + f.len()));
-        let folded = view.text.match_indices(&form);
-        spans.extend(folded.map(|(at, f)| view.original(at..at + f.len())));
+    for (secret, html) in secrets.iter().zip(&htmls) {
+        for form in forms(secret, html) {
+            spans.extend(text.match_indices(&form).map(|(at, f)| at..at + f.len()));
+            let folded = view.text.match_indices(&form);
+            spans.extend(folded.map(|(at, f)| view.original(at..at + f.len())));
+        }
     }
     spans.extend(encoded_words(&view, &decoded));
     spans.extend(base64_runs(text, &view, &decoded));
@@ -311,7 +318,7 @@ mod tests {
 
     /// Asserts `code` is hidden in `quoted`, and no piece of it is left.
     fn hidden(code: &str, quoted: &str) -> String {
-        let out = hide(code, quoted);
+        let out = hide(&[code], quoted);
         assert!(out.contains("***"), "{code}: {out}");
         assert!(!View::of(&out).text.contains(code), "{code}: {out}");
         out
@@ -362,16 +369,31 @@ mod tests {
     }
 
     #[test]
+    fn every_secret_is_hidden_in_every_form() {
+        let link = "https://app.example/verify?token=tok_5ecret_value";
+        let html = escape_html(link);
+        let quoted = format!(
+            "554 5.7.1 refused: code 493817 at {} and {}",
+            quoted_printable(&html),
+            STANDARD.encode(format!("open {link} now"))
+        );
+        let out = hide(&["493817", link], &quoted);
+        assert!(!out.contains("493817") && !out.contains("5ecret"), "{out}");
+        assert!(!out.contains("tok_"), "{out}");
+        assert!(out.starts_with("554 5.7.1 refused: code ***"), "{out}");
+    }
+
+    #[test]
     fn the_rest_of_the_text_is_left_as_it_was() {
         for text in [
             "550 5.1.1 <victim@example.com>: Recipient address rejected: User unknown (=?x)",
             "550 5.1.1 <badxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx@example.net>: unknown",
             "550 5.7.1 > Subject: =?utf-8?b?6aqM6K+B56CB77ya?= and V2VsY29tZSB0byBBY21lIQ==",
         ] {
-            assert_eq!(hide("493817", text), text);
+            assert_eq!(hide(&["493817"], text), text);
         }
         assert_eq!(
-            hide("abc", "abc is too short to hide"),
+            hide(&["abc"], "abc is too short to hide"),
             "abc is too short to hide"
         );
     }

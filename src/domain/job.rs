@@ -73,6 +73,33 @@ impl std::fmt::Debug for Session {
 impl Job {
     /// The purpose used when a job names none.
     pub const DEFAULT_PURPOSE: &'static str = "verify";
+
+    /// How long a variable's value must be, in characters, to be hidden
+    /// in text that may quote the mail ([`Job::hide_in`]): a link or a
+    /// token is longer; a shorter value would hide words of a relay's own
+    /// reply ("user", "unknown").
+    pub const HIDDEN_VAR_CHARS: usize = 8;
+
+    /// `text` (an error from elsewhere, such as a relay that quotes the
+    /// rejected mail) with this job's code hidden ([`Code::hide_in`]), and
+    /// the values of its variables as the mail shows them (text, and
+    /// numbers as written; at least [`Job::HIDDEN_VAR_CHARS`] characters),
+    /// in the same forms: a variable may carry a link with a token, which
+    /// no log, result or dead letter may show.
+    pub fn hide_in(&self, text: &str) -> String {
+        let values: Vec<String> = (self.vars.iter())
+            .filter_map(|(_, v)| match v {
+                VarValue::Text(s) | VarValue::Number(s) => Some(s.clone()),
+                VarValue::Integer(n) => Some(n.to_string()),
+                VarValue::Float(f) => Some(f.to_string()),
+                VarValue::Bool(_) => None,
+            })
+            .filter(|v| v.chars().count() >= Self::HIDDEN_VAR_CHARS)
+            .collect();
+        let mut secrets: Vec<&str> = vec![self.code.expose()];
+        secrets.extend(values.iter().map(String::as_str));
+        super::hide::hide(&secrets, text)
+    }
 }
 
 /// The verification code: 1 to 64 characters, no whitespace or control
@@ -114,7 +141,7 @@ impl Code {
     /// than 4 characters is not searched for: it would hide unrelated
     /// text, and a code that short guards nothing.
     pub fn hide_in(&self, text: &str) -> String {
-        super::hide::hide(&self.0, text)
+        super::hide::hide(&[&self.0], text)
     }
 }
 

@@ -82,8 +82,8 @@ impl<L: Ledger> Pipeline<L> {
         );
         match sent {
             Ok(()) => Delivery::Sent,
-            // A relay's reply may quote the mail, code and all.
-            Err(e) => Delivery::Failed(e.hiding(&job.code)),
+            // A relay's reply may quote the mail, code, links and all.
+            Err(e) => Delivery::Failed(e.hiding(|t| job.hide_in(t))),
         }
     }
 

@@ -290,3 +290,51 @@ async fn a_relay_quoting_the_code_in_any_encoding_shows_it_nowhere() {
     );
     w.stop().await.unwrap();
 }
+
+/// A job's variables are hidden as its code is: a relay that quotes the
+/// refused mail (a link with a token, as written, HTML-escaped, or in a
+/// base64 body line) shows the value in no result, dead letter, `job` or
+/// `dead show` output (which already hide the job's own variables).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_quoting_a_jobs_variables_shows_them_nowhere() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let h = Harness::with("quotedvars", |s| s.retry.max_attempts = 1).await;
+    let link = "https://app.example/v?t=tok_live_5ecret&u=1";
+    // As the HTML part carries it (minijinja's escaping).
+    let html = link.replace('&', "&amp;").replace('/', "&#x2f;");
+    let text = format!(
+        "4.7.1 deferred > {link} | {html} | {} |",
+        b64(&format!("click {link} to verify"))
+    );
+    h.sink.refuse_saying("linked@", 451, &text);
+    let w = h.start_worker().await;
+    h.publish(
+        &serde_json::json!({"id": "v1", "email": "linked@example.com", "code": "482913",
+                                   "vars": {"link": link, "app_name": "Acme"}}),
+    )
+    .await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "failed", "{r}");
+    let error = r["error"].as_str().unwrap();
+    assert!(
+        error.contains("4.7.1 deferred > *** | *** | *** |"),
+        "{error}"
+    );
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while h.queue_depth(&dead).await != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for args in [
+        &["dead", "show", "v1"][..],
+        &["dead", "list"],
+        &["job", "v1"],
+    ] {
+        let out = h.run_tool(args).await;
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(!out.contains("5ecret"), "{args:?}: {out}");
+    }
+    w.stop().await.unwrap();
+}
