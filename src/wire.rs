@@ -94,6 +94,68 @@ pub fn id_of(body: &[u8]) -> Result<JobId, String> {
     }
 }
 
+/// An RFC 3339 `date-time`, exactly as the job schema's pattern reads it,
+/// and nothing else that a general ISO 8601 parser takes (`+0800`, no
+/// seconds, the basic format, `,5`, `Z[UTC]`, a six-digit year, `+08`,
+/// `+08:00:00`): `YYYY-MM-DD`, `T` (or `t`, or a space, as RFC 3339's note
+/// allows), `hh:mm:ss`, any number of fraction digits (beyond nanoseconds
+/// they are dropped), then `Z`, `z` or `±hh:mm`; a leap second (`:60`)
+/// reads as the last instant of its minute.
+fn rfc3339(text: &str) -> Option<jiff::Timestamp> {
+    let b = text.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let shape = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && matches!(b[10], b'T' | b't' | b' ')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !shape {
+        return None;
+    }
+    let mut at = 19;
+    let mut fraction = "";
+    if b[at] == b'.' {
+        let n = b[at + 1..].iter().take_while(|d| d.is_ascii_digit()).count();
+        if n == 0 {
+            return None;
+        }
+        fraction = &text[at + 1..at + 1 + n.min(9)];
+        at += 1 + n;
+    }
+    let offset = &text[at..];
+    let offset_ok = matches!(offset, "Z" | "z")
+        || (offset.len() == 6
+            && matches!(offset.as_bytes()[0], b'+' | b'-')
+            && digits(at + 1..at + 3)
+            && offset.as_bytes()[3] == b':'
+            && digits(at + 4..at + 6));
+    if !offset_ok {
+        return None;
+    }
+    // A leap second is the last instant of its minute.
+    let (second, fraction) = match &text[17..19] {
+        "60" => ("59", "999999999"),
+        s => (s, fraction),
+    };
+    let fraction = match fraction {
+        "" => String::new(),
+        f => format!(".{f}"),
+    };
+    let offset = match offset {
+        "Z" | "z" => "Z",
+        o => o,
+    };
+    let normal = format!("{}T{}:{second}{fraction}{offset}", &text[..10], &text[11..16]);
+    normal.parse::<jiff::Timestamp>().ok()
+}
+
 fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
     let email = EmailAddress::parse(&w.email.ok_or(InvalidInput::Missing("email"))?)?;
     let code = Code::parse(&w.code.ok_or(InvalidInput::Missing("code"))?)?;
@@ -137,17 +199,16 @@ fn parse(id: JobId, w: JobWire) -> Result<Job, InvalidInput> {
     let timestamp = |field: &'static str, value: Option<String>| {
         value
             .map(|s| {
-                s.parse::<jiff::Timestamp>()
-                    .map_err(|_| InvalidInput::Timestamp {
-                        field,
-                        value: s.chars().take(64).collect(),
-                    })
+                rfc3339(&s).ok_or_else(|| InvalidInput::Timestamp {
+                    field,
+                    value: s.chars().take(64).collect(),
+                })
             })
             .transpose()
     };
     let expires_at = timestamp("expires_at", w.expires_at)?;
     let created_at = match w.created_at {
-        Some(Value::String(s)) => s.parse::<jiff::Timestamp>().ok(),
+        Some(Value::String(s)) => rfc3339(&s),
         _ => None,
     };
     let session = match w.session {
@@ -297,6 +358,46 @@ impl JobResult {
 
 #[cfg(test)]
 mod tests {
+    use super::rfc3339;
+
+    /// Exactly RFC 3339, as the job schema's pattern: what a general ISO
+    /// 8601 parser also takes is refused, and every fraction is read.
+    #[test]
+    fn timestamps_are_exactly_rfc_3339() {
+        for bad in [
+            "2099-11-21T16:00:00+0800",
+            "2099-11-21T16:00Z",
+            "20991121T160000Z",
+            "2099-11-21T16:00:00,5Z",
+            "2099-11-21T16:00:00Z[UTC]",
+            "+002099-11-21T16:00:00Z",
+            "2099-11-21T16:00:00+08",
+            "2099-11-21T16:00:00+08:00:00",
+            "2099-11-21T16:00:00.Z",
+            "2099-11-21T16:00:00",
+            "2099-11-21_16:00:00Z",
+            "2099-13-21T16:00:00Z",
+            "2099-11-21T16:00:00Z ",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad}");
+        }
+        for (good, second) in [
+            ("2099-11-21T16:00:00Z", 4_098_960_000),
+            ("2099-11-21t16:00:00z", 4_098_960_000),
+            ("2099-11-21 16:00:00Z", 4_098_960_000),
+            ("2099-11-22T00:00:00+08:00", 4_098_960_000),
+            ("2099-11-21T16:00:00.123456789012Z", 4_098_960_000),
+            ("2099-11-21T15:59:60Z", 4_098_959_999),
+        ] {
+            let t = rfc3339(good).unwrap_or_else(|| panic!("{good}"));
+            assert_eq!(t.as_second(), second, "{good}");
+        }
+        assert_eq!(
+            rfc3339("2099-11-21T16:00:00.123456789012Z").map(|t| t.subsec_nanosecond()),
+            Some(123_456_789)
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -337,7 +337,22 @@ fn the_docs_examples_match_the_schemas() {
         json!({"id": "j", "email": "a@example.com", "code": "1", "purpose": "../x"}),
         json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": "soon"}),
         json!({"id": "j", "email": "a@example.com", "code": "1", "vars": {"a": [1]}}),
-    ] {
+    ]
+    .into_iter()
+    // What a general ISO 8601 parser takes and RFC 3339 does not.
+    .chain(
+        [
+            "2099-11-21T16:00:00+0800",
+            "2099-11-21T16:00Z",
+            "20991121T160000Z",
+            "2099-11-21T16:00:00,5Z",
+            "2099-11-21T16:00:00Z[UTC]",
+            "+002099-11-21T16:00:00Z",
+            "2099-11-21T16:00:00+08",
+            "2099-11-21T16:00:00+08:00:00",
+        ]
+        .map(|at| json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": at})),
+    ) {
         assert!(!valid(Schema::Job, &bad), "the schema refuses {bad}");
         assert!(!decodes(&bad), "mailgate refuses {bad}");
     }
@@ -353,6 +368,7 @@ fn the_docs_examples_match_the_schemas() {
         json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": "2030-01-01 00:00:00Z"}),
         json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": "2030-06-30T23:59:60+02:00"}),
         json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": "2030-01-01T00:00:00.123456789Z"}),
+        json!({"id": "j", "email": "a@example.com", "code": "1", "expires_at": "2030-01-01T00:00:00.123456789012Z"}),
     ] {
         assert!(valid(Schema::Job, &good), "the schema accepts {good}");
         assert!(decodes(&good), "mailgate accepts {good}");
