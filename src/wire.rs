@@ -103,7 +103,8 @@ pub fn id_of(body: &[u8]) -> Result<JobId, String> {
 /// reads as the last instant of its minute.
 fn rfc3339(text: &str) -> Option<jiff::Timestamp> {
     let b = text.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
     let shape = b.len() >= 20
         && digits(0..4)
         && b[4] == b'-'
@@ -122,7 +123,10 @@ fn rfc3339(text: &str) -> Option<jiff::Timestamp> {
     let mut at = 19;
     let mut fraction = "";
     if b[at] == b'.' {
-        let n = b[at + 1..].iter().take_while(|d| d.is_ascii_digit()).count();
+        let n = b[at + 1..]
+            .iter()
+            .take_while(|d| d.is_ascii_digit())
+            .count();
         if n == 0 {
             return None;
         }
@@ -152,7 +156,11 @@ fn rfc3339(text: &str) -> Option<jiff::Timestamp> {
         "Z" | "z" => "Z",
         o => o,
     };
-    let normal = format!("{}T{}:{second}{fraction}{offset}", &text[..10], &text[11..16]);
+    let normal = format!(
+        "{}T{}:{second}{fraction}{offset}",
+        &text[..10],
+        &text[11..16]
+    );
     normal.parse::<jiff::Timestamp>().ok()
 }
 

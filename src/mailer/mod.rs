@@ -506,6 +506,27 @@ mod tests {
         );
     }
 
+    /// RFC 5322: no line over 998 characters (and none over 78 where it
+    /// can be helped), whatever the subject: a variable of 1 024 characters
+    /// without a space is folded into encoded words.
+    #[test]
+    fn a_subject_of_one_long_word_is_folded() {
+        let m = Mailer::new(&settings("smtp://127.0.0.1:1025")).unwrap();
+        let to = crate::domain::EmailAddress::parse("user@example.com").unwrap();
+        let word = "x".repeat(1024);
+        for subject in [format!("Code {word}"), word.clone(), "word ".repeat(250)] {
+            let out = Outgoing {
+                to: &to,
+                subject: &subject,
+                text: "t",
+                html: None,
+            };
+            let mail = String::from_utf8(m.compose(&out).unwrap().formatted()).unwrap();
+            let longest = mail.split("\r\n").map(str::len).max().unwrap();
+            assert!(longest <= 78, "{longest}: {mail}");
+        }
+    }
+
     #[tokio::test]
     async fn each_mail_has_its_own_message_id_at_the_senders_domain() {
         let ids = |m: &Mailer| {

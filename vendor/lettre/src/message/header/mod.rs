@@ -332,7 +332,10 @@ impl<'a> HeaderValueEncoder<'a> {
 
     fn format(mut self, words_iter: impl Iterator<Item = &'a str>) -> fmt::Result {
         for next_word in words_iter {
-            let allowed = allowed_str(next_word);
+            // A word too long for a line (RFC 5322 2.1.1: at most 998
+            // characters, and should be at most 78) is encoded, which folds
+            // it into encoded words, instead of being written on one line.
+            let allowed = allowed_str(next_word) && next_word.trim_end().len() <= MAX_WORD_LEN;
 
             if allowed {
                 // This word only contains allowed characters
@@ -371,6 +374,10 @@ impl<'a> HeaderValueEncoder<'a> {
         Ok(())
     }
 }
+
+/// The longest word written as it is in a header value: one longer would
+/// not fit a line of 78 characters.
+const MAX_WORD_LEN: usize = 76;
 
 fn allowed_str(s: &str) -> bool {
     s.bytes().all(allowed_char)
