@@ -287,19 +287,20 @@ impl<L: Ledger> Pipeline<L> {
     }
 
     /// When the job expires, ms since the epoch: its `expires_at`, else
-    /// `limits.max_age` after it was made (its `created_at`, else its
-    /// publish time, else when a worker first took it), so no job waits
-    /// without end; `None` with neither.
+    /// `limits.max_age` (at most `dedup_for`) after it was made (its
+    /// `created_at`, else its publish time, else when a worker first took
+    /// it), so no job waits without end; `None` with neither.
     fn expires_ms(&self, job: &Job, msg: &Message<'_>) -> Option<u64> {
         let ms = |t: jiff::Timestamp| u64::try_from(t.as_millisecond()).unwrap_or(0);
         if let Some(at) = job.expires_at {
             return Some(ms(at));
         }
-        let max_age = u64::try_from(self.settings.limits.max_age.as_millis()).unwrap_or(u64::MAX);
+        let max_age = self.settings.limits.job_max_age()?;
+        let max_age = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
         let made = (job.created_at.map(ms))
             .or(msg.published_at_ms)
             .unwrap_or(msg.seen_at_ms);
-        (max_age > 0).then(|| made.saturating_add(max_age))
+        Some(made.saturating_add(max_age))
     }
 
     /// Screen: why the job can never be mailed, if it cannot.

@@ -167,8 +167,8 @@ pub struct LimitSettings {
     /// made (`created_at`), else published (the AMQP timestamp or
     /// `timestamp_in_ms`), else first taken by a worker. No job waits
     /// without end (a relay that defers it, an outage). Default 1 h;
-    /// "0s": never (such jobs may wait as long as the cause lasts); at
-    /// most `dedup_for` (a job must not outlive its record).
+    /// "0s": never (such jobs may wait as long as the cause lasts). One
+    /// longer than `dedup_for` counts as `dedup_for` ([`Self::job_max_age`]).
     #[serde(deserialize_with = "human_duration")]
     pub max_age: Duration,
 }
@@ -263,6 +263,14 @@ impl Default for DomainRules {
 }
 
 impl LimitSettings {
+    /// How old a job without `expires_at` may get ([`Self::max_age`]), at
+    /// most `dedup_for`: a copy of a job older than its record (an ack
+    /// lost, the job redelivered a day later) is answered `expired`
+    /// rather than judged afresh; `None` for "0s", never.
+    pub fn job_max_age(&self) -> Option<Duration> {
+        (!self.max_age.is_zero()).then(|| self.max_age.min(self.dedup_for))
+    }
+
     /// Whether jobs of `purpose` are superseded by newer ones for the same
     /// mailbox (its own `supersede`, else `limits.supersede`).
     pub fn supersedes(&self, purpose: &str) -> bool {
@@ -325,14 +333,6 @@ impl LimitSettings {
                     "limits.purpose.{name}: purpose names hold only letters, digits, '-' and '_'"
                 )));
             }
-        }
-        if self.max_age > self.dedup_for {
-            return Err(SettingsError::Invalid(format!(
-                "limits.max_age ({}) must be at most limits.dedup_for ({}): a job older than \
-                 its record could be forgotten while it waits, and mailed twice",
-                humantime::format_duration(self.max_age),
-                humantime::format_duration(self.dedup_for),
-            )));
         }
         for (what, d) in std::iter::once(("limits.dedup_for", self.dedup_for))
             .chain(std::iter::once(("limits.send_lease", self.send_lease)))
