@@ -166,14 +166,15 @@ impl EmailAddress {
             local = &local[..i];
         }
         let drop_dots = n.gmail_dots && domain == "gmail.com";
-        for c in local.chars().filter(|&c| !(drop_dots && c == '.')) {
-            if !n.lowercase {
-                out.push(c);
-            } else if c.is_ascii() {
-                out.push(c.to_ascii_lowercase());
-            } else {
-                out.extend(c.to_lowercase());
-            }
+        let chars = local.chars().filter(|&c| !(drop_dots && c == '.'));
+        match (n.lowercase, local.is_ascii()) {
+            (false, _) => out.extend(chars),
+            (true, true) => out.extend(chars.map(|c| c.to_ascii_lowercase())),
+            // Unicode's full case folding, as a case-insensitive mail
+            // system compares: `ſ` is `s`, `ß` is `ss`, `ﬁ` is `fi`, and
+            // `Σ`, `σ` and `ς` are one letter (lower-casing alone leaves
+            // each of those a spelling of its own).
+            (true, false) => out.extend(caseless::Caseless::default_case_fold(chars)),
         }
         out.push('@');
         out.push_str(domain);
@@ -275,6 +276,25 @@ mod tests {
         ] {
             assert_eq!(key(s), k, "{s}");
         }
+    }
+
+    /// Unicode's full case folding, as a case-insensitive mail system
+    /// compares local parts: each of these is one mailbox.
+    #[test]
+    fn unicode_spellings_fold_as_a_mail_system_folds_them() {
+        for (a, b) in [
+            ("sally@corp.example", "\u{17f}ally@corp.example"),
+            ("\u{3b1}\u{3c2}@corp.example", "\u{391}\u{3a3}@corp.example"),
+            ("\u{3b1}\u{3c2}@corp.example", "\u{3b1}\u{3c3}@corp.example"),
+            ("fiona@corp.example", "\u{fb01}ona@corp.example"),
+            ("strasse@corp.example", "stra\u{df}e@corp.example"),
+            ("strasse@corp.example", "STRA\u{1e9e}E@corp.example"),
+            ("j\u{f6}hn@corp.example", "J\u{d6}HN@corp.example"),
+            ("kim@corp.example", "\u{212a}im@corp.example"),
+        ] {
+            assert_eq!(key(a), key(b), "{a} {b}");
+        }
+        assert_ne!(key("sally@corp.example"), key("salty@corp.example"));
     }
 
     #[test]
