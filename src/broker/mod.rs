@@ -90,8 +90,8 @@ pub const CORRELATION_HEADER: &str = "x-mailgate-correlation-id";
 /// When the producer published the job, ms since the epoch, on copies.
 pub const PUBLISHED_HEADER: &str = "x-mailgate-published-ms";
 /// When a worker first took the job (this lineage), ms since the epoch, on
-/// mailgate's copies: how old a job without a publish time is
-/// (`limits.max_age`). Not on dead letters: a replay is taken afresh.
+/// mailgate's copies: what `limits.max_age` counts from. A replayed dead
+/// letter does not carry it: a replay is taken afresh.
 pub const SEEN_HEADER: &str = "x-mailgate-seen-ms";
 /// Publish time in ms as producers may set it (the header RabbitMQ's
 /// timestamp plugin uses); the AMQP `timestamp` property has whole seconds.

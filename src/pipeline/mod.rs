@@ -168,7 +168,7 @@ pub struct Message<'a> {
     /// has no `created_at`.
     pub published_at_ms: Option<u64>,
     /// When a worker first took it (carried on mailgate's copies), ms since
-    /// the epoch: when the job was made, if nothing else says.
+    /// the epoch: what `limits.max_age` counts from.
     pub seen_at_ms: u64,
 }
 
@@ -287,20 +287,19 @@ impl<L: Ledger> Pipeline<L> {
     }
 
     /// When the job expires, ms since the epoch: its `expires_at`, else
-    /// `limits.max_age` (at most `dedup_for`) after it was made (its
-    /// `created_at`, else its publish time, else when a worker first took
-    /// it), so no job waits without end; `None` with neither.
+    /// `limits.max_age` (at most `dedup_for`) after a worker first took it
+    /// (carried on mailgate's copies), so no job waits without end; `None`
+    /// with neither. Not from its `created_at` or publish time: a producer
+    /// may send a field of that name that means something else (when the
+    /// account was created), or a clock hours off, and expire its codes
+    /// unsent, or set one in the future and have a job wait for ever.
     fn expires_ms(&self, job: &Job, msg: &Message<'_>) -> Option<u64> {
-        let ms = |t: jiff::Timestamp| u64::try_from(t.as_millisecond()).unwrap_or(0);
         if let Some(at) = job.expires_at {
-            return Some(ms(at));
+            return Some(u64::try_from(at.as_millisecond()).unwrap_or(0));
         }
         let max_age = self.settings.limits.job_max_age()?;
         let max_age = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
-        let made = (job.created_at.map(ms))
-            .or(msg.published_at_ms)
-            .unwrap_or(msg.seen_at_ms);
-        Some(made.saturating_add(max_age))
+        Some(msg.seen_at_ms.saturating_add(max_age))
     }
 
     /// Screen: why the job can never be mailed, if it cannot.

@@ -163,10 +163,10 @@ pub struct LimitSettings {
     #[serde(deserialize_with = "human_duration")]
     pub suppress_bounces_for: Duration,
     /// How old a job without `expires_at` may get before it is answered
-    /// `expired` (and refunded) instead of sent: counted from when it was
-    /// made (`created_at`), else published (the AMQP timestamp or
-    /// `timestamp_in_ms`), else first taken by a worker. No job waits
-    /// without end (a relay that defers it, an outage). Default 1 h;
+    /// `expired` (and refunded) instead of sent: counted from when a worker
+    /// first took it (its `created_at` and publish time are a producer's,
+    /// and may mean something else). No job waits without end (a relay
+    /// that defers it, an outage). Default 1 h;
     /// "0s": never (such jobs may wait as long as the cause lasts). One
     /// longer than `dedup_for` counts as `dedup_for` ([`Self::job_max_age`]).
     #[serde(deserialize_with = "human_duration")]
