@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::{letters, limiter, short_duration, time_left};
 use crate::domain::EmailAddress;
-use crate::ledger::{Backend, RedisLedger};
+use crate::ledger::{Backend, RedisLedger, Spelling};
 use crate::settings::Settings;
 
 /// How many suppressions `add` writes at once.
@@ -29,7 +29,11 @@ pub enum SuppressAction {
         emails: Vec<String>,
         /// Also every mailbox in this file: one per line, or a CSV export
         /// (the first field that is a mailbox; quoted fields, `,`, `;` or
-        /// tab separators); lines without a mailbox are skipped.
+        /// tab separators); lines without a mailbox are skipped. A line
+        /// that says it is a complaint ("complaint", "spam" or
+        /// "unsubscribe" in a field) suppresses the mailbox in every
+        /// spelling; any other (a bounce) only its own spelling, as a
+        /// relay's bounce does: whoever asked for the code chose it.
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
         /// How long (e.g. `30d`, `1y`).
@@ -128,7 +132,9 @@ async fn add(
     period: Option<Duration>,
     reason: Option<String>,
 ) -> anyhow::Result<bool> {
-    let mut given: Vec<(String, &str)> = emails.into_iter().map(|e| (e, "manual")).collect();
+    let mut given: Vec<(String, &str, Spelling)> = (emails.into_iter())
+        .map(|e| (e, "manual", Spelling::Mailbox))
+        .collect();
     let mut skipped = 0u64;
     if let Some(path) = &file {
         let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -137,12 +143,16 @@ async fn add(
             // A spreadsheet's UTF-8 byte order mark is no part of a mailbox.
             let line = line.trim_start_matches('\u{feff}');
             let fields = csv_fields(line);
+            let spelling = match fields.iter().any(|f| complaint(f)) {
+                true => Spelling::Mailbox,
+                false => Spelling::Exact,
+            };
             match fields.iter().find(|f| EmailAddress::parse(f).is_ok()) {
-                Some(mailbox) => given.push((mailbox.clone(), "import")),
+                Some(mailbox) => given.push((mailbox.clone(), "import", spelling)),
                 None if line.trim().is_empty() => {}
                 // Something like a mailbox that is none: said, not skipped.
                 None if fields.iter().any(|f| f.contains('@')) => {
-                    given.push((line.to_owned(), "import"));
+                    given.push((line.to_owned(), "import", spelling));
                 }
                 None => skipped += 1,
             }
@@ -153,7 +163,7 @@ async fn add(
     }
     let (mut added, mut bad) = (0u64, Vec::new());
     let mut writes = tokio::task::JoinSet::new();
-    for (text, source) in given {
+    for (text, source, spelling) in given {
         let Ok(email) = EmailAddress::parse(&text) else {
             bad.push(text);
             continue;
@@ -170,7 +180,8 @@ async fn add(
             done??;
         }
         let ledger = ledger.clone();
-        writes.spawn(async move { ledger.suppress(&email, source, &why, period).await });
+        writes
+            .spawn(async move { (ledger.suppress(&email, spelling, source, &why, period)).await });
         added += 1;
     }
     while let Some(done) = writes.join_next().await {
@@ -198,6 +209,17 @@ async fn add(
         );
     }
     Ok(bad.is_empty())
+}
+
+/// Whether a field of an export's line says the line is a complaint (the
+/// owner asked for no mail), not a bounce: Postmark's "SpamComplaint",
+/// SES's "Complaint", an unsubscribe.
+fn complaint(field: &str) -> bool {
+    let f = field.to_ascii_lowercase();
+    !f.contains('@')
+        && ["complain", "spam", "unsubscri"]
+            .iter()
+            .any(|w| f.contains(w))
 }
 
 /// `--for`: at least a second, at most ten years.

@@ -45,7 +45,7 @@ use std::future::Future;
 use sha2::{Digest, Sha256};
 
 pub use self::memory::MemoryLedger;
-pub use self::redis::{Admitted, JobRecord, RedisLedger, Suppression};
+pub use self::redis::{Admitted, JobRecord, RedisLedger, Spelling, Suppression};
 
 use crate::domain::{EmailAddress, JobId, Name, Ticket};
 use crate::limiter::overrides::OverrideError;

@@ -15,7 +15,7 @@ mod suppression;
 use std::sync::Arc;
 
 pub use self::record::{Admitted, JobRecord};
-pub use self::suppression::Suppression;
+pub use self::suppression::{Spelling, Suppression};
 
 use tokio::sync::mpsc;
 

@@ -20,6 +20,17 @@ use crate::store::scripts::SUPPRESS;
 /// How many suppressions `list` reads at once.
 const READ_AT_ONCE: usize = 256;
 
+/// What a suppression someone makes covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    /// The mailbox, in every spelling the limiter counts as it: the
+    /// owner asked for no mail (by hand, a complaint).
+    Mailbox,
+    /// This spelling only, as a relay's bounce: the address may be one a
+    /// stranger chose (a provider's bounce export).
+    Exact,
+}
+
 /// Why a mailbox or an address is suppressed, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suppression {
@@ -41,16 +52,22 @@ pub struct Suppression {
 
 impl RedisLedger {
     /// Suppresses `email`'s mailbox, every spelling the limiter counts as
-    /// it, for `period` (`None`: until removed), replacing any suppression
-    /// of it.
+    /// it (`Spelling::Mailbox`), or only that spelling, as a bounce does
+    /// (`Spelling::Exact`: a provider's bounce export, whose spellings
+    /// whoever asked for the codes chose), for `period` (`None`: until
+    /// removed), replacing any suppression of it.
     pub async fn suppress(
         &self,
         email: &EmailAddress,
+        spelling: Spelling,
         source: &str,
         why: &str,
         period: Option<std::time::Duration>,
     ) -> Result<(), LedgerError> {
-        let key = self.keys.suppression_key(email);
+        let key = match spelling {
+            Spelling::Mailbox => self.keys.suppression_key(email),
+            Spelling::Exact => self.keys.bounce_key(email),
+        };
         let now = crate::domain::now_ms();
         let value = format!("{now} {source} {why}");
         let mut set = redis::cmd("SET");

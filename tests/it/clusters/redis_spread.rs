@@ -448,7 +448,15 @@ async fn a_suppressed_mailbox_is_heeded_where_the_limiter_would_decide() {
     let first = before.admission(&l, &owner, Clock::Server).await;
     assert_eq!(first.verdict, Verdict::Admitted, "{first:?}");
     let email = mailgate::domain::EmailAddress::parse(mailbox).unwrap();
-    l.suppress(&email, "manual", "test", None).await.unwrap();
+    l.suppress(
+        &email,
+        mailgate::ledger::Spelling::Mailbox,
+        "manual",
+        "test",
+        None,
+    )
+    .await
+    .unwrap();
 
     let new = TestJob::new("s-new", mailbox, Some("198.51.100.1"));
     let a = new.admission(&l, &Ticket::new(), Clock::Server).await;

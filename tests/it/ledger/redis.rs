@@ -2217,9 +2217,15 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
     let l = on_shared_redis("bounce-keeps", LimitSettings::default(), RecordForm::Hash).await;
     let l = &l.ledger;
     let email = |a: &str| mailgate::domain::EmailAddress::parse(a).unwrap();
-    l.suppress(&email("cc@corp.example"), "manual", "complaint", None)
-        .await
-        .unwrap();
+    l.suppress(
+        &email("cc@corp.example"),
+        mailgate::ledger::Spelling::Mailbox,
+        "manual",
+        "complaint",
+        None,
+    )
+    .await
+    .unwrap();
     assert!(
         l.bounced(&email("cc@corp.example"), "550 5.1.1")
             .await

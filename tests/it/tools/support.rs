@@ -296,6 +296,25 @@ async fn a_strangers_spelling_never_suppresses_the_owner() {
         h.publish(&job(&format!("y{i}"), spelling)).await;
         assert_eq!(h.result().await["status"], "suppressed", "{spelling}");
     }
+    // A provider's bounce export of such a spelling, imported: only that
+    // spelling; a complaint in it: the mailbox.
+    let export = std::env::temp_dir().join(format!("{}-export.csv", h.settings.amqp.jobs_queue));
+    std::fs::write(
+        &export,
+        "Email,Type,Reason\nJANE+promo@owner.example,Permanent,General\n\
+         Jo@owner.example,SpamComplaint,marked as spam\n",
+    )
+    .unwrap();
+    stdout(&mailgate(&h, &["suppress", "add", "--file", export.to_str().unwrap()]).await);
+    let _ = std::fs::remove_file(&export);
+    h.publish(&job("promo", "JANE+promo@owner.example")).await;
+    assert_eq!(h.result().await["status"], "suppressed");
+    h.publish(&job("jo", "jo+x@owner.example")).await;
+    assert_eq!(
+        h.result().await["status"],
+        "suppressed",
+        "a complaint: the mailbox"
+    );
     h.publish(&job("owner", "jane@owner.example")).await;
     assert_eq!(
         h.result().await["status"],
