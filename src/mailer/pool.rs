@@ -44,9 +44,9 @@ pub(super) struct Failure {
     pub(super) error: MailError,
     /// Whether it counts against the relay's circuit.
     pub(super) relay_fault: bool,
-    /// A refusal that might be the relay's ([`smtp::Refusal::Suspect`]),
-    /// and whether it came at RCPT (a canary can tell then); the relays
-    /// judge it on evidence.
+    /// A failure that might be the relay's ([`Failed::suspect`]: a
+    /// refusal that could be the relay's, or silence at RCPT), and whether it came
+    /// at RCPT (a canary can tell then); the relays judge it on evidence.
     pub(super) suspect: Option<Suspect>,
 }
 
@@ -149,7 +149,7 @@ impl SmtpPool {
         Failure {
             error: failed.classify(&self.endpoint),
             relay_fault: failed.is_relay_fault(),
-            suspect: (failed.refusal() == Some(smtp::Refusal::Suspect)).then(|| Suspect {
+            suspect: failed.suspect().then(|| Suspect {
                 at_rcpt: failed.at_rcpt(),
             }),
         }

@@ -53,10 +53,14 @@ struct Status {
     /// `Err(why)` after a relay-level failure, `Ok` after a send or a
     /// session setup that worked.
     health: Result<(), String>,
-    /// The recipient domains of the suspect refusals ([`Failure::suspect`])
-    /// in a row, different ones, at most [`STREAK`]; ended by a mail it
-    /// took (not by a probe: a relay that refuses every RCPT passes one).
-    streak: Vec<u64>,
+    /// The suspect failures ([`Failure::suspect`]) in a row, by what they
+    /// came for (a recipient's registrable domain at RCPT, a recipient
+    /// after it), different ones, at most [`STREAK`], each with when;
+    /// ended by a mail it took (not by a probe: a relay that refuses every
+    /// RCPT passes one).
+    streak: Vec<(u64, Instant)>,
+    /// When it last took a mail.
+    last_taken: Option<Instant>,
     /// The canary's latest answer ([`Relays::canary_says`]) and when.
     canary: Option<(Instant, Result<(), String>)>,
     /// Its runs of 5.1.1s since it last took a mail, per domain and in
@@ -64,23 +68,41 @@ struct Status {
     no_mailbox: bounces::Runs,
 }
 
-/// How many different recipient domains suspect refusals must come for in
-/// a row, with no mail taken between, to be the relay's (without a canary
-/// to ask): enough that one domain the relay cannot reach, or two, never
-/// open a healthy relay's circuit, and that any mail taken between (a
-/// stranger's refusals interleaved with ordinary codes) ends the run.
+/// How many different recipient domains (at RCPT) or recipients (later)
+/// suspect failures must come for in a row, with no mail taken between, to
+/// be the relay's (without a canary to ask): enough that one domain the
+/// relay cannot reach, or two, never open a healthy relay's circuit, and
+/// that any mail taken between (a stranger's refusals interleaved with
+/// ordinary codes) ends the run.
 const STREAK: usize = 3;
+
+/// How long before a run ends a relay must have taken no mail for the run
+/// to be the relay's: a relay that took any mail this recently takes mail,
+/// and a burst of a stranger's refusals between two ordinary codes (sent
+/// at once, on the pool's other connections) proves nothing.
+const QUIET: Duration = Duration::from_secs(10);
+
+/// How long a suspect failure counts towards a run.
+const STREAK_FOR: Duration = Duration::from_secs(300);
 
 /// How long a canary's answer is taken for the relay's state: a burst of
 /// suspect refusals asks it once.
 const CANARY_FRESH: Duration = Duration::from_secs(5);
 
-/// A hash of `address`'s domain, lower-case.
-fn domain_hash(address: &str) -> u64 {
+/// What a suspect failure came for, hashed: at RCPT, `address`'s
+/// registrable domain (`a.evil.example` and `b.evil.example` are one: a
+/// domain's owner makes as many sub-domains as he likes); later, the
+/// address itself, lower-case.
+fn streak_key(address: &str, at_rcpt: bool) -> u64 {
     use std::hash::{Hash, Hasher};
     let domain = address.rsplit_once('@').map_or(address, |(_, d)| d);
+    let key = match at_rcpt {
+        true => (crate::domain::RegistrableDomain::parse(domain))
+            .map_or_else(|_| domain.to_ascii_lowercase(), |d| d.as_str().to_owned()),
+        false => address.to_ascii_lowercase(),
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    domain.to_ascii_lowercase().hash(&mut h);
+    key.hash(&mut h);
     h.finish()
 }
 
@@ -136,6 +158,7 @@ impl Relays {
                         circuit: Circuit::new(circuit.failures, circuit.cool_down),
                         health: Ok(()),
                         streak: Vec::new(),
+                        last_taken: None,
                         canary: None,
                         no_mailbox: bounces::Runs::default(),
                     }),
@@ -190,6 +213,7 @@ impl Relays {
                     {
                         let mut s = lock(&relay.status);
                         s.streak.clear();
+                        s.last_taken = Some(Instant::now());
                         for to in envelope.to() {
                             s.no_mailbox.took(to.as_ref());
                         }
@@ -198,7 +222,7 @@ impl Relays {
                     return Ok(());
                 }
                 Err(failure) => {
-                    let failure = self.judge_suspect(i, failure, envelope, deadline).await;
+                    let failure = self.judge_suspect(i, failure, envelope).await;
                     let failure = self.judge_no_mailbox(i, failure, envelope);
                     self.record(i, &failure);
                     match failure.error {
@@ -220,52 +244,59 @@ impl Relays {
         Err(MailError::Relay(tried.join("; ")))
     }
 
-    /// A suspect refusal ([`Failure::suspect`]: it might be the relay's,
+    /// A suspect failure ([`Failure::suspect`]: it might be the relay's,
     /// whatever the mail) is the relay's only on evidence no recipient can
     /// fake, and then a relay failure (counted against its circuit, and
     /// the mail goes on to the next relay; nothing was delivered):
     /// - at RCPT, with `smtp.canary` set, the relay refuses the canary too
     ///   ([`Relays::canary_says`]); taking it, the refusal was this
     ///   recipient's own;
-    /// - else, suspect refusals have come for [`STREAK`] different
-    ///   recipient domains in a row with no mail taken between (a content
-    ///   filter refusing every message, a relay out of storage).
+    /// - else, suspect failures have come for [`STREAK`] different
+    ///   recipient registrable domains (at RCPT) or recipients (later: a
+    ///   content filter refusing every message, a relay out of storage) in
+    ///   a row, within [`STREAK_FOR`], with no mail taken between nor in
+    ///   the [`QUIET`] before.
     ///
     /// Otherwise it is this mail's answer, as its code says (a 4xx retried,
     /// spending an attempt; a 5xx failed): a stranger who asks codes for a
-    /// domain the relay cannot reach, between ordinary jobs, opens no
-    /// circuit and delays nobody's code.
-    async fn judge_suspect(
-        &self,
-        i: usize,
-        failure: Failure,
-        envelope: &Envelope,
-        deadline: Instant,
-    ) -> Failure {
+    /// domain the relay cannot reach, or that stalls it, while the relay
+    /// takes other mail, opens no circuit and delays nobody's code.
+    async fn judge_suspect(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
         let Some(suspect) = failure.suspect else {
             return failure;
         };
         let relay = &self.list[i].name;
         let evidence = match (&self.canary, suspect.at_rcpt) {
-            (Some(canary), true) => match self.canary_says(i, canary, deadline).await {
+            (Some(canary), true) => match self.canary_says(i, canary).await {
                 Ok(()) => return failure,
                 Err(why) => format!("it refused the canary {canary} too: {why}"),
             },
             _ => {
-                let domain = envelope
-                    .to()
-                    .first()
-                    .map_or(0, |to| domain_hash(to.as_ref()));
+                let key = (envelope.to().first())
+                    .map_or(0, |to| streak_key(to.as_ref(), suspect.at_rcpt));
+                let now = Instant::now();
                 let mut s = lock(&self.list[i].status);
-                if !s.streak.contains(&domain) && s.streak.len() < STREAK {
-                    s.streak.push(domain);
+                s.streak
+                    .retain(|(_, at)| now.duration_since(*at) < STREAK_FOR);
+                if !s.streak.iter().any(|(k, _)| *k == key) && s.streak.len() < STREAK {
+                    s.streak.push((key, now));
                 }
                 let seen = s.streak.len();
+                let quiet = s
+                    .last_taken
+                    .is_none_or(|at| now.duration_since(at) >= QUIET);
                 drop(s);
-                if seen < STREAK {
+                if seen < STREAK || !quiet {
                     return failure;
                 }
-                format!("it refused recipients of {seen} different domains in a row so")
+                let what = match suspect.at_rcpt {
+                    true => "recipients of different domains",
+                    false => "different recipients",
+                };
+                format!(
+                    "it refused {seen} {what} in a row so, taking no mail for {}s",
+                    QUIET.as_secs()
+                )
             }
         };
         Failure {
@@ -280,13 +311,10 @@ impl Relays {
 
     /// Whether relay `i` takes `canary` at RCPT (a session of its own,
     /// nothing handed over), as it answered within [`CANARY_FRESH`], or
-    /// asked now within `deadline`, one session at a time.
-    async fn canary_says(
-        &self,
-        i: usize,
-        canary: &Address,
-        deadline: Instant,
-    ) -> Result<(), String> {
+    /// asked now, one session at a time, with a whole `smtp.timeout` of its
+    /// own (not what the failed send left: a relay that merely took long
+    /// to refuse a recipient must not look silent to the canary).
+    async fn canary_says(&self, i: usize, canary: &Address) -> Result<(), String> {
         let fresh = |s: &Status| {
             (s.canary.as_ref())
                 .filter(|(at, _)| at.elapsed() < CANARY_FRESH)
@@ -299,6 +327,7 @@ impl Relays {
         if let Some(said) = fresh(&lock(&self.list[i].status)) {
             return said;
         }
+        let deadline = Instant::now() + self.timeout;
         let said =
             (self.list[i].pool.canary(canary, deadline).await).map_err(|f| f.error.to_string());
         lock(&self.list[i].status).canary = Some((Instant::now(), said.clone()));

@@ -175,10 +175,23 @@ impl Failed {
     /// does a mail this server cannot take (SMTPUTF8, 8BITMIME).
     pub(in crate::mailer) fn is_relay_fault(&self) -> bool {
         self.phase <= Phase::MailFrom
-            || matches!(
-                self.fault,
-                Fault::Broken(_) | Fault::Deadline | Fault::Reply(421, _)
-            )
+            || matches!(self.fault, Fault::Reply(421, _))
+            || (matches!(self.fault, Fault::Broken(_) | Fault::Deadline) && !self.silent_at_rcpt())
+    }
+
+    /// Whether the connection broke or went silent at RCPT: a relay that
+    /// checks its recipients as it takes them (their domain, their server)
+    /// can stall on a recipient chosen to stall it, so this is only a
+    /// suspect ([`Failed::suspect`]), not the relay's at once.
+    fn silent_at_rcpt(&self) -> bool {
+        self.phase == Phase::Rcpt && matches!(self.fault, Fault::Broken(_) | Fault::Deadline)
+    }
+
+    /// Whether this failure might be the relay's rather than the mail's,
+    /// for the relays to judge on evidence: a [`Refusal::Suspect`], or a
+    /// connection that broke or went silent at RCPT.
+    pub(in crate::mailer) fn suspect(&self) -> bool {
+        self.refusal() == Some(Refusal::Suspect) || self.silent_at_rcpt()
     }
 
     /// Whether it failed at RCPT (before any of the message was offered):
@@ -424,9 +437,14 @@ mod tests {
             assert!(!f(phase, Fault::Reply(550, "x".into())), "{phase:?}");
             assert!(f(phase, Fault::Reply(421, "x".into())), "{phase:?}");
         }
-        for phase in [Rcpt, Data, Message, EndOfData] {
+        for phase in [Data, Message, EndOfData] {
             assert!(f(phase, Fault::Broken("eof".into())), "{phase:?}");
             assert!(f(phase, Fault::Deadline), "{phase:?}");
+        }
+        // Silent at RCPT: a suspect, which a recipient can cause.
+        for fault in [Fault::Broken("eof".into()), Fault::Deadline] {
+            let failed = Failed { phase: Rcpt, fault };
+            assert!(!failed.is_relay_fault() && failed.suspect(), "{failed:?}");
         }
         assert!(!f(Rcpt, Fault::Unsupported("SMTPUTF8".into())));
         assert!(!f(Data, Fault::Unsupported("8BITMIME".into())));

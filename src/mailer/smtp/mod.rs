@@ -24,7 +24,7 @@ use std::future::Future;
 use lettre::transport::smtp::client::AsyncSmtpConnection;
 use tokio::time::{Instant, timeout_at};
 
-pub(super) use failure::{Failed, Refusal};
+pub(super) use failure::Failed;
 use failure::{Fault, Phase};
 pub(super) use session::Endpoint;
 #[cfg(test)]

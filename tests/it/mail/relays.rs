@@ -836,6 +836,83 @@ fn circuit_is_open(name: &str) -> bool {
     metrics.lines().any(|l| l == line)
 }
 
+/// Evidence no recipient can fake: a burst of a stranger's refusals for
+/// three domains (sub-domains of them too) right after the relay took a
+/// mail opens no circuit (the relay takes mail); a recipient that stalls a
+/// relay at RCPT past the send's deadline, or whose refusal arrives just
+/// before it, is that mail's own when the canary, asked with a deadline of
+/// its own, is taken (found by review: each opened the circuit, the second
+/// even with a canary, which was asked with what the send had left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_burst_or_stall_amid_mail_opens_no_circuit() {
+    mailgate::telemetry::prometheus();
+    use common::script::{ScriptedSmtp, reply, send_code};
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..12 {
+        primary.on(
+            "RCPT",
+            Some("evil"),
+            reply(451).saying("4.4.1 no answer from host"),
+        );
+    }
+    let m = refusing_pair(&primary, &standby, 3);
+    send_code(&m, "ordinary@fine.example").await.expect("taken");
+    for n in 0..12 {
+        let to = format!("x{n}@s{n}.evil{}.example", n % 3);
+        let r = send_code(&m, &to).await;
+        assert!(
+            matches!(r, Err(mailgate::mailer::MailError::Transient(_))),
+            "{to}: {r:?}"
+        );
+    }
+    assert_eq!(standby.mails().len(), 0);
+    assert!(!circuit_is_open("primary"));
+
+    let (primary, standby) = (ScriptedSmtp::start().await, SmtpSink::start());
+    for _ in 0..3 {
+        primary.on(
+            "RCPT",
+            Some("stall@"),
+            reply(250).after(Duration::from_millis(1_500)),
+        );
+        primary.on(
+            "RCPT",
+            Some("late@"),
+            reply(451)
+                .saying("4.4.1 no answer")
+                .after(Duration::from_millis(950)),
+        );
+    }
+    let m = mailgate::mailer::Mailer::new(&mailgate::settings::SmtpSettings {
+        url: Default::default(),
+        relays: vec![
+            relay(primary.url(), "primary"),
+            relay(standby.url(), "standby"),
+        ],
+        circuit: CircuitSettings {
+            failures: 2,
+            cool_down: Duration::from_secs(60),
+        },
+        from: "Test <no-reply@example.com>".into(),
+        pool_size: 2,
+        timeout: Duration::from_secs(1),
+        tls: Default::default(),
+        canary: Some("canary@acme.example".into()),
+    })
+    .expect("mailer");
+    for n in 0..3 {
+        for who in ["stall", "late"] {
+            let r = send_code(&m, &format!("{who}@d{n}.example")).await;
+            assert!(
+                matches!(r, Err(mailgate::mailer::MailError::Transient(_))),
+                "{who}: {r:?}"
+            );
+        }
+    }
+    assert_eq!(standby.mails().len(), 0);
+    assert!(!circuit_is_open("primary"));
+}
+
 /// Two relays, `primary` a scripted one and `standby` a sink, with the
 /// circuit opening after `failures` relay failures.
 fn refusing_pair(
