@@ -10,7 +10,7 @@
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_bounces_total` | counter | none; counts addresses a relay said do not exist (5.1.1), each suppressed, as spelled, for `limits.suppress_bounces_for`: a sudden rise is a relay refusing many (past 5 in a row of one domain, or of any, without a mail taken for it, the refusals stop suppressing: `mailgate_bounces_doubted_total`) or a code farmer probing addresses |
-//! | `mailgate_bounces_doubted_total` | counter | `relay`: 5.1.1s not taken as grounds to suppress, because the relay said so of more than 5 mailboxes in a row of the recipient's domain, or of any, without taking a mail for it (a broken recipient table); the first of each run also lifts the run's earlier suppressions |
+//! | `mailgate_bounces_doubted_total` | counter | `relay`: 5.1.1s not taken as grounds to suppress, because the relay said so of more than 5 mailboxes in a row of the recipient's domain, or of any, without taking a mail for it, of more than 30 % of its latest mails, or every worker's bounces of the domain passed 5 in 10 minutes (a broken recipient table); the first of each run also lifts the run's earlier suppressions |
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` (a mailbox that does not exist too), `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |

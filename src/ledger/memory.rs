@@ -466,18 +466,25 @@ impl Ledger for MemoryLedger {
         Ok(true)
     }
 
-    async fn bounced(&self, email: &EmailAddress, _why: &str) -> Result<bool, LedgerError> {
+    /// One process: its relays' own runs judge its bounces (no other
+    /// worker's to count).
+    async fn bounced(
+        &self,
+        email: &EmailAddress,
+        _why: &str,
+        _vouched: bool,
+    ) -> Result<super::Bounced, LedgerError> {
         let mut state = self.lock();
         let keys = state.logs.keyspace();
         let Some(ms) = keys.bounce_suppression_ms() else {
-            return Ok(false);
+            return Ok(super::Bounced::Off);
         };
         let key = keys.bounce_key(email);
         let until = state.clock.saturating_add(ms);
         // A longer one stands.
         let held = state.suppressed.entry(key).or_insert(until);
         *held = (*held).max(until);
-        Ok(true)
+        Ok(super::Bounced::Suppressed)
     }
 
     async fn answered(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {

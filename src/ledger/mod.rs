@@ -304,6 +304,34 @@ pub enum Verdict {
     },
 }
 
+/// How many different addresses of one domain may bounce (5.1.1) within
+/// [`BOUNCE_RUN_WINDOW`], counted over every worker and across restarts,
+/// before a bounce of that domain no worker vouches for is doubted
+/// ([`Bounced::Doubted`]).
+pub const BOUNCE_RUN: usize = 5;
+
+/// See [`BOUNCE_RUN`].
+pub const BOUNCE_RUN_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What a relay's "no such mailbox" came to ([`Ledger::bounced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bounced {
+    /// The address, as spelled, is suppressed.
+    Suppressed,
+    /// Bounces suppress nothing here (`limits.suppress_bounces_for` is 0).
+    Off,
+    /// More than [`BOUNCE_RUN`] different addresses of its domain bounced
+    /// within [`BOUNCE_RUN_WINDOW`] (every worker's, since any restart),
+    /// and the relay took no mail for the domain lately: a broken
+    /// recipient table rather than so many mailboxes that do not exist.
+    /// Nothing is suppressed, and the run's suppressions (those of
+    /// bounces) are lifted, `lifted` of them now.
+    Doubted {
+        /// How many suppressions were lifted.
+        lifted: u64,
+    },
+}
+
 /// How an owner's attempt ended, for [`Ledger::settle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -361,14 +389,17 @@ pub trait Ledger: Send + Sync {
     fn answered(&self, job: &JobRef<'_>) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
     /// A relay said `email`'s mailbox does not exist (`why`: its reply):
-    /// the mailbox is suppressed for `limits.suppress_bounces_for`, so its
-    /// next jobs are answered `suppressed`. Whether it was (`false` where
-    /// bounces suppress nothing).
+    /// the address, as spelled, is suppressed for
+    /// `limits.suppress_bounces_for`, so its next jobs are answered
+    /// `suppressed` — unless every worker's bounces of its domain say the
+    /// relay's word is not to be taken ([`Bounced::Doubted`]), where the
+    /// relay did not take mail for the domain lately (`vouched`).
     fn bounced(
         &self,
         email: &EmailAddress,
         why: &str,
-    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+        vouched: bool,
+    ) -> impl Future<Output = Result<Bounced, LedgerError>> + Send;
 
     /// Lifts the suppression a bounce made of `email` (as it was sent),
     /// if there is one: the relay turned out to say "no such mailbox" of
@@ -506,10 +537,15 @@ impl Ledger for Backend {
         }
     }
 
-    async fn bounced(&self, email: &EmailAddress, why: &str) -> Result<bool, LedgerError> {
+    async fn bounced(
+        &self,
+        email: &EmailAddress,
+        why: &str,
+        vouched: bool,
+    ) -> Result<Bounced, LedgerError> {
         match self {
-            Backend::Redis(l) => l.bounced(email, why).await,
-            Backend::Memory(l) => l.bounced(email, why).await,
+            Backend::Redis(l) => l.bounced(email, why, vouched).await,
+            Backend::Memory(l) => l.bounced(email, why, vouched).await,
         }
     }
 

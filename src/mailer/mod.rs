@@ -62,9 +62,19 @@ pub enum MailError {
     /// message whose enhanced status code is `5.1.1` (bad destination
     /// mailbox). Permanent, and grounds to suppress the address as it was
     /// sent (`limits.suppress_bounces_for`) — unless the relay has said so
-    /// of too many mailboxes lately ([`MailError::Untrusted`]).
-    #[error("{0}")]
-    NoMailbox(String),
+    /// of too many mailboxes lately ([`MailError::Untrusted`]), or every
+    /// worker's bounces of its domain say so (the ledger's count, unless
+    /// `vouched`).
+    #[error("{text}")]
+    NoMailbox {
+        /// What the relay said.
+        text: String,
+        /// The relay's name (for `mailgate_bounces_doubted_total`).
+        relay: String,
+        /// The relay took a mail for the recipient's domain lately: the
+        /// domain takes mail, whatever other workers saw of it.
+        vouched: bool,
+    },
     /// A 5.1.1, as [`MailError::NoMailbox`], from a relay that has said so
     /// of more than a few mailboxes in a row of this recipient's domain, or
     /// of any domain, without taking a mail for it in between (a broken
@@ -97,7 +107,15 @@ impl MailError {
             Relay(t) => Relay(hide(&t)),
             Transient(t) => Transient(hide(&t)),
             Permanent(t) => Permanent(hide(&t)),
-            NoMailbox(t) => NoMailbox(hide(&t)),
+            NoMailbox {
+                text,
+                relay,
+                vouched,
+            } => NoMailbox {
+                text: hide(&text),
+                relay,
+                vouched,
+            },
             Untrusted { text, lift } => Untrusted {
                 text: hide(&text),
                 lift,

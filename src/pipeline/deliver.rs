@@ -71,7 +71,7 @@ impl<L: Ledger> Pipeline<L> {
                 Ok(()) => "ok",
                 Err(
                     MailError::Permanent(_)
-                    | MailError::NoMailbox(_)
+                    | MailError::NoMailbox { .. }
                     | MailError::Untrusted { .. }
                     | MailError::Address(_),
                 ) => "permanent",

@@ -8,7 +8,9 @@ use std::time::Duration;
 use backon::Retryable;
 
 use crate::domain::{DeadReason, EmailAddress, Job};
-use crate::ledger::{Ending, JobRef, Ledger, LedgerError, Refund};
+use crate::ledger::{
+    BOUNCE_RUN, BOUNCE_RUN_WINDOW, Bounced, Ending, JobRef, Ledger, LedgerError, Refund,
+};
 use crate::mailer::MailError;
 
 use super::admit::Admitted;
@@ -64,16 +66,14 @@ impl<L: Ledger> Pipeline<L> {
                 let e = format!("{DELIVERY_UNKNOWN} ({e})");
                 return self.end(job, job_ref, msg, out, Ending::Unknown, e).await;
             }
-            Delivery::Failed(MailError::NoMailbox(e)) => {
+            Delivery::Failed(MailError::NoMailbox {
+                text,
+                relay,
+                vouched,
+            }) => {
                 // Its next jobs are answered `suppressed`, before the quota
                 // is given back and the job answered.
-                let why: String = e.chars().take(200).collect();
-                self.record(|| self.ledger.bounced(&job.email, &why)).await;
-                crate::telemetry::bounced();
-                tracing::info!(
-                    "the relay says this mailbox does not exist: it is suppressed \
-                     (limits.suppress_bounces_for)"
-                );
+                let e = self.bounced(job, text, &relay, vouched).await;
                 return self
                     .end(job, job_ref, msg, out, Ending::Refund(Refund::Failed), e)
                     .await;
@@ -100,6 +100,42 @@ impl<L: Ledger> Pipeline<L> {
             Delivery::LedgerDown(e) => ledger_error(&e),
         };
         self.transient(job, job_ref, msg, out, error).await
+    }
+
+    /// A relay said `job`'s mailbox does not exist (`text`), taken at its
+    /// word by `relay`'s own runs: the address is suppressed, unless every
+    /// worker's bounces of its domain doubt it (`vouched`: the relay took
+    /// mail for the domain lately). The job's error.
+    async fn bounced(&self, job: &Job, text: String, relay: &str, vouched: bool) -> String {
+        let why: String = text.chars().take(200).collect();
+        let bounced = (self.record(|| self.ledger.bounced(&job.email, &why, vouched))).await;
+        match bounced {
+            Some(Bounced::Doubted { lifted }) => {
+                crate::telemetry::bounce_doubted(relay);
+                let window = humantime::format_duration(BOUNCE_RUN_WINDOW);
+                tracing::warn!(
+                    relay,
+                    lifted,
+                    "more than {BOUNCE_RUN} mailboxes of this domain bounced within {window}, on \
+                     every worker, while the relay took no mail for it: its word no longer \
+                     suppresses them, and theirs are lifted"
+                );
+                format!(
+                    "{text} (not taken as grounds to suppress the mailbox: more than \
+                     {BOUNCE_RUN} mailboxes of its domain bounced within {window} while the relay \
+                     took no mail for it)"
+                )
+            }
+            Some(Bounced::Suppressed) => {
+                crate::telemetry::bounced();
+                tracing::info!(
+                    "the relay says this mailbox does not exist: it is suppressed \
+                     (limits.suppress_bounces_for)"
+                );
+                text
+            }
+            Some(Bounced::Off) | None => text,
+        }
     }
 
     /// The mail went out: recorded, then answered `sent`.
@@ -206,10 +242,10 @@ impl<L: Ledger> Pipeline<L> {
 
     /// Runs a ledger write after the fact (the mail is out, or the result
     /// is), retried briefly: if it is lost, a later copy of the job is
-    /// answered from what the ledger knew before.
-    pub(super) async fn record<Fut>(&self, write: impl FnMut() -> Fut)
+    /// answered from what the ledger knew before. Its answer, if it came.
+    pub(super) async fn record<T, Fut>(&self, write: impl FnMut() -> Fut) -> Option<T>
     where
-        Fut: Future<Output = Result<bool, LedgerError>>,
+        Fut: Future<Output = Result<T, LedgerError>>,
     {
         let retried = write.retry(
             backon::ExponentialBuilder::default()
@@ -225,11 +261,15 @@ impl<L: Ledger> Pipeline<L> {
             tokio::time::sleep(STOPPING_WRITE).await;
         };
         let done = tokio::select! {
-            done = retried => done.map(|_| ()).map_err(|e| crate::report::one_line(&e)),
+            done = retried => done.map_err(|e| crate::report::one_line(&e)),
             () = stopping => Err("Redis did not answer in time while the worker stops".into()),
         };
-        if let Err(e) = done {
-            tracing::warn!(error = %e, "could not record the job's progress in the ledger");
+        match done {
+            Ok(answer) => Some(answer),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the job's progress in the ledger");
+                None
+            }
         }
     }
 }

@@ -313,12 +313,12 @@ impl Ledger for RedisLedger {
         &self,
         email: &crate::domain::EmailAddress,
         why: &str,
-    ) -> Result<bool, LedgerError> {
+        vouched: bool,
+    ) -> Result<super::Bounced, LedgerError> {
         let Some(ms) = self.keys.bounce_suppression_ms() else {
-            return Ok(false);
+            return Ok(super::Bounced::Off);
         };
-        self.bounce(email, why, ms).await?;
-        Ok(true)
+        self.bounce(email, why, ms, vouched).await
     }
 
     async fn unbounced(&self, email: &crate::domain::EmailAddress) -> Result<bool, LedgerError> {

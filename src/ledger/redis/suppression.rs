@@ -13,7 +13,7 @@
 
 use super::RedisLedger;
 use crate::domain::EmailAddress;
-use crate::ledger::LedgerError;
+use crate::ledger::{BOUNCE_RUN, BOUNCE_RUN_WINDOW, Bounced, LedgerError};
 use crate::limiter::families;
 use crate::store::scripts::SUPPRESS;
 
@@ -95,15 +95,42 @@ impl RedisLedger {
 
     /// Suppresses `email`, exactly as it was sent, for `ms` after a bounce
     /// (`why`), unless a suppression of that spelling in force lasts
-    /// longer, in one step (`suppress.lua`); whether it did.
+    /// longer, in one step (`suppress.lua`); unless more than
+    /// [`BOUNCE_RUN`] different addresses of its domain bounced within
+    /// [`BOUNCE_RUN_WINDOW`] (its run, `<prefix>bounceruns:<domain>`, kept
+    /// by every worker) and the relay took no mail for it lately
+    /// (`vouched`): then nothing is suppressed, and the suppressions the
+    /// run's bounces made are lifted.
     pub(super) async fn bounce(
         &self,
         email: &EmailAddress,
         why: &str,
         ms: u64,
-    ) -> Result<bool, LedgerError> {
+        vouched: bool,
+    ) -> Result<Bounced, LedgerError> {
         let key = self.keys.bounce_key(email);
         let now = crate::domain::now_ms();
+        let window = u64::try_from(BOUNCE_RUN_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let run: Vec<String> = SUPPRESS
+            .key(self.keys.bounce_run_key(email.domain()))
+            .arg("run")
+            .arg(now)
+            .arg(window)
+            .arg(email.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        if run.len() > BOUNCE_RUN && !vouched {
+            let mut lifted = 0;
+            for address in run.iter().filter_map(|a| EmailAddress::parse(a).ok()) {
+                let bounce = self.keys.bounce_key(&address);
+                if (self.read_suppression(&bounce).await?).is_some_and(|s| s.source == "bounce")
+                    && self.unbounce(&address).await?
+                {
+                    lifted += 1;
+                }
+            }
+            return Ok(Bounced::Doubted { lifted });
+        }
         let set: i64 = SUPPRESS
             .key(&key)
             .arg("bounce")
@@ -122,7 +149,7 @@ impl RedisLedger {
                 .query_async(&mut self.conn.clone())
                 .await?;
         }
-        Ok(set == 1)
+        Ok(Bounced::Suppressed)
     }
 
     /// Lifts the suppression a bounce made of `email`, as it was sent;

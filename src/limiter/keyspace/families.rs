@@ -24,6 +24,9 @@ pub(crate) const SUPPRESSION: &str = "sup:";
 /// An address a relay said does not exist, as it was spelled to the
 /// relay: `<prefix>bounced:<address>`.
 pub(crate) const BOUNCED: &str = "bounced:";
+/// One domain's run of bounces, every worker's, lately (the 5.1.1 guard):
+/// `<prefix>bounceruns:<domain>`.
+pub(crate) const BOUNCE_RUNS: &str = "bounceruns:";
 /// The index of suppressions: `<prefix>suppressed`.
 pub(crate) const SUPPRESSION_INDEX: &str = "suppressed";
 /// The overrides' hash: `<prefix>overrides`.
@@ -55,7 +58,7 @@ pub(crate) struct Family {
 }
 
 /// Every family of keys mailgate writes, in the order a purge reports them.
-pub(crate) const FAMILIES: [Family; 12] = [
+pub(crate) const FAMILIES: [Family; 13] = [
     Family {
         name: "job records",
         tail: Tail::Under(JOB),
@@ -83,6 +86,10 @@ pub(crate) const FAMILIES: [Family; 12] = [
     Family {
         name: "bounced addresses",
         tail: Tail::Under(BOUNCED),
+    },
+    Family {
+        name: "bounce runs",
+        tail: Tail::Under(BOUNCE_RUNS),
     },
     Family {
         name: "suppression index",
@@ -195,6 +202,7 @@ mod tests {
             domain_key,
             keys.suppression_key(&email),
             keys.bounce_key(&email),
+            keys.bounce_run_key(email.domain()),
             keys.latest_key(&req).expect("supersede is on"),
             suppression_index_key(prefix),
             overrides_key(prefix),

@@ -274,6 +274,12 @@ impl Keyspace {
         format!("{}{}{}", self.prefix, families::BOUNCED, email.as_str())
     }
 
+    /// The run of bounces of `domain` (lower-case ASCII, as an address
+    /// holds it): `<prefix>bounceruns:<domain>`, every worker's.
+    pub(crate) fn bounce_run_key(&self, domain: &str) -> String {
+        format!("{}{}{domain}", self.prefix, families::BOUNCE_RUNS)
+    }
+
     /// Every key an admission of `email` reads for a suppression, in the
     /// order they are read: its own spelling's bounce
     /// ([`Keyspace::bounce_key`]), its mailbox's suppression

@@ -337,39 +337,50 @@ impl Relays {
     /// A relay's word that a mailbox does not exist ([`MailError::NoMailbox`])
     /// is taken only while it has not said so of [`bounces::RUN`] other
     /// mailboxes of the recipient's domain, or of any, without taking a
-    /// mail for it in between ([`bounces::Runs`]): past that, the refusal
-    /// is [`MailError::Untrusted`] (the job fails all the same; nothing is
+    /// mail for it in between, nor of too many of its latest mails
+    /// ([`bounces::Runs`]): past that, the refusal is
+    /// [`MailError::Untrusted`] (the job fails all the same; nothing is
     /// suppressed, and the run's earlier suppressions are lifted), until
-    /// the relay takes a mail again.
+    /// the relay takes mail again. A refusal taken names the relay, and
+    /// whether it took mail for the domain lately (the ledger judges it
+    /// again with every worker's bounces).
     fn judge_no_mailbox(&self, i: usize, failure: Failure, envelope: &Envelope) -> Failure {
-        let MailError::NoMailbox(text) = &failure.error else {
+        let MailError::NoMailbox { text, .. } = &failure.error else {
             return failure;
         };
         let Some(to) = envelope.to().first() else {
             return failure;
         };
         let word = lock(&self.list[i].status).no_mailbox.refused(to.as_ref());
-        let bounces::Word::Doubted { of, lift } = word else {
-            return failure;
-        };
         let relay = &self.list[i].name;
+        let (of, lift) = match word {
+            bounces::Word::Taken { vouched } => {
+                return Failure {
+                    error: MailError::NoMailbox {
+                        text: text.clone(),
+                        relay: relay.clone(),
+                        vouched,
+                    },
+                    ..failure
+                };
+            }
+            bounces::Word::Doubted { of, lift } => (of, lift),
+        };
         telemetry::bounce_doubted(relay);
         if !lift.is_empty() {
             tracing::warn!(
                 relay,
-                "this relay said more than {} mailboxes {of} in a row do not exist without taking \
-                 a mail for them (a broken recipient table?): its word no longer suppresses them, \
-                 and the {} it suppressed are lifted, until it takes one",
-                bounces::RUN,
+                "this relay said {of} do not exist without taking a mail for them (a broken \
+                 recipient table?): its word no longer suppresses them, and the {} it suppressed \
+                 are lifted, until it takes mail again",
                 lift.len()
             );
         }
         Failure {
             error: MailError::Untrusted {
                 text: format!(
-                    "{text} (not taken as grounds to suppress the mailbox: {relay} said more \
-                     than {} mailboxes {of} in a row do not exist)",
-                    bounces::RUN
+                    "{text} (not taken as grounds to suppress the mailbox: {relay} said {of} do \
+                     not exist)"
                 ),
                 lift,
             },

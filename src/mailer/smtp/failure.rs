@@ -232,7 +232,11 @@ impl Failed {
             // 5.1.1: "bad destination mailbox address", the recipient's
             // own server's word that the mailbox does not exist.
             (_, Fault::Reply(code, reply)) if *code >= 500 && no_mailbox(reply) => {
-                MailError::NoMailbox(text)
+                MailError::NoMailbox {
+                    text,
+                    relay: String::new(),
+                    vouched: false,
+                }
             }
             (_, Fault::Reply(code, _)) if *code >= 500 => MailError::Permanent(text),
             (_, Fault::Reply(..)) => MailError::Transient(text),
@@ -346,7 +350,7 @@ mod tests {
             MailError::Relay(_) => "relay",
             MailError::Transient(_) => "transient",
             MailError::Permanent(_) => "permanent",
-            MailError::NoMailbox(_) | MailError::Untrusted { .. } => "no mailbox",
+            MailError::NoMailbox { .. } | MailError::Untrusted { .. } => "no mailbox",
             MailError::Unknown(_) => "unknown",
             MailError::Config(_) | MailError::Address(_) => "other",
         }

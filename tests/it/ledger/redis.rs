@@ -2226,10 +2226,11 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
     )
     .await
     .unwrap();
-    assert!(
-        l.bounced(&email("cc@corp.example"), "550 5.1.1")
+    assert_eq!(
+        l.bounced(&email("cc@corp.example"), "550 5.1.1", false)
             .await
-            .unwrap()
+            .unwrap(),
+        mailgate::ledger::Bounced::Suppressed
     );
     let s = l
         .suppression(&email("cc@corp.example"))
@@ -2241,15 +2242,17 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
     // A bounce of one spelling is not another's (a +tag an attacker
     // chose, Unicode case, ASCII case: a server may look mailboxes up as
     // written).
-    assert!(
-        l.bounced(&email("victim+x@corp.example"), "550 5.1.1")
+    assert_eq!(
+        l.bounced(&email("victim+x@corp.example"), "550 5.1.1", false)
             .await
-            .unwrap()
+            .unwrap(),
+        mailgate::ledger::Bounced::Suppressed
     );
-    assert!(
-        l.bounced(&email("\u{212a}im@corp.example"), "550 5.1.1")
+    assert_eq!(
+        l.bounced(&email("\u{212a}im@corp.example"), "550 5.1.1", false)
             .await
-            .unwrap()
+            .unwrap(),
+        mailgate::ledger::Bounced::Suppressed
     );
     assert!(
         l.suppression(&email("victim@corp.example"))
