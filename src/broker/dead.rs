@@ -7,8 +7,8 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use super::incoming::{as_string, as_u32, as_u64};
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, DEDUP_HEADER, ERROR_HEADER, LOOK_HEADER,
-    ORIGINAL_HEADER, REASON_HEADER, SEEN_HEADER, TICKET_HEADER, UNRECORDED_HEADER,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, DEAD_AT_HEADER, ERROR_HEADER, LOOK_HEADER, ORIGINAL_HEADER,
+    REASON_HEADER, SEEN_HEADER, TICKET_HEADER, UNRECORDED_HEADER,
 };
 use crate::domain::DeadReason;
 
@@ -17,29 +17,28 @@ use crate::domain::DeadReason;
 const DEATH_HEADER: &str = "x-death";
 
 /// What a worker found of a job's record as it dead-lettered the job: none,
-/// at `at_ms` by the ledger's clock. Any admission of the id since then
-/// would be kept at least `dedup_ms` (the worker's `limits.dedup_for`), so
-/// until `at_ms + dedup_ms` by the ledger's clock a missing record means
-/// the id was never admitted since, and a replay cannot mail it twice.
-/// Without it (the worker found a record, or could not ask), a missing
-/// record may be one forgotten: the job's own mail, or another message's
-/// of the same id.
+/// at `at_ms` by the ledger's clock. Every record the ledger writes lives
+/// at least a floor after its last write, whatever any worker's
+/// `limits.dedup_for` (an hour: `dedup_for` and the clock's slack), so
+/// until `at_ms` and that floor, by the ledger's clock, a missing record
+/// means the id was never admitted since, and a replay cannot mail it
+/// twice. Without it (the worker found a record, or could not ask), a
+/// missing record may be one forgotten: the job's own mail, or another
+/// message's of the same id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unrecorded {
     /// When the ledger held no record of the id, ms since the epoch, on the
     /// ledger's clock.
     pub at_ms: u64,
-    /// How long the ledger keeps an admission after its last change, ms.
-    pub dedup_ms: u64,
 }
 
 impl Unrecorded {
     /// Until when, by the ledger's clock, a missing record still means the
-    /// id was never admitted since `at_ms`, with the ledger keeping
-    /// admissions at least `dedup_ms` (the smaller of the worker's setting
-    /// and the reader's: either may have been lowered since).
-    pub fn proves_until(&self, dedup_ms: u64) -> u64 {
-        self.at_ms.saturating_add(self.dedup_ms.min(dedup_ms))
+    /// id was never admitted since `at_ms`, with every record kept at
+    /// least `floor_ms` after its last write. Not from any `dedup_for`: a
+    /// worker whose setting is smaller may have admitted the id since.
+    pub fn proves_until(&self, floor_ms: u64) -> u64 {
+        self.at_ms.saturating_add(floor_ms)
     }
 }
 
@@ -120,8 +119,7 @@ impl DeadLetter {
             by_rabbitmq: false,
             unrecorded: header(UNRECORDED_HEADER)
                 .and_then(as_u64)
-                .zip(header(DEDUP_HEADER).and_then(as_u64))
-                .map(|(at_ms, dedup_ms)| Unrecorded { at_ms, dedup_ms }),
+                .map(|at_ms| Unrecorded { at_ms }),
         }
     }
 
@@ -192,7 +190,6 @@ fn dead_letters_own(header: &str) -> bool {
         REASON_HEADER,
         DEAD_AT_HEADER,
         UNRECORDED_HEADER,
-        DEDUP_HEADER,
         SEEN_HEADER,
         DEATH_HEADER,
         LOOK_HEADER,
@@ -266,7 +263,6 @@ mod tests {
             "x-mailgate-reason",
             "x-mailgate-look",
             "x-mailgate-unrecorded-ms",
-            "x-mailgate-dedup-ms",
             "x-death",
             "x-delivery-count",
             "x-first-death-reason",

@@ -107,12 +107,9 @@ pub const DEAD_AT_HEADER: &str = "x-mailgate-dead-ms";
 pub const ATTEMPTS_HEADER: &str = "x-mailgate-attempts";
 /// On dead letters: when the worker found the ledger held no record of
 /// the job's id, ms on the ledger's clock (Redis's `TIME`); absent where it
-/// held one, or could not say. With [`DEDUP_HEADER`]: until when a missing
-/// record still means "never admitted since" ([`Unrecorded`]).
+/// held one, or could not say: until when a missing record still means
+/// "never admitted since" ([`Unrecorded`]).
 pub const UNRECORDED_HEADER: &str = "x-mailgate-unrecorded-ms";
-/// On dead letters with [`UNRECORDED_HEADER`]: the dead-lettering worker's
-/// `limits.dedup_for`, ms.
-pub const DEDUP_HEADER: &str = "x-mailgate-dedup-ms";
 /// On dead letters: the original message's properties and headers, nested
 /// so RabbitMQ interprets none of them.
 pub const ORIGINAL_HEADER: &str = "x-mailgate-original";

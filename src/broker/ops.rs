@@ -15,9 +15,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, Consumer};
 
 use super::incoming::put_trace;
 use super::{
-    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, DEAD_AT_HEADER, DEDUP_HEADER,
-    ERROR_HEADER, Incoming, ORIGINAL_HEADER, REASON_HEADER, REDELIVERED_HEADER, TICKET_HEADER,
-    TraceHeaders, UNRECORDED_HEADER, Unrecorded,
+    ATTEMPT_HEADER, ATTEMPTS_HEADER, Broker, BrokerError, DEAD_AT_HEADER, ERROR_HEADER, Incoming,
+    ORIGINAL_HEADER, REASON_HEADER, REDELIVERED_HEADER, TICKET_HEADER, TraceHeaders,
+    UNRECORDED_HEADER, Unrecorded,
 };
 use crate::domain::{DeadReason, Ticket, now_ms};
 
@@ -440,9 +440,10 @@ impl Broker {
         );
         headers.insert(ORIGINAL_HEADER.into(), job.original());
         if let Some(u) = unrecorded {
-            let ms = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
-            headers.insert(UNRECORDED_HEADER.into(), ms(u.at_ms));
-            headers.insert(DEDUP_HEADER.into(), ms(u.dedup_ms));
+            headers.insert(
+                UNRECORDED_HEADER.into(),
+                AMQPValue::LongLongInt(i64::try_from(u.at_ms).unwrap_or(i64::MAX)),
+            );
         }
         let props = BasicProperties::default().with_headers(headers);
         let dead = self.topology.dead.clone();

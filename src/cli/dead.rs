@@ -17,6 +17,7 @@ use super::{amqp, limiter};
 use crate::broker::{Browse, DeadLetter};
 use crate::domain::{DeadReason, JobId, now_ms};
 use crate::ledger::{Backend, Ledger as _, RedisLedger};
+use crate::limiter::CLOCK_SLACK_MS;
 use crate::settings::Settings;
 
 /// `dead`'s actions.
@@ -422,8 +423,9 @@ struct Recall {
     /// then; or why it cannot be trusted (it and this host's disagree by
     /// more than `redis.max_clock_skew`, or a mark of a step stands).
     clock: Result<(u64, Instant), String>,
-    /// This host's `limits.dedup_for`, ms.
-    dedup_ms: u64,
+    /// How long a record that lets a letter be replayed is kept from now,
+    /// ms: `limits.dedup_for` and the clock's slack, as a write keeps it.
+    hold_ms: u64,
 }
 
 /// Whether replaying a dead letter can mail nothing twice.
@@ -440,6 +442,7 @@ impl Recall {
     /// The ledger of `settings`, with its clock read now.
     async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let dedup_ms = u64::try_from(settings.limits.dedup_for.as_millis()).unwrap_or(u64::MAX);
+        let hold_ms = dedup_ms.saturating_add(CLOCK_SLACK_MS);
         let ledger = match limiter(settings).await? {
             Backend::Redis(l) => l,
             // The worker's own clock, on this host (a trial's one worker).
@@ -447,7 +450,7 @@ impl Recall {
                 return Ok(Recall {
                     ledger: None,
                     clock: Ok((now_ms(), Instant::now())),
-                    dedup_ms,
+                    hold_ms,
                 });
             }
         };
@@ -455,7 +458,7 @@ impl Recall {
         Ok(Recall {
             ledger: Some(ledger),
             clock,
-            dedup_ms,
+            hold_ms,
         })
     }
 
@@ -485,17 +488,18 @@ impl Recall {
 
     /// Whether replaying `e` (job `id`) can mail nothing twice. Yes when
     /// the ledger holds the job's record (it decides the replay as any
-    /// message of the id), or when the worker that dead-lettered it found
-    /// no record ([`Unrecorded`](crate::broker::Unrecorded)) less than
-    /// `limits.dedup_for` ago by the ledger's own clock (any admission of
-    /// the id since would still be recorded). Never from the dead letter's
-    /// age by this host's clock, nor from today's `dedup_for` alone: a
-    /// record lapses by the ledger's clock and the setting it was written
-    /// with, and a missing one may be the job's own mail (one whose
-    /// result was lost) or another message's of the id.
+    /// message of the id; the record is kept `hold_ms` more, so it is
+    /// still there when a worker takes the job), or when the worker that
+    /// dead-lettered it found no record ([`Unrecorded`](crate::broker::Unrecorded))
+    /// less than the records' floor ago by the ledger's own clock (any
+    /// admission of the id since, by any worker, would still be recorded).
+    /// Never from the dead letter's age by this host's clock, nor from any
+    /// `dedup_for`: a record lapses by the ledger's clock and the setting
+    /// of the worker that wrote it, and a missing one may be the job's own
+    /// mail (one whose result was lost) or another message's of the id.
     async fn safe(&self, e: &Entry, id: &str) -> anyhow::Result<Safe> {
         if let (Some(ledger), Ok(id)) = (&self.ledger, JobId::parse(id))
-            && ledger.record(&id).await?.is_some()
+            && ledger.hold_record(&id, self.hold_ms).await?
         {
             return Ok(Safe::Yes);
         }
@@ -508,7 +512,7 @@ impl Recall {
         };
         let elapsed = u64::try_from(taken.elapsed().as_millis()).unwrap_or(u64::MAX);
         let now = at.saturating_add(elapsed);
-        Ok(match now < unrecorded.proves_until(self.dedup_ms) {
+        Ok(match now < unrecorded.proves_until(CLOCK_SLACK_MS) {
             true => Safe::Yes,
             false => Safe::Forgotten,
         })

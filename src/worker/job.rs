@@ -218,11 +218,7 @@ impl<L: Ledger + 'static> Worker<L> {
         let id = crate::wire::id_of(job.body()).ok()?;
         let asked = self.pipeline.ledger().unrecorded(&id);
         match tokio::time::timeout(Duration::from_secs(1), asked).await {
-            Ok(Ok(at)) => at.map(|at_ms| Unrecorded {
-                at_ms,
-                dedup_ms: u64::try_from(self.settings.limits.dedup_for.as_millis())
-                    .unwrap_or(u64::MAX),
-            }),
+            Ok(Ok(at)) => at.map(|at_ms| Unrecorded { at_ms }),
             Ok(Err(e)) => {
                 tracing::warn!(error = %crate::report::one_line(&e), "could not ask the ledger whether it holds this dead letter's job; a replay of it will need its record");
                 None

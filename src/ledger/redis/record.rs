@@ -41,6 +41,20 @@ pub struct JobRecord {
 }
 
 impl RedisLedger {
+    /// Whether the ledger holds a record of job `id`; if so, it is kept at
+    /// least `ms` more (as a write would keep it), in the same step: a
+    /// replay decided by a record must find it when a worker takes the
+    /// job, however long that takes.
+    pub async fn hold_record(&self, id: &JobId, ms: u64) -> Result<bool, LedgerError> {
+        let held: i64 = crate::store::scripts::TOOLS
+            .key(self.keys.record_key(id))
+            .arg("hold")
+            .arg(ms.max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(held == 1)
+    }
+
     /// The record of job `id`, if the ledger holds one.
     pub async fn record(&self, id: &JobId) -> Result<Option<JobRecord>, LedgerError> {
         let key = self.keys.record_key(id);

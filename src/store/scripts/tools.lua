@@ -16,6 +16,10 @@ op "reset" -- forget one scope key's admissions
 op "unrecorded" -- whether a job has no record, and when that was seen
   KEYS[1] the job's record key. returns the Redis server's TIME in ms if
   the key does not exist, else -1
+
+op "hold" -- keeps a job's record, if it has one, at least ARGV[2] ms more
+  (a replay's job must be decided by the record that let it be replayed)
+  KEYS[1] the job's record key. returns 1 if the record exists, else 0
 ]]
 local op = ARGV[1]
 if #KEYS ~= 1 then
@@ -40,6 +44,15 @@ elseif op == 'unrecorded' and #ARGV == 1 then
   if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+elseif op == 'hold' and #ARGV == 2 then
+  local ms = tonumber(ARGV[2])
+  if not ms or ms < 1 or not string.find(ARGV[2], '^%d+$') then
+    return redis.error_reply('mailgate tools hold: bad period')
+  end
+  local left = redis.call('PTTL', KEYS[1])
+  if left == -2 then return 0 end
+  if left >= 0 and left < ms then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  return 1
 elseif op == 'reset' and #ARGV == 1 then
   local n = redis.call('ZCARD', KEYS[1])
   redis.call('DEL', KEYS[1])

@@ -359,17 +359,13 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         BasicProperties::default().with_headers(headers)
     };
     // As a worker writes it that found no record of the job's id then (by
-    // Redis's clock, this host's here), with its dedup_for.
+    // Redis's clock, this host's here).
     let unrecorded = |reason: &str, at_ms: u64| {
         let props = letter(reason, Some(at_ms));
         let mut headers = props.headers().clone().unwrap_or_default();
         headers.insert(
             "x-mailgate-unrecorded-ms".into(),
             AMQPValue::LongLongInt(at_ms as i64),
-        );
-        headers.insert(
-            "x-mailgate-dedup-ms".into(),
-            AMQPValue::LongLongInt(86_400_000),
         );
         props.with_headers(headers)
     };
@@ -422,6 +418,16 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
         unrecorded("panic", now - 2 * 86_400_000),
     )
     .await;
+    // Found unrecorded two hours ago, well within dedup_for: a worker with
+    // a smaller dedup_for may have admitted the id since, whose record
+    // lived only its hour's floor (found by review: mailed twice).
+    let hours = body("old4").to_string();
+    h.publish_to(
+        &dead,
+        hours.as_bytes(),
+        unrecorded("panic", now - 2 * 3_600_000),
+    )
+    .await;
     // A byte order mark before the JSON, as the worker accepts it; its
     // session and variables are not shown.
     let bom = [
@@ -453,7 +459,7 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     let out = stdout(&mailgate(&h, &["dead", "replay", "--all"]).await);
     assert!(out.contains("replayed 2 dead letters"), "{out}");
     assert!(
-        out.contains("left 4 dead letters whose id the ledger no longer remembers"),
+        out.contains("left 5 dead letters whose id the ledger no longer remembers"),
         "{out}"
     );
     assert!(out.contains("left 1 unreadable"), "{out}");
@@ -462,8 +468,8 @@ async fn a_replay_that_could_mail_twice_is_left_and_says_why() {
     assert_eq!(answered["bom1"]["status"], "sent");
     let left = json_lines(&mailgate(&h, &["dead", "list", "--json"]).await);
     let left: Vec<&str> = left.iter().filter_map(|l| l["id"].as_str()).collect();
-    assert_eq!(left.len(), 5, "{left:?}");
-    for id in ["old1", "dl1", "old2", "old3"] {
+    assert_eq!(left.len(), 6, "{left:?}");
+    for id in ["old1", "dl1", "old2", "old3", "old4"] {
         assert!(left.contains(&id), "{id} in {left:?}");
     }
     w.stop().await.unwrap();
@@ -676,5 +682,48 @@ async fn no_control_or_format_character_reaches_a_terminal() {
         let out = stdout(&mailgate(&h, args).await);
         assert!(!raw(&out), "{args:?}: {out:?}");
     }
+    w.stop().await.unwrap();
+}
+
+/// A record that lets a dead letter be replayed is kept until a worker
+/// decides the replay: with the workers stopped, a record about to lapse
+/// would otherwise be gone when the replayed job is taken, and its mail
+/// sent again (found by review: replayed with 60 s left, mailed twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_keeps_the_record_it_relied_on() {
+    let h = Harness::new("dead-hold").await;
+    let dead = format!("{}.dead", h.settings.amqp.jobs_queue);
+    let w = h.start_worker().await;
+    let job = json!({"id": "h1", "email": "h1@example.com", "code": "777000"});
+    h.publish(&job).await;
+    assert_eq!(h.result().await["status"], "sent");
+    w.stop().await.unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-mailgate-reason".into(),
+        AMQPValue::LongString("unanswerable".into()),
+    );
+    h.publish_to(
+        &dead,
+        job.to_string().as_bytes(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    let record = format!("{}job:h1", h.settings.redis.key_prefix);
+    let mut conn = crate::common::sync_redis();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&record)
+        .arg(1_500)
+        .query(&mut conn)
+        .unwrap();
+    let out = stdout(&mailgate(&h, &["dead", "replay", "--all"]).await);
+    assert!(out.contains("replayed 1 dead letters"), "{out}");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let ttl: i64 = redis::cmd("PTTL").arg(&record).query(&mut conn).unwrap();
+    assert!(ttl > 3_600_000, "kept: {ttl} ms");
+    let w = h.start_worker().await;
+    assert_eq!(h.result().await["status"], "sent");
+    h.no_more_results(Duration::from_millis(500)).await;
+    assert_eq!(h.sink.mails_to("h1@example.com").len(), 1, "never twice");
     w.stop().await.unwrap();
 }
