@@ -148,8 +148,9 @@ impl Topology {
         args
     }
 
-    /// Whether `queue` is one where jobs wait: a lease-wait band or a retry.
-    fn is_waiting(&self, queue: &str) -> bool {
+    /// Whether `queue` is one where these jobs wait: a lease-wait band or a
+    /// retry queue these settings declare.
+    pub fn is_waiting(&self, queue: &str) -> bool {
         self.wait_bands_ms
             .iter()
             .any(|&ms| queue == self.wait_band(ms))

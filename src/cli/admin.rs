@@ -180,11 +180,12 @@ async fn purge(
 
 /// The deployment's queues that exist: those these settings declare
 /// ([`Topology::all`], but the results queue with `keep_results`), by
-/// name; then those earlier settings of it may have declared (the one
-/// lease-wait queue of earlier versions, and numbered ones past each
-/// series, [`Topology::beyond`]) only where their arguments prove they are
-/// its waiting queues ([`is_lane`]): a name alone could be another
-/// deployment's queue. Those found by name and left are returned apart.
+/// name, but its waiting queues; these, and those earlier settings of it
+/// may have declared (the one lease-wait queue of earlier versions, and
+/// numbered ones past each series, [`Topology::beyond`]), only where their
+/// arguments prove they are its waiting queues ([`is_lane`]): a name alone
+/// could be another deployment's queue. Those found by name and left are
+/// returned apart.
 async fn find_queues(
     conn: &lapin::Connection,
     topology: &Topology,
@@ -196,13 +197,18 @@ async fn find_queues(
             .with_context(|| format!("looking at queue {name:?}"))
     };
     let mut queues = Vec::new();
+    // The waiting queues are looked at with the earlier ones: their names
+    // are another deployment's jobs queue's that earlier versions took.
+    let mut earlier = vec![topology.legacy_wait()];
     for name in topology.all() {
         if keep_results && name == topology.results {
             continue;
         }
-        queues.extend(look(name).await?);
+        match topology.is_waiting(&name) {
+            true => earlier.push(name),
+            false => queues.extend(look(name).await?),
+        }
     }
-    let mut earlier = vec![topology.legacy_wait()];
     for series in 0..2 {
         for k in 1..=MAX_BEYOND {
             let name = topology.beyond(k)[series].clone();

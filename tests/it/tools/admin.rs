@@ -263,6 +263,35 @@ async fn purge_leaves_neighbours_named_like_its_lanes() {
     );
 }
 
+/// The same where the neighbours' queues hold the names of this
+/// deployment's current waiting queues (`J.retry.1`, `J.wait.250`): they
+/// too are removed only where their arguments prove them this
+/// deployment's (found by review: both removed, with their jobs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_leaves_neighbours_named_like_its_current_lanes() {
+    let a = Harness::new("purgecur").await;
+    let jobs = a.settings.amqp.jobs_queue.clone();
+    let mut neighbours = Vec::new();
+    for suffix in ["jobs.retry.1", "jobs.wait.250"] {
+        let mut theirs = a.settings.clone();
+        theirs.amqp.jobs_queue = format!("{jobs}{}", suffix.trim_start_matches("jobs"));
+        let t = Topology::new(&theirs);
+        let name = (a.declare_with(suffix, QueueDeclareOptions::durable(), t.arguments(&t.jobs)))
+            .await;
+        let job = json!({"id": "theirs", "email": "x@example.com", "code": "1"});
+        a.publish_to(&name, job.to_string().as_bytes(), BasicProperties::default())
+            .await;
+        neighbours.push(name);
+    }
+    let out = a.run_tool(&["admin", "purge", "--yes"]).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    for q in &neighbours {
+        assert!(!stdout.contains(q.as_str()), "{q}: {stdout}");
+        assert!(stderr.contains(q.as_str()), "{q} named as left alone: {stderr}");
+        assert_eq!(a.queue_depth(q).await, Some(1), "{q} keeps its job");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_refuses_while_the_queues_are_consumed() {
     let h = Harness::new("purgebusy").await;
