@@ -18,8 +18,10 @@
 //! to its head each time, a delivery counted), it carries [`LOOK_HEADER`],
 //! naming the look that made it, and its `expiration` is what is left of
 //! the original's (from the original's `timestamp`, which results carry):
-//! a result looked at again and again still expires when it would have,
-//! and one whose time is up is dropped, as RabbitMQ would have.
+//! a result looked at again and again still expires when it would have.
+//! A queue's own TTL (`x-message-ttl`, a policy's `message-ttl`) starts
+//! again for each copy: give results their time per message
+//! (`amqp.results_ttl`).
 
 use lapin::message::Delivery;
 use lapin::options::{
@@ -148,9 +150,8 @@ impl Browse {
     /// Leaves `delivery`, a message this look holds, in the queue: a copy
     /// at its tail (confirmed), then the original removed.
     pub async fn keep(&self, delivery: &Delivery) -> Result<(), BrokerError> {
-        if let Some(props) = kept(&delivery.properties, &self.look, crate::domain::now_ms()) {
-            self.publish(&self.queue, &delivery.data, props).await?;
-        }
+        let props = kept(&delivery.properties, &self.look, crate::domain::now_ms());
+        self.publish(&self.queue, &delivery.data, props).await?;
         self.take(delivery).await
     }
 
@@ -178,21 +179,26 @@ impl Browse {
     }
 }
 
-/// The properties of a look's copy, at `now_ms`, of a message with `p`:
-/// the original's, less its `user_id` (see the module's doc), with
-/// [`LOOK_HEADER`] set to `look`, and with an `expiration` what is left of
-/// the original's since its `timestamp` (whole seconds: counted from the
-/// end of that second, so a copy never outlives the original); `None` if
-/// none is left (the message would have expired: it is dropped).
-fn kept(p: &BasicProperties, look: &str, now_ms: u64) -> Option<BasicProperties> {
+/// The properties of a look's copy, at `now_ms` by this host's clock, of
+/// a message with `p`: the original's, less its `user_id` (see the
+/// module's doc), with [`LOOK_HEADER`] set to `look`, and with an
+/// `expiration` what is left of the original's since its `timestamp`
+/// (whole seconds: counted from the end of that second, so a copy outlives
+/// the original by less than a second). RabbitMQ hands out no message whose
+/// time is up, so one that looks so is this host's clock being ahead: the
+/// copy then keeps the whole of the original's time, as before looks
+/// counted it, rather than vanish (a clock ahead by less than that still
+/// shortens it by as much: keep the hosts' clocks right).
+fn kept(p: &BasicProperties, look: &str, now_ms: u64) -> BasicProperties {
     let mut expiration = p.expiration().clone();
     if let (Some(ttl), Some(ts)) = (
         (p.expiration().as_ref()).and_then(|e| e.as_str().parse::<u64>().ok()),
         p.timestamp(),
     ) {
         let age = now_ms.saturating_sub(ts.saturating_mul(1000).saturating_add(999));
-        let left = ttl.checked_sub(age).filter(|&left| left > 0)?;
-        expiration = Some(left.to_string().as_str().into());
+        if let Some(left) = ttl.checked_sub(age).filter(|&left| left > 0) {
+            expiration = Some(left.to_string().as_str().into());
+        }
     }
     let mut headers = p.headers().clone().unwrap_or_default();
     headers.insert(
@@ -228,7 +234,7 @@ fn kept(p: &BasicProperties, look: &str, now_ms: u64) -> Option<BasicProperties>
     if let Some(v) = p.timestamp() {
         props = props.with_timestamp(*v);
     }
-    Some(props)
+    props
 }
 
 #[cfg(test)]
@@ -269,21 +275,23 @@ mod tests {
             "this look",
             7_999,
         );
-        assert_eq!(copy, Some(every("this look", None)));
+        assert_eq!(copy, every("this look", None));
     }
 
     #[test]
-    fn a_copy_gets_what_is_left_of_its_time_and_none_once_it_is_up() {
+    fn a_copy_gets_what_is_left_of_its_time() {
         let p = every("l", None);
-        let at = |now_ms| kept(&p, "l", now_ms).map(|c| c.expiration().clone());
-        assert_eq!(at(37_999), Some(Some("30000".into())));
-        assert_eq!(at(67_998), Some(Some("1".into())));
-        assert_eq!(at(67_999), None, "expired: dropped");
-        assert_eq!(at(1_000_000), None);
+        let at = |now_ms| kept(&p, "l", now_ms).expiration().clone();
+        assert_eq!(at(37_999), Some("30000".into()));
+        assert_eq!(at(67_998), Some("1".into()));
+        // RabbitMQ handed it out, so its time is not up: this host's clock
+        // is ahead, and the copy keeps the whole of it.
+        assert_eq!(at(67_999), Some("60000".into()));
+        assert_eq!(at(1_000_000), Some("60000".into()));
         // No timestamp to count from: kept as it is.
         let untimed = BasicProperties::default().with_expiration("60000".into());
         assert_eq!(
-            kept(&untimed, "l", 1_000_000).and_then(|c| c.expiration().clone()),
+            kept(&untimed, "l", 1_000_000).expiration().clone(),
             Some("60000".into())
         );
     }

@@ -20,16 +20,21 @@ pub(super) struct Entry {
 
 impl Entry {
     /// Reads a dead letter (its body as the worker reads one: a UTF-8 byte
-    /// order mark skipped).
+    /// order mark skipped, its id found as the worker finds it, even where
+    /// the rest holds what a JSON value here cannot: a number past a
+    /// float's range, which the worker reads as written).
     pub(super) fn read(delivery: &Delivery) -> Entry {
         let body = &delivery.data;
         let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
         let job: Option<Value> = serde_json::from_slice(body).ok();
-        let id = job
-            .as_ref()
-            .and_then(|j| j.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        let id = (crate::wire::id_of(body).ok())
+            .map(|id| id.as_str().to_owned())
+            .or_else(|| {
+                (job.as_ref())
+                    .and_then(|j| j.get("id"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            });
         Entry {
             id,
             job,

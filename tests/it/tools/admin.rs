@@ -276,18 +276,25 @@ async fn purge_leaves_neighbours_named_like_its_current_lanes() {
         let mut theirs = a.settings.clone();
         theirs.amqp.jobs_queue = format!("{jobs}{}", suffix.trim_start_matches("jobs"));
         let t = Topology::new(&theirs);
-        let name = (a.declare_with(suffix, QueueDeclareOptions::durable(), t.arguments(&t.jobs)))
-            .await;
+        let name =
+            (a.declare_with(suffix, QueueDeclareOptions::durable(), t.arguments(&t.jobs))).await;
         let job = json!({"id": "theirs", "email": "x@example.com", "code": "1"});
-        a.publish_to(&name, job.to_string().as_bytes(), BasicProperties::default())
-            .await;
+        a.publish_to(
+            &name,
+            job.to_string().as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
         neighbours.push(name);
     }
     let out = a.run_tool(&["admin", "purge", "--yes"]).await;
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     for q in &neighbours {
         assert!(!stdout.contains(q.as_str()), "{q}: {stdout}");
-        assert!(stderr.contains(q.as_str()), "{q} named as left alone: {stderr}");
+        assert!(
+            stderr.contains(q.as_str()),
+            "{q} named as left alone: {stderr}"
+        );
         assert_eq!(a.queue_depth(q).await, Some(1), "{q} keeps its job");
     }
 }
