@@ -184,19 +184,31 @@ impl Browse {
 /// module's doc), with [`LOOK_HEADER`] set to `look`, and with an
 /// `expiration` what is left of the original's since its `timestamp`
 /// (whole seconds: counted from the end of that second, so a copy outlives
-/// the original by less than a second). RabbitMQ hands out no message whose
-/// time is up, so one that looks so is this host's clock being ahead: the
-/// copy then keeps the whole of the original's time, as before looks
-/// counted it, rather than vanish (a clock ahead by less than that still
-/// shortens it by as much: keep the hosts' clocks right).
+/// the original by less than a second); at its end, a millisecond.
+/// RabbitMQ hands out no message whose time is up, so one that looks a
+/// minute or more past it is this host's clock being ahead: the copy then
+/// keeps the whole of the original's time, as before looks counted it,
+/// rather than vanish (a clock ahead by less than that still shortens it
+/// by as much: keep the hosts' clocks right).
 fn kept(p: &BasicProperties, look: &str, now_ms: u64) -> BasicProperties {
+    /// How far past its time a message handed out must look to be taken
+    /// for this host's clock being ahead, rather than for the moment
+    /// between its end and RabbitMQ's dropping it.
+    const CLOCK_AHEAD_MS: u64 = 60_000;
     let mut expiration = p.expiration().clone();
     if let (Some(ttl), Some(ts)) = (
         (p.expiration().as_ref()).and_then(|e| e.as_str().parse::<u64>().ok()),
         p.timestamp(),
     ) {
         let age = now_ms.saturating_sub(ts.saturating_mul(1000).saturating_add(999));
-        if let Some(left) = ttl.checked_sub(age).filter(|&left| left > 0) {
+        let left = match ttl.checked_sub(age).filter(|&left| left > 0) {
+            Some(left) => Some(left),
+            // At its end (RabbitMQ's clock ran a little behind): gone soon.
+            None if age - ttl < CLOCK_AHEAD_MS => Some(1),
+            // Far past it: this host's clock is ahead; the whole of it.
+            None => None,
+        };
+        if let Some(left) = left {
             expiration = Some(left.to_string().as_str().into());
         }
     }
@@ -284,9 +296,11 @@ mod tests {
         let at = |now_ms| kept(&p, "l", now_ms).expiration().clone();
         assert_eq!(at(37_999), Some("30000".into()));
         assert_eq!(at(67_998), Some("1".into()));
-        // RabbitMQ handed it out, so its time is not up: this host's clock
-        // is ahead, and the copy keeps the whole of it.
-        assert_eq!(at(67_999), Some("60000".into()));
+        assert_eq!(at(67_999), Some("1".into()), "at its end: gone soon");
+        assert_eq!(at(127_998), Some("1".into()));
+        // A minute past its time, though RabbitMQ handed it out: this
+        // host's clock is ahead, and the copy keeps the whole of it.
+        assert_eq!(at(127_999), Some("60000".into()));
         assert_eq!(at(1_000_000), Some("60000".into()));
         // No timestamp to count from: kept as it is.
         let untimed = BasicProperties::default().with_expiration("60000".into());

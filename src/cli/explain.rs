@@ -166,16 +166,19 @@ fn print_text(settings: &Settings, f: &Findings) {
         None => "allowed now".to_owned(),
         Some(u) => holding(u),
     };
-    match f.suppressed {
-        Some(_) => println!(
-            "next send for {email}: none while it is suppressed (the limits alone: {limits})"
-        ),
-        None => println!("next send for {email}: {limits}"),
-    }
+    let next = match f.suppressed {
+        Some(_) => {
+            format!(
+                "next send for {email}: none while it is suppressed (the limits alone: {limits})"
+            )
+        }
+        None => format!("next send for {email}: {limits}"),
+    };
+    println!("{}", letters::printable(&next));
     println!();
     let share = settings.limits.domain.network_share;
     for u in &f.usages {
-        print!("{}", render_usage(u, share));
+        print!("{}", letters::printable_lines(&render_usage(u, share)));
     }
     println!();
     if f.admissions.is_empty() {
@@ -196,7 +199,8 @@ fn print_text(settings: &Settings, f: &Findings) {
                 format!("{}{attempt}", state_words(r.state).2)
             },
         );
-        println!("  {}  {}  {what}", letters::time(a.at_ms), a.id);
+        let line = format!("  {}  {}  {what}", letters::time(a.at_ms), a.id);
+        println!("{}", letters::printable(&line));
     }
 }
 

@@ -115,13 +115,26 @@ impl Entry {
 /// that nothing a producer or a relay put in a message moves a terminal's
 /// cursor, rewrites its lines, sets its title, or shows an operator
 /// another id than the one acted on.
+/// A backslash is written twice, so that an escape it writes is never
+/// confused with the same text written by a producer (`E5\u{202e}X`).
 pub(super) fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| match unprintable(c) {
-            true => c.escape_unicode().to_string(),
-            false => c.to_string(),
+        .map(|c| match (c, unprintable(c)) {
+            ('\\', _) => "\\\\".to_owned(),
+            (_, true) => c.escape_unicode().to_string(),
+            (_, false) => c.to_string(),
         })
         .collect()
+}
+
+/// [`printable`] line by line: text of several lines for people, each
+/// made printable, the line breaks kept.
+pub(super) fn printable_lines(text: &str) -> String {
+    let mut out: String = text.lines().map(printable).collect::<Vec<_>>().join("\n");
+    if text.ends_with('\n') {
+        out.push('\n');
+    }
+    out
 }
 
 /// `json`, a serialized JSON text for people, with every control and
@@ -203,4 +216,26 @@ pub(super) async fn of_job(
     let unseen = browse.unseen();
     browse.close().await?;
     Ok(Some((found, unseen)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controls_formats_and_backslashes_are_written_so_no_terminal_reads_them() {
+        assert_eq!(
+            printable("a\u{202e}b\u{9b}c\u{1b}"),
+            "a\\u{202e}b\\u{9b}c\\u{1b}"
+        );
+        // A producer's own backslashes are doubled: its text never reads
+        // as an escape.
+        assert_eq!(printable("E5\\u{202e}X"), "E5\\\\u{202e}X");
+        assert_eq!(printable_lines("a\u{7}\nb\n"), "a\\u{7}\nb\n");
+        let json = serde_json::json!({"id": "x\u{202e}\u{9b}\u{e0041}"}).to_string();
+        let shown = printable_json(&json);
+        assert_eq!(shown, r#"{"id":"x\u202e\u009b\udb40\udc41"}"#);
+        let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back["id"], "x\u{202e}\u{9b}\u{e0041}");
+    }
 }

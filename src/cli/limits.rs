@@ -84,7 +84,7 @@ pub async fn limits(settings: &Settings, action: LimitsAction) -> anyhow::Result
                 println!("{}", letters::printable_json(&shown.to_string()));
             } else {
                 let share = settings.limits.domain.network_share;
-                print!("{}", render_usage(&usage, share));
+                print!("{}", letters::printable_lines(&render_usage(&usage, share)));
                 let now = crate::domain::now_ms();
                 for note in &resets {
                     println!("reset {}", render_reset(note, now));

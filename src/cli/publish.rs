@@ -301,7 +301,7 @@ async fn print_results(
         if let Some(id) = result.get("id").and_then(Value::as_str) {
             waiting.remove(id);
         }
-        let text = String::from_utf8_lossy(&delivery.data);
+        let text = super::letters::printable_json(&String::from_utf8_lossy(&delivery.data));
         writeln!(std::io::stdout().lock(), "{text}")?;
     }
     Ok(true)

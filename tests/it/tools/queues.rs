@@ -674,19 +674,29 @@ async fn no_control_or_format_character_reaches_a_terminal() {
             "{args:?}: {out}"
         );
     }
-    let reason = format!("evil{csi}[2J{rlo}x");
-    stdout(
-        &mailgate(
-            &h,
-            &["suppress", "add", "tty2@example.com", "--reason", &reason],
-        )
-        .await,
-    );
+    let reason = format!("evil{csi}[2J{rlo}x\u{1b}]0;OWNED\u{7}");
+    let add = ["suppress", "add", "tty2@example.com", "--reason", &reason];
+    stdout(&mailgate(&h, &add).await);
+    let deny = [
+        "overrides",
+        "add",
+        "email:tty2@example.com",
+        "--deny",
+        "--reason",
+        &reason,
+    ];
+    stdout(&mailgate(&h, &deny).await);
+    let raw = |out: &str| raw(out) || out.contains('\u{1b}') || out.contains('\u{7}');
     for args in [
         &["suppress", "list"][..],
         &["suppress", "list", "--json"],
         &["explain", "--email", "tty2@example.com"],
         &["explain", "--email", "tty2@example.com", "--json"],
+        &["explain", "--email", "tty@example.com"],
+        &["limits", "show", "--email", "tty2@example.com"],
+        &["limits", "show", "--email", "tty2@example.com", "--json"],
+        &["overrides", "list"],
+        &["overrides", "list", "--json"],
     ] {
         let out = stdout(&mailgate(&h, args).await);
         assert!(!raw(&out), "{args:?}: {out:?}");
