@@ -17,6 +17,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Consumer};
 use serde_json::{Map, Value, json};
 
 use super::amqp;
+use super::letters::printable;
 use crate::broker::TIMESTAMP_MS_HEADER;
 use crate::domain::now_ms;
 use crate::settings::Settings;
@@ -179,19 +180,23 @@ pub async fn publish(settings: &Settings, args: &PublishArgs) -> anyhow::Result<
                 if args.wait {
                     waiting.insert(id);
                 } else {
-                    writeln!(std::io::stdout().lock(), "{id}")?;
+                    writeln!(std::io::stdout().lock(), "{}", printable(&id))?;
                 }
             }
             Confirmation::Ack(Some(_)) => {
                 all_ok = false;
                 eprintln!(
-                    "error: {id}: no queue {:?} (start a worker first, or set [amqp] jobs_queue)",
+                    "error: {}: no queue {:?} (start a worker first, or set [amqp] jobs_queue)",
+                    printable(&id),
                     settings.amqp.jobs_queue
                 );
             }
             _ => {
                 all_ok = false;
-                eprintln!("error: {id}: RabbitMQ did not confirm the publish");
+                eprintln!(
+                    "error: {}: RabbitMQ did not confirm the publish",
+                    printable(&id)
+                );
             }
         }
     }
@@ -292,7 +297,12 @@ async fn print_results(
                 "error: no result within {} for {} (is a worker running? `mailgate job <id>` \
                  says where a job is, and a worker's /readyz why it may not send)",
                 humantime::format_duration(timeout),
-                waiting.iter().cloned().collect::<Vec<_>>().join(", ")
+                waiting
+                    .iter()
+                    .map(String::as_str)
+                    .map(printable)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             return Ok(false);
         };

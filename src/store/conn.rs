@@ -2,7 +2,7 @@
 //! share: to a fixed Redis server, to the primary that Redis Sentinel
 //! names, or to a Redis Cluster.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{
@@ -14,10 +14,9 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value,
-};
+use redis::{Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::sentinel::Followed;
 use crate::settings::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
 use crate::tls::LinkTls;
 
@@ -35,6 +34,9 @@ pub(crate) enum Conn {
     Server(ConnectionManager),
     /// `redis+sentinel://`.
     Sentinel(Arc<Followed>),
+    /// One connection of a [`Followed`] primary, for a write and its `WAIT`
+    /// ([`Conn::pin`]).
+    Pinned(Arc<Followed>, u64, MultiplexedConnection),
     /// `redis+cluster://`: the keys of each call share one slot (every key
     /// carries the key prefix's hash tag, or the call names one key), and
     /// the connection routes it to that slot's primary (following the
@@ -74,12 +76,10 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
             ))
         }
         RedisTarget::Sentinel(target) => {
-            let followed = Followed {
-                sentinel: tokio::sync::Mutex::new(sentinel_client(target, certs)?),
-                current: Mutex::default(),
-            };
-            followed.connection().await?;
-            Ok(Conn::Sentinel(Arc::new(followed)))
+            let client = sentinel_client(target, certs.clone())?;
+            Ok(Conn::Sentinel(
+                Followed::start(target, client, certs).await?,
+            ))
         }
         RedisTarget::Cluster(target) => Ok(Conn::Cluster(
             cluster_client(target, certs)?
@@ -126,6 +126,21 @@ pub(crate) fn refusal(e: &redis::RedisError, prefix: &str) -> Option<String> {
 }
 
 impl Conn {
+    /// The connection a write that must reach `min` replicas runs on, with
+    /// the replicas its `WAIT` must count: `min` on a fixed server or a
+    /// cluster; behind Sentinel, a connection pinned to the primary and
+    /// `min` or, if more, every replica of it a Sentinel could promote now,
+    /// so that a promotion cannot lose what was acknowledged ([`Followed`]).
+    pub(crate) async fn pin(&self, min: u32) -> RedisResult<(Conn, u32)> {
+        match self {
+            Conn::Sentinel(f) => {
+                let p = f.pin(min).await?;
+                Ok((Conn::Pinned(f.clone(), p.generation, p.conn), p.replicas))
+            }
+            _ => Ok((self.clone(), min)),
+        }
+    }
+
     /// `INFO section` of the server that holds `key` (on a cluster, that
     /// key's primary; elsewhere, the one server), or with no key of every
     /// primary (of a cluster's shards; elsewhere, the one server).
@@ -254,6 +269,22 @@ impl Conn {
     }
 }
 
+/// Where a transaction every command of which was answered ASK should go
+/// (`host`, `port`), if that is why `e` aborted it.
+fn asked_to(e: &redis::RedisError) -> Option<(String, u16)> {
+    let errors = e.clone().into_server_errors()?;
+    let mut to = None;
+    for (_, se) in errors.iter() {
+        let (host, port) = se.details()?.split_whitespace().nth(1)?.rsplit_once(':')?;
+        let at = (host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?);
+        if se.code() != "ASK" || to.as_ref().is_some_and(|t| *t != at) {
+            return None;
+        }
+        to = Some(at);
+    }
+    to
+}
+
 /// What redis-rs needs of a link's TLS: the CA bundle it trusts instead of
 /// the bundled roots, and the client certificate, as PEM. `None` when
 /// neither is set (the bundled roots, no client certificate).
@@ -360,94 +391,6 @@ fn sentinel_client(
     builder.build()
 }
 
-/// The primary a group of Sentinels names, followed: the connection to it
-/// is dropped when a request fails in a way that says it is gone or no
-/// longer primary, and the next request asks the Sentinels again.
-pub(crate) struct Followed {
-    /// Asks the Sentinels; held while (re)connecting, so one task connects
-    /// and the others wait for its connection.
-    sentinel: tokio::sync::Mutex<SentinelClient>,
-    /// The connection in use, if any.
-    current: Mutex<Current>,
-}
-
-/// [`Followed`]'s connection, numbered so that a failed request forgets
-/// only the connection it ran on, never a newer one.
-#[derive(Default)]
-struct Current {
-    /// How many connections were made before this one.
-    generation: u64,
-    conn: Option<MultiplexedConnection>,
-}
-
-impl Followed {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
-        // Nothing panics while holding the lock; a poisoned one still holds
-        // a consistent value.
-        self.current.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        let current = self.lock();
-        current.conn.clone().map(|c| (current.generation, c))
-    }
-
-    /// The connection in use, or a new one to the primary the Sentinels
-    /// name now.
-    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(c) = self.current() {
-            return Ok(c);
-        }
-        let mut sentinel = self.sentinel.lock().await;
-        if let Some(c) = self.current() {
-            return Ok(c);
-        }
-        let timed_out = || {
-            redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "no primary",
-                "the Sentinels did not name a primary that answered in time".to_owned(),
-            ))
-        };
-        let client = tokio::time::timeout(TIMEOUT, sentinel.async_get_client())
-            .await
-            .map_err(|_| timed_out())??;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT));
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let generation = {
-            let mut current = self.lock();
-            current.generation += 1;
-            current.conn = Some(conn.clone());
-            current.generation
-        };
-        tracing::info!(primary = %client.get_connection_info().addr(), "connected to the primary Sentinel names");
-        Ok((generation, conn))
-    }
-
-    /// After a request on connection `generation` failed with `e`: forgets
-    /// that connection if `e` says the server is gone or is no longer the
-    /// primary.
-    fn check<T>(&self, generation: u64, result: &RedisResult<T>) {
-        let Err(e) = result else { return };
-        let lost = e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_unrecoverable_error()
-            || e.is_timeout()
-            || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
-        if !lost {
-            return;
-        }
-        let mut current = self.lock();
-        if current.generation == generation && current.conn.take().is_some() {
-            tracing::warn!(error = %e, "lost the Redis primary; asking Sentinel again");
-        }
-    }
-}
-
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
@@ -457,6 +400,11 @@ impl ConnectionLike for Conn {
                 let (generation, mut conn) = f.connection().await?;
                 let result = conn.req_packed_command(cmd).await;
                 f.check(generation, &result);
+                result
+            }),
+            Conn::Pinned(f, generation, conn) => Box::pin(async move {
+                let result = conn.req_packed_command(cmd).await;
+                f.check(*generation, &result);
                 result
             }),
         }
@@ -470,11 +418,54 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => Box::pin(async move {
+                match c.req_packed_commands(cmd, offset, count).await {
+                    // A slot being migrated: the cluster client follows the
+                    // ASK with ASKING, which covers one command, so the
+                    // pipeline's next command is refused again. Its
+                    // commands one by one each follow it (a pipeline that is
+                    // not a transaction is not atomic anyway; the ones
+                    // mailgate sends are reads, or writes that are the same
+                    // when run again).
+                    Err(e) if e.code() == Some("ASK") && !cmd.is_transaction() => {
+                        let mut values = Vec::with_capacity(cmd.len());
+                        for one in cmd.cmd_iter() {
+                            values.push(c.req_packed_command(one).await?);
+                        }
+                        Ok(values.into_iter().skip(offset).take(count).collect())
+                    }
+                    // A transaction refused with ASK (each queued command
+                    // answered ASK, so EXEC aborted and nothing ran): the
+                    // client does not follow it. Sent again to the node the
+                    // slot is moving to, after ASKING, which covers the
+                    // whole transaction there.
+                    Err(e) if cmd.is_transaction() => match asked_to(&e) {
+                        Some((host, port)) => {
+                            let mut again = redis::pipe();
+                            again.cmd("ASKING").cmd("MULTI");
+                            for one in cmd.cmd_iter() {
+                                again.add_command(one.clone());
+                            }
+                            again.cmd("EXEC");
+                            let at = SingleNodeRoutingInfo::ByAddress { host, port };
+                            let n = again.len();
+                            let mut values = c.route_pipeline(again, 0, n, at).await?;
+                            Ok(values.pop().into_iter().collect())
+                        }
+                        None => Err(e),
+                    },
+                    other => other,
+                }
+            }),
             Conn::Sentinel(f) => Box::pin(async move {
                 let (generation, mut conn) = f.connection().await?;
                 let result = conn.req_packed_commands(cmd, offset, count).await;
                 f.check(generation, &result);
+                result
+            }),
+            Conn::Pinned(f, generation, conn) => Box::pin(async move {
+                let result = conn.req_packed_commands(cmd, offset, count).await;
+                f.check(*generation, &result);
                 result
             }),
         }
@@ -484,7 +475,8 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Server(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
-            Conn::Sentinel(f) => f.current().map_or(0, |(_, c)| c.get_db()),
+            Conn::Sentinel(f) => f.db(),
+            Conn::Pinned(_, _, c) => c.get_db(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod conn;
 mod error;
 pub mod overrides;
 pub mod scripts;
+mod sentinel;
 
 pub(crate) use self::conn::{Conn, ScanNode, connect};
 pub use self::error::StoreError;

@@ -458,15 +458,19 @@ pub(super) async fn eval_waiting(
     let mut pipe = redis::pipe();
     pipe.add_command(eval);
     let wait = wait && replication.replicas > 0;
+    // Behind Sentinel, the call and its WAIT run on one primary, and the
+    // WAIT counts every replica of it that could be promoted.
+    let (mut on, replicas) = match wait {
+        true => conn.pin(replication.replicas).await?,
+        false => (conn.clone(), 0),
+    };
     if wait {
-        pipe.cmd("WAIT")
-            .arg(replication.replicas)
-            .arg(replication.timeout_ms);
+        pipe.cmd("WAIT").arg(replicas).arg(replication.timeout_ms);
     }
-    let values = match pipe.query_async::<Vec<redis::Value>>(conn).await {
+    let values = match pipe.query_async::<Vec<redis::Value>>(&mut on).await {
         Err(e) if code.is_lost(&e) => {
-            code.load(conn).await?;
-            pipe.query_async(conn).await?
+            code.load(&mut on).await?;
+            pipe.query_async(&mut on).await?
         }
         other => other?,
     };
@@ -480,10 +484,7 @@ pub(super) async fn eval_waiting(
         .map(redis::from_redis_value)
         .transpose()
         .map_err(|e| LedgerError::Protocol(format!("WAIT's reply: {e}")))?;
-    Ok((
-        reply,
-        acked.filter(|n| *n < i64::from(replication.replicas)),
-    ))
+    Ok((reply, acked.filter(|n| *n < i64::from(replicas))))
 }
 
 /// Where an "admit" item's shape is among its kind and values.

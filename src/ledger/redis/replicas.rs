@@ -23,9 +23,10 @@ impl RedisLedger {
             tracing::warn!(error = %crate::report::one_line(&e), "could not give back a send mark the replicas did not acknowledge");
         }
         LedgerError::Unreplicated(format!(
-            "{acked} of the {} Redis replicas redis.min_replicas_acked asks for acknowledged \
-             the send mark within {} ms; it was given back, and the job is not sent now",
-            self.replication.replicas, self.replication.timeout_ms
+            "only {acked} Redis replicas acknowledged the send mark within {} ms (\
+             redis.min_replicas_acked is {}; behind Sentinel, every replica it could promote \
+             must); it was given back, and the job is not sent now",
+            self.replication.timeout_ms, self.replication.replicas
         ))
     }
 
@@ -33,13 +34,16 @@ impl RedisLedger {
     /// many replicas online now (connected and synced; if not, no job can
     /// be sent).
     pub(super) async fn replicas_connected(&self) -> Result<(), LedgerError> {
-        let wanted = self.replication.replicas;
-        if wanted == 0 {
+        if self.replication.replicas == 0 {
             return Ok(());
         }
-        let on = (!self.spread).then_some(self.keys.prefix.as_str());
-        let infos = self
+        let (conn, wanted) = self
             .conn
+            .pin(self.replication.replicas)
+            .await
+            .map_err(|e| self.unfit(e))?;
+        let on = (!self.spread).then_some(self.keys.prefix.as_str());
+        let infos = conn
             .info("replication", on)
             .await
             .map_err(|e| self.unfit(e))?;
@@ -57,8 +61,10 @@ impl RedisLedger {
             .unwrap_or(0);
         if online < wanted as usize {
             return Err(LedgerError::Unreplicated(format!(
-                "the Redis primary has {online} replicas online and \
-                 redis.min_replicas_acked is {wanted}: no job can be sent until enough are back"
+                "the Redis primary has {online} replicas online and {wanted} must acknowledge \
+                 each send mark (redis.min_replicas_acked is {}; behind Sentinel, every replica \
+                 it could promote must): no job can be sent until enough are back",
+                self.replication.replicas
             )));
         }
         Ok(())

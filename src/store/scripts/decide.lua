@@ -397,10 +397,13 @@ local function record(first, ks, now, now_s, member, logs)
       else
         trim = len == 0 or floor(time_of(log[len]) / TRIM_MS) ~= floor(now / TRIM_MS)
       end
+      -- Added before the trim, which then never empties the log: a key
+      -- emptied (deleted) and written again in one call fails on a Redis
+      -- Cluster slot being migrated, after the call's earlier writes.
+      call('ZADD', key, now_s, member)
       if trim then
         call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
       end
-      call('ZADD', key, now_s, member)
       call('PEXPIRE', key, set.keep_s)
     end
   end
@@ -423,8 +426,10 @@ local function keep(first, last, member)
   for k = first, last do
     local score = call('ZSCORE', KEYS[k], member)
     if score then
-      call('ZREM', KEYS[k], member)
+      -- The new entry first: the log is never empty between the two (see
+      -- `record`).
       call('ZADD', KEYS[k], score, member .. '\1')
+      call('ZREM', KEYS[k], member)
     end
   end
 end

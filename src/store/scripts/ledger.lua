@@ -373,15 +373,18 @@ local function admit(k, a, b, kind)
     end
   end
   -- Written whole: nothing of a refunded record's earlier life stays.
+  -- Never by DEL and a new write (records.lua's `store` says why): a
+  -- string by one SET, a hash by setting every field, then removing those
+  -- the new life lacks.
   local rv = kind == 'create' and ARGV[a + 6] or ''
-  if b.strings then
+  if b.strings or as then
     store(key, b, true, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
       now_text(b) .. '|' .. rv .. '|' .. want)
   else
-    if st then call('DEL', key) end
     call('HSET', key, 'fp', want, 'at', now_text(b), 'st', state, 'own', ticket, 'n', attempt_s,
       'lease', lease_end(b), 'ans', '0', 'c', call_id)
-    if rv ~= '' then call('HSET', key, 'rv', rv) end
+    if rv ~= '' then call('HSET', key, 'rv', rv) elseif st then call('HDEL', key, 'rv') end
+    if st then call('HDEL', key, 'fin') end
     call('PEXPIRE', key, keep_s)
   end
   return CODE.admitted, now, shadow_s, shadow_r, rooms

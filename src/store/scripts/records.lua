@@ -14,8 +14,9 @@ Two forms, chosen by the batch's settings (redis.record_form):
           versions before it cannot read one (their batch fails, after
           writing what its earlier items wrote), so it is for a
           deployment whose every worker runs this version or a later one.
-`load` reads either form; `store` writes the batch's, and a record held in
-the other form is rewritten whole.
+`load` reads either form; `store` writes a new record, or a hash, in the
+batch's form (a hash met by a batch of strings is rewritten whole), and a
+string as a string whatever the batch's form (see `store`).
 ]]
 
 local call, tonumber, sub, byte = redis.call, tonumber, string.sub, string.byte
@@ -90,22 +91,21 @@ local function rv_of(tail)
   return rv ~= '' and rv or nil
 end
 
--- Writes the record at `key` in the form the batch writes (b.strings), to
--- live b.keep_s ms: st, ans, fin as characters, the rest as `load` reads
--- them. `as`: whether the key holds it as a string now. A string is
--- written whole; a hash, the fields a life changes (all of them where the
--- key held a string).
+-- Writes the record at `key`, to live b.keep_s ms: st, ans, fin as
+-- characters, the rest as `load` reads them. `as`: whether the key holds
+-- it as a string now. A string is written whole, by one SET, where the
+-- batch writes strings (b.strings; a hash is replaced) or the key holds
+-- one; else a hash, the fields a life changes.
+-- A string is never turned into a hash: that would take a DEL, and on a
+-- Redis Cluster slot being migrated a key the node no longer holds is
+-- refused, so the HSET after it would fail, and the call (which Lua does
+-- not roll back) would leave the job without its record. No write here
+-- leaves the key absent, even for a moment.
 local function store(key, b, as, st, ans, fin, lease, own, n, c, tail)
-  if b.strings then
+  if b.strings or as then
     call('SET', key, st .. ans .. fin .. '|' .. lease .. '|' .. own .. '|' .. n .. '|' .. c
       .. '|' .. tail, 'PX', b.keep_s)
     return
-  end
-  if as then
-    local at, rv, fp = string.match(tail, '^(%d*)|([^|]*)|(.*)$')
-    call('DEL', key)
-    call('HSET', key, 'fp', fp, 'at', at)
-    if rv ~= '' then call('HSET', key, 'rv', rv) end
   end
   call('HSET', key, 'st', st, 'ans', ans, 'lease', lease, 'own', own, 'n', n, 'c', c)
   if fin ~= '-' then call('HSET', key, 'fin', fin) end

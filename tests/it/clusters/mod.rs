@@ -5,5 +5,7 @@
 mod rabbitmq;
 mod redis;
 mod redis_failover;
+mod redis_migrating;
 mod redis_reshard;
 mod redis_spread;
+mod sentinel_forced;

@@ -701,6 +701,23 @@ async fn no_control_or_format_character_reaches_a_terminal() {
         let out = stdout(&mailgate(&h, args).await);
         assert!(!raw(&out), "{args:?}: {out:?}");
     }
+    // The ids `publish` echoes come from a producer's file (found by
+    // review: printed raw, on stdout and in --wait's timeout message).
+    let file = std::env::temp_dir().join(format!("{}.jsonl", h.settings.amqp.jobs_queue));
+    let evil = json!({"id": format!("e{rlo}\u{1b}]0;OWNED\u{7}"), "email": "tty3@example.com", "code": "1"});
+    std::fs::write(&file, format!("{evil}\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let out = mailgate(&h, &["publish", "--file", file]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!raw(&text) && text.contains("\\u{202e}"), "{text:?}");
+    let out = mailgate(
+        &h,
+        &["publish", "--wait", "--timeout", "1s", "--file", file],
+    )
+    .await;
+    let text = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    assert!(!raw(&text) && text.contains("\\u{202e}"), "{text:?}");
+    let _ = std::fs::remove_file(file);
     w.stop().await.unwrap();
 }
 
