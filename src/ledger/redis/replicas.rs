@@ -23,10 +23,10 @@ impl RedisLedger {
             tracing::warn!(error = %crate::report::one_line(&e), "could not give back a send mark the replicas did not acknowledge");
         }
         LedgerError::Unreplicated(format!(
-            "only {acked} Redis replicas acknowledged the send mark within {} ms (\
-             redis.min_replicas_acked is {}; behind Sentinel, every replica it could promote \
-             must); it was given back, and the job is not sent now",
-            self.replication.timeout_ms, self.replication.replicas
+            "{acked} of the {} or more Redis replicas asked for acknowledged the send mark \
+             within {} ms (redis.min_replicas_acked, and behind Sentinel every replica it could \
+             promote); it was given back, and the job is not sent now",
+            self.replication.replicas, self.replication.timeout_ms
         ))
     }
 
