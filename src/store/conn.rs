@@ -9,13 +9,13 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::cluster::Clustered;
 use super::sentinel::Followed;
 use crate::settings::{ClusterTarget, RedisSettings, RedisTarget, SentinelTarget};
 use crate::tls::LinkTls;
@@ -41,7 +41,7 @@ pub(crate) enum Conn {
     /// carries the key prefix's hash tag, or the call names one key), and
     /// the connection routes it to that slot's primary (following the
     /// cluster when slots move or a replica is promoted).
-    Cluster(ClusterConnection),
+    Cluster(Arc<Clustered>),
 }
 
 /// Opens a [`Conn`]; fails if Redis (or no Sentinel, or the primary it
@@ -81,11 +81,9 @@ pub(crate) async fn connect(redis: &RedisSettings) -> RedisResult<Conn> {
                 Followed::start(target, client, certs).await?,
             ))
         }
-        RedisTarget::Cluster(target) => Ok(Conn::Cluster(
-            cluster_client(target, certs)?
-                .get_async_connection()
-                .await?,
-        )),
+        RedisTarget::Cluster(target) => Ok(Conn::Cluster(Arc::new(
+            Clustered::connect(target, certs).await?,
+        ))),
     }
 }
 
@@ -153,13 +151,13 @@ impl Conn {
         let Some(key) = key else {
             let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             // Without a response policy, the reply maps each node to its own.
-            let replies = c.clone().route_command(cmd, every).await?;
+            let replies = c.get().route_command(cmd, every).await?;
             let replies: Vec<(String, String)> = redis::from_redis_value(replies)?;
             return Ok(replies.into_iter().map(|(_, info)| info).collect());
         };
         let node = Route::with_key(key, SlotAddr::Master);
         let v = c
-            .clone()
+            .get()
             .route_command(
                 cmd,
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
@@ -176,7 +174,7 @@ impl Conn {
         let replies: Vec<(String, (u64, u64))> = match self {
             Conn::Cluster(c) => {
                 let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                redis::from_redis_value(c.clone().route_command(time, every).await?)?
+                redis::from_redis_value(c.get().route_command(time, every).await?)?
             }
             _ => vec![(
                 "server".to_owned(),
@@ -218,7 +216,7 @@ impl Conn {
             return Ok(vec![ScanNode::Server]);
         };
         let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let replies = c.clone().route_command(redis::cmd("PING"), every).await?;
+        let replies = c.get().route_command(redis::cmd("PING"), every).await?;
         let replies: Vec<(String, Value)> = redis::from_redis_value(replies)?;
         replies
             .into_iter()
@@ -261,7 +259,7 @@ impl Conn {
                     port: *port,
                 });
                 Ok(redis::from_redis_value(
-                    c.clone().route_command(scan, at).await?,
+                    c.get().route_command(scan, at).await?,
                 )?)
             }
             _ => scan.query_async(&mut self.clone()).await,
@@ -303,7 +301,8 @@ fn certificates(tls: &LinkTls) -> Option<redis::TlsCertificates> {
     })
 }
 
-fn cluster_client(
+/// A client for the cluster `target` names (its nodes, credentials, TLS).
+pub(super) fn cluster_client(
     target: &ClusterTarget,
     certs: Option<redis::TlsCertificates>,
 ) -> RedisResult<redis::cluster::ClusterClient> {
@@ -395,7 +394,11 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Server(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(async move {
+                let result = c.get().req_packed_command(cmd).await;
+                c.check(&result).await;
+                result
+            }),
             Conn::Sentinel(f) => Box::pin(async move {
                 let (generation, mut conn) = f.connection().await?;
                 let result = conn.req_packed_command(cmd).await;
@@ -418,8 +421,9 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => Box::pin(async move {
-                match c.req_packed_commands(cmd, offset, count).await {
+            Conn::Cluster(clustered) => Box::pin(async move {
+                let mut c = clustered.get();
+                let result = match c.req_packed_commands(cmd, offset, count).await {
                     // A slot being migrated: the cluster client follows the
                     // ASK with ASKING, which covers one command, so the
                     // pipeline's next command is refused again. Its
@@ -455,7 +459,9 @@ impl ConnectionLike for Conn {
                         None => Err(e),
                     },
                     other => other,
-                }
+                };
+                clustered.check(&result).await;
+                result
             }),
             Conn::Sentinel(f) => Box::pin(async move {
                 let (generation, mut conn) = f.connection().await?;
@@ -474,7 +480,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Server(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c) => c.get().get_db(),
             Conn::Sentinel(f) => f.db(),
             Conn::Pinned(_, _, c) => c.get_db(),
         }

@@ -9,6 +9,7 @@
 //! (how the limiter counts a subject, and the table it judges by); the
 //! [`crate::ledger`], the worker and the support tools use it.
 
+mod cluster;
 pub(crate) mod conn;
 mod error;
 pub mod overrides;

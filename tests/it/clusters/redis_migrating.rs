@@ -12,9 +12,15 @@ use mailgate::settings::{LimitSettings, RecordForm, RedisSettings};
 /// Marks the slot of `key` as moving from its owner to another primary;
 /// returns the slot, the owner and the receiver.
 fn migrate(cluster: &PrivateCluster, key: &str) -> (String, u16, u16) {
-    let slot = redis_cli(cluster.ports[0], &["cluster", "keyslot", key]);
     let src = cluster.primary_of(key).expect("a primary");
     let dst = *cluster.ports.iter().find(|p| **p != src).unwrap();
+    migrate_to(cluster, key, dst)
+}
+
+/// Marks the slot of `key` as moving from its owner to `dst`.
+fn migrate_to(cluster: &PrivateCluster, key: &str, dst: u16) -> (String, u16, u16) {
+    let slot = redis_cli(cluster.ports[0], &["cluster", "keyslot", key]);
+    let src = cluster.primary_of(key).expect("a primary");
     let (src_id, dst_id) = (
         redis_cli(src, &["cluster", "myid"]),
         redis_cli(dst, &["cluster", "myid"]),
@@ -171,4 +177,66 @@ async fn the_overrides_work_while_their_slot_is_migrating() {
         assert!(removal.is_ok(), "{removal:?}");
         assert_eq!(store.list().await.unwrap().len(), 2);
     }
+}
+
+/// A node removed with `redis-cli --cluster del-node` and left running
+/// answers CLUSTERDOWN for every key. A worker whose slot map still sent
+/// mailgate's slot there waited for ever (33 of 60 jobs, found by review);
+/// now it learns the layout again and reaches the slot's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_but_left_running_is_left_behind() {
+    let mut cluster = PrivateCluster::start();
+    let extra = cluster.add_node();
+    let prefix = "{rmd}:";
+    let key = format!("{prefix}job:d1");
+    let owner = cluster.primary_of(&key).expect("an owner");
+    // mailgate's slot moves to the new node, and the ledger learns it there.
+    let (slot, _, _) = migrate_to(&cluster, &key, extra);
+    finish(&cluster, &slot, owner, extra);
+    let settings = RedisSettings::new(cluster.url(), prefix);
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    let (d1, a) = (TestJob::new("d1", "d1@example.com", None), Ticket::new());
+    assert_eq!(d1.admit(&l, &a, Clock::Server).await, Verdict::Admitted);
+    // The slot moves back, and the new node is removed but left running.
+    migrate_to(&cluster, &key, owner);
+    finish(&cluster, &slot, extra, owner);
+    let id = redis_cli(extra, &["cluster", "myid"]);
+    let removed = std::process::Command::new("redis-cli")
+        .args(["--cluster", "del-node", &format!("127.0.0.1:{owner}"), &id])
+        .output()
+        .expect("redis-cli runs");
+    assert!(removed.status.success(), "{removed:?}");
+    eprintln!(
+        "{}",
+        redis_cli(extra, &["cluster", "info"])
+            .lines()
+            .next()
+            .unwrap_or("")
+    );
+    let (d2, b) = (TestJob::new("d2", "d2@example.com", None), Ticket::new());
+    let entry = Entry {
+        job: d2.by(&b),
+        send_now: false,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let admitted = loop {
+        match l.admit(&entry, Clock::Server).await {
+            Ok(a) => break a,
+            Err(e) => {
+                assert!(e.is_outage(), "{e}");
+                assert!(std::time::Instant::now() < deadline, "still {e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    };
+    assert_eq!(admitted.verdict, Verdict::Admitted);
+    // The first job's record moved with the slot, and is found.
+    assert!(matches!(
+        d1.admit(&l, &Ticket::new(), Clock::Server).await,
+        Verdict::Busy { .. }
+    ));
 }

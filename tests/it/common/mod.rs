@@ -333,6 +333,34 @@ impl PrivateCluster {
         self.nodes[i] = Self::node(port, &self.dir);
     }
 
+    /// A new primary, with no slots, joined to the cluster (and named by
+    /// [`PrivateCluster::url`] from now on); its port.
+    pub(crate) fn add_node(&mut self) -> u16 {
+        let port = free_port();
+        self.nodes.push(Self::node(port, &self.dir));
+        self.until(|| {
+            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .is_ok()
+        });
+        let added = std::process::Command::new("redis-cli")
+            .args(["--cluster", "add-node"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("127.0.0.1:{}", self.ports[0]))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli runs");
+        assert!(added.success(), "redis-cli --cluster add-node");
+        self.ports.push(port);
+        let id = redis_cli(port, &["cluster", "myid"]);
+        self.until(|| {
+            self.ports
+                .iter()
+                .all(|p| redis_cli(*p, &["cluster", "nodes"]).contains(&id))
+        });
+        port
+    }
+
     /// Kills (SIGKILL) the node on `port`.
     pub(crate) fn kill(&mut self, port: u16) {
         let i = self
