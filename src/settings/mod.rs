@@ -215,6 +215,20 @@ impl Settings {
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = self.smtp.warnings();
         warnings.extend(unread_variables());
+        let replicated = matches!(
+            self.redis.target(),
+            Ok(RedisTarget::Sentinel(_) | RedisTarget::Cluster(_))
+        );
+        if replicated && self.redis.min_replicas_acked == 0 {
+            warnings.push(
+                "redis.min_replicas_acked is 0 with replicas that can be promoted (Sentinel or \
+                 Cluster): a failover can lose send marks and admissions, so a job sent just \
+                 before it can be mailed again and a mailbox get more mail than its rules \
+                 allow; set it to 1 (behind Sentinel, every replica it could promote is then \
+                 waited for)"
+                    .to_owned(),
+            );
+        }
         let (drain, send) = (self.worker.shutdown_timeout, self.smtp.timeout);
         if drain.mul_f64(0.9) < send {
             warnings.push(format!(

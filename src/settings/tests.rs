@@ -159,6 +159,24 @@ fn a_shutdown_shorter_than_a_send_is_warned_of() {
     );
 }
 
+/// Replicas that can be promoted without waiting for them: a failover can
+/// mail a job twice, so check-config says so (issue 41).
+#[test]
+fn promotable_replicas_without_waiting_are_warned_of() {
+    let mut s = shipped();
+    for url in ["redis+sentinel://s1:26379/mg", "redis+cluster://n1:6379"] {
+        s.redis.url = url.into();
+        s.redis.min_replicas_acked = 0;
+        let w = s.warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("min_replicas_acked is 0"),
+            "{url}: {w:?}"
+        );
+        s.redis.min_replicas_acked = 1;
+        assert!(s.warnings().is_empty(), "{url}: {:?}", s.warnings());
+    }
+}
+
 #[test]
 fn timeouts_are_bounded() {
     for (set, key) in [
