@@ -267,11 +267,13 @@ async fn show<S: std::future::Future<Output = ()>>(
         // JSON escapes every control character.
         match json {
             true => writeln!(out, "{}", printable_json(&all.to_string()))?,
-            false => writeln!(
-                out,
-                "{}",
-                printable_json(&serde_json::to_string_pretty(&all)?)
-            )?,
+            // Line by line: serde_json breaks lines only between values,
+            // never in a string, so the layout stays.
+            false => {
+                for line in serde_json::to_string_pretty(&all)?.lines() {
+                    writeln!(out, "{}", printable_json(line))?;
+                }
+            }
         }
     }
     if !found {
