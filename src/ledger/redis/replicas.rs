@@ -1,8 +1,16 @@
 //! `redis.min_replicas_acked`: how many replicas must hold a send mark
 //! before its job is sent, and what happens when fewer do.
 
+use std::time::Duration;
+
+use backon::Retryable as _;
+
 use super::RedisLedger;
 use crate::ledger::{JobRef, Ledger, LedgerError};
+
+/// How long giving back a send mark the replicas did not acknowledge is
+/// retried while Redis is away.
+const GIVE_BACK_FOR: Duration = Duration::from_secs(20);
 
 /// `redis.min_replicas_acked` and its timeout: how a batch that sets a send
 /// mark waits for replicas (`WAIT`) before its items are answered.
@@ -19,7 +27,22 @@ impl RedisLedger {
     /// acknowledged (`acked`): gives the mark back, so that a retry resumes
     /// the job rather than finding its delivery unknown, and fails.
     pub(super) async fn unreplicated(&self, job: &JobRef<'_>, acked: i64) -> LedgerError {
-        if let Err(e) = self.release(job).await {
+        // Retried while Redis is away: the failover that kept the replicas
+        // from acknowledging also stops writes for a moment (behind
+        // Sentinel, while it is under way), and a mark left standing would
+        // answer the job "delivery unknown" though its send never began
+        // (found by review: 29 of 3 000 jobs over six forced failovers).
+        let given_back = (|| self.release(job))
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_secs(1))
+                    .with_total_delay(Some(GIVE_BACK_FOR))
+                    .without_max_times(),
+            )
+            .when(LedgerError::is_outage)
+            .await;
+        if let Err(e) = given_back {
             tracing::warn!(error = %crate::report::one_line(&e), "could not give back a send mark the replicas did not acknowledge");
         }
         LedgerError::Unreplicated(format!(
