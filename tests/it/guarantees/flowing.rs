@@ -371,7 +371,10 @@ async fn a_broker_alarm_is_reported_and_never_holds_shutdown() {
         s.worker.shutdown_timeout = Duration::from_secs(3);
     })
     .await;
-    h.sink.set_delay(Duration::from_millis(1_500));
+    // Long enough for the alarm to be raised before the result goes out:
+    // `rabbitmqctl` alone took over 1.5 s under the suite's load (the
+    // result then went out before the alarm, twice in CI-like runs).
+    h.sink.set_delay(Duration::from_millis(4_000));
     let w = h.start_worker().await;
     h.publish(&json!({"id": "alarmed", "email": "a@example.com", "code": "1"}))
         .await;
