@@ -89,15 +89,14 @@ fn main() -> ExitCode {
         mailgate::traces::shutdown(traces);
     }
     match outcome {
-        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(exit)) => ExitCode::from(exit.0),
         Ok(Err(e)) => {
             // One line: the error and its causes, no backtrace.
             eprintln!("error: {}", cli::one_line(&e));
             ExitCode::FAILURE
         }
-        // The command said what failed; a panic was already printed by the
-        // panic hook.
-        Ok(Ok(false)) | Err(_) => ExitCode::FAILURE,
+        // A panic was already printed by the panic hook.
+        Err(_) => ExitCode::FAILURE,
     }
 }
 

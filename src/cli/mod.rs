@@ -46,7 +46,7 @@ pub use limits::{
 };
 pub use overrides::{AddOverride, OverridesAction, overrides};
 pub use probe::{http_get, probe};
-pub use publish::{PublishArgs, jobs_from, publish};
+pub use publish::{PublishArgs, jobs_from, publish, status_exit};
 pub use results::{Reading, results};
 pub use suppress::{SuppressAction, suppress};
 
@@ -229,7 +229,7 @@ pub async fn run(
     command: Command,
     connect_timeout: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Exit> {
     // A one-shot command fails fast: it waits `--connect-timeout` for
     // RabbitMQ, never the worker's `amqp.timeout`.
     if !matches!(command, Command::Worker) {
@@ -245,10 +245,10 @@ pub async fn run(
             let mut shutdown = std::pin::pin!(shutdown);
             let worker = tokio::select! {
                 w = crate::worker::build(&settings) => w?,
-                () = &mut shutdown => return Ok(true),
+                () = &mut shutdown => return Ok(Exit::OK),
             };
             worker.run(shutdown).await?;
-            Ok(true)
+            Ok(Exit::OK)
         }
         // These stop between two messages on Ctrl-C or SIGTERM.
         Command::Results {
@@ -263,9 +263,9 @@ pub async fn run(
                 (false, false) => Reading::Look(limit),
             };
             results(&settings, queue.as_deref(), how, shutdown).await?;
-            Ok(true)
+            Ok(Exit::OK)
         }
-        Command::Dead { action } => dead(&settings, action, shutdown).await,
+        Command::Dead { action } => dead(&settings, action, shutdown).await.map(Exit::from),
         // The other tools stop at once on Ctrl-C or SIGTERM: the handlers
         // are installed for every command, so nothing else would stop them.
         tool => tokio::select! {
@@ -275,14 +275,33 @@ pub async fn run(
     }
 }
 
+/// How a command ended: the process's exit status. 0 is success and 1 a
+/// failure the command reported; `publish --wait` says more
+/// ([`publish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Exit(pub u8);
+
+impl Exit {
+    /// Done as asked.
+    pub const OK: Exit = Exit(0);
+    /// The command said what failed.
+    pub const FAILED: Exit = Exit(1);
+}
+
+impl From<bool> for Exit {
+    fn from(ok: bool) -> Self {
+        if ok { Exit::OK } else { Exit::FAILED }
+    }
+}
+
 /// Runs a command other than `worker`, `results` and `dead`.
-async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool> {
-    match command {
+async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<Exit> {
+    let done = match command {
         // `run` takes these two itself and passes every other command here.
         Command::Worker | Command::Results { .. } | Command::Dead { .. } => {
             unreachable!("run handles worker, results and dead itself")
         }
-        Command::Publish(args) => publish(settings, &args).await,
+        Command::Publish(args) => return publish(settings, &args).await,
         Command::Limits { action } => limits(settings, action).await,
         Command::Job { id, json } => job(settings, &id, json).await,
         Command::Suppress { action } => suppress(settings, action).await,
@@ -297,7 +316,8 @@ async fn run_tool(settings: &Settings, command: Command) -> anyhow::Result<bool>
         Command::Clock { accept } => clock(settings, accept).await,
         Command::Probe => probe(settings).await,
         Command::Admin { action } => admin(settings, action).await,
-    }
+    };
+    done.map(Exit::from)
 }
 
 /// The error and its causes on one line ([`crate::report::one_line`]),

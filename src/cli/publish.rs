@@ -16,8 +16,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Consumer};
 use serde_json::{Map, Value, json};
 
-use super::amqp;
 use super::letters::printable;
+use super::{Exit, amqp};
 use crate::broker::TIMESTAMP_MS_HEADER;
 use crate::domain::now_ms;
 use crate::settings::Settings;
@@ -154,9 +154,10 @@ pub fn jobs_from(args: &PublishArgs) -> anyhow::Result<Vec<Map<String, Value>>> 
 }
 
 /// Publishes the jobs with publisher confirms, printing each id (or, with
-/// `wait`, each result as a JSON line). Returns whether every publish was
-/// confirmed and, with `wait`, every result arrived.
-pub async fn publish(settings: &Settings, args: &PublishArgs) -> anyhow::Result<bool> {
+/// `wait`, each result as a JSON line). The exit status: 1 if a publish was
+/// not confirmed or, with `wait`, a result did not arrive; else, with
+/// `wait`, the worst of the results' ([`status_exit`]); else 0.
+pub async fn publish(settings: &Settings, args: &PublishArgs) -> anyhow::Result<Exit> {
     if args.wait && args.reply_to.is_some() {
         bail!("--wait reads results on a private queue; it cannot be combined with --reply-to");
     }
@@ -200,11 +201,28 @@ pub async fn publish(settings: &Settings, args: &PublishArgs) -> anyhow::Result<
             }
         }
     }
+    let mut exit = Exit::OK;
     if let Some(consumer) = replies.as_mut() {
-        all_ok &= print_results(consumer, waiting, args.timeout).await?;
+        exit = print_results(consumer, waiting, args.timeout).await?;
     }
     let _ = conn.close(200, "bye".into()).await;
-    Ok(all_ok)
+    // The tool's own failure outranks what the results say.
+    Ok(if all_ok { exit } else { Exit::FAILED })
+}
+
+/// `publish --wait`'s exit status for a result's `status`, so that a script
+/// can tell: 0 a code was mailed (`sent`, or `duplicate`: an earlier
+/// message of the job was); 3 `rejected` (a limit: try again after
+/// `retry_after_ms`); 4 any other answer (`suppressed`, `invalid`,
+/// `failed`, `expired`, `superseded`, or one this version does not know:
+/// no code, and asking again soon will not mail one). 1 stays for the tool's own failures; the worst
+/// status of several jobs wins.
+pub fn status_exit(status: &str) -> Exit {
+    match status {
+        "sent" | "duplicate" => Exit::OK,
+        "rejected" => Exit(3),
+        _ => Exit(4),
+    }
 }
 
 /// Where the jobs ask for their results, and with `--wait` the consumer
@@ -283,13 +301,15 @@ async fn publish_job(
 
 /// Prints each result `consumer` receives, until every job in `waiting`
 /// has one or `timeout` runs out (then says which are missing). Returns
-/// whether every result arrived.
+/// the exit status: 1 if a result did not arrive, else the worst of the
+/// results' ([`status_exit`]).
 async fn print_results(
     consumer: &mut Consumer,
     mut waiting: BTreeSet<String>,
     timeout: Duration,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Exit> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut exit = Exit::OK;
     while !waiting.is_empty() {
         let next = tokio::time::timeout_at(deadline, consumer.next()).await;
         let Ok(Some(Ok(delivery))) = next else {
@@ -304,15 +324,42 @@ async fn print_results(
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            return Ok(false);
+            return Ok(Exit::FAILED);
         };
         delivery.ack(BasicAckOptions::default()).await?;
         let result: Value = serde_json::from_slice(&delivery.data).unwrap_or(Value::Null);
         if let Some(id) = result.get("id").and_then(Value::as_str) {
             waiting.remove(id);
         }
+        let status = result.get("status").and_then(Value::as_str).unwrap_or("");
+        exit = exit.max(status_exit(status));
         let text = super::letters::printable_json(&String::from_utf8_lossy(&delivery.data));
         writeln!(std::io::stdout().lock(), "{text}")?;
     }
-    Ok(true)
+    Ok(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every status a result can carry has its exit status: mailed 0,
+    /// rejected 3, any other answer 4 (1 is the tool's own failure).
+    #[test]
+    fn each_status_has_its_exit_status() {
+        for (status, code) in [
+            ("sent", 0),
+            ("duplicate", 0),
+            ("rejected", 3),
+            ("suppressed", 4),
+            ("invalid", 4),
+            ("failed", 4),
+            ("expired", 4),
+            ("superseded", 4),
+            // One a later worker may add: not mailed, as far as we know.
+            ("postponed", 4),
+        ] {
+            assert_eq!(status_exit(status), Exit(code), "{status}");
+        }
+    }
 }

@@ -67,6 +67,16 @@ async fn publish_wait_prints_the_sent_result() {
     assert_eq!(r["status"], "sent", "{r}");
     assert_eq!(r["email"], "newbie@example.com");
     assert_eq!(h.sink.mails_to("newbie@example.com").len(), 1);
+    // Again at once: rejected by the mailbox's limit, and the exit status
+    // says so (3), so a script can tell (issue 42: it exited 0).
+    let out = run_async(mailgate(
+        &h,
+        &["publish", "--wait", "--email", "newbie@example.com"],
+    ))
+    .await;
+    let r: Value = serde_json::from_slice(&out.stdout).expect("one JSON result line");
+    assert_eq!(r["status"], "rejected", "{r}");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 
     // Without --wait it prints the ids; JSON lines from stdin work too.
     let mut c = mailgate(&h, &["publish", "--file", "-"]);
