@@ -11,6 +11,9 @@
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_bounces_total` | counter | none; counts addresses a relay said do not exist (5.1.1), each suppressed, as spelled, for `limits.suppress_bounces_for`: a sudden rise is a relay refusing many (past 5 in a row of one domain, or of any, without a mail taken for it, the refusals stop suppressing: `mailgate_bounces_doubted_total`) or a code farmer probing addresses |
 //! | `mailgate_bounces_doubted_total` | counter | `relay`: 5.1.1s not taken as grounds to suppress, because the relay said so of more than 5 mailboxes in a row of the recipient's domain, or of any, without taking a mail for it, of more than 30 % of its latest mails, or every worker's bounces of the domain passed 5 in 10 minutes (a broken recipient table); the first of each run also lifts the run's earlier suppressions |
+//! | `mailgate_jobs_redelivered_often_total` | counter | messages handed out a third time, moved to `<jobs_queue>.redelivered` |
+//! | `mailgate_jobs_isolated_total` | counter | jobs taken one at a time from `<jobs_queue>.redelivered` |
+//! | `mailgate_send_marks_unreplicated_total` | counter | send marks fewer replicas acknowledged than `redis.min_replicas_acked` (behind Sentinel, every replica it could promote) asks for: given back, the job retried |
 //! | `mailgate_jobs_in_flight` | gauge | |
 //! | `mailgate_smtp_send_seconds` | histogram | `outcome`: `ok`, `transient`, `permanent` (a mailbox that does not exist too), `unknown` |
 //! | `mailgate_publish_to_result_seconds` | histogram | `status`; from the job's `timestamp_in_ms` header, else its AMQP timestamp |
@@ -27,8 +30,9 @@
 //! their network shares and the stored overrides), never from a job's
 //! content: an attack adds no series (`tools::cli::a_flood_of_hostile_jobs_adds_no_metric_series`).
 //!
-//! The counters and gauges dashboards and alerts read are registered at
-//! zero when the worker starts ([`register`]).
+//! The counters and gauges dashboards and alerts read, and the counters
+//! without labels, are registered at zero when the worker starts
+//! ([`register`]), with every family's HELP text.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -101,8 +105,110 @@ pub fn register() {
     metrics::counter!("mailgate_dead_letters_total").increment(0);
     metrics::counter!("mailgate_bounces_total").increment(0);
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => "admitted").increment(0);
+    metrics::counter!("mailgate_jobs_redelivered_often_total").increment(0);
+    metrics::counter!("mailgate_jobs_isolated_total").increment(0);
+    metrics::counter!("mailgate_send_marks_unreplicated_total").increment(0);
     metrics::gauge!("mailgate_jobs_in_flight").increment(0.0);
     metrics::gauge!("mailgate_jobs_queue_messages").set(0.0);
+    describe();
+}
+
+/// The HELP text of every metric family (`promtool check metrics` wants
+/// one for each).
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    for (name, help) in [
+        (
+            "mailgate_jobs_total",
+            "Jobs answered, by the status of their result.",
+        ),
+        (
+            "mailgate_retries_total",
+            "Jobs sent back to wait for another try, by why.",
+        ),
+        (
+            "mailgate_dead_letters_total",
+            "Messages moved to the dead-letter queue.",
+        ),
+        (
+            "mailgate_bounces_total",
+            "Recipients a relay refused as unknown (5.1.1) and suppressed.",
+        ),
+        (
+            "mailgate_bounces_doubted_total",
+            "Unknown-recipient refusals not trusted enough to suppress, by relay.",
+        ),
+        (
+            "mailgate_limiter_decisions_total",
+            "Rate-limit decisions: admitted, or rejected by scope and window.",
+        ),
+        (
+            "mailgate_limiter_override_decisions_total",
+            "Decisions an override made, by kind.",
+        ),
+        (
+            "mailgate_limiter_shadow_rejections_total",
+            "Admissions a shadow rule (enforce = false) would have rejected.",
+        ),
+        (
+            "mailgate_jobs_redelivered_often_total",
+            "Messages handed out a third time, moved to the redelivered lane.",
+        ),
+        (
+            "mailgate_jobs_isolated_total",
+            "Jobs taken one at a time from the redelivered lane.",
+        ),
+        (
+            "mailgate_send_marks_unreplicated_total",
+            "Send marks too few Redis replicas acknowledged: given back, the job retried.",
+        ),
+        (
+            "mailgate_smtp_relay_sends_total",
+            "Mails a relay accepted, by relay.",
+        ),
+        (
+            "mailgate_smtp_relay_failures_total",
+            "Sends a relay failed, by relay.",
+        ),
+    ] {
+        describe_counter!(name, help);
+    }
+    for (name, help) in [
+        ("mailgate_jobs_in_flight", "Jobs this worker holds now."),
+        (
+            "mailgate_jobs_queue_messages",
+            "Messages ready in the jobs queue, as last seen.",
+        ),
+        (
+            "mailgate_dependency_up",
+            "Whether a dependency answers, as /readyz checks it (1 up, 0 down).",
+        ),
+        (
+            "mailgate_smtp_relay_up",
+            "1 while some relay's circuit is closed and its latest send or session worked, else 0.",
+        ),
+        (
+            "mailgate_smtp_relay_circuit",
+            "Each relay's circuit: 0 closed, 1 half open, 2 open.",
+        ),
+    ] {
+        describe_gauge!(name, help);
+    }
+    describe_gauge!(
+        "mailgate_redis_clock_skew_seconds",
+        Unit::Seconds,
+        "How far Redis's clock is from this worker's."
+    );
+    describe_histogram!(
+        "mailgate_publish_to_result_seconds",
+        Unit::Seconds,
+        "From a job's publish to its result, by status."
+    );
+    describe_histogram!(
+        "mailgate_smtp_send_seconds",
+        Unit::Seconds,
+        "How long an SMTP transaction took, by outcome."
+    );
 }
 
 /// Whether `dependency` answers, as `/readyz` checks it.

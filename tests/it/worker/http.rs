@@ -462,3 +462,34 @@ async fn readiness_names_the_broker_it_cannot_reach() {
     let _ = tx.send(());
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), run).await;
 }
+
+/// `promtool check metrics` finds nothing to say of a live `/metrics`, once
+/// a job was sent: every family has its HELP text (issue 42: "no help
+/// text" for all 15), and the names follow Prometheus's conventions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_finds_a_live_metrics_page_clean() {
+    use std::io::Write as _;
+    let h = Harness::new("promtool-metrics").await;
+    let w = h.start_worker().await;
+    h.publish(&serde_json::json!({"id": "p1", "email": "p1@example.com", "code": "1"}))
+        .await;
+    assert_eq!(h.result().await["status"], "sent");
+    let (_, body) = http_get(w.http, "/metrics").await;
+    w.stop().await.unwrap();
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+}
