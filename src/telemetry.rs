@@ -113,102 +113,137 @@ pub fn register() {
     describe();
 }
 
+/// What a metric family is, for its HELP line.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    /// A gauge or histogram in seconds.
+    GaugeSeconds,
+    HistogramSeconds,
+}
+
 /// The HELP text of every metric family (`promtool check metrics` wants
 /// one for each).
+const HELP: [(&str, Kind, &str); 21] = [
+    (
+        "mailgate_jobs_total",
+        Kind::Counter,
+        "Jobs answered, by the status of their result.",
+    ),
+    (
+        "mailgate_retries_total",
+        Kind::Counter,
+        "Jobs sent back to wait for another try, by why.",
+    ),
+    (
+        "mailgate_dead_letters_total",
+        Kind::Counter,
+        "Messages moved to the dead-letter queue.",
+    ),
+    (
+        "mailgate_bounces_total",
+        Kind::Counter,
+        "Recipients a relay refused as unknown (5.1.1), suppressed.",
+    ),
+    (
+        "mailgate_bounces_doubted_total",
+        Kind::Counter,
+        "Unknown-recipient refusals not trusted to suppress, by relay.",
+    ),
+    (
+        "mailgate_limiter_decisions_total",
+        Kind::Counter,
+        "Admissions: admitted, or rejected by scope and window.",
+    ),
+    (
+        "mailgate_limiter_override_decisions_total",
+        Kind::Counter,
+        "Decisions an override made, by kind.",
+    ),
+    (
+        "mailgate_limiter_shadow_rejections_total",
+        Kind::Counter,
+        "Admissions a shadow rule would have rejected.",
+    ),
+    (
+        "mailgate_jobs_redelivered_often_total",
+        Kind::Counter,
+        "Messages handed out a third time, moved aside.",
+    ),
+    (
+        "mailgate_jobs_isolated_total",
+        Kind::Counter,
+        "Jobs taken one at a time from the redelivered lane.",
+    ),
+    (
+        "mailgate_send_marks_unreplicated_total",
+        Kind::Counter,
+        "Send marks too few replicas acknowledged: given back.",
+    ),
+    (
+        "mailgate_smtp_relay_sends_total",
+        Kind::Counter,
+        "Mails a relay accepted, by relay.",
+    ),
+    (
+        "mailgate_smtp_relay_failures_total",
+        Kind::Counter,
+        "Sends a relay failed, by relay.",
+    ),
+    (
+        "mailgate_jobs_in_flight",
+        Kind::Gauge,
+        "Jobs this worker holds now.",
+    ),
+    (
+        "mailgate_jobs_queue_messages",
+        Kind::Gauge,
+        "Messages ready in the jobs queue, as last seen.",
+    ),
+    (
+        "mailgate_dependency_up",
+        Kind::Gauge,
+        "Whether a dependency answers as /readyz checks it.",
+    ),
+    (
+        "mailgate_smtp_relay_up",
+        Kind::Gauge,
+        "1 while some relay's circuit is closed and it worked.",
+    ),
+    (
+        "mailgate_smtp_relay_circuit",
+        Kind::Gauge,
+        "Each relay's circuit: 0 closed, 1 half open, 2 open.",
+    ),
+    (
+        "mailgate_redis_clock_skew_seconds",
+        Kind::GaugeSeconds,
+        "How far Redis's clock is ahead.",
+    ),
+    (
+        "mailgate_publish_to_result_seconds",
+        Kind::HistogramSeconds,
+        "From a job's publish to its result.",
+    ),
+    (
+        "mailgate_smtp_send_seconds",
+        Kind::HistogramSeconds,
+        "How long an SMTP transaction took.",
+    ),
+];
+
+/// Gives every family in [`HELP`] its text.
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    for (name, help) in [
-        (
-            "mailgate_jobs_total",
-            "Jobs answered, by the status of their result.",
-        ),
-        (
-            "mailgate_retries_total",
-            "Jobs sent back to wait for another try, by why.",
-        ),
-        (
-            "mailgate_dead_letters_total",
-            "Messages moved to the dead-letter queue.",
-        ),
-        (
-            "mailgate_bounces_total",
-            "Recipients a relay refused as unknown (5.1.1) and suppressed.",
-        ),
-        (
-            "mailgate_bounces_doubted_total",
-            "Unknown-recipient refusals not trusted enough to suppress, by relay.",
-        ),
-        (
-            "mailgate_limiter_decisions_total",
-            "Rate-limit decisions: admitted, or rejected by scope and window.",
-        ),
-        (
-            "mailgate_limiter_override_decisions_total",
-            "Decisions an override made, by kind.",
-        ),
-        (
-            "mailgate_limiter_shadow_rejections_total",
-            "Admissions a shadow rule (enforce = false) would have rejected.",
-        ),
-        (
-            "mailgate_jobs_redelivered_often_total",
-            "Messages handed out a third time, moved to the redelivered lane.",
-        ),
-        (
-            "mailgate_jobs_isolated_total",
-            "Jobs taken one at a time from the redelivered lane.",
-        ),
-        (
-            "mailgate_send_marks_unreplicated_total",
-            "Send marks too few Redis replicas acknowledged: given back, the job retried.",
-        ),
-        (
-            "mailgate_smtp_relay_sends_total",
-            "Mails a relay accepted, by relay.",
-        ),
-        (
-            "mailgate_smtp_relay_failures_total",
-            "Sends a relay failed, by relay.",
-        ),
-    ] {
-        describe_counter!(name, help);
+    for (name, kind, help) in HELP {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::GaugeSeconds => describe_gauge!(name, Unit::Seconds, help),
+            Kind::HistogramSeconds => describe_histogram!(name, Unit::Seconds, help),
+        }
     }
-    for (name, help) in [
-        ("mailgate_jobs_in_flight", "Jobs this worker holds now."),
-        (
-            "mailgate_jobs_queue_messages",
-            "Messages ready in the jobs queue, as last seen.",
-        ),
-        (
-            "mailgate_dependency_up",
-            "Whether a dependency answers, as /readyz checks it (1 up, 0 down).",
-        ),
-        (
-            "mailgate_smtp_relay_up",
-            "1 while some relay's circuit is closed and its latest send or session worked, else 0.",
-        ),
-        (
-            "mailgate_smtp_relay_circuit",
-            "Each relay's circuit: 0 closed, 1 half open, 2 open.",
-        ),
-    ] {
-        describe_gauge!(name, help);
-    }
-    describe_gauge!(
-        "mailgate_redis_clock_skew_seconds",
-        Unit::Seconds,
-        "How far Redis's clock is from this worker's."
-    );
-    describe_histogram!(
-        "mailgate_publish_to_result_seconds",
-        Unit::Seconds,
-        "From a job's publish to its result, by status."
-    );
-    describe_histogram!(
-        "mailgate_smtp_send_seconds",
-        Unit::Seconds,
-        "How long an SMTP transaction took, by outcome."
-    );
 }
 
 /// Whether `dependency` answers, as `/readyz` checks it.
