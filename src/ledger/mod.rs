@@ -41,6 +41,7 @@ mod memory;
 pub(crate) mod redis;
 
 use std::future::Future;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -51,6 +52,24 @@ use crate::domain::{EmailAddress, JobId, Name, Ticket};
 use crate::limiter::overrides::OverrideError;
 use crate::limiter::{Clock, Quotas, Request, Rooms, RuleRef, Subject, Usage};
 use crate::settings::{LimitSettings, RedisSettings};
+
+/// How long a ledger write that must not be lost (a settle, the give-back
+/// of a send mark the replicas did not acknowledge) is retried while Redis
+/// is away: long enough to outlast a Sentinel failover (writes stop while
+/// one is under way, a second or two when forced) or a cluster's
+/// promotion of a replica.
+pub const OUTAGE_RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// The backoff of such a write: from 50 ms, doubling up to 1 s, for
+/// [`OUTAGE_RETRY_FOR`] in all. Retry only outages with it
+/// ([`LedgerError::is_outage`]).
+pub fn outage_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_total_delay(Some(OUTAGE_RETRY_FOR))
+        .without_max_times()
+}
 
 /// What an id was admitted for: a digest of the mailbox (as parsed), the
 /// client address and the purpose. A message reusing the id for anything

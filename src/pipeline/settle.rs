@@ -22,11 +22,6 @@ use super::{Action, Message, Outbox, Pipeline, Waiting};
 /// How long a ledger write may still take once the worker is stopping
 /// (see [`Pipeline::record`]).
 const STOPPING_WRITE: Duration = Duration::from_secs(1);
-/// How long a write after the fact is retried while Redis does not take
-/// it: long enough to outlast a Sentinel failover (writes stop while one is
-/// under way, a second or two when forced) or a cluster's promotion of a
-/// replica.
-const RECORD_FOR: Duration = Duration::from_secs(20);
 
 impl<L: Ledger> Pipeline<L> {
     /// Settle: answers the delivery and records it in the ledger.
@@ -246,7 +241,8 @@ impl<L: Ledger> Pipeline<L> {
     }
 
     /// Runs a ledger write after the fact (the mail is out, or the result
-    /// is), retried for up to [`RECORD_FOR`]: if it is lost, a later copy
+    /// is), retried while Redis is away for up to
+    /// [`crate::ledger::OUTAGE_RETRY_FOR`]: if it is lost, a later copy
     /// of the job is answered from what the ledger knew before ("delivery
     /// unknown" for a sent one). Its answer, if it came.
     pub(super) async fn record<T, Fut>(&self, write: impl FnMut() -> Fut) -> Option<T>
@@ -254,13 +250,7 @@ impl<L: Ledger> Pipeline<L> {
         Fut: Future<Output = Result<T, LedgerError>>,
     {
         let retried = write
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(Duration::from_secs(1))
-                    .with_total_delay(Some(RECORD_FOR))
-                    .without_max_times(),
-            )
+            .retry(crate::ledger::outage_backoff())
             .when(LedgerError::is_outage);
         // Stopping, a write Redis does not answer gets a moment, no more:
         // the job's answer (a `sent` result) must go out before the

@@ -1,16 +1,10 @@
 //! `redis.min_replicas_acked`: how many replicas must hold a send mark
 //! before its job is sent, and what happens when fewer do.
 
-use std::time::Duration;
-
 use backon::Retryable as _;
 
 use super::RedisLedger;
 use crate::ledger::{JobRef, Ledger, LedgerError};
-
-/// How long giving back a send mark the replicas did not acknowledge is
-/// retried while Redis is away.
-const GIVE_BACK_FOR: Duration = Duration::from_secs(20);
 
 /// `redis.min_replicas_acked` and its timeout: how a batch that sets a send
 /// mark waits for replicas (`WAIT`) before its items are answered.
@@ -33,13 +27,7 @@ impl RedisLedger {
         // answer the job "delivery unknown" though its send never began
         // (found by review: 29 of 3 000 jobs over six forced failovers).
         let given_back = (|| self.release(job))
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(Duration::from_secs(1))
-                    .with_total_delay(Some(GIVE_BACK_FOR))
-                    .without_max_times(),
-            )
+            .retry(crate::ledger::outage_backoff())
             .when(LedgerError::is_outage)
             .await;
         if let Err(e) = given_back {
