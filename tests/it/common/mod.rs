@@ -352,11 +352,19 @@ impl PrivateCluster {
             .expect("redis-cli runs");
         assert!(added.success(), "redis-cli --cluster add-node");
         self.ports.push(port);
-        let id = redis_cli(port, &["cluster", "myid"]);
+        // Every node knows every other (the new one learns the others by
+        // gossip, after they learn it), and the cluster is whole.
+        let ids: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| redis_cli(*p, &["cluster", "myid"]))
+            .collect();
         self.until(|| {
-            self.ports
-                .iter()
-                .all(|p| redis_cli(*p, &["cluster", "nodes"]).contains(&id))
+            self.ports.iter().all(|p| {
+                let nodes = redis_cli(*p, &["cluster", "nodes"]);
+                ids.iter().all(|id| nodes.contains(id.as_str()))
+                    && redis_cli(*p, &["cluster", "info"]).contains("cluster_state:ok")
+            })
         });
         port
     }
