@@ -1,7 +1,11 @@
 //! Mail templates: minijinja files under `<dir>/<purpose>/<locale>/`:
 //! `subject.txt`, `body.txt` and optionally `body.html`. Files directly in
 //! `<dir>` (e.g. `layout.html`) are shared: any template may
-//! `{% extends "layout.html" %}` or `{% include %}` them.
+//! `{% extends "layout.html" %}` or `{% include %}` them. A set may also
+//! lie flat in `<dir>`, as `<purpose>.<locale>.<file>` (`verify.en.body.txt`):
+//! the form of a Kubernetes ConfigMap mounted whole, whose keys cannot hold
+//! '/'. Purpose and locale names hold no '.', so the two forms cannot be
+//! confused; one set in both is refused.
 //!
 //! Everything is loaded, compiled and test-rendered at start-up, so a broken
 //! template stops the worker before it consumes anything; at run time no file
@@ -83,29 +87,37 @@ pub struct Templates {
     default_locale: String,
 }
 
-/// Adds the templates of the set `set` (`<purpose>/<locale>`) in `dir`
-/// to `env`; whether it has an HTML body.
+/// One template set's files, as found on disk: `<purpose>/<locale>/<file>`
+/// or, flat, `<purpose>.<locale>.<file>` directly in the template
+/// directory (a Kubernetes ConfigMap's keys cannot hold '/', so a
+/// ConfigMap mounted whole gives this form).
+#[derive(Debug, Default)]
+struct SetFiles {
+    /// `<file>` (one of [`SUBJECT`], [`TEXT`], [`HTML`]) → its path.
+    files: BTreeMap<&'static str, std::path::PathBuf>,
+    /// Where the set is, for errors: its directory or its flat prefix.
+    shown: String,
+}
+
+/// Adds the templates of the set `set` (`<purpose>/<locale>`) to `env`;
+/// whether it has an HTML body.
 fn add_set(
     env: &mut Environment<'static>,
     root: &std::path::Path,
-    dir: &std::path::Path,
+    found: &SetFiles,
     set: &str,
 ) -> Result<bool, TemplateError> {
-    let mut html = false;
-    for file in [SUBJECT, TEXT, HTML] {
-        let path = dir.join(file);
-        match (path.exists(), file) {
-            (false, HTML) => continue,
-            (false, _) => {
-                return Err(TemplateError::Layout(format!(
-                    "{set} has no {file}: a locale needs {SUBJECT} and {TEXT}, and may have \
-                     {HTML} (in {})",
-                    dir.display()
-                )));
-            }
-            (true, _) => html |= file == HTML,
+    for file in [SUBJECT, TEXT] {
+        if !found.files.contains_key(file) {
+            return Err(TemplateError::Layout(format!(
+                "{set} has no {file}: a locale needs {SUBJECT} and {TEXT}, and may have \
+                 {HTML} (in {})",
+                found.shown
+            )));
         }
-        let path = inside(root, &path)?;
+    }
+    for (file, path) in &found.files {
+        let path = inside(root, path)?;
         let source = std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
             path: path.display().to_string(),
             error,
@@ -114,7 +126,7 @@ fn add_set(
         env.add_template_owned(name.clone(), source)
             .map_err(|error| TemplateError::Template { name, error })?;
     }
-    Ok(html)
+    Ok(found.files.contains_key(HTML))
 }
 
 /// `dir` as an error names it: absolute, and, if the settings gave it
@@ -157,7 +169,8 @@ impl Templates {
                 path: where_is(&settings.dir),
                 error,
             })?;
-        for (name, path) in shared_files(&settings.dir, &root)? {
+        let (shared, sets) = files(&settings.dir, &root)?;
+        for (name, path) in shared {
             let source = std::fs::read_to_string(&path).map_err(|error| TemplateError::Read {
                 path: path.display().to_string(),
                 error,
@@ -165,31 +178,27 @@ impl Templates {
             env.add_template_owned(name.clone(), source)
                 .map_err(|error| TemplateError::Template { name, error })?;
         }
-        for purpose in subdirs(&settings.dir, &root)? {
-            let purpose_dir = settings.dir.join(&purpose);
-            for locale in subdirs(&purpose_dir, &root)? {
-                let dir = purpose_dir.join(&locale);
-                // `zh_CN` and `zh-cn` name one locale: two such directories
-                // would hide one another.
-                if let Some(other) = locales
-                    .get(&purpose)
-                    .and_then(|l| l.get(&locale_key(&locale)))
-                {
-                    return Err(TemplateError::Layout(format!(
-                        "{} and {} are the same locale (case and '_'/'-' do not matter); \
-                         keep one",
-                        purpose_dir.join(other).display(),
-                        dir.display()
-                    )));
-                }
-                if add_set(&mut env, &root, &dir, &format!("{purpose}/{locale}"))? {
-                    with_html.insert(format!("{purpose}/{locale}"));
-                }
-                locales
-                    .entry(purpose.clone())
-                    .or_default()
-                    .insert(locale_key(&locale), locale);
+        for ((purpose, locale), found) in &sets {
+            // `zh_CN` and `zh-cn` name one locale: two such sets would hide
+            // one another.
+            if let Some(other) = locales
+                .get(purpose)
+                .and_then(|l| l.get(&locale_key(locale)))
+            {
+                let shown = &sets[&(purpose.clone(), other.clone())].shown;
+                return Err(TemplateError::Layout(format!(
+                    "{shown} and {} are the same locale (case and '_'/'-' do not matter); \
+                     keep one",
+                    found.shown
+                )));
             }
+            if add_set(&mut env, &root, found, &format!("{purpose}/{locale}"))? {
+                with_html.insert(format!("{purpose}/{locale}"));
+            }
+            locales
+                .entry(purpose.clone())
+                .or_default()
+                .insert(locale_key(locale), locale.clone());
         }
         if locales.is_empty() {
             return Err(TemplateError::Layout(format!(
@@ -397,26 +406,89 @@ fn inside(root: &Path, path: &Path) -> Result<std::path::PathBuf, TemplateError>
     }
 }
 
-/// The files directly in `dir` that templates may extend or include, by name.
-fn shared_files(
+/// The template sets by `(purpose, locale)`.
+type Sets = BTreeMap<(String, String), SetFiles>;
+
+/// Every file of the template directory `dir`: the shared ones directly
+/// in it, which templates may extend or include, by name; and the template
+/// sets, nested (`<purpose>/<locale>/<file>`) or flat
+/// (`<purpose>.<locale>.<file>`). One set in both forms is a layout error:
+/// one would silently hide the other.
+fn files(
     dir: &Path,
     root: &Path,
-) -> Result<Vec<(String, std::path::PathBuf)>, TemplateError> {
+) -> Result<(Vec<(String, std::path::PathBuf)>, Sets), TemplateError> {
     let read = |error| TemplateError::Read {
         path: dir.display().to_string(),
         error,
     };
-    let mut files = Vec::new();
+    let mut shared = Vec::new();
+    let mut sets = Sets::new();
     for entry in std::fs::read_dir(dir).map_err(read)? {
         let entry = entry.map_err(read)?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
         let path = inside(root, &entry.path())?;
-        if path.is_file() && !name.starts_with('.') {
-            files.push((name, path));
+        if !path.is_file() {
+            continue;
+        }
+        match flat(&name) {
+            Some((purpose, locale, file)) => {
+                let set = sets
+                    .entry((purpose.to_owned(), locale.to_owned()))
+                    .or_default();
+                set.shown = dir
+                    .join(format!("{purpose}.{locale}.*"))
+                    .display()
+                    .to_string();
+                set.files.insert(file, entry.path());
+            }
+            None => shared.push((name, path)),
         }
     }
-    files.sort();
-    Ok(files)
+    shared.sort();
+    for purpose in subdirs(dir, root)? {
+        let purpose_dir = dir.join(&purpose);
+        for locale in subdirs(&purpose_dir, root)? {
+            let set_dir = purpose_dir.join(&locale);
+            let found: BTreeMap<_, _> = [SUBJECT, TEXT, HTML]
+                .into_iter()
+                .map(|file| (file, set_dir.join(file)))
+                .filter(|(_, path)| path.exists())
+                .collect();
+            let shown = set_dir.display().to_string();
+            let key = (purpose.clone(), locale);
+            if let Some(other) = sets.get(&key) {
+                return Err(TemplateError::Layout(format!(
+                    "{shown} and {} are one template set, nested and flat; keep one",
+                    other.shown
+                )));
+            }
+            sets.insert(
+                key,
+                SetFiles {
+                    files: found,
+                    shown,
+                },
+            );
+        }
+    }
+    Ok((shared, sets))
+}
+
+/// `(purpose, locale, file)` of a flat template file's name
+/// (`verify.en.body.txt`): both names valid, the file one of a set's.
+/// Anything else directly in the directory is a shared file.
+fn flat(name: &str) -> Option<(&str, &str, &'static str)> {
+    let file = [SUBJECT, TEXT, HTML]
+        .into_iter()
+        .find(|file| name.ends_with(&format!(".{file}")))?;
+    let prefix = &name[..name.len() - file.len() - 1];
+    let (purpose, locale) = prefix.split_once('.')?;
+    let valid = |n: &str| Name::parse("template name", n).is_ok();
+    (valid(purpose) && valid(locale)).then_some((purpose, locale, file))
 }
 
 /// The names of the subdirectories of `dir` (symlinks to directories inside
@@ -662,26 +734,96 @@ mod tests {
         assert!(err.contains("other") && err.contains("outside"), "{err}");
     }
 
-    /// A ConfigMap volume (deploy/k8s/), as Kubernetes lays it out: the
-    /// files in a hidden `..<timestamp>` directory, `..data` linking to it,
-    /// and each top-level entry a link through `..data`. It loaded as a
-    /// layout error ("..data" is no purpose name).
-    #[test]
-    fn a_kubernetes_configmap_volume_loads() {
-        let (d, s) = set(OK);
-        let stamp = d.0.join("..2026_11_26_01_00_00.123");
+    /// Lays the files of `dir` out as a ConfigMap volume does: the files in
+    /// a hidden `..<timestamp>` directory, `..data` linking to it, and each
+    /// top-level entry a link through `..data`.
+    fn as_configmap_volume(dir: &std::path::Path) {
+        let stamp = dir.join("..2026_11_26_01_00_00.123");
         std::fs::create_dir(&stamp).unwrap();
-        for entry in std::fs::read_dir(&d.0).unwrap() {
+        for entry in std::fs::read_dir(dir).unwrap() {
             let entry = entry.unwrap();
             let name = entry.file_name();
             if !name.to_string_lossy().starts_with('.') {
                 std::fs::rename(entry.path(), stamp.join(&name)).unwrap();
                 let through = std::path::Path::new("..data").join(&name);
-                std::os::unix::fs::symlink(through, d.0.join(&name)).unwrap();
+                std::os::unix::fs::symlink(through, dir.join(&name)).unwrap();
             }
         }
-        std::os::unix::fs::symlink("..2026_11_26_01_00_00.123", d.0.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..2026_11_26_01_00_00.123", dir.join("..data")).unwrap();
+    }
+
+    /// A ConfigMap volume (deploy/k8s/) of nested files (mapped by
+    /// `items`). It loaded as a layout error ("..data" is no purpose name).
+    #[test]
+    fn a_kubernetes_configmap_volume_loads() {
+        let (d, s) = set(OK);
+        as_configmap_volume(&d.0);
         let t = Templates::load(&s).expect("a ConfigMap volume loads");
         assert!(t.has_purpose(&Name::parse("purpose", "verify").unwrap()));
+    }
+
+    /// A ConfigMap's keys cannot hold '/': one mounted whole (as a
+    /// kustomize configMapGenerator's is, with no `items` list to keep)
+    /// holds `<purpose>.<locale>.<file>`, which loads and renders as the
+    /// nested layout does; shared files beside them stay shared.
+    #[test]
+    fn a_configmap_of_flat_names_loads_as_the_nested_layout() {
+        let layout = ("layout.html", "<html>{% block body %}{% endblock %}</html>");
+        let html = "{% extends 'layout.html' %}{% block body %}{{ code }}{% endblock %}";
+        let mut nested = OK.to_vec();
+        nested.extend([layout, ("verify/zh/body.html", html)]);
+        let flat_names: Vec<String> = nested.iter().map(|(p, _)| p.replace('/', ".")).collect();
+        let flat: Vec<(&str, &str)> = flat_names
+            .iter()
+            .zip(&nested)
+            .map(|(name, (_, body))| (name.as_str(), *body))
+            .collect();
+        let (_n, n) = set(&nested);
+        let (d, f) = set(&flat);
+        as_configmap_volume(&d.0);
+        let (nested, flat) = (Templates::load(&n).unwrap(), Templates::load(&f).unwrap());
+        assert_eq!(
+            flat.sets().collect::<Vec<_>>(),
+            nested.sets().collect::<Vec<_>>()
+        );
+        assert_eq!(flat.with_html, nested.with_html);
+        for (purpose, locale) in nested.sets() {
+            let ctx = sample_context(purpose, locale, true);
+            assert_eq!(
+                flat.render_set(purpose, locale, &ctx).unwrap(),
+                nested.render_set(purpose, locale, &ctx).unwrap()
+            );
+        }
+        let ctx = sample_context("verify", "zh", true);
+        let zh = flat.render_set("verify", "zh", &ctx).unwrap();
+        assert_eq!(zh.html.as_deref(), Some("<html>123456</html>"));
+    }
+
+    /// One set given twice, nested and flat, or a flat set lacking a part,
+    /// is a layout error that names the files: never one silently chosen.
+    #[test]
+    fn a_flat_set_is_held_to_the_nested_rules() {
+        let mut both = OK.to_vec();
+        both.extend([("verify.en.subject.txt", "x"), ("verify.en.body.txt", "x")]);
+        let (_d, s) = set(&both);
+        let err = Templates::load(&s).unwrap_err().to_string();
+        assert!(err.contains("nested and flat"), "{err}");
+        assert!(err.contains("verify.en.*"), "{err}");
+
+        let mut partial = OK.to_vec();
+        partial.push(("verify.de.subject.txt", "x"));
+        let (_d, s) = set(&partial);
+        let err = Templates::load(&s).unwrap_err().to_string();
+        assert!(err.contains("verify/de has no body.txt"), "{err}");
+        assert!(err.contains("verify.de.*"), "{err}");
+
+        let mut same_locale = OK.to_vec();
+        same_locale.extend([
+            ("verify.ZH_cn.subject.txt", "x"),
+            ("verify.ZH_cn.body.txt", "x"),
+        ]);
+        let (_d, s) = set(&same_locale);
+        let err = Templates::load(&s).unwrap_err().to_string();
+        assert!(err.contains("are the same locale"), "{err}");
     }
 }
