@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`, `suppressed`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
-//! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window` (ms), `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job |
+//! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window_ms`, `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job; each configured shadow rule's series starts at zero, and without one the family is absent |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
@@ -21,7 +21,7 @@
 //! | `mailgate_smtp_relay_sends_total` | counter | `relay` (its name): mails the relay accepted |
 //! | `mailgate_smtp_relay_failures_total` | counter | `relay`: relay-level failures (of sends, readiness checks and probes), the ones that count against its circuit |
 //! | `mailgate_smtp_relay_circuit` | gauge | `relay`: its circuit, 0 closed, 1 half-open (probing), 2 open |
-//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection); absent until first checked (unknown is not down), but Redis 0 from the first failed connection at start-up |
+//! | `mailgate_dependency_up` | gauge | `dependency` (`rabbitmq`, `redis`, `smtp`): 1 while it answers as `/readyz` checks it, else 0; refreshed on each `/readyz` and every 15 s (SMTP then as the sends and circuits see it, without a probe connection); first checked as the worker starts running (before it consumes; while it builds, only Redis is there, 0 from its first failed connection) |
 //! | `mailgate_redis_clock_skew_seconds` | gauge | how far the Redis primary whose clock disagrees most with this worker's is ahead (negative: behind), read every second; past `redis.max_clock_skew` the worker takes no jobs |
 //! | `mailgate_jobs_queue_messages` | gauge | jobs waiting in the jobs queue (ready, not yet handed to a worker), read every 15 s; every worker reports it, so take the `max` |
 //!
@@ -30,9 +30,11 @@
 //! their network shares and the stored overrides), never from a job's
 //! content: an attack adds no series (`tools::cli::a_flood_of_hostile_jobs_adds_no_metric_series`).
 //!
-//! The counters and gauges dashboards and alerts read, and the counters
-//! without labels, are registered at zero when the worker starts
-//! ([`register`]), with every family's HELP text.
+//! Every family is on `/metrics` from start-up, with its HELP text: the
+//! counters and histograms at zero for each label value known then
+//! ([`register`], [`shadow_rule_registered`], [`smtp_relay_registered`]),
+//! the gauges as the worker first reads them (the README's list is held
+//! to this by `worker::http::the_readme_lists_every_metric_and_each_is_there_from_start_up`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -90,14 +92,21 @@ pub fn job_answered(status: Status, since_publish: Option<Duration>) {
     }
 }
 
-/// Every counter and gauge `deploy/grafana` and `deploy/prometheus` read,
-/// registered at zero, so their queries have data from the first scrape: a
+/// Every counter and histogram series whose labels are known before any
+/// job, and the gauges of the jobs in flight and waiting, registered at
+/// zero, so queries have data from the first scrape: a
 /// rate over a series that does not exist yet is no data, and the first
 /// increment of a series born at 1 is lost to `increase` (an alert on dead
 /// letters would miss the first). Called once the recorder is installed.
 pub fn register() {
     for status in Status::ALL {
-        metrics::counter!("mailgate_jobs_total", "status" => status_label(status)).increment(0);
+        let status = status_label(status);
+        metrics::counter!("mailgate_jobs_total", "status" => status).increment(0);
+        // Registered, a histogram renders its buckets at zero.
+        let _ = metrics::histogram!("mailgate_publish_to_result_seconds", "status" => status);
+    }
+    for outcome in ["ok", "transient", "permanent", "unknown"] {
+        let _ = metrics::histogram!("mailgate_smtp_send_seconds", "outcome" => outcome);
     }
     for reason in ["transient", "lease", "outage", "relay"] {
         metrics::counter!("mailgate_retries_total", "reason" => reason).increment(0);
@@ -105,6 +114,9 @@ pub fn register() {
     metrics::counter!("mailgate_dead_letters_total").increment(0);
     metrics::counter!("mailgate_bounces_total").increment(0);
     metrics::counter!("mailgate_limiter_decisions_total", "verdict" => "admitted").increment(0);
+    for kind in ["allow", "deny", "rules"] {
+        metrics::counter!("mailgate_limiter_override_decisions_total", "kind" => kind).increment(0);
+    }
     metrics::counter!("mailgate_jobs_redelivered_often_total").increment(0);
     metrics::counter!("mailgate_jobs_isolated_total").increment(0);
     metrics::counter!("mailgate_send_marks_unreplicated_total").increment(0);
@@ -328,6 +340,19 @@ impl Drop for InFlight {
 /// says: `mailgate_smtp_relay_up` is 1 or 0.
 pub fn smtp_relay_up(up: bool) {
     metrics::gauge!("mailgate_smtp_relay_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// A shadow rule (`enforce = false`) of `scope` is configured: its series
+/// of `mailgate_limiter_shadow_rejections_total` starts at zero, so that
+/// the first job it would have rejected shows in `increase`.
+pub fn shadow_rule_registered(scope: &'static str, window_ms: u64, max: u32) {
+    metrics::counter!(
+        "mailgate_limiter_shadow_rejections_total",
+        "scope" => scope,
+        "window_ms" => window_ms.to_string(),
+        "max" => max.to_string(),
+    )
+    .increment(0);
 }
 
 /// A relay is set up: its counters and circuit gauge start at 0 (closed),

@@ -268,7 +268,7 @@ fn record(verdict: &Verdict, shadow: Option<&RuleRef>, by_override: Option<&'sta
         metrics::counter!(
             "mailgate_limiter_shadow_rejections_total",
             "scope" => rule.scope.as_str(),
-            "window" => rule.window_ms.to_string(),
+            "window_ms" => rule.window_ms.to_string(),
             "max" => rule.max.to_string(),
         )
         .increment(1);

@@ -139,6 +139,9 @@ impl<L: Ledger + 'static> Worker<L> {
         if let Some(e) = &endpoint {
             e.hand_over(this.clone());
         }
+        // Once before anything consumes, so the gauges are on /metrics
+        // from the start; then every GAUGES_EVERY.
+        this.refresh_dependency_gauges().await;
         let gauges = tokio::spawn(this.clone().refresh_gauges());
         let redis = tokio::spawn(this.clone().watch_redis());
         let result = this.clone().consume(shutdown).await;

@@ -116,7 +116,7 @@ impl<L: Ledger + 'static> Worker<L> {
     /// alerts: SMTP as the sends and the circuits see it, without opening
     /// a connection (a probe every few seconds from every worker would
     /// load the relay; `/readyz` itself still opens one).
-    async fn refresh_dependency_gauges(&self) {
+    pub(super) async fn refresh_dependency_gauges(&self) {
         telemetry::dependency_up("rabbitmq", self.amqp_state().is_ok());
         telemetry::dependency_up("redis", self.redis_state().is_ok());
         let relay = self.pipeline.mailer().relay_health();

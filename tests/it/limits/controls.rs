@@ -133,7 +133,7 @@ async fn a_shadow_rule_is_counted_then_enforced() {
     assert_eq!(sent[2]["shadow_rule"], rule, "{}", sent[2]);
     let (_, metrics) = common::harness::http_get(w.http, "/metrics").await;
     let counted =
-        r#"mailgate_limiter_shadow_rejections_total{scope="email",window="3600000",max="2"} 1"#;
+        r#"mailgate_limiter_shadow_rejections_total{scope="email",window_ms="3600000",max="2"} 1"#;
     assert!(metrics.contains(counted), "{metrics}");
     w.stop().await.unwrap();
 

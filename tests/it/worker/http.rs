@@ -493,3 +493,71 @@ async fn promtool_finds_a_live_metrics_page_clean() {
     let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && said.trim().is_empty(), "{said}");
 }
+
+/// The families a `/metrics` page has series of: a histogram's
+/// `_bucket`/`_sum`/`_count` series count as its own name.
+fn families(page: &str) -> std::collections::BTreeSet<String> {
+    let histograms: Vec<&str> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" histogram"))
+        .collect();
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|name| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| histograms.contains(base));
+            base.unwrap_or(name).to_owned()
+        })
+        .collect()
+}
+
+/// The README's list of metrics is `/metrics`, both ways: every family it
+/// names is there from start-up, before any job, so a `rate()` or an
+/// alert has a series to read from the first scrape; and every family a
+/// worker exports once it has answered jobs of each kind is in the list
+/// (issue 42: `mailgate_bounces_total` was missing from it, four counters
+/// appeared only after their first event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_lists_every_metric_and_each_is_there_from_start_up() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let start = readme
+        .find("- **Metrics** on `/metrics`")
+        .expect("the README's Metrics bullet");
+    let end = start + 1 + readme[start + 1..].find("\n- **").expect("a next bullet");
+    let listed = metric_names(&readme[start..end]);
+    assert!(listed.len() >= 20, "{listed:?}");
+
+    // A shadow rule, so that its family has a series to show.
+    let h = Harness::with("readme-metrics", |s| {
+        s.limits.email.rules.push(mailgate::settings::Rule {
+            window: std::time::Duration::from_secs(3600),
+            max: 3,
+            enforce: false,
+        });
+    })
+    .await;
+    let w = h.start_worker().await;
+    let (_, at_start) = http_get(w.http, "/metrics").await;
+    let there = families(&at_start);
+    let absent: Vec<&String> = listed.difference(&there).collect();
+    assert!(
+        absent.is_empty(),
+        "listed in the README, not on /metrics at start-up: {absent:?}\n{at_start}"
+    );
+
+    common::harness::wait_ready(w.http).await;
+    publish_timed(&h, "r", &["a@example.com", "a@example.com"]).await;
+    h.publish(&json!({"id": "bad", "code": "1"})).await;
+    h.results(3).await;
+    let (_, after) = http_get(w.http, "/metrics").await;
+    w.stop().await.unwrap();
+    let unlisted: Vec<String> = families(&after).difference(&listed).cloned().collect();
+    assert!(
+        unlisted.is_empty(),
+        "on /metrics, not in the README's list: {unlisted:?}"
+    );
+}
