@@ -1478,7 +1478,7 @@ fn the_readme_command_table_is_the_clap_tree() {
 }
 
 /// Every key the shipped settings file sets or shows (commented) is
-/// explained in the README's configuration table, in its section's row:
+/// explained in the README's configuration list, in its section's entry:
 /// the reference cannot drift from the settings (which refuse a key they
 /// do not know, `tools::docs_configs`).
 #[test]
@@ -1504,10 +1504,11 @@ fn the_readme_explains_every_shipped_setting() {
         // A section's own key, in its row; a table's under it (`[amqp.tls]`,
         // `[[smtp.relays]]`), in its row or where the README explains it.
         let top = section.split('.').next().unwrap_or("");
-        let row = readme
-            .lines()
-            .find(|l| l.starts_with(&format!("| `[{top}]` |")));
-        let explained = row.is_some_and(|r| r.contains(&format!("`{key}`")))
+        let entry = readme
+            .find(&format!("\n- **`[{top}]`**: "))
+            .map(|at| &readme[at + 1..])
+            .map(|rest| &rest[..rest[1..].find("\n-").map_or(rest.len(), |end| end + 1)]);
+        let explained = entry.is_some_and(|e| e.contains(&format!("`{key}`")))
             || (section.contains('.') && readme.contains(&format!("`{key}`")));
         if !explained {
             missing.push(format!("[{section}] {key}"));
@@ -1516,7 +1517,7 @@ fn the_readme_explains_every_shipped_setting() {
     missing.dedup();
     assert!(
         missing.is_empty(),
-        "not in the README's configuration table:\n{}",
+        "not in the README's configuration list:\n{}",
         missing.join("\n")
     );
 }
