@@ -20,9 +20,10 @@ For the base and for every overlay under overlays/:
   the measured peak, non-root, the URLs from the Secret, the disruption
   budget and the KEDA scaler on the Deployment and its jobs queue;
 - one scrape story: the metrics Service's ServiceMonitor, and
-  deploy/prometheus/prometheus.yml, scrape the job the alerts query, and
-  nothing carries prometheus.io/* annotations (their scrape names the job
-  otherwise, and the alerts would never match).
+  deploy/prometheus/prometheus.yml, scrape the job the alerts query, the
+  README names that job, and nothing carries prometheus.io/* annotations
+  (their scrape names the job otherwise: MailgateNoWorkerUp would fire for
+  ever and the dashboard stay empty).
 
 And every `kubectl apply -k`/`kubectl kustomize` path that README.md and
 the manifests' comments give builds.
@@ -275,7 +276,7 @@ def check_scrape(objects):
         for meta in (obj["metadata"], obj.get("spec", {}).get("template", {}).get("metadata", {})):
             marked = [a for a in (meta.get("annotations") or {}) if a.startswith("prometheus.io/")]
             if marked:
-                fail(f"{obj['kind']} {obj['metadata']['name']} carries {marked}: that scrape names the job otherwise and the alerts never match")
+                fail(f"{obj['kind']} {obj['metadata']['name']} carries {marked}: that scrape names the job otherwise, and the alerts and dashboard read job \"mailgate\"")
     alerts = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
     jobs = set(re.findall(r'job="([^"]+)"', alerts))
     deployment = one(objects, "Deployment")
@@ -302,6 +303,9 @@ def check_scrape(objects):
     scraped = [c["job_name"] for c in prometheus["scrape_configs"]]
     if scraped != [job]:
         fail(f"deploy/prometheus/prometheus.yml scrapes {scraped}; the alerts query job {job!r}")
+    readme = (ROOT / "README.md").read_text()
+    if f"scrape job `{job}`" not in readme or "prometheus.io/scrape" in readme:
+        fail(f"README.md must tell the same scrape story: the scrape job `{job}`, no prometheus.io/scrape")
     for config in prometheus["scrape_configs"]:
         for sd in config.get("dns_sd_configs", []):
             for name in sd["names"]:
