@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `mailgate_jobs_total` | counter | `status`: the final status of each answered job |
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`, `suppressed`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
-//! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window_ms`, `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job; each configured shadow rule's series starts at zero, and without one the family is absent |
+//! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window_ms`, `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job; each configured shadow rule's series (and its domain network shares') starts at zero, and without one the family is absent |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
 //! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
@@ -32,7 +32,7 @@
 //!
 //! Every family is on `/metrics` from start-up, with its HELP text: the
 //! counters and histograms at zero for each label value known then
-//! ([`register`], [`shadow_rule_registered`], [`smtp_relay_registered`]),
+//! ([`register`], [`rule_registered`], [`smtp_relay_registered`]),
 //! the gauges as the worker first reads them (the README's list is held
 //! to this by `worker::http::the_readme_lists_every_metric_and_each_is_there_from_start_up`).
 
@@ -342,17 +342,31 @@ pub fn smtp_relay_up(up: bool) {
     metrics::gauge!("mailgate_smtp_relay_up").set(if up { 1.0 } else { 0.0 });
 }
 
-/// A shadow rule (`enforce = false`) of `scope` is configured: its series
-/// of `mailgate_limiter_shadow_rejections_total` starts at zero, so that
-/// the first job it would have rejected shows in `increase`.
-pub fn shadow_rule_registered(scope: &'static str, window_ms: u64, max: u32) {
-    metrics::counter!(
-        "mailgate_limiter_shadow_rejections_total",
-        "scope" => scope,
-        "window_ms" => window_ms.to_string(),
-        "max" => max.to_string(),
-    )
-    .increment(0);
+/// A rule of `scope` is configured (or a domain's network share of one):
+/// its series start at zero, so that the first job it rejects, or would
+/// have rejected (a shadow rule), shows in `increase`:
+/// `mailgate_limiter_decisions_total{verdict="rejected"}` for an enforced
+/// rule, `mailgate_limiter_shadow_rejections_total` for a shadow one.
+pub fn rule_registered(scope: &'static str, window_ms: u64, max: u32, enforced: bool) {
+    let (window_ms, max) = (window_ms.to_string(), max.to_string());
+    if enforced {
+        metrics::counter!(
+            "mailgate_limiter_decisions_total",
+            "verdict" => "rejected",
+            "scope" => scope,
+            "window_ms" => window_ms,
+            "max" => max,
+        )
+        .increment(0);
+    } else {
+        metrics::counter!(
+            "mailgate_limiter_shadow_rejections_total",
+            "scope" => scope,
+            "window_ms" => window_ms,
+            "max" => max,
+        )
+        .increment(0);
+    }
 }
 
 /// A relay is set up: its counters and circuit gauge start at 0 (closed),

@@ -475,6 +475,21 @@ fn files(
             );
         }
     }
+    // A shared file named as a set's would be (`verify.de.Subject.txt`,
+    // `verify.en.body.htm`) is a misspelt template: refused, or its set
+    // would silently fall back to another locale.
+    if let Some((name, _)) = shared.iter().find(|(name, _)| {
+        let mut parts = name.splitn(3, '.');
+        let purpose = parts.next().unwrap_or_default();
+        parts.nth(1).is_some() && sets.keys().any(|(p, _)| p == purpose)
+    }) {
+        return Err(TemplateError::Layout(format!(
+            "{}: named as a file of template set {}, but a set's files are \
+             <purpose>.<locale>.{SUBJECT}, {TEXT} or {HTML}",
+            dir.join(name).display(),
+            name.split('.').next().unwrap_or_default()
+        )));
+    }
     Ok((shared, sets))
 }
 
@@ -816,6 +831,25 @@ mod tests {
         let err = Templates::load(&s).unwrap_err().to_string();
         assert!(err.contains("verify/de has no body.txt"), "{err}");
         assert!(err.contains("verify.de.*"), "{err}");
+
+        for misspelt in [
+            "verify.de.Subject.txt",
+            "verify.en.body.htm",
+            "verify.pt.BR.subject.txt",
+        ] {
+            let mut files = OK.to_vec();
+            files.push((misspelt, "x"));
+            let (_d, s) = set(&files);
+            let err = Templates::load(&s).unwrap_err().to_string();
+            assert!(
+                err.contains(misspelt) && err.contains("named as a file of"),
+                "{err}"
+            );
+        }
+        let mut shared = OK.to_vec();
+        shared.push(("email.base.html", "shared, of no set's name"));
+        let (_d, s) = set(&shared);
+        Templates::load(&s).expect("a shared file named after no purpose loads");
 
         let mut same_locale = OK.to_vec();
         same_locale.extend([

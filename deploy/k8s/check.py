@@ -31,6 +31,7 @@ the manifests' comments give builds.
   python3 deploy/k8s/check.py
 """
 
+import base64
 import json
 import os
 import pathlib
@@ -50,7 +51,18 @@ SCHEMAS = ["1.30.0", "1.37.0"]
 # BENCHMARKS.md: the worker's peak RSS under full load, at most 59 MB.
 PEAK_RSS_MI = 64
 CRDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
-KINDS = {"Deployment", "Service", "PodDisruptionBudget", "Secret", "ConfigMap"} | CRDS
+KINDS = {"Deployment", "Service", "PodDisruptionBudget", "Secret", "ConfigMap", "Namespace"} | CRDS
+# The names kustomize takes a folder's kustomization from.
+KUSTOMIZATION = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+# The Secret of the URLs, which the base leaves to the operator's secret
+# store: its keys, with stand-ins where a build does not hold it.
+URLS_SECRET = "mailgate-urls"
+URL_KEYS = {
+    "MAILGATE__AMQP__URL": "amqp://mailgate:x@rabbitmq:5672/%2f",
+    "MAILGATE__REDIS__URL": "redis://:x@redis:6379/0",
+    "MAILGATE__SMTP__URL": "smtp://mailgate:x@smtp-relay:587?tls=required",
+    "KEDA_AMQP_HOST": "amqp://mailgate:x@rabbitmq:5672/%2f",
+}
 
 
 def fail(why):
@@ -93,6 +105,33 @@ def validate_schemas(name, objects):
             except kubernetes_validate.ValidationError as e:
                 where = "/".join(str(p) for p in e.path)
                 fail(f"{name}: {kind} {obj['metadata']['name']} fails Kubernetes {version}'s schema at {where}: {e.message}")
+
+
+def secret_data(secret):
+    """A Secret's keys and values: stringData, and data decoded."""
+    values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    values.update(secret.get("stringData") or {})
+    return values
+
+
+def urls(objects, name):
+    """The keys and values of the Secret `name` the worker reads its URLs
+    from: the build's (a generator's, under a name kustomize made), or
+    stand-ins for the one the base leaves to the operator."""
+    found = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == name]
+    if found:
+        return secret_data(found[0])
+    if name == URLS_SECRET:
+        return dict(URL_KEYS)
+    fail(f"the worker reads its URLs from the Secret {name}, which the build lacks")
+
+
+def worker(spec):
+    """The Deployment's container named worker."""
+    found = [c for c in spec["containers"] if c["name"] == "worker"]
+    if len(found) != 1:
+        fail("the Deployment needs one container named worker")
+    return found[0]
 
 
 def one(objects, kind, name=None):
@@ -160,22 +199,43 @@ class Pod:
         """Lays the pod's filesystem out under `root`."""
         deployment = one(objects, "Deployment")
         spec = deployment["spec"]["template"]["spec"]
-        (self.container,) = spec["containers"]
+        self.container = worker(spec)
+        if self.container.get("command") or self.container.get("args") != ["worker"]:
+            fail(f"the worker container must run the image's mailgate with args [worker], not {self.container.get('command')} {self.container.get('args')}")
         self.root = root
         self.workdir = self.container.get("workingDir", image.workdir)
-        self.env = dict(image.env)
-        secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
-        for source in self.container.get("envFrom", []):
-            name = source["secretRef"]["name"]
-            if name not in secrets:
-                fail(f"the worker takes its env from the Secret {name}, which the build lacks")
-            self.env.update(secrets[name].get("stringData", {}))
-        self.env.update({e["name"]: e["value"] for e in self.container.get("env", []) if "value" in e})
-        for source, target in image.copies:
-            if (ROOT / source).is_dir():
-                shutil.copytree(ROOT / source, self.path(target), dirs_exist_ok=True)
-        volumes = {v["name"]: v for v in spec.get("volumes", [])}
         maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+        secrets = {o["metadata"]["name"]: secret_data(o) for o in objects if o["kind"] == "Secret"}
+
+        def source(kind, name):
+            if kind == "secret":
+                if name in secrets:
+                    return secrets[name]
+                if name == URLS_SECRET:
+                    return dict(URL_KEYS)
+            elif name in maps:
+                return maps[name].get("data", {})
+            fail(f"the worker reads the {kind} {name}, which the build lacks")
+
+        self.env = dict(image.env)
+        for ref in self.container.get("envFrom", []):
+            kind = "secret" if "secretRef" in ref else "configMap"
+            self.env.update(source(kind, ref[f"{kind}Ref"]["name"]))
+        for var in self.container.get("env", []):
+            if "value" in var:
+                self.env[var["name"]] = var["value"]
+                continue
+            ref = var.get("valueFrom", {})
+            kind = "secret" if "secretKeyRef" in ref else "configMap" if "configMapKeyRef" in ref else None
+            if kind is None:
+                fail(f"check.py does not model the env {var['name']}'s source {ref}")
+            key = ref[f"{kind}KeyRef"]
+            self.env[var["name"]] = source(kind, key["name"])[key["key"]]
+        for source_dir, target in image.copies:
+            if (ROOT / source_dir).is_dir():
+                shutil.copytree(ROOT / source_dir, self.path(target), dirs_exist_ok=True)
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        group = (spec.get("securityContext") or {}).get("fsGroup")
         for mount in self.container.get("volumeMounts", []):
             volume = volumes.get(mount["name"])
             if volume is None or "configMap" not in volume:
@@ -183,6 +243,9 @@ class Pod:
             name = volume["configMap"]["name"]
             if name not in maps or volume["configMap"].get("items"):
                 fail(f"the volume {mount['name']} must mount the ConfigMap {name} whole")
+            mode = volume["configMap"].get("defaultMode", 0o644)
+            if not (mode & 0o004 or (group and mode & 0o040)):
+                fail(f"the volume {mount['name']}'s files (mode {mode:o}) are root's: the worker (uid 10001) cannot read them")
             shutil.rmtree(self.path(mount["mountPath"]), ignore_errors=True)
             configmap_volume(self.path(mount["mountPath"]), maps[name]["data"])
 
@@ -245,13 +308,13 @@ def check_deployment(objects, settings, container):
     security = spec.get("securityContext", {})
     if not security.get("runAsNonRoot") or not security.get("runAsUser"):
         fail("the pod must run as a non-root user (runAsNonRoot, runAsUser)")
-    secret = one(objects, "Secret", "mailgate-urls")
     refs = [e["secretRef"]["name"] for e in container.get("envFrom", []) if "secretRef" in e]
-    if refs != ["mailgate-urls"]:
-        fail("the worker must take its URLs from the mailgate-urls Secret")
-    for key in ("MAILGATE__AMQP__URL", "MAILGATE__REDIS__URL", "MAILGATE__SMTP__URL"):
-        if key not in secret.get("stringData", {}):
-            fail(f"the Secret lacks {key}")
+    if len(refs) != 1:
+        fail(f"the worker must take its URLs from one Secret ({URLS_SECRET}), not {refs}")
+    secret = urls(objects, refs[0])
+    for key in URL_KEYS:
+        if key not in secret:
+            fail(f"the Secret {refs[0]} lacks {key}")
     pdb = one(objects, "PodDisruptionBudget")
     if pdb["spec"]["selector"]["matchLabels"] != labels:
         fail("the PodDisruptionBudget does not select the Deployment's pods")
@@ -259,16 +322,18 @@ def check_deployment(objects, settings, container):
     if scaled["spec"]["scaleTargetRef"]["name"] != deployment["metadata"]["name"]:
         fail("the ScaledObject does not scale the Deployment")
     (trigger,) = scaled["spec"]["triggers"]
+    if scaled["spec"].get("minReplicaCount", 0) < 1 or "replicas" in deployment["spec"]:
+        fail("KEDA owns the replica count (minReplicaCount at least 1, no Deployment replicas, which each apply would reset)")
     queue = trigger["metadata"].get("queueName")
     if trigger["type"] != "rabbitmq" or queue != settings["amqp"]["jobs_queue"]:
         fail(f"the KEDA trigger must watch {settings['amqp']['jobs_queue']!r}, not {queue!r}")
     auth = trigger.get("authenticationRef", {}).get("name")
     for ref in one(objects, "TriggerAuthentication", auth)["spec"]["secretTargetRef"]:
-        if ref["key"] not in secret.get("stringData", {}):
-            fail(f"KEDA reads {ref['key']} from the Secret, which lacks it")
+        if ref["name"] != refs[0] or ref["key"] not in secret:
+            fail(f"KEDA reads {ref['key']} from the Secret {ref['name']}; the worker's is {refs[0]}")
 
 
-def check_scrape(objects):
+def check_scrape(objects, base):
     """One scrape story, found by review twice: the alerts queried
     job="mailgate" and nothing shipped scraped under that name; then the
     Deployment carried prometheus.io/* annotations the alerts warn against."""
@@ -281,7 +346,7 @@ def check_scrape(objects):
     jobs = set(re.findall(r'job="([^"]+)"', alerts))
     deployment = one(objects, "Deployment")
     labels = deployment["spec"]["selector"]["matchLabels"]
-    port = {p["name"]: p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    port = {p["name"]: p["containerPort"] for p in worker(deployment["spec"]["template"]["spec"])["ports"]}
     service = one(objects, "Service")
     if service["spec"].get("publishNotReadyAddresses") is not True:
         fail("the metrics Service must publish not-ready addresses: a worker that is not ready is the one whose metrics say why")
@@ -295,9 +360,11 @@ def check_scrape(objects):
         fail("the ServiceMonitor does not select the Service")
     if [e.get("port") for e in monitor["spec"]["endpoints"]] != ["http"]:
         fail("the ServiceMonitor must scrape the http port")
-    # Without jobLabel, the Operator names the job after the Service.
-    job = service["metadata"]["name"]
-    if monitor["spec"].get("jobLabel") or jobs != {job}:
+    # The Operator names the job after the Service's jobLabel label, else
+    # after the Service (which an overlay's namePrefix renames).
+    label = monitor["spec"].get("jobLabel")
+    job = service["metadata"]["labels"].get(label) if label else service["metadata"]["name"]
+    if jobs != {job}:
         fail(f"the alerts query job {sorted(jobs)}; the ServiceMonitor scrapes job {job!r}")
     prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     scraped = [c["job_name"] for c in prometheus["scrape_configs"]]
@@ -306,7 +373,8 @@ def check_scrape(objects):
     readme = (ROOT / "README.md").read_text()
     if f"scrape job `{job}`" not in readme or "prometheus.io/scrape" in readme:
         fail(f"README.md must tell the same scrape story: the scrape job `{job}`, no prometheus.io/scrape")
-    for config in prometheus["scrape_configs"]:
+    # prometheus.yml finds the base's pods (a team renaming them edits it).
+    for config in prometheus["scrape_configs"] if base else []:
         for sd in config.get("dns_sd_configs", []):
             for name in sd["names"]:
                 if not name.startswith(f"{service['metadata']['name']}.") or sd.get("port") != port["http"]:
@@ -315,7 +383,7 @@ def check_scrape(objects):
 
 def check_overlay(path, objects):
     """An overlay names the image as a registry serves it, never latest."""
-    image = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = worker(one(objects, "Deployment")["spec"]["template"]["spec"])["image"]
     name, _, tag = image.rpartition(":")
     if "/" not in name or tag in ("", "latest"):
         fail(f"{path.relative_to(ROOT)} runs the image {image!r}: name a registry's image and a release tag")
@@ -328,7 +396,7 @@ def documented_paths():
     found = set()
     for text in texts:
         for match in re.finditer(r"kubectl (?:apply -k|kustomize) (deploy/k8s\S*)", text.read_text()):
-            found.add(match.group(1).rstrip(".,)`'"))
+            found.add(match.group(1).rstrip(".,;:)`'"))
     return found
 
 
@@ -341,8 +409,11 @@ def main():
         fail("kubectl is missing (apt-get install kubectl): it carries kustomize")
     image = Image()
     binary = mailgate_binary()
-    kustomizations = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
-    builds = [k for k in kustomizations if yaml.safe_load((k / "kustomization.yaml").read_text())["kind"] == "Kustomization"]
+    builds = []
+    for folder in sorted({p.parent for name in KUSTOMIZATION for p in K8S.rglob(name)}):
+        (found,) = [folder / n for n in KUSTOMIZATION if (folder / n).exists()]
+        if yaml.safe_load(found.read_text()).get("kind", "Kustomization") == "Kustomization":
+            builds.append(folder)
     for path in sorted(documented_paths()):
         if (ROOT / path).resolve() not in builds:
             fail(f"README.md or a manifest says to build {path}, which is no kustomization here")
@@ -355,7 +426,7 @@ def main():
             pod = Pod(objects, image, pathlib.Path(root))
             pod.check_config(binary)
             check_deployment(objects, pod.settings(), pod.container)
-        check_scrape(objects)
+        check_scrape(objects, path == K8S / "base")
         if path != K8S / "base":
             check_overlay(path, objects)
         counts.append(f"{name} ({len(objects)} objects)")

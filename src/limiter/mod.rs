@@ -160,3 +160,29 @@ impl Subject<'_> {
         }
     }
 }
+
+/// Every rule `limits` configures, as a metric's labels name it: each
+/// scope's rules and each purpose's own, and the domain's network shares
+/// of them; whether it is enforced (a shadow rule is not). Known before any
+/// job, so that each rule's series can start at zero.
+pub fn configured_rules(limits: &crate::settings::LimitSettings) -> Vec<(RuleRef, bool)> {
+    let mut found = Vec::new();
+    for scope in Scope::ALL {
+        for list in limits.rule_lists(scope) {
+            let set = RuleSet {
+                rules: list.to_vec(),
+                keep_ms: 0,
+                deny_until_ms: None,
+            };
+            let shares = (scope == Scope::Domain)
+                .then(|| set.shared(limits.domain.network_share))
+                .flatten();
+            for rule in list.iter().chain(shares.iter().flat_map(|s| &s.rules)) {
+                found.push((RuleRef::of(scope, rule), rule.enforce));
+            }
+        }
+    }
+    found.sort_by_key(|(r, e)| (r.scope, r.window_ms, r.max, *e));
+    found.dedup();
+    found
+}

@@ -184,6 +184,7 @@ impl<L: Ledger + 'static> Worker<L> {
             let stop =
                 (this.take_jobs(&broker, &mut consumers, &mut tasks, shutdown.as_mut())).await;
             this.amqp_up.store(false, Ordering::Relaxed);
+            crate::telemetry::dependency_up("rabbitmq", false);
             this.set_broker(None);
             match stop {
                 // In-flight jobs of the lost connection finish on their own;
@@ -262,6 +263,9 @@ impl<L: Ledger + 'static> Worker<L> {
     /// Marks the worker connected to `broker` and consuming, for readiness.
     fn consuming(&self, broker: &Broker) {
         self.amqp_up.store(true, Ordering::Relaxed);
+        // At once, not at the gauges' next refresh: a start or a reconnect
+        // would read as RabbitMQ down for up to 15 s.
+        crate::telemetry::dependency_up("rabbitmq", true);
         *self
             .amqp_why
             .lock()

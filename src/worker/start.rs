@@ -7,7 +7,6 @@ use backon::Retryable;
 use super::Worker;
 use super::endpoint::{Endpoint, Starting};
 use super::reconnect::{log_redis_retry, reconnect_backoff};
-use crate::domain::Scope;
 use crate::ledger::{Backend, LedgerError};
 use crate::mailer::Mailer;
 use crate::pipeline::{Pipeline, Stopping};
@@ -24,11 +23,8 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Worker<Backend>> {
     // Install the metrics recorder before anything is counted.
     crate::telemetry::prometheus();
     crate::telemetry::register();
-    for scope in Scope::ALL {
-        let rules = settings.limits.rule_lists(scope).flatten();
-        for rule in rules.filter(|rule| !rule.enforce) {
-            telemetry::shadow_rule_registered(scope.as_str(), rule.window_ms(), rule.max);
-        }
+    for (rule, enforced) in crate::limiter::configured_rules(&settings.limits) {
+        telemetry::rule_registered(rule.scope.as_str(), rule.window_ms, rule.max, enforced);
     }
     let endpoint = Endpoint::bind(&settings.http).await?;
     let templates = load_templates(settings)?;

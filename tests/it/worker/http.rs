@@ -531,17 +531,40 @@ async fn the_readme_lists_every_metric_and_each_is_there_from_start_up() {
     let listed = metric_names(&readme[start..end]);
     assert!(listed.len() >= 20, "{listed:?}");
 
-    // A shadow rule, so that its family has a series to show.
+    // Shadow rules, so that their family has series to show: the domain's
+    // with its network share (10 × 0.2: a series of max 2).
     let h = Harness::with("readme-metrics", |s| {
-        s.limits.email.rules.push(mailgate::settings::Rule {
-            window: std::time::Duration::from_secs(3600),
-            max: 3,
+        let shadow = |secs, max| mailgate::settings::Rule {
+            window: std::time::Duration::from_secs(secs),
+            max,
             enforce: false,
-        });
+        };
+        s.limits.email.rules.push(shadow(3600, 3));
+        s.limits.domain.rules = vec![shadow(600, 10)];
+        s.limits.domain.network_share = 0.2;
     })
     .await;
     let w = h.start_worker().await;
     let (_, at_start) = http_get(w.http, "/metrics").await;
+    // Each configured rule's series starts at zero, so that `increase`
+    // sees its first rejection (found by review: a share's was born at 2).
+    let email_minute = h.settings.limits.email.rules[0];
+    for series in [
+        r#"mailgate_limiter_shadow_rejections_total{scope="domain",window_ms="600000",max="2"} 0"#
+            .to_owned(),
+        r#"mailgate_limiter_shadow_rejections_total{scope="domain",window_ms="600000",max="10"} 0"#
+            .to_owned(),
+        format!(
+            r#"mailgate_limiter_decisions_total{{verdict="rejected",scope="email",window_ms="{}",max="{}"}} 0"#,
+            email_minute.window_ms(),
+            email_minute.max
+        ),
+    ] {
+        assert!(
+            at_start.contains(&series),
+            "{series} at start-up:\n{at_start}"
+        );
+    }
     let there = families(&at_start);
     let absent: Vec<&String> = listed.difference(&there).collect();
     assert!(
