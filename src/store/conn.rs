@@ -145,6 +145,17 @@ impl Conn {
     pub(crate) async fn info(&self, section: &str, key: Option<&str>) -> RedisResult<Vec<String>> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
+        self.each_server(cmd, key).await
+    }
+
+    /// `cmd`'s reply from the server that holds `key` (on a cluster, that
+    /// key's primary; elsewhere, the one server), or with no key from
+    /// every primary (of a cluster's shards; elsewhere, the one server).
+    pub(crate) async fn each_server<T: redis::FromRedisValue>(
+        &self,
+        cmd: redis::Cmd,
+        key: Option<&str>,
+    ) -> RedisResult<Vec<T>> {
         let Conn::Cluster(c) = self else {
             return Ok(vec![cmd.query_async(&mut self.clone()).await?]);
         };
@@ -152,8 +163,8 @@ impl Conn {
             let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             // Without a response policy, the reply maps each node to its own.
             let replies = c.get().route_command(cmd, every).await?;
-            let replies: Vec<(String, String)> = redis::from_redis_value(replies)?;
-            return Ok(replies.into_iter().map(|(_, info)| info).collect());
+            let replies: Vec<(String, T)> = redis::from_redis_value(replies)?;
+            return Ok(replies.into_iter().map(|(_, reply)| reply).collect());
         };
         let node = Route::with_key(key, SlotAddr::Master);
         let v = c

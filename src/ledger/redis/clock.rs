@@ -1,32 +1,31 @@
 //! The ledger's side of the clock watch ([`crate::ledger::clock`]): each
-//! primary's clock, and `ledger.lua`'s "clock" (the canary and the mark of
+//! primary's clock, and `clock.lua` (the canary and the mark of
 //! a lost key).
 
 use super::RedisLedger;
 use crate::ledger::LedgerError;
 use crate::ledger::clock::{self, Mark, Readings};
-use crate::store::scripts::LEDGER;
+use crate::store::scripts::CLOCK;
 
 impl RedisLedger {
-    /// The clock watch's keys (`ledger.lua`'s "clock"): the mark, the
+    /// The clock watch's keys (`clock.lua`): the mark, the
     /// canary and when it was last refreshed, under the prefix and in one
     /// slot (the prefix's hash tag, or without one `{clock}`).
     fn clock_keys(&self) -> [String; 3] {
         crate::limiter::families::clock_keys(&self.keys.prefix)
     }
 
-    /// Runs `ledger.lua`'s "clock" as `how`: whether it found a loss (or,
+    /// Runs `clock.lua` as `how`: whether it found a loss (or,
     /// on "accept", removed a mark), and the standing mark's until (0:
     /// none).
     async fn clock_op(&self, how: &str) -> Result<(bool, u64), LedgerError> {
         let life = clock::canary_ms(self.keys.clock_guard_ms.unwrap_or(0));
         let hold = self.keys.horizon_ms();
-        let mut script = LEDGER.prepare_invoke();
+        let mut script = CLOCK.prepare_invoke();
         for key in self.clock_keys() {
             script.key(key);
         }
         let reply: Vec<u64> = script
-            .arg("clock")
             .arg(how)
             .arg(life)
             .arg(hold)

@@ -58,6 +58,8 @@ pub struct RedisLedger {
     replication: Replication,
     spread: bool,
     calls: Calls,
+    /// Whether `CONFIG GET` answers (see [`RedisLedger::eviction_policies`]).
+    config_readable: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Names the type only: its connection and queue say nothing useful.
@@ -134,6 +136,7 @@ impl RedisLedger {
             replication,
             spread,
             calls,
+            config_readable: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
     }
 
@@ -148,6 +151,65 @@ impl RedisLedger {
     /// read-only replica) is [`LedgerError::Unfit`], naming the cause.
     fn unfit(&self, e: redis::RedisError) -> LedgerError {
         unfit(e, &self.keys.prefix)
+    }
+}
+
+impl RedisLedger {
+    /// Each primary's `maxmemory-policy` (on `on`'s server, or every
+    /// primary): by `CONFIG GET`, which costs Redis a sixth of what
+    /// `INFO memory` does (read each second by every worker); where CONFIG
+    /// is refused (managed services rename or forbid it; an ACL without
+    /// `+config`), from `INFO memory`, from then on.
+    async fn eviction_policies(&self, on: Option<&str>) -> Result<Vec<String>, LedgerError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.config_readable.load(Relaxed) {
+            let mut get = redis::cmd("CONFIG");
+            get.arg("GET").arg("maxmemory-policy");
+            let read = self.conn.each_server(get, on).await;
+            match read.map(policies_configured) {
+                Ok(Some(policies)) => return Ok(policies),
+                Err(e) if !config_refused(&e) => return Err(self.unfit(e)),
+                // Refused, or a reply without the setting (a proxy).
+                Ok(None) | Err(_) => self.config_readable.store(false, Relaxed),
+            }
+        }
+        let infos = (self.conn.info("memory", on).await).map_err(|e| match e.code() {
+            Some("NOPERM") => LedgerError::Unfit(format!(
+                "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
+                 check that Redis never evicts its keys: grant it +info"
+            )),
+            _ => self.unfit(e),
+        })?;
+        Ok((infos.iter())
+            .map(|info| {
+                (info.lines())
+                    .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                    .map_or("noeviction", str::trim)
+                    .to_owned()
+            })
+            .collect())
+    }
+}
+
+/// Each server's `maxmemory-policy` from its `CONFIG GET` reply; `None`
+/// if one lacks it.
+fn policies_configured(
+    replies: Vec<std::collections::HashMap<String, String>>,
+) -> Option<Vec<String>> {
+    (replies.into_iter())
+        .map(|mut r| r.remove("maxmemory-policy"))
+        .collect()
+}
+
+/// Whether `e` says this user or server does not take `CONFIG GET`: an
+/// ACL (`NOPERM`), or a command renamed or disabled (managed services).
+fn config_refused(e: &redis::RedisError) -> bool {
+    match e.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => e.detail().is_some_and(|d| {
+            d.starts_with("unknown command") || d.starts_with("unknown subcommand")
+        }),
+        _ => false,
     }
 }
 
@@ -340,25 +402,8 @@ impl Ledger for RedisLedger {
             .map_err(|e| self.unfit(e))?;
         // Spread over shards, every primary holds mailgate's keys.
         let on = (!self.spread).then_some(self.keys.prefix.as_str());
-        let infos = self
-            .conn
-            .info("memory", on)
-            .await
-            .map_err(|e| match e.code() {
-                Some("NOPERM") => LedgerError::Unfit(format!(
-                    "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
-                     check that Redis never evicts its keys: grant it +info"
-                )),
-                _ => self.unfit(e),
-            })?;
-        let evicting = infos.iter().find_map(|info| {
-            let policy = info
-                .lines()
-                .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-                .map(str::trim)
-                .unwrap_or("noeviction");
-            (policy != "noeviction").then_some(policy)
-        });
+        let policies = self.eviction_policies(on).await?;
+        let evicting = (policies.iter()).find(|p| p.as_str() != "noeviction");
         if let Some(policy) = evicting
             && !self.allow_eviction
         {

@@ -2,7 +2,7 @@
 mailgate ledger: each job's lifecycle, and its admission. Composed after the
 limiter's decision (decide.lua), which it calls as decide.<name>.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
-for many at once), "probe" (readiness) or "clock" (has Redis's clock run ahead?);
+for many at once) or "probe" (readiness); the clock watch is clock.lua's;
 each checks its argument counts and every argument before its first write,
 so a bad call writes nothing. The file defines the operations and returns
 `main`, which runs the one ARGV[1] names: the registry composes it as a
@@ -633,80 +633,11 @@ local function probe()
   return 1
 end
 
---[[
-op "clock" -- once a second from each worker (src/ledger/clock.rs): is a
-  mark of a lost key standing, and did Redis just lose its canary?
-  KEYS[1] the mark, a string "<until ms> <seen ms> <since ms>" (Redis's
-          clock); KEYS[2] the canary; KEYS[3] when the canary was last
-          refreshed (ms; kept a year, far longer than any step it must
-          outlive). All three share one slot.
-  ARGV[2] '1' if the worker's clock agrees with every primary's (it may
-          refresh the canary), else '0'; 'step:<ahead ms>': the worker saw
-          Redis's clock run that far ahead of its own boot clock, more than
-          the canary's life (a loss, as a canary gone early); 'accept': an operator
-          removes the mark and re-arms the canary (mailgate clock --accept)
-  ARGV[3] how long the canary lives, ms; ARGV[4] how long a mark holds, ms
-  If the canary is gone while its last refresh is less than its life ago,
-  Redis expired it early: its clock ran ahead by more than the canary's
-  life since then. A mark is set (or, if one holds longer, kept), and the
-  canary re-armed. Returns {now, the standing mark's until (0: none),
-  1 if a loss was found now}; 'accept' returns {now, 0, 1 if a mark was
-  removed}.
-]]
-local function watch_clock()
-  local life, hold = tonumber(ARGV[3]), tonumber(ARGV[4])
-  local how, ahead = ARGV[2], 0
-  local step_s = string.match(how, '^step:(%d+)$')
-  if step_s then how, ahead = 'step', tonumber(step_s) end
-  if #KEYS ~= 3 or #ARGV ~= 4 or (how ~= '0' and how ~= '1' and how ~= 'step' and how ~= 'accept')
-    or not life or life < 1 or life > decide.MAX_KEEP_MS
-    or not period_ok(ARGV[4], decide.MAX_KEEP_MS) then
-    return fail('takes 3 keys, whether the clocks agree, a canary life and a hold')
-  end
-  local t = call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if how == 'accept' then
-    local removed = call('DEL', KEYS[1])
-    call('SET', KEYS[2], '1', 'PX', decide.int(life))
-    call('SET', KEYS[3], decide.int(now), 'PX', decide.int(decide.MAX_KEEP_MS))
-    return {now, 0, removed}
-  end
-  local mark = call('GET', KEYS[1])
-  -- An unreadable mark holds, as long as a mark can (a junk value must not
-  -- silence the watch).
-  local until_ms = mark and (tonumber(string.match(mark, '^(%d+) ')) or now + hold)
-  if until_ms and until_ms > 9007199254740991 then until_ms = 9007199254740991 end
-  local since = tonumber(call('GET', KEYS[3]))
-  local lost = 0
-  if how == 'step' or (since and since <= now and now - since < life
-      and call('EXISTS', KEYS[2]) == 0) then
-    lost = 1
-    -- Held from now by Redis's clock, stepped or not (a mark made while
-    -- the clock is ahead holds that much longer once it is back); seen and
-    -- since as the worker's boot clock reckons them.
-    local seen = now - ahead
-    since = math.min(since or seen, seen)
-    if not until_ms or until_ms < now + hold then
-      until_ms = now + hold
-      call('SET', KEYS[1],
-        decide.int(until_ms) .. ' ' .. decide.int(seen) .. ' ' .. decide.int(since),
-        'PX', decide.int(hold + 3600000))
-    end
-  end
-  if lost == 1 or how == '1' then
-    call('SET', KEYS[2], '1', 'PX', decide.int(life))
-    call('SET', KEYS[3], decide.int(now), 'PX', decide.int(decide.MAX_KEEP_MS))
-  end
-  if until_ms and until_ms <= now then until_ms = nil end
-  return {now, until_ms or 0, lost}
-end
-
 -- Runs the operation ARGV[1] names.
 local function main()
   op = ARGV[1]
   if op == 'batch' then return batch()
   elseif op == 'probe' then return probe()
-  elseif op == 'clock' then return watch_clock()
   end
   return fail('unknown op')
 end

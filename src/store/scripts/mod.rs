@@ -5,9 +5,10 @@
 //!
 //! | Script | Runs | Parts |
 //! |---|---|---|
-//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe; the clock watch | `decide.lua`, `records.lua`, `ledger.lua` |
+//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe | `decide.lua`, `records.lua`, `ledger.lua` |
 //! | [`LEDGER_LIBRARY`] | the ledger's batches, as a Redis Function (Redis >= 7; [`Calls`]) | the same |
 //! | [`SCOPE`] | one scope's log, with keys spread over a cluster's shards | `decide.lua`, `scope.lua` |
+//! | [`CLOCK`] | the clock watch, once a second from each worker | `clock.lua` |
 //! | [`TOOLS`] | `mailgate limits show` and `reset`: one scope key's log | `tools.lua` |
 //! | [`PRUNE`] | `mailgate overrides`: drops expired overrides | `prune.lua` |
 //! | [`SUPPRESS`] | a bounce's suppression, where it shortens none in force | `suppress.lua` |
@@ -219,6 +220,12 @@ pub enum Calls {
 pub static SCOPE: LazyLock<Script> =
     LazyLock::new(|| Script::compose("scope", &[DECIDE], include_str!("scope.lua")));
 
+/// The clock watch's script, `clock.lua`: the canary and the mark of a
+/// lost key. Apart from the ledger's, which every `EVALSHA` would run
+/// whole, definitions included, once a second from every worker.
+pub static CLOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::compose("clock", &[], include_str!("clock.lua")));
+
 /// The support tools' script, `tools.lua`.
 pub static TOOLS: LazyLock<Script> =
     LazyLock::new(|| Script::compose("tools", &[], include_str!("tools.lua")));
@@ -232,8 +239,8 @@ pub static SUPPRESS: LazyLock<Script> =
     LazyLock::new(|| Script::compose("suppress", &[], include_str!("suppress.lua")));
 
 /// Every script mailgate runs.
-pub fn all() -> [&'static Script; 5] {
-    [&LEDGER, &SCOPE, &TOOLS, &PRUNE, &SUPPRESS]
+pub fn all() -> [&'static Script; 6] {
+    [&LEDGER, &SCOPE, &CLOCK, &TOOLS, &PRUNE, &SUPPRESS]
 }
 
 /// Loads every script (`SCRIPT LOAD`; on a cluster, on every primary), so

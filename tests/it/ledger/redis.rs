@@ -467,6 +467,30 @@ async fn a_redis_that_evicts_is_refused() {
     l.health().await.expect("allowed explicitly");
 }
 
+/// Where CONFIG is out of reach (a managed service renames or disables
+/// it), the policy is read from `INFO memory`, and an evicting Redis is
+/// refused all the same.
+#[tokio::test]
+async fn an_evicting_redis_without_config_is_refused() {
+    let server = PrivateRedis::start_with(&[
+        "--maxmemory-policy",
+        "volatile-lru",
+        "--rename-command",
+        "CONFIG",
+        "",
+    ]);
+    let settings = RedisSettings::new(server.url(), "t:");
+    let l = RedisLedger::connect(&settings, &LimitSettings::default())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let Err(LedgerError::Unfit(why)) = l.health().await else {
+            panic!("an evicting Redis must be unfit");
+        };
+        assert!(why.contains("maxmemory-policy volatile-lru"), "{why}");
+    }
+}
+
 /// A malformed call is refused before its first write: nothing is left.
 #[tokio::test]
 async fn malformed_calls_write_nothing() {
