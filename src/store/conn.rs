@@ -162,7 +162,9 @@ impl Conn {
         let Some(key) = key else {
             let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             // Without a response policy, the reply maps each node to its own.
-            let replies = c.get().route_command(cmd, every).await?;
+            // A node's error comes back inside the map: raised here, with
+            // its code (NOPERM, ERR …), not as a reply of the wrong shape.
+            let replies = c.get().route_command(cmd, every).await?.extract_error()?;
             let replies: Vec<(String, T)> = redis::from_redis_value(replies)?;
             return Ok(replies.into_iter().map(|(_, reply)| reply).collect());
         };
@@ -173,7 +175,8 @@ impl Conn {
                 cmd,
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
             )
-            .await?;
+            .await?
+            .extract_error()?;
         Ok(vec![redis::from_redis_value(v)?])
     }
 
@@ -185,7 +188,7 @@ impl Conn {
         let replies: Vec<(String, (u64, u64))> = match self {
             Conn::Cluster(c) => {
                 let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                redis::from_redis_value(c.get().route_command(time, every).await?)?
+                redis::from_redis_value(c.get().route_command(time, every).await?.extract_error()?)?
             }
             _ => vec![(
                 "server".to_owned(),

@@ -214,6 +214,8 @@ pub(crate) struct PrivateCluster {
     nodes: Vec<KillOnDrop>,
     pub ports: Vec<u16>,
     dir: std::path::PathBuf,
+    /// Each node's extra `redis-server` arguments.
+    args: Vec<String>,
 }
 
 impl PrivateCluster {
@@ -224,11 +226,27 @@ impl PrivateCluster {
     /// Three primaries with `replicas` replicas each; a primary that stops
     /// answering is failed over after a second (`cluster-node-timeout`).
     pub(crate) fn start_with(replicas: usize) -> Self {
-        let ports: Vec<u16> = (0..3 * (1 + replicas)).map(|_| free_port()).collect();
+        Self::start_configured(replicas, &[])
+    }
+
+    /// As [`PrivateCluster::start_with`], each node started with these
+    /// extra arguments (e.g. a command renamed, as managed services do).
+    pub(crate) fn start_configured(replicas: usize, args: &[&str]) -> Self {
+        let ports: Vec<u16> = (0..3 * (1 + replicas))
+            .map(|_| free_cluster_port())
+            .collect();
         let dir = std::env::temp_dir().join(format!("mgtest-cluster-{}", ports[0]));
         std::fs::create_dir_all(&dir).expect("a temp dir");
-        let nodes = ports.iter().map(|port| Self::node(*port, &dir)).collect();
-        let me = Self { nodes, ports, dir };
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let nodes = (ports.iter())
+            .map(|port| Self::node(*port, &dir, &args))
+            .collect();
+        let me = Self {
+            nodes,
+            ports,
+            dir,
+            args,
+        };
         for port in &me.ports {
             me.until(|| {
                 redis::Client::open(format!("redis://127.0.0.1:{port}/"))
@@ -307,7 +325,7 @@ impl PrivateCluster {
 
     /// A node on `port`, keeping its cluster file (and nothing else) in
     /// `dir`.
-    fn node(port: u16, dir: &std::path::Path) -> KillOnDrop {
+    fn node(port: u16, dir: &std::path::Path, args: &[String]) -> KillOnDrop {
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
@@ -316,6 +334,7 @@ impl PrivateCluster {
             .args(["--dbfilename", &format!("dump-{port}.rdb")])
             .arg("--dir")
             .arg(dir)
+            .args(args)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is installed");
@@ -330,14 +349,14 @@ impl PrivateCluster {
             .iter()
             .position(|p| *p == port)
             .expect("a node's port");
-        self.nodes[i] = Self::node(port, &self.dir);
+        self.nodes[i] = Self::node(port, &self.dir, &self.args);
     }
 
     /// A new primary, with no slots, joined to the cluster (and named by
     /// [`PrivateCluster::url`] from now on); its port.
     pub(crate) fn add_node(&mut self) -> u16 {
-        let port = free_port();
-        self.nodes.push(Self::node(port, &self.dir));
+        let port = free_cluster_port();
+        self.nodes.push(Self::node(port, &self.dir, &self.args));
         self.until(|| {
             redis::Client::open(format!("redis://127.0.0.1:{port}/"))
                 .and_then(|c| c.get_connection())
@@ -775,6 +794,21 @@ pub(crate) fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// A free port for a Redis Cluster node: at most 55 535, whose cluster bus
+/// port (10 000 higher) is free too. redis-server refuses a higher port
+/// ("Redis port number too high"). [`free_port`]'s listener (SO_REUSEADDR)
+/// is given the lower half of the ephemeral range first, so this was rare;
+/// but under load the kernel hands out the upper half, and a CI run's
+/// cluster "did not come up".
+pub(crate) fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A RabbitMQ node of the test's own (name, ports and data dir of its own),

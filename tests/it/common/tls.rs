@@ -13,7 +13,7 @@ use rcgen::{
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-use super::{KillOnDrop, free_port};
+use super::{KillOnDrop, free_cluster_port, free_port};
 
 /// A certificate authority of the test's own, and the files it issues, in
 /// a directory removed with it. Files are world-readable (a RabbitMQ node
@@ -334,9 +334,10 @@ fn tls_args(pki: &Pki, port: u16, certs: ClientCerts) -> Vec<String> {
 }
 
 impl TlsRedis {
-    /// A server on a free port, with these extra arguments.
+    /// A server on a free port (one a cluster node can take: see
+    /// [`free_cluster_port`]), with these extra arguments.
     pub(crate) fn start(pki: &Pki, certs: ClientCerts, extra: &[&str]) -> Self {
-        let port = free_port();
+        let port = free_cluster_port();
         let dir = pki.dir.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir).expect("a data dir");
         let child = std::process::Command::new("redis-server")

@@ -172,7 +172,7 @@ impl CutCluster {
         use std::io::{Read, Write};
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::{Arc, Mutex};
-        let port = common::free_port();
+        let port = common::free_cluster_port();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let proxy = listener.local_addr().unwrap().port();
         let dir = std::env::temp_dir().join(format!("lost-cluster-{port}"));

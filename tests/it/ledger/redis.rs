@@ -491,6 +491,43 @@ async fn an_evicting_redis_without_config_is_refused() {
     }
 }
 
+/// On a cluster whose nodes refuse CONFIG (managed services in cluster
+/// mode), each node's refusal comes back inside the reply of every primary
+/// and is read as a refusal, not as a reply of the wrong shape: both the
+/// one-slot and the spread ledger are ready while Redis never evicts, and
+/// refused once its nodes do, naming the policy.
+#[tokio::test]
+async fn a_cluster_without_config_is_checked_through_info() {
+    let cluster = PrivateCluster::start_configured(0, &["--rename-command", "CONFIG", "mgcfg"]);
+    let one_slot = ClusterBackend
+        .make("no-config", LimitSettings::default())
+        .await;
+    let spread = SpreadBackend
+        .make("no-config", LimitSettings::default())
+        .await;
+    for l in [&one_slot.ledger, &spread.ledger] {
+        for _ in 0..2 {
+            l.health()
+                .await
+                .expect("a cluster that never evicts is ready");
+        }
+    }
+    for port in &cluster.ports {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "mgcfg", "set"])
+            .args(["maxmemory-policy", "allkeys-lru"])
+            .output()
+            .expect("redis-cli runs");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    }
+    for l in [&one_slot.ledger, &spread.ledger] {
+        let Err(LedgerError::Unfit(why)) = l.health().await else {
+            panic!("an evicting cluster must be unfit");
+        };
+        assert!(why.contains("maxmemory-policy allkeys-lru"), "{why}");
+    }
+}
+
 /// A malformed call is refused before its first write: nothing is left.
 #[tokio::test]
 async fn malformed_calls_write_nothing() {
