@@ -42,8 +42,8 @@ pub(crate) const CODES: [(Code, &str); 12] = [
 ];
 
 /// How many integers answer each item of a batch at most, its code and its
-/// values (`WIDTH` in `ledger.lua`; the test in `store::scripts` checks the
-/// two agree). A reply leaves out the values an item does not have.
+/// values (the names `ledger.lua`'s main loop takes them into; the test in
+/// `store::scripts` counts them). A reply leaves out the values an item does not have.
 pub(crate) const REPLY_WIDTH: usize = 5;
 
 /// What the script answered for one item.

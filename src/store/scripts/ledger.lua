@@ -90,11 +90,6 @@ local CODE = {
 
 -- The operation of the call under way (ARGV[1]), for error messages.
 local op
--- How many integers answer each item of a batch at most: its code and its
--- values (REPLY_WIDTH in src/ledger/redis/reply.rs; the same test checks
--- it).
-local WIDTH = 5
-
 -- Whether ARGV value `v` is a period Redis can add to its clock (a keep
 -- may be longer by the slack): whole ms, spelled as commands take them
 -- (PEXPIRE refuses "6e4" and "60000.0").
@@ -141,7 +136,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   KEYS     for each item: its record key, then its scope keys (admit: one
            per key the shape names; settle: as many as it names)
   returns  {now, then per item its code times 8 plus how many values
-           follow (0 to WIDTH - 1), then those values: admit's code and
+           follow (0 to 4), then those values: admit's code and
            up to 4 values (CODE); the other kinds, 1 or 0 and up to 4
            values (a value left out reads as 0: integers cost Redis as
            much as strings to answer); then the rooms of the items
@@ -359,10 +354,10 @@ local function admit(k, a, b, kind)
       made = math.min(made or now, now)
       if superseded(latest, made, skew, id, key, b.strings) then return CODE.superseded, 0 end
     end
-    local d, s, rule, shadow_d
+    local d, s, rule, _
     local logs = {}
     local ks = decide.sets_of(shape, b.sets, b.shapes)
-    d, s, rule, shadow_d, shadow_s, shadow_r = decide.judge(first, ks, now, logs)
+    d, s, rule, _, shadow_s, shadow_r = decide.judge(first, ks, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = decide.room(first, ks, now, logs, b.rooms)
     decide.record(first, ks, now, now_text(b), decide.member_of(now, id), logs)
@@ -470,7 +465,6 @@ local function settle(k, a, b)
   local ticket, attempt, id, how, answered = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[k]
   local st, _, _, _, own, n, c, tail, as = load(key, b.strings, true, false)
-  local e, i, d, nonce = -1, -1, -1, -1
   if not st then return 0 end
   local owning = own == ticket and n == attempt
   if how == 's' then
@@ -607,9 +601,10 @@ local function batch()
   while a <= nargs do
     n = n + 1
     local item = ITEMS[ARGV[a]]
+    -- Each item returns its code and at most four values, none nil before
+    -- the last: REPLY_WIDTH (src/ledger/redis/reply.rs) integers at most,
+    -- the names here (a unit test counts them).
     local c, v, x, y, z = item.run(k, a + 1, b)
-    -- (Each item returns its code and at most WIDTH - 1 values, none nil
-    -- before the last.)
     local m = z and 4 or y and 3 or x and 2 or v and 1 or 0
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = c * 8 + m, v, x, y, z
     o = o + 1 + m

@@ -69,8 +69,8 @@ local function load(key, strings, tail, new)
     return nil
   elseif type(r) == 'string' then
     local st, ans, fin = byte(r, 1, 3)
-    local lease, own, n, c, tail = string.match(r, RECORD)
-    return st, ans, fin, lease, own, n, c, sub(r, tail), true
+    local lease, own, n, c, rest = string.match(r, RECORD)
+    return st, ans, fin, lease, own, n, c, sub(r, rest), true
   end
   other_form(r)
   -- A hash met by a batch that writes strings: rewritten whole, tail and all.
