@@ -80,7 +80,7 @@ mod worker;
 
 pub use self::amqp::{AmqpSettings, Lane, QueueType};
 pub use self::limits::{DomainRules, LimitSettings, PurposeLimits, Rule, ScopeRules};
-pub use self::redis::{RecordForm, RedisSettings};
+pub use self::redis::RedisSettings;
 pub use self::redis_url::{ClusterTarget, RedisTarget, RedisUrl, SentinelTarget};
 pub use self::relay::{Credentials, Destination, RelayUrl, RelayUrls, SmtpServer, TlsMode};
 pub use self::smtp::{CircuitSettings, MAX_RELAYS, Relay, RelaySettings, SmtpSettings};

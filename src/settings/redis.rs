@@ -55,45 +55,11 @@ pub struct RedisSettings {
         deserialize_with = "human_duration"
     )]
     pub max_clock_skew: Duration,
-    /// How the ledger writes job records ([`RecordForm`]): `hash` (the
-    /// default, which every version reads) or `string`, for a deployment
-    /// whose every worker runs a version that reads strings.
-    #[serde(default)]
-    pub record_form: RecordForm,
     /// `[redis.tls]`: the CA bundle and client certificate of `rediss://`
     /// connections (to the servers, and to the Sentinels). Refused with a
     /// URL without TLS.
     #[serde(default)]
     pub tls: TlsSettings,
-}
-
-/// How the ledger writes a job's record (`<prefix>job:<id>`). Every
-/// version since 2026-11-27 reads both forms, and rewrites a record held in
-/// the other form at its next write; earlier versions read hashes only (a
-/// batch of theirs that meets a string fails, after its earlier items
-/// wrote, and its jobs spend attempts). So a deployment moves to `string`
-/// once every worker runs such a version, and back to `hash` before it
-/// rolls back to an earlier one, `dedup_for` and an hour ahead.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecordForm {
-    /// A hash of named fields: what every version reads.
-    #[default]
-    Hash,
-    /// One string, written whole with its expiry by one `SET`: about half
-    /// Redis's work per record read or written (about a sixth less per
-    /// admitted job in all; BENCHMARKS.md).
-    String,
-}
-
-impl RecordForm {
-    /// The form as `ledger.lua`'s settings name it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hash => "hash",
-            Self::String => "string",
-        }
-    }
 }
 
 impl RedisSettings {
@@ -107,7 +73,6 @@ impl RedisSettings {
             min_replicas_acked: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
             max_clock_skew: default_max_clock_skew(),
-            record_form: RecordForm::default(),
             tls: TlsSettings::default(),
         }
     }

@@ -311,23 +311,19 @@ fn an_ipv6_amqp_host_is_refused_not_read_as_localhost() {
     s.validate().unwrap();
 }
 
-/// `redis.record_form`: hashes unless a deployment says strings; any other
-/// value is refused at load, naming the key.
+/// `redis.record_form` is gone (every record is a string since
+/// 2026-12-03): a config that still sets it is refused at load, naming the
+/// key, rather than run with a setting it thinks it has.
 #[test]
-fn records_are_hashes_unless_set_to_strings() {
-    assert_eq!(shipped().redis.record_form, RecordForm::Hash);
-    let load = |form: &str| {
-        config::Config::builder()
-            .add_source(config::File::from(std::path::Path::new(
-                "config/default.toml",
-            )))
-            .set_override("redis.record_form", form)
-            .and_then(|b| b.build())
-            .and_then(|c| c.try_deserialize::<Settings>())
-    };
-    let strings = load("string").expect("string records");
-    assert_eq!(strings.redis.record_form, RecordForm::String);
-    assert_eq!(RecordForm::String.as_str(), "string");
-    let err = load("json").expect_err("no such form").to_string();
-    assert!(err.contains("redis.record_form"), "{err}");
+fn a_config_that_sets_the_record_form_is_refused_naming_it() {
+    let err = config::Config::builder()
+        .add_source(config::File::from(std::path::Path::new(
+            "config/default.toml",
+        )))
+        .set_override("redis.record_form", "hash")
+        .and_then(|b| b.build())
+        .and_then(|c| c.try_deserialize::<Settings>())
+        .expect_err("no such key any more")
+        .to_string();
+    assert!(err.contains("record_form"), "{err}");
 }

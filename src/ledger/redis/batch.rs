@@ -11,7 +11,6 @@ use super::reply::{Code, REPLY_WIDTH, Reply};
 use super::{RedisLedger, push_shape};
 use crate::ledger::{JobRef, LedgerError};
 use crate::limiter::{Clock, Keyspace, RuleSet, words};
-use crate::settings::RecordForm;
 use crate::store::Conn;
 use crate::store::scripts::{Calls, FunctionLibrary, LEDGER, LEDGER_LIBRARY};
 
@@ -159,7 +158,6 @@ pub(super) async fn dispatch(
     replication: Replication,
     batching: Batching,
     calls: Calls,
-    records: RecordForm,
 ) {
     let in_flight = Arc::new(Semaphore::new(batching.max_in_flight));
     let mut carried: Option<Pending> = None;
@@ -199,8 +197,7 @@ pub(super) async fn dispatch(
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
             let clock = clock.unwrap_or(Clock::Server);
-            let code = (calls, records);
-            match run_batch(&mut conn, &keys, replication, code, clock, &batch).await {
+            match run_batch(&mut conn, &keys, replication, calls, clock, &batch).await {
                 Ok(replies) => {
                     for (p, r) in batch.into_iter().zip(replies) {
                         let _ = p.reply.send(Ok(r));
@@ -238,15 +235,14 @@ pub(super) fn clock_arg(clock: Clock, keys: &Keyspace, asked: std::time::Instant
     }
 }
 
-/// Runs `batch` in one script call (`calls` says how, `records` in which
-/// form it writes job records); if an item asks to wait and `replication`
+/// Runs `batch` in one script call (`calls` says how); if an item asks to wait and `replication`
 /// names replicas, `WAIT`s for them in the same pipeline (on the same
 /// connection, so the wait covers the script's writes).
 async fn run_batch(
     conn: &mut Conn,
     keys: &Keyspace,
     replication: Replication,
-    (calls, records): (Calls, RecordForm),
+    calls: Calls,
     clock: Clock,
     batch: &[Pending],
 ) -> Result<Vec<Reply>, LedgerError> {
@@ -276,17 +272,12 @@ async fn run_batch(
         .arg(&item_keys)
         .arg("batch")
         .arg(clock_arg(clock, keys, oldest_asked(batch)));
-    // The settings: keep, lease, the records' form and the rule sets the
-    // admissions name.
+    // The settings: keep, lease and the rule sets the admissions name.
     let (keep, lease) = (keys.record_keep_ms(), keys.lease_ms());
     let sets = keys.named_rule_set_args(&named, &sets);
     match code {
-        Callee::Library(_) => eval.arg(format!(
-            "{keep} {lease} {} {}",
-            records.as_str(),
-            words(&sets)
-        )),
-        Callee::Script(_) => eval.arg(keep).arg(lease).arg(records.as_str()).arg(&sets),
+        Callee::Library(_) => eval.arg(format!("{keep} {lease} {}", words(&sets))),
+        Callee::Script(_) => eval.arg(keep).arg(lease).arg(&sets),
     };
     eval.arg(&args);
     let wait = batch.iter().any(|p| p.wait);

@@ -126,7 +126,6 @@ impl RedisLedger {
             replication,
             batching,
             calls,
-            redis.record_form,
         ));
         Ok(Self {
             conn,
@@ -355,11 +354,23 @@ impl Ledger for RedisLedger {
             if answered { "1" } else { "0" }.to_owned(),
             counts,
         ];
-        let reply = self.mark(job, None, args, scope_keys, false).await?;
+        // Waits for the replicas as a send mark does: a settle the old
+        // primary of a failover took but never passed on is lost, and a
+        // copy of the job answered "delivery unknown" though it was sent.
+        let reply = self.mark(job, None, args, scope_keys, true).await?;
         if let Ending::Refund(how) = ending {
             // Also when asked again after a lost reply (0, and the names).
             self.give_back_refunded(&job.request, *how, &reply.values)
                 .await;
+        }
+        if let Some(acked) = reply.unreplicated {
+            // Written again (the same end again changes nothing) once the
+            // replicas answer: the caller retries an outage.
+            return Err(LedgerError::Unreplicated(format!(
+                "{acked} of the {} or more Redis replicas asked for acknowledged the job's \
+                 settlement within {} ms; it is written again",
+                self.replication.replicas, self.replication.timeout_ms
+            )));
         }
         Ok(reply.values[0] == 1)
     }

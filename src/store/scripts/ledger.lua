@@ -13,8 +13,8 @@ then the library's, set by each call).
 Record KEYS <prefix>job:<id>, which lives `keep_ms` after its last write
 (ARGV: limits.dedup_for and an hour, limiter::CLOCK_SLACK_MS, in case
 Redis's clock steps forward), so an id is never mailed twice within
-dedup_for. A hash of these fields by name, or one string of them
-(redis.record_form): records.lua reads either and writes the batch's.
+dedup_for. One string of these fields (records.lua says how, and how a
+hash of an earlier build is read).
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
   at     admission time, ms (Redis clock); the job's member in the scope logs
@@ -123,7 +123,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
   ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   ARGV[3]  the settings: keep_ms, how long a record lives after its last
            write; lease_ms, how long an admission (or a resumption) owns
-           the send; the form records are written in, "hash" or "string";
+           the send;
            the rule sets (decide.lua). Each an argument of its
            own, run as a script; as the words of one argument, run as a
            Function library (KEEPS_STATE), which keeps what it built from
@@ -263,12 +263,12 @@ end
 -- holds another job made more than `skew` later whose record is not
 -- refunded (a refunded job mails nothing). `record`: this job's record
 -- key, whose prefix the others' share.
-local function superseded(newest, made, skew, id, record, strings)
+local function superseded(newest, made, skew, id, record)
   local others = call('ZRANGEBYSCORE', newest, '(' .. decide.int(made + skew), '+inf')
   local prefix = sub(record, 1, #record - #id)
   for _, other in ipairs(others) do
     if other ~= id then
-      local st = load(prefix .. other, strings, false, false)
+      local st = load(prefix .. other)
       if st and st ~= R then return true end
     end
   end
@@ -297,7 +297,7 @@ local function admit(k, a, b, kind)
   end
   local now, keep_s = b.now, b.keep_s
   local expired = expires and expires <= now
-  local st, ans, fin, lease, own, n, c, tail, as = load(key, b.strings, true, true)
+  local st, ans, fin, lease, own, n, c, tail = load(key)
   if st then
     local at, held = at_of(tail), tonumber(lease) or 0
     local mine, answered = own == ticket and 1 or 0, ans == YES and 1 or 0
@@ -320,25 +320,25 @@ local function admit(k, a, b, kind)
     elseif st == X then
       -- Its send began and its owner vanished: the mail may have gone out.
       -- Never resent (at most once); the caller answers it.
-      store(key, b, as, 'u', '0', '-', lease, own, n, c, tail)
+      store(key, b, 'u', '0', '-', lease, own, n, c, tail)
       return CODE.unknown, at, mine, 0
     elseif st == A and expired and mine == 1 then
       -- Admitted, never sent, and now too late: give the quota back.
       decide.forget(first, last, decide.member_of(at, id))
-      store(key, b, as, 'r', '0', 'e', '0', own, attempt_s, c, tail)
+      store(key, b, 'r', '0', 'e', '0', own, attempt_s, c, tail)
       return CODE.expired, reserved(rv_of(tail))
     elseif st == A and expired then
       -- Another message of the job, and too late for it; the owner's own
       -- copy judges its admission by its own expires_at when it comes back.
       return CODE.expired
     elseif st == A and latest
-      and superseded(latest, math.min(made or at, at), skew, id, key, b.strings) then
+      and superseded(latest, math.min(made or at, at), skew, id, key) then
       -- Its code is stale: refunded unsent, and answered by the caller.
       decide.forget(first, last, decide.member_of(at, id))
-      store(key, b, as, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
+      store(key, b, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
       return CODE.superseded, 1
     elseif st == A then
-      store(key, b, as, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
+      store(key, b, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
       return CODE.resumed, at
     end
   end
@@ -352,7 +352,7 @@ local function admit(k, a, b, kind)
   if kind == 'admit' then
     if latest then
       made = math.min(made or now, now)
-      if superseded(latest, made, skew, id, key, b.strings) then return CODE.superseded, 0 end
+      if superseded(latest, made, skew, id, key) then return CODE.superseded, 0 end
     end
     local d, s, rule, _
     local logs = {}
@@ -368,20 +368,9 @@ local function admit(k, a, b, kind)
     end
   end
   -- Written whole: nothing of a refunded record's earlier life stays.
-  -- Never by DEL and a new write (records.lua's `store` says why): a
-  -- string by one SET, a hash by setting every field, then removing those
-  -- the new life lacks.
   local rv = kind == 'create' and ARGV[a + 6] or ''
-  if b.strings or as then
-    store(key, b, true, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
-      now_text(b) .. '|' .. rv .. '|' .. want)
-  else
-    call('HSET', key, 'fp', want, 'at', now_text(b), 'st', state, 'own', ticket, 'n', attempt_s,
-      'lease', lease_end(b), 'ans', '0', 'c', call_id)
-    if rv ~= '' then call('HSET', key, 'rv', rv) elseif st then call('HDEL', key, 'rv') end
-    if st then call('HDEL', key, 'fin') end
-    call('PEXPIRE', key, keep_s)
-  end
+  store(key, b, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
+    now_text(b) .. '|' .. rv .. '|' .. want)
   return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
 
@@ -393,19 +382,12 @@ item "sending" -- the owner begins its SMTP transaction: a becomes x, lease
   this very call run again.
 ]]
 local function sending(k, a, b)
-  local st, ans, _, _, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
+  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
   if not st or own ~= ARGV[a] or n ~= ARGV[a + 1] then return 0 end
   -- This very call again (its reply lost): it is sending.
   if st == X and c == ARGV[a + 2] then return 1 end
   if st ~= A then return 0 end
-  if b.strings or as then
-    store(KEYS[k], b, as, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2],
-      tail)
-  else
-    -- (A hash: only what the mark changes, as earlier versions wrote it.)
-    call('HSET', KEYS[k], 'st', 'x', 'lease', lease_end(b), 'c', ARGV[a + 2])
-    call('PEXPIRE', KEYS[k], b.keep_s)
-  end
+  store(KEYS[k], b, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2], tail)
   return 1
 end
 
@@ -417,11 +399,11 @@ item "release" -- the owner's send failed before the message was handed
   1 if this attempt of the ticket owned an unsent admission, else 0.
 ]]
 local function release(k, a, b)
-  local st, ans, _, _, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
+  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
   if (st ~= A and st ~= X) or own ~= ARGV[a] or n ~= ARGV[a + 1] then
     return 0
   end
-  store(KEYS[k], b, as, 'a', ans == YES and '1' or '0', '-', '0', own, n, c, tail)
+  store(KEYS[k], b, 'a', ans == YES and '1' or '0', '-', '0', own, n, c, tail)
   return 1
 end
 
@@ -464,21 +446,15 @@ end
 local function settle(k, a, b)
   local ticket, attempt, id, how, answered = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local key = KEYS[k]
-  local st, _, _, _, own, n, c, tail, as = load(key, b.strings, true, false)
+  local st, _, _, _, own, n, c, tail = load(key)
   if not st then return 0 end
   local owning = own == ticket and n == attempt
   if how == 's' then
     if st == R then return 0 end
-    if b.strings or as then
-      store(key, b, as, 's', answered, '-', '0', ticket, attempt, c, tail)
-    else
-      -- (A hash: only what the settle changes, as earlier versions wrote it.)
-      call('HSET', key, 'st', 's', 'own', ticket, 'n', attempt, 'lease', '0', 'ans', answered)
-      call('PEXPIRE', key, b.keep_s)
-    end
+    store(key, b, 's', answered, '-', '0', ticket, attempt, c, tail)
   elseif how == 'u' then
     if not owning or (st ~= X and st ~= U) then return 0 end
-    store(key, b, as, 'u', answered, '-', '0', own, n, c, tail)
+    store(key, b, 'u', answered, '-', '0', own, n, c, tail)
   else
     -- Asked again (its first reply was lost): 0, and the reservations
     -- again, which the caller gives back again (ZREM is idempotent).
@@ -492,7 +468,7 @@ local function settle(k, a, b)
     local member = decide.member_of(at_of(tail), id)
     decide.forget(k + 1, k + leaves, member)
     decide.keep(k + leaves + 1, k + leaves + stays, member)
-    store(key, b, as, 'r', answered, how, '0', own, n, c, tail)
+    store(key, b, 'r', answered, how, '0', own, n, c, tail)
     local rv = rv_of(tail)
     if rv then return 1, reserved(rv) end
   end
@@ -504,9 +480,9 @@ item "answered" -- the owner's final result was confirmed by RabbitMQ.
   Values: ticket. KEYS: the record. 1 if the ticket owns the record.
 ]]
 local function answered(k, a, b)
-  local st, _, fin, lease, own, n, c, tail, as = load(KEYS[k], b.strings, false, false)
+  local st, _, fin, lease, own, n, c, tail = load(KEYS[k])
   if not st or own ~= ARGV[a] then return 0 end
-  store(KEYS[k], b, as, string.char(st), '1', string.char(fin), lease, own, n, c, tail)
+  store(KEYS[k], b, string.char(st), '1', string.char(fin), lease, own, n, c, tail)
   return 1
 end
 
@@ -542,16 +518,13 @@ local ITEMS = {
 -- A batch's settings from v[a] on: keep_ms, lease_ms, then the rule sets;
 -- they and the index after them, or nil and why if they are malformed.
 local function settings(v, a)
-  local form = v[a + 2]
-  if not period_ok(v[a], decide.MAX_KEEP_MS) or not period_ok(v[a + 1])
-    or (form ~= 'hash' and form ~= 'string') then
-    return nil, 'bad dedup, lease or record form'
+  if not period_ok(v[a], decide.MAX_KEEP_MS) or not period_ok(v[a + 1]) then
+    return nil, 'bad dedup or lease'
   end
-  local sets, after = decide.rule_sets(v, a + 3)
+  local sets, after = decide.rule_sets(v, a + 2)
   if not sets then return nil, after end
   -- shapes: decide.sets_of's memo for these sets.
-  return {keep_s = v[a], lease = tonumber(v[a + 1]), strings = form == 'string', sets = sets,
-    shapes = {}}, after
+  return {keep_s = v[a], lease = tonumber(v[a + 1]), sets = sets, shapes = {}}, after
 end
 
 -- The settings as the words of one argument (a Function library: see
@@ -595,7 +568,7 @@ local function batch()
   if k - 1 ~= #KEYS then return fail(#KEYS .. ' keys for ' .. (k - 1) .. ' named') end
 
   local b = {now = now, lease = lease, now_s = false, lease_s = false, keep_s = keep_s,
-    strings = head.strings, sets = head.sets, shapes = head.shapes, rooms = {}}
+    sets = head.sets, shapes = head.shapes, rooms = {}}
   local out, o = {now}, 1
   a, k, n = first_item, 1, 0
   while a <= nargs do

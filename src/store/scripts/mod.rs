@@ -70,8 +70,8 @@ const DECIDE: Module = Module {
     source: include_str!("decide.lua"),
 };
 
-/// How the ledger reads and writes a job's record (`records.lua`), in
-/// either form (`redis.record_form`).
+/// How the ledger reads and writes a job's record (`records.lua`): one
+/// string (a hash of an earlier build is read, and replaced).
 const RECORDS: Module = Module {
     name: "records",
     source: include_str!("records.lua"),

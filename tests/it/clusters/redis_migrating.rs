@@ -7,7 +7,7 @@ use crate::common::*;
 use mailgate::domain::Ticket;
 use mailgate::ledger::{Entry, Ledger, RedisLedger, Verdict};
 use mailgate::limiter::Clock;
-use mailgate::settings::{LimitSettings, RecordForm, RedisSettings};
+use mailgate::settings::{LimitSettings, RedisSettings};
 
 /// Marks the slot of `key` as moving from its owner to another primary;
 /// returns the slot, the owner and the receiver.
@@ -52,22 +52,20 @@ fn finish(cluster: &PrivateCluster, slot: &str, src: u16, dst: u16) {
     }
 }
 
-/// A worker writing string records began a send and vanished; a worker
-/// writing hashes takes the job over while the record's slot is being
-/// migrated. It rewrote the record as a DEL and an HSET; the node refuses
-/// a key it no longer holds, so the HSET failed after the DEL, and the
-/// retry admitted the job afresh: mailed twice (found by review). The
-/// record now stays a string, written by one SET, and the job is answered
-/// "delivery unknown", never resent.
+/// A worker began a send and vanished, its record left a hash (as builds
+/// before 2026-12-03 could write it); another takes the job over while the
+/// record's slot is being migrated. A rewrite as a DEL then a write fails
+/// after the DEL (the node refuses a key it no longer holds), and the
+/// retry admitted the job afresh: mailed twice (found by review, with a
+/// string turned into a hash). The record becomes a string by one SET,
+/// and the job is answered "delivery unknown", never resent.
 async fn taken_over_in_a_migrating_slot(prefix: &str) {
     let cluster = PrivateCluster::start();
-    let mut strings = RedisSettings::new(cluster.url(), prefix);
-    strings.record_form = RecordForm::String;
-    let hashes = RedisSettings::new(cluster.url(), prefix);
+    let settings = RedisSettings::new(cluster.url(), prefix);
     let limits = LimitSettings::default();
     let (old, new) = (
-        RedisLedger::connect(&strings, &limits).await.unwrap(),
-        RedisLedger::connect(&hashes, &limits).await.unwrap(),
+        RedisLedger::connect(&settings, &limits).await.unwrap(),
+        RedisLedger::connect(&settings, &limits).await.unwrap(),
     );
     let t0 = 1_790_000_000_000;
     let job = TestJob::new("m1", "m1@example.com", None);
@@ -76,6 +74,11 @@ async fn taken_over_in_a_migrating_slot(prefix: &str) {
     assert!(old.sending(&job.by(&a), Clock::At(t0 + 1)).await.unwrap());
 
     let key = format!("{prefix}job:m1");
+    let node = format!("redis://127.0.0.1:{}/", cluster.ports[0]);
+    let mut conn = redis::cluster::ClusterClient::new(vec![node])
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the cluster");
+    to_hash(&mut conn, &key);
     let (slot, src, dst) = migrate(&cluster, &key);
     eprintln!("slot {slot} of {key}: migrating from {src}");
     let lapsed = t0 + 1 + limits.send_lease.as_millis() as u64 + 1_000;
@@ -93,7 +96,7 @@ async fn taken_over_in_a_migrating_slot(prefix: &str) {
         Ok(a) => a.verdict,
         Err(e) => {
             assert!(e.is_outage(), "{e}");
-            assert_eq!(redis_cli(src, &["type", &key]), "string", "untouched");
+            assert_eq!(redis_cli(src, &["type", &key]), "hash", "untouched");
             finish(&cluster, &slot, src, dst);
             new.admit(&entry, Clock::At(lapsed)).await.unwrap().verdict
         }

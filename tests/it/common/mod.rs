@@ -14,7 +14,7 @@ use mailgate::domain::{EmailAddress, IpKey, JobId, Name, Ticket};
 use mailgate::ledger::{Admission, Entry, JobRef, Ledger, MemoryLedger, RedisLedger, Verdict};
 use mailgate::limiter::overrides::Override;
 use mailgate::limiter::{Clock, Quotas, Request};
-use mailgate::settings::{LimitSettings, RecordForm, RedisSettings, Rule, ScopeRules};
+use mailgate::settings::{LimitSettings, RedisSettings, Rule, ScopeRules};
 
 /// The Redis the tests share (the development machine's, or CI's).
 pub(crate) fn redis_url() -> String {
@@ -119,33 +119,18 @@ pub(crate) struct RedisBackend;
 impl Make for RedisBackend {
     type L = RedisLedger;
     async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
-        on_shared_redis(test, limits, RecordForm::Hash).await
-    }
-}
-
-/// The Redis ledger on the shared Redis, writing job records as strings
-/// (`redis.record_form = "string"`).
-pub(crate) struct RedisStringsBackend;
-impl Make for RedisStringsBackend {
-    type L = RedisLedger;
-    async fn make(&self, test: &str, limits: LimitSettings) -> Built<RedisLedger> {
-        on_shared_redis(test, limits, RecordForm::String).await
+        on_shared_redis(test, limits).await
     }
 }
 
 /// A Redis ledger on the shared Redis under a fresh prefix (named for
-/// `test`), writing job records in `form`.
-pub(crate) async fn on_shared_redis(
-    test: &str,
-    limits: LimitSettings,
-    form: RecordForm,
-) -> Built<RedisLedger> {
+/// `test`).
+pub(crate) async fn on_shared_redis(test: &str, limits: LimitSettings) -> Built<RedisLedger> {
     let prefix = unique_prefix(test);
     let cleanup = RedisCleanup {
         prefix: prefix.clone(),
     };
-    let mut settings = redis_settings(&prefix);
-    settings.record_form = form;
+    let settings = redis_settings(&prefix);
     let ledger = RedisLedger::connect(&settings, &limits)
         .await
         .expect("connect to the shared Redis");
@@ -1005,6 +990,41 @@ pub(crate) fn close_connections(needle: &str) -> usize {
         closed += usize::from(ok);
     }
     closed
+}
+
+/// Rewrites string job record `key` as a hash of the same fields, as
+/// builds before 2026-12-03 could write it (`redis.record_form = "hash"`,
+/// their default), with the same TTL.
+pub(crate) fn to_hash(conn: &mut impl redis::ConnectionLike, key: &str) {
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).unwrap();
+    let text: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+    let f: Vec<&str> = text.splitn(8, '|').collect();
+    let head = f[0].as_bytes();
+    let (st, ans, fin) = (head[0] as char, head[1] as char, head[2] as char);
+    let mut fields: Vec<String> = vec!["st".into(), st.into(), "ans".into(), ans.into()];
+    for (name, value) in [
+        ("lease", f[1]),
+        ("own", f[2]),
+        ("n", f[3]),
+        ("c", f[4]),
+        ("at", f[5]),
+        ("fp", f[7]),
+    ] {
+        fields.extend([name.to_owned(), value.to_owned()]);
+    }
+    if fin != '-' {
+        fields.extend(["fin".to_owned(), fin.to_string()]);
+    }
+    if !f[6].is_empty() {
+        fields.extend(["rv".to_owned(), f[6].to_owned()]);
+    }
+    let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
+    let () = redis::cmd("HSET")
+        .arg(key)
+        .arg(&fields)
+        .query(conn)
+        .unwrap();
+    let () = redis::cmd("PEXPIRE").arg(key).arg(ttl).query(conn).unwrap();
 }
 
 /// `redis-cli -p port args…`, its output trimmed (for tests that drive a

@@ -1238,22 +1238,6 @@ macro_rules! conformance {
                 }
             )*
         }
-        /// Every case again with job records written as strings.
-        mod redis_strings {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    cases::$case(RedisStringsBackend).await;
-                }
-            )*
-            $(
-                #[tokio::test]
-                async fn $one() {
-                    cases::$one(RedisStringsBackend).await;
-                }
-            )*
-        }
         mod memory {
             use super::*;
             $(

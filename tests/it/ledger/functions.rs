@@ -130,8 +130,7 @@ fn the_function_answers_and_writes_as_the_script_does() {
         let r = 1 + rng.below(3);
         // The settings: each an argument of the script's, words of one
         // argument of the function's.
-        let form = rng.pick(&["hash", "string"]).to_string();
-        let mut settings: Vec<String> = vec!["86400000".into(), "30000".into(), form];
+        let mut settings: Vec<String> = vec!["86400000".into(), "30000".into()];
         settings.push(r.to_string());
         for _ in 0..r {
             settings.extend(set(&mut rng, now));
@@ -264,17 +263,7 @@ fn whole_numbers_spelled_otherwise_write_nothing() {
         ("the record's keep 8.64e7", "8.64e7", "60000"),
     ];
     for (what, record_keep, set_keep) in calls {
-        let settings = [
-            record_keep,
-            "30000",
-            "hash",
-            "1",
-            "1",
-            set_keep,
-            "60000",
-            "1",
-            "0",
-        ];
+        let settings = [record_keep, "30000", "1", "1", set_keep, "60000", "1", "0"];
         for how in ["EVAL", "FCALL"] {
             let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
             let mut cmd = redis::cmd(how);

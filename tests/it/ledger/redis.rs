@@ -13,7 +13,7 @@ use mailgate::ledger::{
     Verdict,
 };
 use mailgate::limiter::{Clock, Quotas, Scope, Subject};
-use mailgate::settings::{LimitSettings, RecordForm, RedisSettings};
+use mailgate::settings::{LimitSettings, RedisSettings};
 
 /// Two mailboxes at each of two registrable domains (`DOMAINS[e / 2]`).
 const EMAILS: [&str; 4] = [
@@ -535,7 +535,7 @@ async fn malformed_calls_write_nothing() {
     let mut conn = server.connection();
     let script = mailgate::store::scripts::LEDGER.source();
     let sets = ["2", "1", "60000", "60000", "1", "0", "1", "0"];
-    let head = ["batch", "", "86400000", "30000", "hash"];
+    let head = ["batch", "", "86400000", "30000"];
     let batch = |items: &[&'static str]| [&head[..], &sets[..], items].concat();
     let calls: Vec<(Vec<&str>, Vec<&str>)> = vec![
         // A good request, then one with a bad flag: the first is not written.
@@ -564,7 +564,7 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a"],
             batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]),
         ),
-        // Records in a form there is none of.
+        // A word where the rule sets' count belongs.
         (
             vec!["t:job:a", "t:email:a"],
             [
@@ -578,7 +578,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "99999999999999999", "30000", "hash"][..],
+                &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -592,7 +592,6 @@ async fn malformed_calls_write_nothing() {
                 "",
                 "86400000",
                 "30000",
-                "hash",
                 "1",
                 "1",
                 "31536000000000000000",
@@ -628,7 +627,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "86400000.5", "30000", "hash"][..],
+                &["batch", "", "86400000.5", "30000"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -637,7 +636,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             [
-                &["batch", "", "86400000", "30000.5", "hash"][..],
+                &["batch", "", "86400000", "30000.5"][..],
                 &sets[..],
                 &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
             ]
@@ -654,8 +653,8 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a"],
             vec![
-                "batch", "", "86400000", "30000", "hash", "1", "1", "1", "0", "1", "admit", "a",
-                "fp", "tk", "1:a", "0:c1", "", "01",
+                "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
+                "tk", "1:a", "0:c1", "", "01",
             ],
         ),
         (
@@ -671,7 +670,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a"],
             [
-                &["batch", "", "99999999999999999", "30000", "hash"][..],
+                &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
                 &["sending", "tk", "1:a", "c1"],
             ]
@@ -2019,103 +2018,37 @@ async fn scope_logs_trimmed_hourly_survive_a_clock_stepping_back() {
     assert!(admitted.len() > 300, "{} admitted", admitted.len());
 }
 
-/// Rewrites job record `key` in the other form (a hash of the same fields
-/// as earlier versions wrote, and `redis.record_form = "hash"` writes; or
-/// the string `"string"` writes), with the same TTL.
-fn flip(conn: &mut redis::Connection, key: &str) {
-    let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).unwrap();
-    if type_of(conn, key) == "hash" {
-        let h: std::collections::HashMap<String, String> =
-            redis::cmd("HGETALL").arg(key).query(conn).unwrap();
-        let f = |name: &str| h.get(name).cloned().unwrap_or_default();
-        let fin = h.get("fin").cloned().unwrap_or_else(|| "-".into());
-        let text = format!(
-            "{}{}{fin}|{}|{}|{}|{}|{}|{}|{}",
-            f("st"),
-            f("ans"),
-            f("lease"),
-            f("own"),
-            f("n"),
-            f("c"),
-            f("at"),
-            f("rv"),
-            f("fp")
-        );
-        let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
-        let () = redis::cmd("SET").arg(key).arg(text).query(conn).unwrap();
-    } else {
-        let text: String = redis::cmd("GET").arg(key).query(conn).unwrap();
-        let f: Vec<&str> = text.splitn(8, '|').collect();
-        let head = f[0].as_bytes();
-        let (st, ans, fin) = (head[0] as char, head[1] as char, head[2] as char);
-        let mut fields: Vec<String> = vec!["st".into(), st.into(), "ans".into(), ans.into()];
-        for (name, value) in [
-            ("lease", f[1]),
-            ("own", f[2]),
-            ("n", f[3]),
-            ("c", f[4]),
-            ("at", f[5]),
-            ("fp", f[7]),
-        ] {
-            fields.extend([name.to_owned(), value.to_owned()]);
-        }
-        if fin != '-' {
-            fields.extend(["fin".to_owned(), fin.to_string()]);
-        }
-        if !f[6].is_empty() {
-            fields.extend(["rv".to_owned(), f[6].to_owned()]);
-        }
-        let () = redis::cmd("DEL").arg(key).query(conn).unwrap();
-        let () = redis::cmd("HSET")
-            .arg(key)
-            .arg(&fields)
-            .query(conn)
-            .unwrap();
-    }
-    let () = redis::cmd("PEXPIRE").arg(key).arg(ttl).query(conn).unwrap();
-}
-
 /// What type Redis holds at `key`.
 fn type_of(conn: &mut redis::Connection, key: &str) -> String {
     redis::cmd("TYPE").arg(key).query(conn).unwrap()
 }
 
-/// Records in the other form than the ledger writes (`redis.record_form`):
-/// hashes an earlier version wrote, met after moving to strings; strings,
-/// met after moving back to hashes before a rollback. Every step of a
-/// job's life reads them as before, and the step's write (a send mark, a
-/// settle, "answered", a lease lapsed mid-send, a refund that gives the
-/// quota back, a conflict) leaves the record a string: a hash becomes one,
-/// and a string stays one.
-async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
-    let built = on_shared_redis("oldrec", LimitSettings::default(), form).await;
+/// Hashes an earlier build wrote: every step of a job's life reads them as
+/// before, and the step's write (a send mark, a settle, "answered", a
+/// lease lapsed mid-send, a refund that gives the quota back) leaves the
+/// record a string, with its expiry.
+#[tokio::test]
+async fn hashes_of_an_earlier_build_are_read_and_rewritten_as_strings() {
+    let built = on_shared_redis("oldrec", LimitSettings::default()).await;
     let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let t0 = 1_790_000_000_000;
     let record = |id: &str| format!("{prefix}job:{id}");
-    let own = match form {
-        RecordForm::Hash => "hash",
-        RecordForm::String => "string",
-    };
-    // A hash met by a ledger of strings is rewritten as a string; a string
-    // stays one whatever the ledger's form (turning it into a hash would
-    // take a DEL, which a Redis Cluster slot being migrated can leave
-    // without the write after it: issue 41).
-    let rewritten = "string";
 
-    // Admitted, marked sending, settled sent, answered: each on a record
-    // in the other form.
+    // Admitted, marked sending, settled sent, answered: each on a hash.
     let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
     assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
-    assert_eq!(type_of(&mut conn, &record("j1")), own);
-    flip(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), "string");
+    to_hash(&mut conn, &record("j1"));
     assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
-    assert_eq!(type_of(&mut conn, &record("j1")), rewritten);
-    flip(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), "string");
+    to_hash(&mut conn, &record("j1"));
     assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
-    flip(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), "string");
+    to_hash(&mut conn, &record("j1"));
     assert!(l.answered(&j1.by(&a)).await.unwrap());
-    flip(&mut conn, &record("j1"));
+    assert_eq!(type_of(&mut conn, &record("j1")), "string");
+    to_hash(&mut conn, &record("j1"));
     assert_eq!(
         j1.admit(&l, &Ticket::new(), Clock::At(t0 + 2)).await,
         Verdict::Sent {
@@ -2124,7 +2057,7 @@ async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
             answered: true
         }
     );
-    // Another job under the same id: a conflict, read from the other form.
+    // Another job under the same id: a conflict, read from a hash.
     let other = TestJob::new("j1", "someone.else@example.com", None);
     assert_eq!(
         other.admit(&l, &Ticket::new(), Clock::At(t0 + 3)).await,
@@ -2141,7 +2074,7 @@ async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
     };
     let admitted = l.admit(&now, Clock::At(t0)).await.unwrap();
     assert_eq!(admitted.verdict, Verdict::Admitted);
-    flip(&mut conn, &record("j2"));
+    to_hash(&mut conn, &record("j2"));
     // Well past its lease.
     let late = t0 + 2 * HOUR;
     assert_eq!(
@@ -2151,13 +2084,13 @@ async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
             answered: false
         }
     );
-    assert_eq!(type_of(&mut conn, &record("j2")), rewritten);
+    assert_eq!(type_of(&mut conn, &record("j2")), "string");
 
-    // A refund on the other form gives the quota back: the mailbox (1 a
+    // A refund on a hash gives the quota back: the mailbox (1 a
     // minute) takes another job at once.
     let (j3, c) = (TestJob::new("j3", "c@example.com", None), Ticket::new());
     assert_eq!(j3.admit(&l, &c, Clock::At(t0)).await, Verdict::Admitted);
-    flip(&mut conn, &record("j3"));
+    to_hash(&mut conn, &record("j3"));
     let refund = Ending::Refund(Refund::Failed);
     assert!(l.settle(&j3.by(&c), &refund, false).await.unwrap());
     let next = TestJob::new("j4", "c@example.com", None);
@@ -2165,7 +2098,7 @@ async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
         next.admit(&l, &Ticket::new(), Clock::At(t0 + SEC)).await,
         Verdict::Admitted
     );
-    flip(&mut conn, &record("j3"));
+    to_hash(&mut conn, &record("j3"));
     assert_eq!(
         j3.admit(&l, &c, Clock::At(t0 + 2 * SEC)).await,
         Verdict::Finished {
@@ -2173,21 +2106,18 @@ async fn records_in_the_other_form_are_read_and_rewritten(form: RecordForm) {
             answered: false
         }
     );
-    // Every record ends in the ledger's own form, with its expiry.
+    // Every record written since it was made a hash is a string; each
+    // keeps its expiry (j1 and j3 were only read since).
+    for id in ["j1", "j3"] {
+        assert_eq!(type_of(&mut conn, &record(id)), "hash", "{id}");
+    }
+    for id in ["j2", "j4"] {
+        assert_eq!(type_of(&mut conn, &record(id)), "string", "{id}");
+    }
     for id in ["j1", "j2", "j3", "j4"] {
         let ttl: i64 = redis::cmd("PTTL").arg(record(id)).query(&mut conn).unwrap();
         assert!(ttl > 0, "{id} expires");
     }
-}
-
-#[tokio::test]
-async fn hashes_of_an_earlier_version_are_read_and_rewritten_as_strings() {
-    records_in_the_other_form_are_read_and_rewritten(RecordForm::String).await;
-}
-
-#[tokio::test]
-async fn strings_are_read_and_kept_as_strings_after_moving_back() {
-    records_in_the_other_form_are_read_and_rewritten(RecordForm::Hash).await;
 }
 
 /// Job ids are the producer's (up to 128 printable characters, `|` and
@@ -2195,16 +2125,10 @@ async fn strings_are_read_and_kept_as_strings_after_moving_back() {
 /// look like a record's separators, or like a whole record, go through a
 /// job's life apart from each other. A copy of each is answered from its
 /// own record, another job under the id is a conflict, and a refund gives
-/// back that job's quota and no other's. In both record forms.
+/// back that job's quota and no other's.
 #[tokio::test]
 async fn ids_that_look_like_records_keep_their_records_apart() {
-    for form in [RecordForm::String, RecordForm::Hash] {
-        ids_like_records_in(form).await;
-    }
-}
-
-async fn ids_like_records_in(form: RecordForm) {
-    let built = on_shared_redis("barids", LimitSettings::default(), form).await;
+    let built = on_shared_redis("barids", LimitSettings::default()).await;
     let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let t0 = 1_790_000_000_000;
@@ -2232,7 +2156,7 @@ async fn ids_like_records_in(form: RecordForm) {
             .arg(format!("{prefix}job:{}", ids[i]))
             .query(&mut conn)
             .unwrap();
-        assert_eq!(record, form.as_str(), "{:?}'s record", ids[i]);
+        assert_eq!(record, "string", "{:?}'s record", ids[i]);
     }
     // Every other job sent and answered; the rest refunded.
     for (i, (job, ticket)) in jobs.iter().enumerate() {
@@ -2279,89 +2203,11 @@ async fn ids_like_records_in(form: RecordForm) {
     }
 }
 
-/// A job record's fields in hash form, by name.
-fn fields_of(
-    conn: &mut redis::Connection,
-    key: &str,
-) -> std::collections::BTreeMap<String, String> {
-    redis::cmd("HGETALL").arg(key).query(conn).unwrap()
-}
-
-/// With `redis.record_form = "hash"` (the default) a record holds exactly
-/// the fields, and the values, that versions before the string form wrote
-/// (fp, at, st, own, n, lease, ans, c; fin only once refunded), at every
-/// step of a job's life, so a worker of an earlier version reads every
-/// record the ledger writes while both run; a string it meets stays a
-/// string, with the same fields.
-#[tokio::test]
-async fn hash_records_hold_exactly_the_fields_of_earlier_versions() {
-    let built = on_shared_redis("hashfields", LimitSettings::default(), RecordForm::Hash).await;
-    let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
-    let mut conn = sync_redis();
-    let t0: u64 = 1_790_000_000_000;
-    let key = |id: &str| format!("{prefix}job:{id}");
-    let names = |f: &std::collections::BTreeMap<String, String>| {
-        f.keys().map(String::as_str).collect::<Vec<_>>().join(" ")
-    };
-    const LIVE: &str = "ans at c fp lease n own st";
-    const REFUNDED: &str = "ans at c fin fp lease n own st";
-
-    let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
-    assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
-    let f = fields_of(&mut conn, &key("j1"));
-    assert_eq!(names(&f), LIVE);
-    assert_eq!((f["st"].as_str(), f["ans"].as_str()), ("a", "0"));
-    assert_eq!(f["at"], t0.to_string());
-    assert_eq!(f["own"], a.as_str());
-    let lease: u64 = f["lease"].parse().unwrap();
-    assert!(lease > t0, "a lease from the admission: {f:?}");
-
-    assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
-    let f = fields_of(&mut conn, &key("j1"));
-    assert_eq!((names(&f).as_str(), f["st"].as_str()), (LIVE, "x"));
-    // A string met in hash form stays a string (issue 41: turning it into
-    // a hash takes a DEL, which a migrating slot can leave without the
-    // write after it); flipped back, it holds the same fields.
-    flip(&mut conn, &key("j1"));
-    assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
-    assert_eq!(type_of(&mut conn, &key("j1")), "string");
-    flip(&mut conn, &key("j1"));
-    let f = fields_of(&mut conn, &key("j1"));
-    assert_eq!(names(&f), LIVE);
-    assert_eq!((f["st"].as_str(), f["lease"].as_str()), ("s", "0"));
-    assert_eq!(f["at"], t0.to_string());
-    assert!(l.answered(&j1.by(&a)).await.unwrap());
-    let f = fields_of(&mut conn, &key("j1"));
-    assert_eq!(names(&f), LIVE);
-    assert_eq!((f["st"].as_str(), f["ans"].as_str()), ("s", "1"));
-
-    // A refund adds fin, and only a refund; a string written keeps it.
-    let (j2, b) = (TestJob::new("j2", "b@example.com", None), Ticket::new());
-    assert_eq!(j2.admit(&l, &b, Clock::At(t0)).await, Verdict::Admitted);
-    let refund = Ending::Refund(Refund::Invalid);
-    assert!(l.settle(&j2.by(&b), &refund, false).await.unwrap());
-    let f = fields_of(&mut conn, &key("j2"));
-    assert_eq!(names(&f), REFUNDED);
-    assert_eq!((f["st"].as_str(), f["fin"].as_str()), ("r", "i"));
-    flip(&mut conn, &key("j2"));
-    assert!(l.answered(&j2.by(&b)).await.unwrap());
-    assert_eq!(type_of(&mut conn, &key("j2")), "string");
-    flip(&mut conn, &key("j2"));
-    let f = fields_of(&mut conn, &key("j2"));
-    assert_eq!(names(&f), REFUNDED);
-    assert_eq!((f["fin"].as_str(), f["ans"].as_str()), ("i", "1"));
-    for id in ["j1", "j2"] {
-        assert_eq!(type_of(&mut conn, &key(id)), "hash");
-        let ttl: i64 = redis::cmd("PTTL").arg(key(id)).query(&mut conn).unwrap();
-        assert!(ttl > 0, "{id} expires");
-    }
-}
-
 /// A bounce suppresses the address exactly as it was spelled to the relay,
 /// and never shortens a suppression someone made or one that lasts longer.
 #[tokio::test]
 async fn a_bounce_keeps_a_longer_or_manual_suppression() {
-    let l = on_shared_redis("bounce-keeps", LimitSettings::default(), RecordForm::Hash).await;
+    let l = on_shared_redis("bounce-keeps", LimitSettings::default()).await;
     let l = &l.ledger;
     let email = |a: &str| mailgate::domain::EmailAddress::parse(a).unwrap();
     l.suppress(
@@ -2433,7 +2279,7 @@ async fn a_bounce_keeps_a_longer_or_manual_suppression() {
 /// bounce (of a spelling a stranger may have chosen) no longer does.
 #[tokio::test]
 async fn suppressions_of_earlier_versions_hold_but_their_bounces_do_not() {
-    let built = on_shared_redis("sup-legacy", LimitSettings::default(), RecordForm::Hash).await;
+    let built = on_shared_redis("sup-legacy", LimitSettings::default()).await;
     let (l, prefix) = (built.ledger.clone(), built.prefix().to_owned());
     let mut conn = sync_redis();
     let set = |conn: &mut redis::Connection, key: &str, value: &str| {
