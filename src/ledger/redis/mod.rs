@@ -58,8 +58,9 @@ pub struct RedisLedger {
     replication: Replication,
     spread: bool,
     calls: Calls,
-    /// Whether `CONFIG GET` answers (see [`RedisLedger::eviction_policies`]).
-    config_readable: Arc<std::sync::atomic::AtomicBool>,
+    /// When `CONFIG GET` was last refused, ms since the epoch; 0 if it
+    /// answers (see [`RedisLedger::eviction_policies`]).
+    config_refused_at: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Names the type only: its connection and queue say nothing useful.
@@ -135,7 +136,7 @@ impl RedisLedger {
             replication,
             spread,
             calls,
-            config_readable: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            config_refused_at: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
 
@@ -158,18 +159,24 @@ impl RedisLedger {
     /// primary): by `CONFIG GET`, which costs Redis a sixth of what
     /// `INFO memory` does (read each second by every worker); where CONFIG
     /// is refused (managed services rename or forbid it; an ACL without
-    /// `+config`), from `INFO memory`, from then on.
+    /// `+config`), from `INFO memory`, asking CONFIG again every
+    /// [`CONFIG_ASKED_AGAIN_MS`].
     async fn eviction_policies(&self, on: Option<&str>) -> Result<Vec<String>, LedgerError> {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.config_readable.load(Relaxed) {
+        let now = crate::domain::now_ms();
+        let refused_at = self.config_refused_at.load(Relaxed);
+        if refused_at == 0 || now.saturating_sub(refused_at) >= CONFIG_ASKED_AGAIN_MS {
             let mut get = redis::cmd("CONFIG");
             get.arg("GET").arg("maxmemory-policy");
             let read = self.conn.each_server(get, on).await;
             match read.map(policies_configured) {
-                Ok(Some(policies)) => return Ok(policies),
+                Ok(Some(policies)) => {
+                    self.config_refused_at.store(0, Relaxed);
+                    return Ok(policies);
+                }
                 Err(e) if !config_refused(&e) => return Err(self.unfit(e)),
                 // Refused, or a reply without the setting (a proxy).
-                Ok(None) | Err(_) => self.config_readable.store(false, Relaxed),
+                Ok(None) | Err(_) => self.config_refused_at.store(now.max(1), Relaxed),
             }
         }
         let infos = (self.conn.info("memory", on).await).map_err(|e| match e.code() {
@@ -200,15 +207,20 @@ fn policies_configured(
         .collect()
 }
 
-/// Whether `e` says this user or server does not take `CONFIG GET`: any
-/// answer that asking again will not change (an ACL's `NOPERM`; a command
-/// renamed, disabled or refused in a managed service's own words; a reply
-/// of another shape), as against an outage (a lost connection, `LOADING`,
-/// `CLUSTERDOWN`, `TRYAGAIN` …). Taking one for the other costs only time:
-/// `INFO memory` tells the same policy, for six times the instructions.
+/// How long the eviction check reads `INFO memory` after `CONFIG GET` was
+/// refused before it asks CONFIG again: a refusal taken for one (a server
+/// error this build does not know) costs at most this long of the dearer
+/// read.
+const CONFIG_ASKED_AGAIN_MS: u64 = 10 * 60 * 1000;
+
+/// Whether `e` says this user or server does not take `CONFIG GET`: an
+/// answer that is no outage (an ACL's `NOPERM`; a command renamed,
+/// disabled or refused in a managed service's own words; a reply of
+/// another shape), as against a lost connection or a server state that
+/// passes (`LOADING`, `BUSY`, `CLUSTERDOWN` …: [`LedgerError::is_outage`]),
+/// which leaves readiness failing, naming it, until Redis answers again.
 fn config_refused(e: &redis::RedisError) -> bool {
-    matches!(e.kind(), redis::ErrorKind::Parse)
-        || matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+    !LedgerError::from(e.clone()).is_outage()
 }
 
 /// What readiness asks (`ledger.lua`'s "probe"), called as the batches call
@@ -354,23 +366,26 @@ impl Ledger for RedisLedger {
             if answered { "1" } else { "0" }.to_owned(),
             counts,
         ];
-        // Waits for the replicas as a send mark does: a settle the old
-        // primary of a failover took but never passed on is lost, and a
-        // copy of the job answered "delivery unknown" though it was sent.
-        let reply = self.mark(job, None, args, scope_keys, true).await?;
-        if let Ending::Refund(how) = ending {
-            // Also when asked again after a lost reply (0, and the names).
-            self.give_back_refunded(&job.request, *how, &reply.values)
-                .await;
-        }
+        // A sent job's settle waits for the replicas as its send mark did:
+        // one the old primary of a failover took but never passed on was
+        // lost, and a copy of the job answered "delivery unknown" though
+        // it was sent. (A lost refund leaves its quota taken, and costs no
+        // wait: WAIT holds up every call behind it on the connection.)
+        let sent = matches!(ending, Ending::Sent);
+        let reply = self.mark(job, None, args, scope_keys, sent).await?;
         if let Some(acked) = reply.unreplicated {
             // Written again (the same end again changes nothing) once the
             // replicas answer: the caller retries an outage.
             return Err(LedgerError::Unreplicated(format!(
-                "{acked} of the {} or more Redis replicas asked for acknowledged the job's \
-                 settlement within {} ms; it is written again",
+                "{acked} of the {} or more Redis replicas asked for acknowledged that the job \
+                 was sent within {} ms; it is written again",
                 self.replication.replicas, self.replication.timeout_ms
             )));
+        }
+        if let Ending::Refund(how) = ending {
+            // Also when asked again after a lost reply (0, and the names).
+            self.give_back_refunded(&job.request, *how, &reply.values)
+                .await;
         }
         Ok(reply.values[0] == 1)
     }

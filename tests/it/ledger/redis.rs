@@ -528,6 +528,52 @@ async fn a_cluster_without_config_is_checked_through_info() {
     }
 }
 
+/// A server busy with a script (`BUSY`) is an outage, not CONFIG refused:
+/// while it lasts the ledger is unfit, naming it; once it ends the ledger
+/// is ready again, through CONFIG GET, for a user that may not run INFO.
+/// Taken for a refusal (found by review), it switched the check to INFO
+/// for good, and such a user stayed unfit with Redis healthy. Spread over
+/// a cluster's shards, the busy node is one that does not hold the
+/// readiness probe's key, so only CONFIG GET meets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_server_is_an_outage_and_config_is_read_again_after() {
+    let cluster = PrivateCluster::start_configured(0, &["--busy-reply-threshold", "100"]);
+    let spread = SpreadBackend.make("busy", LimitSettings::default()).await;
+    let l = &spread.ledger;
+    for port in &cluster.ports {
+        assert_eq!(
+            redis_cli(*port, &["ACL", "SETUSER", "default", "-info"]),
+            "OK"
+        );
+    }
+    l.health()
+        .await
+        .expect("ready through CONFIG GET, without INFO");
+    let probe = format!("{}probe", spread.prefix());
+    let busy = (cluster.ports.iter())
+        .copied()
+        .find(|p| redis_cli(*p, &["GET", &probe]).contains("MOVED"))
+        .expect("a node without the probe's key");
+    let script = "local t0 = redis.call('TIME')[1] \
+        while tonumber(redis.call('TIME')[1]) - t0 < 2 do end return 1";
+    let running = std::thread::spawn(move || redis_cli(busy, &["EVAL", script, "0"]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let Err(during) = l.health().await else {
+        panic!("a node busy with a script is not ready");
+    };
+    let during = mailgate::report::one_line(&during);
+    assert!(
+        during.contains("BUSY") && !during.contains("INFO"),
+        "{during}"
+    );
+    assert_eq!(running.join().unwrap(), "1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while let Err(e) = l.health().await {
+        assert!(std::time::Instant::now() < deadline, "still unfit: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A malformed call is refused before its first write: nothing is left.
 #[tokio::test]
 async fn malformed_calls_write_nothing() {
