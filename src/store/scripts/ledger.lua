@@ -143,6 +143,26 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            admitted now, in item order: 3 integers per scope key (rule,
            remaining, reset_ms), as many keys as each item's fourth value
            says}
+  Example (the shipped config, read with MONITOR: one job for
+  mon0@gmail.com from 10.0.0.20, sending at once, its mailbox judged by
+  rule set 1 and its network by set 2, the suppression list read in three
+  keys; prefix p:):
+    FCALL mailgate_ledger_<hash> 6 p:job:j20 p:email:mon0@gmail.com
+      p:ip:10.0.0.20/32 p:bounced:mon.0@gmail.com p:sup:mon0@gmail.com
+      p:sup:mon.0@gmail.com
+      batch ~1796284241996:10000
+      "90000000 30000 0 2 1 3 90000000 60000 1 3600000 5 86400000 10
+       2 3 7200000 60000 5 600000 30 3600000 50"
+      admit j20 <fingerprint> <ticket> 1:3dfc771b862349d2
+        1s3:f4487523151f4e34 1796287841996 0102 ""
+  that is: Redis's clock, expected near 1796284241996 within 10 s; keep
+  90 000 000 ms, lease 30 000 ms, no rule set the call names (0) but 2
+  extra ones: set 1 (3 rules, keep 90 000 000: 1 a minute, 5 an hour, 10
+  a day), set 2 (3 rules, keep 7 200 000: 5 a minute, 30 in ten minutes,
+  50 an hour); then the item: id, fingerprint, ticket, attempt 1 and its
+  holder, sending at once with 3 suppression keys and the call's id,
+  expires_at, shape "0102", no supersede. The reply of a rejection:
+  {now, 0 * 8 + 3, retry_after_ms, scope, rule}.
   Every item is checked before the first write, so a bad batch writes
   nothing. A batch run again (a Redis Cluster client sends a call again
   after its reply was lost) answers as the first run did, or as its
@@ -275,18 +295,16 @@ local function superseded(newest, made, skew, id, record)
   return false
 end
 
-local function admit(k, a, b, kind)
-  local id, want, ticket, attempt_s = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  -- "<0 or 1>[s]:<hex>", as admit_ok checked.
+-- An admission item's values (ARGV from a, as admit_ok checked them) and
+-- keys (KEYS from k), by name. kind: "admit", "look" or "create".
+local function item_of(k, a, kind)
+  -- The flag: "<0 or 1>[s<n>]:<hex>".
   local flag = ARGV[a + 4]
   local sups = suppression_keys(a + 4)
-  local state, call_id = string.byte(flag, 1) == 49 and 'x' or 'a', sub(flag, sups > 0 and 5 or 3)
-  local expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5])
   local shape = kind == 'admit' and ARGV[a + 6] or ''
-  local key, first = KEYS[k], k + 1
+  local first = k + 1
   local last = first + #shape / 2 - 1
   local latest = ARGV[a + 7] ~= '' and KEYS[last + 1]
-  local suppression = last + (latest and 2 or 1)
   -- A time after its admission (a producer's clock ahead) counts as the
   -- admission's, so one such job cannot supersede every later one for as
   -- long.
@@ -295,83 +313,106 @@ local function admit(k, a, b, kind)
     local made_s, skew_s = string.match(ARGV[a + 7], '^(%d*),(%d+)$')
     made, skew = tonumber(made_s), tonumber(skew_s)
   end
-  local now, keep_s = b.now, b.keep_s
-  local expired = expires and expires <= now
-  local st, ans, fin, lease, own, n, c, tail = load(key)
-  if st then
-    local at, held = at_of(tail), tonumber(lease) or 0
-    local mine, answered = own == ticket and 1 or 0, ans == YES and 1 or 0
-    if string.match(tail, '^[^|]*|[^|]*|(.*)$') ~= want then
-      return CODE.conflict
-    elseif (st == A or st == X) and c == call_id then
-      -- This very call again (a Redis Cluster client sends a call again
-      -- after its reply was lost; each call has an id of its own): its
-      -- admission stands, as it was made.
-      return CODE.admitted, at
-    elseif st == R and mine == 1 then
-      -- (A record without its fin: failed.)
-      return CODE.finished, fin == 45 and 102 or fin, answered
-    elseif st == S then
-      return CODE.sent, at, mine, answered
-    elseif st == U then
-      return CODE.unknown, at, mine, answered
-    elseif st ~= R and held > now then
-      return CODE.busy, at, held - now
-    elseif st == X then
-      -- Its send began and its owner vanished: the mail may have gone out.
-      -- Never resent (at most once); the caller answers it.
-      store(key, b, 'u', '0', '-', lease, own, n, c, tail)
-      return CODE.unknown, at, mine, 0
-    elseif st == A and expired and mine == 1 then
-      -- Admitted, never sent, and now too late: give the quota back.
-      decide.forget(first, last, decide.member_of(at, id))
-      store(key, b, 'r', '0', 'e', '0', own, attempt_s, c, tail)
-      return CODE.expired, reserved(rv_of(tail))
-    elseif st == A and expired then
-      -- Another message of the job, and too late for it; the owner's own
-      -- copy judges its admission by its own expires_at when it comes back.
-      return CODE.expired
-    elseif st == A and latest
-      and superseded(latest, math.min(made or at, at), skew, id, key) then
-      -- Its code is stale: refunded unsent, and answered by the caller.
-      decide.forget(first, last, decide.member_of(at, id))
-      store(key, b, 'r', '0', 'p', '0', ticket, attempt_s, c, tail)
-      return CODE.superseded, 1
-    elseif st == A then
-      store(key, b, state, '0', '-', lease_end(b), ticket, attempt_s, call_id, tail)
-      return CODE.resumed, at
-    end
-  end
-  if expired then
-    -- No admission (or another lineage's refunded one): nothing to do.
+  return {id = ARGV[a], want = ARGV[a + 1], ticket = ARGV[a + 2], attempt_s = ARGV[a + 3],
+    state = string.byte(flag, 1) == 49 and 'x' or 'a', call_id = sub(flag, sups > 0 and 5 or 3),
+    expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5]), shape = shape,
+    rv = kind == 'create' and ARGV[a + 6] or '', key = KEYS[k], first = first, last = last,
+    latest = latest, made = made, skew = skew, sups = sups,
+    suppression = last + (latest and 2 or 1)}
+end
+
+-- What item j answers from its job's record (load's values), writing what
+-- that answer changes; nil where the record leaves the decision to the
+-- limiter (another lineage's refunded admission).
+local function from_record(j, b, st, ans, fin, lease, own, n, c, tail)
+  local now, key = b.now, j.key
+  local at, held = at_of(tail), tonumber(lease) or 0
+  local mine, answered = own == j.ticket and 1 or 0, ans == YES and 1 or 0
+  local expired = j.expires and j.expires <= now
+  if string.match(tail, '^[^|]*|[^|]*|(.*)$') ~= j.want then
+    return CODE.conflict
+  elseif (st == A or st == X) and c == j.call_id then
+    -- This very call again (a Redis Cluster client sends a call again
+    -- after its reply was lost; each call has an id of its own): its
+    -- admission stands, as it was made.
+    return CODE.admitted, at
+  elseif st == R and mine == 1 then
+    -- (A record without its fin: failed.)
+    return CODE.finished, fin == 45 and 102 or fin, answered
+  elseif st == S then
+    return CODE.sent, at, mine, answered
+  elseif st == U then
+    return CODE.unknown, at, mine, answered
+  elseif st ~= R and held > now then
+    return CODE.busy, at, held - now
+  elseif st == X then
+    -- Its send began and its owner vanished: the mail may have gone out.
+    -- Never resent (at most once); the caller answers it.
+    store(key, b, 'u', '0', '-', lease, own, n, c, tail)
+    return CODE.unknown, at, mine, 0
+  elseif st == A and expired and mine == 1 then
+    -- Admitted, never sent, and now too late: give the quota back.
+    decide.forget(j.first, j.last, decide.member_of(at, j.id))
+    store(key, b, 'r', '0', 'e', '0', own, j.attempt_s, c, tail)
+    return CODE.expired, reserved(rv_of(tail))
+  elseif st == A and expired then
+    -- Another message of the job, and too late for it; the owner's own
+    -- copy judges its admission by its own expires_at when it comes back.
     return CODE.expired
+  elseif st == A and j.latest
+    and superseded(j.latest, math.min(j.made or at, at), j.skew, j.id, key) then
+    -- Its code is stale: refunded unsent, and answered by the caller.
+    decide.forget(j.first, j.last, decide.member_of(at, j.id))
+    store(key, b, 'r', '0', 'p', '0', j.ticket, j.attempt_s, c, tail)
+    return CODE.superseded, 1
+  elseif st == A then
+    store(key, b, j.state, '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id, tail)
+    return CODE.resumed, at
   end
+  return nil
+end
+
+-- What item j answers with no live admission of its id: expired, absent
+-- ("look"), suppressed, superseded or rejected, writing nothing; or
+-- admitted now, its record written whole (nothing of a refunded record's
+-- earlier life stays) and, for "admit", its admission counted.
+local function afresh(j, b, kind)
+  local now = b.now
+  if j.expires and j.expires <= now then return CODE.expired end
   if kind == 'look' then return CODE.absent end
-  if suppressed(suppression, sups) then return CODE.suppressed end
+  if suppressed(j.suppression, j.sups) then return CODE.suppressed end
   local shadow_s, shadow_r, rooms = 0, 0, 0
   if kind == 'admit' then
-    if latest then
-      made = math.min(made or now, now)
-      if superseded(latest, made, skew, id, key) then return CODE.superseded, 0 end
+    local made = j.latest and math.min(j.made or now, now)
+    if made and superseded(j.latest, made, j.skew, j.id, j.key) then
+      return CODE.superseded, 0
     end
     local d, s, rule, _
     local logs = {}
-    local ks = decide.sets_of(shape, b.sets, b.shapes)
-    d, s, rule, _, shadow_s, shadow_r = decide.judge(first, ks, now, logs)
+    local ks = decide.sets_of(j.shape, b.sets, b.shapes)
+    d, s, rule, _, shadow_s, shadow_r = decide.judge(j.first, ks, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
-    rooms = decide.room(first, ks, now, logs, b.rooms)
-    decide.record(first, ks, now, now_text(b), decide.member_of(now, id), logs)
-    if latest then
-      call('ZADD', latest, decide.int(made), id)
-      call('ZREMRANGEBYRANK', latest, 0, -17)
-      call('PEXPIRE', latest, keep_s)
+    rooms = decide.room(j.first, ks, now, logs, b.rooms)
+    decide.record(j.first, ks, now, now_text(b), decide.member_of(now, j.id), logs)
+    if made then
+      call('ZADD', j.latest, decide.int(made), j.id)
+      call('ZREMRANGEBYRANK', j.latest, 0, -17)
+      call('PEXPIRE', j.latest, b.keep_s)
     end
   end
-  -- Written whole: nothing of a refunded record's earlier life stays.
-  local rv = kind == 'create' and ARGV[a + 6] or ''
-  store(key, b, state, '0', '-', lease_end(b), ticket, attempt_s, call_id,
-    now_text(b) .. '|' .. rv .. '|' .. want)
+  store(j.key, b, j.state, '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id,
+    now_text(b) .. '|' .. j.rv .. '|' .. j.want)
   return CODE.admitted, now, shadow_s, shadow_r, rooms
+end
+
+local function admit(k, a, b, kind)
+  local j = item_of(k, a, kind)
+  local st, ans, fin, lease, own, n, c, tail = load(j.key)
+  if st then
+    local code, v, x, y, z = from_record(j, b, st, ans, fin, lease, own, n, c, tail)
+    if code then return code, v, x, y, z end
+  end
+  return afresh(j, b, kind)
 end
 
 --[[
