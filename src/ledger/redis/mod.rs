@@ -13,6 +13,7 @@ mod spread;
 mod suppression;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 pub use self::record::{Admitted, JobRecord};
 pub use self::suppression::{Spelling, Suppression};
@@ -162,38 +163,63 @@ impl RedisLedger {
     /// `+config`), from `INFO memory`, asking CONFIG again every
     /// [`CONFIG_ASKED_AGAIN_MS`].
     async fn eviction_policies(&self, on: Option<&str>) -> Result<Vec<String>, LedgerError> {
-        use std::sync::atomic::Ordering::Relaxed;
         let now = crate::domain::now_ms();
         let refused_at = self.config_refused_at.load(Relaxed);
-        if refused_at == 0 || now.saturating_sub(refused_at) >= CONFIG_ASKED_AGAIN_MS {
-            let mut get = redis::cmd("CONFIG");
-            get.arg("GET").arg("maxmemory-policy");
-            let read = self.conn.each_server(get, on).await;
-            match read.map(policies_configured) {
-                Ok(Some(policies)) => {
-                    self.config_refused_at.store(0, Relaxed);
-                    return Ok(policies);
+        // (A wall clock that stepped back since asks again too.)
+        let asked =
+            refused_at == 0 || now < refused_at || now - refused_at >= CONFIG_ASKED_AGAIN_MS;
+        if asked && let Some(policies) = self.configured_policies(on, now).await? {
+            return Ok(policies);
+        }
+        match self.conn.info("memory", on).await {
+            Ok(infos) => Ok((infos.iter())
+                .map(|info| {
+                    (info.lines())
+                        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                        .map_or("noeviction", str::trim)
+                        .to_owned()
+                })
+                .collect()),
+            // INFO refused too: CONFIG's refusal may have been a passing
+            // error taken for one (found by review: a user without INFO
+            // then stayed unfit until CONFIG was asked again).
+            Err(e) if !asked && e.code() == Some("NOPERM") => {
+                match self.configured_policies(on, now).await? {
+                    Some(policies) => Ok(policies),
+                    None => Err(info_refused(&e)),
                 }
-                Err(e) if !config_refused(&e) => return Err(self.unfit(e)),
-                // Refused, or a reply without the setting (a proxy).
-                Ok(None) | Err(_) => self.config_refused_at.store(now.max(1), Relaxed),
+            }
+            Err(e) if e.code() == Some("NOPERM") => Err(info_refused(&e)),
+            Err(e) => Err(self.unfit(e)),
+        }
+    }
+
+    /// Each primary's `maxmemory-policy` by `CONFIG GET`; `None` (and the
+    /// time, `now`, kept) if CONFIG is refused or answers without it (a
+    /// proxy).
+    async fn configured_policies(
+        &self,
+        on: Option<&str>,
+        now: u64,
+    ) -> Result<Option<Vec<String>>, LedgerError> {
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        match self
+            .conn
+            .each_server(get, on)
+            .await
+            .map(policies_configured)
+        {
+            Ok(Some(policies)) => {
+                self.config_refused_at.store(0, Relaxed);
+                Ok(Some(policies))
+            }
+            Err(e) if !config_refused(&e) => Err(self.unfit(e)),
+            Ok(None) | Err(_) => {
+                self.config_refused_at.store(now.max(1), Relaxed);
+                Ok(None)
             }
         }
-        let infos = (self.conn.info("memory", on).await).map_err(|e| match e.code() {
-            Some("NOPERM") => LedgerError::Unfit(format!(
-                "the Redis user may not run INFO ({e}); mailgate reads `INFO memory` to \
-                 check that Redis never evicts its keys: grant it +info"
-            )),
-            _ => self.unfit(e),
-        })?;
-        Ok((infos.iter())
-            .map(|info| {
-                (info.lines())
-                    .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-                    .map_or("noeviction", str::trim)
-                    .to_owned()
-            })
-            .collect())
     }
 }
 
@@ -205,6 +231,15 @@ fn policies_configured(
     (replies.into_iter())
         .map(|mut r| r.remove("maxmemory-policy"))
         .collect()
+}
+
+/// Readiness's answer to a user that may run neither `CONFIG GET` nor
+/// `INFO`.
+fn info_refused(e: &redis::RedisError) -> LedgerError {
+    LedgerError::Unfit(format!(
+        "the Redis user may not run INFO ({e}), nor CONFIG GET; mailgate reads the eviction \
+         policy to check that Redis never evicts its keys: grant it +info or +config|get"
+    ))
 }
 
 /// How long the eviction check reads `INFO memory` after `CONFIG GET` was

@@ -243,7 +243,9 @@ end
 
 local function admit_ok(a, head, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  local flag_form = kind == 'admit' and '^[01]s?[1-9]?:%x+$' or '^[01]:%x+$'
+  -- "<0|1>:<hex>", or for "admit" "<0|1>s<n>:<hex>" (n suppression keys).
+  local flag_ok = string.find(flag or '', '^[01]:%x+$') ~= nil
+    or (kind == 'admit' and string.find(flag or '', '^[01]s[1-9]:%x+$') ~= nil)
   local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
@@ -256,7 +258,7 @@ local function admit_ok(a, head, kind)
   end
   return last_ok and (expires == '' or tonumber(expires) ~= nil)
     and ARGV[a] ~= '' and ARGV[a + 1] ~= '' and ticket_ok(ARGV[a + 2]) and attempt_ok(a + 3)
-    and string.find(flag or '', flag_form) ~= nil
+    and flag_ok
 end
 
 -- How many suppression keys an item's flag (ARGV[a]) names: n of
