@@ -167,7 +167,10 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
     # Scripts that check the suppression list name each admission's
     # suppression key, as the worker does by default (limits.suppress).
     sup = suppression()
-    flag = ("1" if send_now else "0") + ("s" if sup else "") + ":c1"
+    # "s1": one suppression key follows (scripts since issue 41 take the
+    # count; before, "s" alone).
+    counted = "local function suppression_keys" in sources()[1]
+    flag = ("1" if send_now else "0") + (("s1" if counted else "s") if sup else "") + ":c1"
     for rd in range(rounds + 2):
         keys, args = [], head(code, form)
         if settle and rd >= 2:
