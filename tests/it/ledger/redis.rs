@@ -1159,20 +1159,8 @@ async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
     };
     assert!(why.contains("0 replicas online"), "{why}");
 
-    let dir = std::env::temp_dir().join(format!("mgtest-replica-{}", primary.port));
-    std::fs::create_dir_all(&dir).unwrap();
-    let replica = PrivateRedis::start_with(&[
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while l.health().await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "the replica syncs");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (replica, dir) = replica_of(&primary, "mgtest-replica");
+    until_synced(&l).await;
     let (a, b) = (
         TestJob::new("ra", "ra@example.com", None),
         TestJob::new("rb", "rb@example.com", None),
@@ -1216,15 +1204,7 @@ async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_the_replicas_did_not_acknowledge_is_given_back_after_an_outage() {
     let primary = PrivateRedis::start();
-    let dir = std::env::temp_dir().join(format!("mgtest-giveback-{}", primary.port));
-    std::fs::create_dir_all(&dir).unwrap();
-    let replica = PrivateRedis::start_with(&[
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
+    let (replica, dir) = replica_of(&primary, "mgtest-giveback");
     let settings = RedisSettings {
         min_replicas_acked: 1,
         replica_ack_timeout: Duration::from_secs(3),
@@ -1233,11 +1213,7 @@ async fn a_mark_the_replicas_did_not_acknowledge_is_given_back_after_an_outage()
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while l.health().await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "the replica syncs");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_synced(&l).await;
     let mut conn = primary.connection();
     for (k, v) in [
         ("min-replicas-max-lag", "1"),
@@ -1289,15 +1265,7 @@ async fn a_mark_the_replicas_did_not_acknowledge_is_given_back_after_an_outage()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_the_replicas_did_not_acknowledge_is_an_outage_and_written_again() {
     let primary = PrivateRedis::start();
-    let dir = std::env::temp_dir().join(format!("mgtest-settlewait-{}", primary.port));
-    std::fs::create_dir_all(&dir).unwrap();
-    let replica = PrivateRedis::start_with(&[
-        "--replicaof",
-        "127.0.0.1",
-        &primary.port.to_string(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
+    let (replica, dir) = replica_of(&primary, "mgtest-settlewait");
     let settings = RedisSettings {
         min_replicas_acked: 1,
         replica_ack_timeout: Duration::from_millis(300),
@@ -1306,11 +1274,7 @@ async fn a_settle_the_replicas_did_not_acknowledge_is_an_outage_and_written_agai
     let l = RedisLedger::connect(&settings, &LimitSettings::default())
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while l.health().await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "the replica syncs");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_synced(&l).await;
     let (job, ticket) = (TestJob::new("sw", "sw@example.com", None), Ticket::new());
     let sent = send_now(&l, &job, &ticket, 1).await.expect("acknowledged");
     assert_eq!(sent.verdict, Verdict::Admitted);
@@ -1338,6 +1302,30 @@ async fn a_settle_the_replicas_did_not_acknowledge_is_an_outage_and_written_agai
     );
     drop(replica);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A replica of `primary` with its files in a folder of its own (named
+/// `tag` and the primary's port), which the caller removes.
+fn replica_of(primary: &PrivateRedis, tag: &str) -> (PrivateRedis, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", primary.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let replica = PrivateRedis::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    (replica, dir)
+}
+
+/// Waits (up to 10 s) until `l` is ready: its replicas synced.
+async fn until_synced(l: &RedisLedger) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while l.health().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the replica syncs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Attempt `attempt` of lineage `ticket` of `job`, admitted straight into
