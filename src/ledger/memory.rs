@@ -2,7 +2,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{
-    Admission, Ending, Entry, Fingerprint, JobRef, JobState, Ledger, LedgerError, Refund, Verdict,
+    Admission, Ending, Entry, Fingerprint, Held, JobRef, JobState, Ledger, LedgerError, Refund,
+    Standing, Verdict, standing,
 };
 use crate::domain::{EmailAddress, Name, Ticket};
 use crate::limiter::{Applied, Clock, Keyspace, MemoryLogs, Quotas, Subject, Usage};
@@ -203,9 +204,6 @@ impl State {
         }
         let admitted_at_ms = rec.admitted_at;
         match rec.state {
-            // Another message of the job, and too late for it: the
-            // owner's copy judges its admission by its own expiry.
-            JobState::Admitted if asked.expired && !mine => Some(Verdict::Expired),
             JobState::Admitted if asked.expired => {
                 rec.state = JobState::Refunded(Refund::Expired);
                 rec.attempt = asked.attempt;
@@ -327,32 +325,21 @@ struct Asked<'a> {
 
 impl Record {
     /// "admit"'s verdict on a live record that settles the request as it
-    /// stands: another job's fingerprint, the lineage's own refund, sent,
-    /// unknown, a lease still held, or a send whose owner vanished (marked
-    /// unknown, never resent). `None` for an admitted record whose lease
-    /// lapsed, or another lineage's refund.
+    /// stands ([`standing`]), marking a send whose owner vanished unknown
+    /// (never resent). `None` for an admitted record whose lease lapsed,
+    /// or another lineage's refund.
     fn settled(&mut self, asked: &Asked<'_>, mine: bool, now: u64) -> Option<Verdict> {
-        let answered = self.answered;
-        let admitted_at_ms = self.admitted_at;
-        match self.state {
-            _ if self.fingerprint != asked.fingerprint => Some(Verdict::Conflict),
-            JobState::Refunded(how) if mine => Some(Verdict::Finished { how, answered }),
-            JobState::Sent => Some(Verdict::Sent {
-                admitted_at_ms,
-                by_owner: mine,
-                answered,
-            }),
-            JobState::Unknown => Some(Verdict::Unknown {
-                by_owner: mine,
-                answered,
-            }),
-            JobState::Admitted | JobState::Sending if self.lease_until > now => {
-                Some(Verdict::Busy {
-                    lease_left_ms: self.lease_until - now,
-                })
-            }
-            JobState::Sending => {
-                // Its send began and its owner vanished: never resent.
+        let held = Held {
+            state: self.state,
+            same_job: self.fingerprint == asked.fingerprint,
+            mine,
+            answered: self.answered,
+            admitted_at: self.admitted_at,
+            lease_until: self.lease_until,
+        };
+        match standing(held, asked.expired, now) {
+            Standing::Answered(verdict) => Some(verdict),
+            Standing::Vanished => {
                 self.state = JobState::Unknown;
                 self.answered = false;
                 self.until = now.saturating_add(asked.dedup);
@@ -361,7 +348,7 @@ impl Record {
                     answered: false,
                 })
             }
-            JobState::Admitted | JobState::Refunded(_) => None,
+            Standing::Lapsed | Standing::Afresh => None,
         }
     }
 }

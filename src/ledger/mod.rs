@@ -39,6 +39,7 @@
 pub mod clock;
 mod memory;
 pub(crate) mod redis;
+mod standing;
 
 use std::future::Future;
 use std::time::Duration;
@@ -47,6 +48,7 @@ use sha2::{Digest, Sha256};
 
 pub use self::memory::MemoryLedger;
 pub use self::redis::{Admitted, JobRecord, RedisLedger, Spelling, Suppression};
+pub(crate) use self::standing::{Held, Standing, standing};
 
 use crate::domain::{EmailAddress, JobId, Name, Ticket};
 use crate::limiter::overrides::OverrideError;

@@ -1,7 +1,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{Applied, Keyspace, Rooms, RuleRef, Subject, Usage, binding_rule, room_of, usage_of};
+use super::{Applied, Judged, Keyspace, Rooms, Subject, Usage, judge_scope, room_of, usage_of};
 use crate::domain::Name;
 
 /// The limiter's logs in this process: the same semantics as the Redis logs
@@ -51,41 +51,22 @@ impl MemoryLogs {
     }
 
     /// Which enforced rule binds `scopes` (as [`Keyspace::applicable`]
-    /// lists them) at `now`, and after how long (`None` if each has room);
-    /// then the same of the shadow rules.
-    pub(crate) fn judge(&mut self, scopes: &[Applied], now: u64) -> [Option<(u64, RuleRef)>; 2] {
-        let mut best: [Option<(u64, RuleRef)>; 2] = [None, None];
+    /// lists them) at `now`, and after how long; then the same of the
+    /// shadow rules (see [`Judged`]).
+    pub(crate) fn judge(&mut self, scopes: &[Applied], now: u64) -> Judged {
+        let mut best: Judged = [None, None];
         let mut times = Vec::new();
         for Applied {
             scope, key, set, ..
         } in scopes
         {
-            // A deny: rejected while it lasts (a rule of max 0, its window
-            // the wait).
-            if let Some(d) = set.deny_wait(now) {
-                if best[0].is_none_or(|(bd, _)| d > bd) {
-                    let rule = RuleRef {
-                        scope: *scope,
-                        window_ms: d,
-                        max: 0,
-                    };
-                    best[0] = Some((d, rule));
-                }
-                continue;
-            }
             times.clear();
             if let Some(log) = self.logs.get_mut(key) {
                 log.keep_ms = set.keep_ms;
                 log.prune(now);
                 times.extend(log.entries.iter().map(|(t, _)| *t));
             }
-            for (best, enforce) in best.iter_mut().zip([true, false]) {
-                if let Some((d, i)) = binding_rule(&set.rules, &times, now, enforce)
-                    && best.is_none_or(|(bd, _)| d > bd)
-                {
-                    *best = Some((d, RuleRef::of(*scope, &set.rules[i])));
-                }
-            }
+            judge_scope(&mut best, *scope, set, times.as_slice(), now);
         }
         best
     }

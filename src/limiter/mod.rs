@@ -34,12 +34,12 @@ mod usage;
 
 use std::future::Future;
 
-pub(crate) use self::keyspace::{Applied, Keyspace, families, is_bounce_value, words};
+pub(crate) use self::keyspace::{Applied, Keyspace, families, suppressed_by, words};
 pub use self::keyspace::{SHARE_IPV4_PREFIX, SHARE_IPV6_PREFIX};
 pub(crate) use self::memory::MemoryLogs;
 pub(crate) use self::rules::RuleSet;
 pub use self::usage::{InForce, Room, Rooms, RuleRef, RuleUsage, Usage};
-pub(crate) use self::usage::{binding_rule, room_of, usage_of};
+pub(crate) use self::usage::{Judged, Newest, judge_scope, room_of, usage_of};
 
 use crate::domain::{EmailAddress, IpKey, JobId, Name, RegistrableDomain, Session};
 pub use crate::domain::{Scope, ScopeMap};

@@ -181,13 +181,68 @@ pub(crate) fn usage_of(
     }
 }
 
+/// A scope log's admission times as a decision reads them. A rule `(W,
+/// N)` is full at `now` iff the log's `N`-th newest admission is after
+/// `now - W`, and it frees up at that admission's time + `W`: so a
+/// decision needs only a few of a log's newest entries, which a read of
+/// Redis can fetch without the rest (`ledger::redis`'s snapshot).
+pub(crate) trait Newest {
+    /// The time of the log's `n`-th newest admission (1: the newest);
+    /// `None` if it holds fewer than `n` (or `n` is 0).
+    fn newest(&self, n: usize) -> Option<u64>;
+}
+
+/// A whole log, its admission times ascending.
+impl Newest for [u64] {
+    fn newest(&self, n: usize) -> Option<u64> {
+        let i = self.len().checked_sub(n)?;
+        (n > 0).then(|| self[i])
+    }
+}
+
+/// Which enforced rule binds a request at `now`, and after how long
+/// (`[0]`), and which shadow rule would have (`[1]`): the largest wait,
+/// the first scope and rule on a tie; `None` where each has room.
+pub(crate) type Judged = [Option<(u64, RuleRef)>; 2];
+
+/// Judges one of a request's scopes (`set`, read from `log`) at `now`
+/// into `best` (see [`Judged`]), in the order the scopes are asked: the
+/// one decision of both ledgers. A deny binds while it lasts, named as a
+/// rule of max 0 whose window is the wait; it reads no log.
+pub(crate) fn judge_scope<L: Newest + ?Sized>(
+    best: &mut Judged,
+    scope: Scope,
+    set: &RuleSet,
+    log: &L,
+    now: u64,
+) {
+    if let Some(d) = set.deny_wait(now) {
+        if best[0].is_none_or(|(bd, _)| d > bd) {
+            let rule = RuleRef {
+                scope,
+                window_ms: d,
+                max: 0,
+            };
+            best[0] = Some((d, rule));
+        }
+        return;
+    }
+    for (best, enforce) in best.iter_mut().zip([true, false]) {
+        if let Some((d, i)) = binding_rule(&set.rules, log, now, enforce)
+            && best.is_none_or(|(bd, _)| d > bd)
+        {
+            *best = Some((d, RuleRef::of(scope, &set.rules[i])));
+        }
+    }
+}
+
 /// For one key: which of the rules that `enforce` (or, with `false`, of
-/// the shadow rules) binds and after how long, given the admission times in
-/// the key's log (ascending) at time `now`. `None` if each of them has
-/// room. Ties go to the earlier rule.
-pub(crate) fn binding_rule(
+/// the shadow rules) binds and after how long, given the key's `log` at
+/// time `now`. `None` if each of them has room. Ties go to the earlier
+/// rule.
+fn binding_rule<L: Newest + ?Sized>(
     rules: &[Rule],
-    times: &[u64],
+    log: &L,
     now: u64,
     enforce: bool,
 ) -> Option<(u64, usize)> {
@@ -196,7 +251,7 @@ pub(crate) fn binding_rule(
         if rule.enforce != enforce {
             continue;
         }
-        if let Some(d) = wait_of(rule, times, now)
+        if let Some(d) = wait_of(rule, log, now)
             && best.is_none_or(|(bd, _)| d > bd)
         {
             best = Some((d, i));
@@ -232,14 +287,12 @@ pub(crate) fn room_of(scope: Scope, rules: &[Rule], times: &[u64], now: u64) -> 
     best
 }
 
-/// How long until `rule` has room in a log with admission `times`
-/// (ascending) at `now`; `None` if it has room now.
-fn wait_of(rule: &Rule, times: &[u64], now: u64) -> Option<u64> {
-    let w = rule.window_ms();
-    let max = rule.max as usize;
-    // Times after now − w (those after now count too: a clock that stepped
-    // back frees no quota).
-    let lo = times.partition_point(|&t| t.saturating_add(w) <= now);
-    let count = times.len().saturating_sub(lo);
-    (count >= max).then(|| (times[lo + count - max] + w).saturating_sub(now))
+/// How long until `rule` has room in `log` at `now`; `None` if it has
+/// room now. (Admissions after `now` count too: a clock that stepped back
+/// frees no quota.)
+fn wait_of<L: Newest + ?Sized>(rule: &Rule, log: &L, now: u64) -> Option<u64> {
+    let frees = log
+        .newest(rule.max as usize)?
+        .saturating_add(rule.window_ms());
+    (frees > now).then(|| frees - now)
 }

@@ -75,11 +75,11 @@ impl RedisLedger {
         answered(self.enqueue(clock, args, keys, wait).await?).await
     }
 
-    /// [`Self::submit`] of an admission whose shape names the overrides'
-    /// rule sets `sets`.
+    /// [`Self::submit`] of an admission (asked for at the instant beside
+    /// its clock) whose shape names the overrides' rule sets `sets`.
     pub(super) async fn submit_judged(
         &self,
-        clock: Clock,
+        (clock, asked): (Clock, std::time::Instant),
         item: (Vec<String>, Vec<String>),
         wait: bool,
         sets: Vec<(usize, Arc<RuleSet>)>,
@@ -92,7 +92,7 @@ impl RedisLedger {
             keys,
             wait,
             sets,
-            asked: std::time::Instant::now(),
+            asked,
             reply,
         };
         self.queue.send(pending).await.map_err(|_| stopped())?;
@@ -149,18 +149,38 @@ pub(super) fn stopped() -> LedgerError {
     LedgerError::Protocol("the ledger's batching task stopped".into())
 }
 
-/// Gathers queued items into batches and runs up to
-/// `batching.max_in_flight` script calls at once.
-pub(super) async fn dispatch(
-    mut rx: mpsc::Receiver<Pending>,
-    conn: Conn,
-    keys: Arc<Keyspace>,
-    replication: Replication,
-    batching: Batching,
-    calls: Calls,
-) {
+/// An item a batching queue carries: one that may read an explicit clock
+/// (a batch is one instant, so items of two explicit clocks never share
+/// one).
+pub(super) trait Queued: Send + 'static {
+    /// The clock it is judged by, if it reads one.
+    fn clock(&self) -> Option<Clock>;
+    /// When it was asked for (a call is judged late from its oldest
+    /// item's asking: see [`guard`]).
+    fn asked(&self) -> std::time::Instant;
+}
+
+impl Queued for Pending {
+    fn clock(&self) -> Option<Clock> {
+        self.clock
+    }
+
+    fn asked(&self) -> std::time::Instant {
+        self.asked
+    }
+}
+
+/// Gathers queued items into batches of at most `batching.max_batch` and
+/// runs up to `batching.max_in_flight` of them at once with `run` (given
+/// the batch and its clock); ends when every sender is gone.
+pub(super) async fn gather<T, F, Fut>(mut rx: mpsc::Receiver<T>, batching: Batching, run: F)
+where
+    T: Queued,
+    F: Fn(Vec<T>, Clock) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let in_flight = Arc::new(Semaphore::new(batching.max_in_flight));
-    let mut carried: Option<Pending> = None;
+    let mut carried: Option<T> = None;
     loop {
         // Wait for a free slot first: items arriving meanwhile join the batch.
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -177,14 +197,14 @@ pub(super) async fn dispatch(
         // run before the batch closes (no timer, so an idle ledger adds no
         // latency).
         tokio::task::yield_now().await;
-        let mut clock = first.clock;
+        let mut clock = first.clock();
         let mut batch = vec![first];
         while batch.len() < batching.max_batch {
             match rx.try_recv() {
                 // One batch is one instant: an item that reads another
                 // explicit clock ends the batch.
-                Ok(p) if clock.is_none() || p.clock.is_none() || p.clock == clock => {
-                    clock = clock.or(p.clock);
+                Ok(p) if clock.is_none() || p.clock().is_none() || p.clock() == clock => {
+                    clock = clock.or(p.clock());
                     batch.push(p);
                 }
                 Ok(p) => {
@@ -194,9 +214,26 @@ pub(super) async fn dispatch(
                 Err(_) => break,
             }
         }
-        let (mut conn, keys) = (conn.clone(), keys.clone());
+        let running = run(batch, clock.unwrap_or(Clock::Server));
         tokio::spawn(async move {
-            let clock = clock.unwrap_or(Clock::Server);
+            running.await;
+            drop(permit);
+        });
+    }
+}
+
+/// Runs the queued items' batches, each one script call.
+pub(super) async fn dispatch(
+    rx: mpsc::Receiver<Pending>,
+    conn: Conn,
+    keys: Arc<Keyspace>,
+    replication: Replication,
+    batching: Batching,
+    calls: Calls,
+) {
+    gather(rx, batching, move |batch, clock| {
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        async move {
             match run_batch(&mut conn, &keys, replication, calls, clock, &batch).await {
                 Ok(replies) => {
                     for (p, r) in batch.into_iter().zip(replies) {
@@ -209,9 +246,9 @@ pub(super) async fn dispatch(
                     }
                 }
             }
-            drop(permit);
-        });
-    }
+        }
+    })
+    .await;
 }
 
 /// A script's time argument: the given time, or Redis's own clock, which
@@ -224,15 +261,20 @@ pub(super) async fn dispatch(
 /// more than a moment after that, however long the request waited in this
 /// process first (behind calls that a frozen Redis held).
 pub(super) fn clock_arg(clock: Clock, keys: &Keyspace, asked: std::time::Instant) -> String {
-    match (clock, keys.clock_guard_ms) {
+    match (clock, guard(keys, asked)) {
         (Clock::At(ms), _) => ms.to_string(),
-        (Clock::Server, Some(max)) => {
-            let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let expected = keys.expected_redis_ms().saturating_sub(waited);
-            format!("~{expected}:{max}")
-        }
+        (Clock::Server, Some((expected, max))) => format!("~{expected}:{max}"),
         (Clock::Server, None) => String::new(),
     }
+}
+
+/// Where the worker reckons Redis's clock was when `asked`, and how far
+/// (ms) Redis's own may be from it ([`Keyspace::clock_guard_ms`]); `None`
+/// where no guard is set.
+pub(super) fn guard(keys: &Keyspace, asked: std::time::Instant) -> Option<(u64, u64)> {
+    let max = keys.clock_guard_ms?;
+    let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Some((keys.expected_redis_ms().saturating_sub(waited), max))
 }
 
 /// Runs `batch` in one script call (`calls` says how); if an item asks to wait and `replication`
@@ -286,9 +328,9 @@ async fn run_batch(
 }
 
 /// When the oldest item of `batch` was asked for.
-fn oldest_asked(batch: &[Pending]) -> std::time::Instant {
+pub(super) fn oldest_asked<T: Queued>(batch: &[T]) -> std::time::Instant {
     let now = std::time::Instant::now();
-    batch.iter().map(|p| p.asked).min().unwrap_or(now)
+    batch.iter().map(Queued::asked).min().unwrap_or(now)
 }
 
 /// The overrides' rule sets a batch's items name, numbered for the batch

@@ -9,6 +9,7 @@ mod quotas;
 mod record;
 mod replicas;
 pub(crate) mod reply;
+mod snapshot;
 mod spread;
 mod suppression;
 
@@ -55,6 +56,10 @@ pub struct RedisLedger {
     conn: Conn,
     keys: Arc<Keyspace>,
     queue: mpsc::Sender<Pending>,
+    /// The snapshot's queue (`snapshot`): one read per batch of
+    /// admissions, answering what needs no write; `None` with keys spread
+    /// over a cluster's shards (no one read can see a job's keys).
+    snapshot: Option<mpsc::Sender<snapshot::Question>>,
     allow_eviction: bool,
     replication: Replication,
     spread: bool,
@@ -129,10 +134,16 @@ impl RedisLedger {
             batching,
             calls,
         ));
+        let snapshot = (!spread).then(|| {
+            let (snapshot, rx) = mpsc::channel(4 * BATCHED.max_batch);
+            tokio::spawn(snapshot::answering(rx, conn.clone(), keys.clone()));
+            snapshot
+        });
         Ok(Self {
             conn,
             keys,
             queue,
+            snapshot,
             allow_eviction: redis.allow_eviction,
             replication,
             spread,
@@ -152,6 +163,40 @@ impl RedisLedger {
     /// read-only replica) is [`LedgerError::Unfit`], naming the cause.
     fn unfit(&self, e: redis::RedisError) -> LedgerError {
         unfit(e, &self.keys.prefix)
+    }
+
+    /// What a snapshot answers `entry` at `clock` (asked for at the
+    /// instant with it; `applicable`: the scopes that judge it), with no
+    /// script; `None` leaves it to the script (an admission, a write, or a
+    /// snapshot that could not be read).
+    async fn snapshot_answer(
+        &self,
+        entry: &Entry<'_>,
+        (clock, asked): (Clock, std::time::Instant),
+        applicable: &[crate::limiter::Applied],
+    ) -> Option<Admission> {
+        let snapshot = self.snapshot.as_ref()?;
+        let request = &entry.job.request;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let item = snapshot::Question {
+            clock,
+            asked,
+            record: self.keys.record_key(request.id),
+            fingerprint: Fingerprint::of(request),
+            ticket: entry.job.ticket.as_str().to_owned(),
+            expires_at_ms: entry.expires_at_ms,
+            suppression: match self.keys.checks_suppression() {
+                true => self.keys.suppression_keys(request.email),
+                false => Vec::new(),
+            },
+            scopes: (applicable.iter())
+                .map(|a| (a.scope, a.key.clone(), a.set.clone()))
+                .collect(),
+            supersedes: self.keys.latest_key(request).is_some(),
+            reply,
+        };
+        snapshot.send(item).await.ok()?;
+        answer.await.ok().flatten()
     }
 }
 
@@ -303,6 +348,13 @@ impl Ledger for RedisLedger {
         }
         let job = &entry.job;
         let (applicable, by_override) = self.keys.applicable_by(&job.request);
+        // The script judges itself late from here, however long the
+        // snapshot took (a frozen Redis holds both).
+        let asked = std::time::Instant::now();
+        if let Some(mut answered) = self.snapshot_answer(entry, (clock, asked), &applicable).await {
+            answered.by_override = by_override;
+            return Ok(answered);
+        }
         let mut keys = Vec::with_capacity(1 + applicable.len());
         keys.push(self.keys.record_key(job.request.id));
         let mut shape = String::with_capacity(2 * applicable.len());
@@ -335,7 +387,8 @@ impl Ledger for RedisLedger {
             }
             keys.extend(sups);
         }
-        let reply = (self.submit_judged(clock, (args, keys), entry.send_now, sets)).await?;
+        let reply =
+            (self.submit_judged((clock, asked), (args, keys), entry.send_now, sets)).await?;
         let mut admission = self.decided(entry, &scopes, reply).await?;
         admission.by_override = by_override;
         Ok(admission)

@@ -136,12 +136,12 @@ impl RedisLedger {
                 Ok::<_, redis::RedisError>((i, value))
             });
         }
-        let mut suppressed = false;
+        let mut values = vec![None; reads.len()];
         while let Some(read) = reads.join_next().await {
             let (i, value) = read.map_err(|e| LedgerError::Protocol(e.to_string()))??;
-            // The first is the address's bounce; the others the mailbox's.
-            suppressed |= value.is_some_and(|v| i == 0 || !crate::limiter::is_bounce_value(&v));
+            values[i] = value;
         }
+        let suppressed = crate::limiter::suppressed_by(&values);
         Ok(suppressed)
     }
 

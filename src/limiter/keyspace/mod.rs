@@ -433,9 +433,26 @@ impl Keyspace {
 /// Whether a suppression key's value ("<since_ms> <source> <why>") was
 /// written by a bounce: under a `sup:` key, by a version before
 /// 2026-12-02, of a spelling a stranger chose, so it suppresses nothing
-/// (see [`Keyspace::suppression_keys`]).
+/// (see [`Keyspace::suppression_keys`]). Read as `ledger.lua` reads it
+/// (`^%d+ bounce `).
 pub(crate) fn is_bounce_value(value: &str) -> bool {
-    value.split(' ').nth(1) == Some("bounce")
+    let mut words = value.splitn(3, ' ');
+    let since = words.next().unwrap_or_default();
+    !since.is_empty()
+        && since.bytes().all(|b| b.is_ascii_digit())
+        && words.next() == Some("bounce")
+        && words.next().is_some()
+}
+
+/// Whether the values of an admission's suppression keys (as
+/// [`Keyspace::suppression_keys`] lists them; `None`: no such key)
+/// suppress it: the first exists (a relay refused this spelling), or
+/// another holds a suppression someone made ([`is_bounce_value`]).
+pub(crate) fn suppressed_by<S: AsRef<str>>(values: &[Option<S>]) -> bool {
+    (values.iter().enumerate()).any(|(i, v)| {
+        v.as_ref()
+            .is_some_and(|v| i == 0 || !is_bounce_value(v.as_ref()))
+    })
 }
 
 /// Numbers as the words of one script argument, separated by single spaces
@@ -452,4 +469,36 @@ pub(crate) fn words(numbers: &[i64]) -> String {
         text.push_str(&n.to_string());
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounce_value_reads_as_ledger_lua_reads_it() {
+        for bounce in ["1800000000000 bounce 550 no such user", "1 bounce "] {
+            assert!(is_bounce_value(bounce), "{bounce:?}");
+        }
+        for made in [
+            "1 manual asked",
+            "x bounce 550",
+            " bounce 550",
+            "1 bounce",
+            "1 bounced x",
+        ] {
+            assert!(!is_bounce_value(made), "{made:?}");
+        }
+        let none: [Option<&str>; 3] = [None, None, None];
+        assert!(!suppressed_by(&none));
+        assert!(
+            suppressed_by(&[Some("1 bounce x"), None]),
+            "the first: its own bounce"
+        );
+        assert!(
+            !suppressed_by(&[None, Some("1 bounce x")]),
+            "an earlier version's bounce"
+        );
+        assert!(suppressed_by(&[None, None, Some("1 manual x")]));
+    }
 }

@@ -2459,3 +2459,204 @@ async fn suppressions_of_earlier_versions_hold_but_their_bounces_do_not() {
         .unwrap();
     assert_eq!((s.source.as_str(), s.exact), ("manual", false));
 }
+
+/// How many times `port`'s Redis ran a script or a function.
+fn script_calls(port: u16) -> u64 {
+    let stats = redis_cli(port, &["info", "commandstats"]);
+    (stats.lines())
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// What writes nothing is answered from one read of Redis, with no script:
+/// a rejection (with its exact wait), a flood of them, a suppression, an
+/// expiry, a copy of a job that was sent, one the sender still holds, the
+/// owner's own refund and an id taken by another job. A private server
+/// counts the script calls: one for the admission, one each for its
+/// settles, none for the rest. The answers are those of the memory ledger
+/// (the conformance suites hold both to them too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_writes_nothing_is_answered_without_a_script() {
+    let server = PrivateRedis::start();
+    let lim = limits(&[(MIN, 1), (HOUR, 5)], &[(MIN, 5)]);
+    let settings = RedisSettings::new(server.url(), "t:");
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let memory = MemoryLedger::new(&lim);
+    let t0 = 1_800_000_000_000;
+    let sent = TestJob::new("s1", "ann@example.com", Some("10.0.0.1"));
+    let (owner, other) = (Ticket::new(), Ticket::new());
+    for backend in [Backend::Redis(l.clone()), Backend::Memory(memory.clone())] {
+        assert_eq!(
+            sent.admit(&backend, &owner, Clock::At(t0)).await,
+            Verdict::Admitted
+        );
+    }
+    let held = TestJob::new("h1", "bob@example.com", Some("10.0.0.2"));
+    for backend in [Backend::Redis(l.clone()), Backend::Memory(memory.clone())] {
+        assert_eq!(
+            held.admit(&backend, &owner, Clock::At(t0)).await,
+            Verdict::Admitted
+        );
+        assert!(
+            backend
+                .settle(&sent.by(&owner), &Ending::Sent, true)
+                .await
+                .unwrap()
+        );
+    }
+    let refunded = TestJob::new("r1", "cat@example.com", None);
+    for backend in [Backend::Redis(l.clone()), Backend::Memory(memory.clone())] {
+        assert_eq!(
+            refunded.admit(&backend, &owner, Clock::At(t0)).await,
+            Verdict::Admitted
+        );
+        let failed = Ending::Refund(Refund::Failed);
+        assert!(
+            backend
+                .settle(&refunded.by(&owner), &failed, true)
+                .await
+                .unwrap()
+        );
+    }
+    l.suppress(
+        &email("dan@example.com"),
+        mailgate::ledger::Spelling::Mailbox,
+        "manual",
+        "asked",
+        None,
+    )
+    .await
+    .unwrap();
+    let before = script_calls(server.port);
+    let at = Clock::At(t0 + 20 * SEC);
+    // The answers, on Redis with no script, and in memory.
+    let redis = Backend::Redis(l.clone());
+    let again = sent.admission(&redis, &other, at).await.verdict;
+    assert!(
+        matches!(
+            again,
+            Verdict::Sent {
+                by_owner: false,
+                answered: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let busy = held.admission(&redis, &other, at).await.verdict;
+    assert!(
+        matches!(busy, Verdict::Busy { lease_left_ms } if lease_left_ms > 0),
+        "{busy:?}"
+    );
+    let finished = refunded.admission(&redis, &owner, at).await.verdict;
+    assert_eq!(
+        finished,
+        Verdict::Finished {
+            how: Refund::Failed,
+            answered: true
+        }
+    );
+    let conflict = TestJob::new("s1", "eve@example.com", None);
+    assert_eq!(conflict.admit(&redis, &other, at).await, Verdict::Conflict);
+    let suppressed = TestJob::new("d1", "dan@example.com", None);
+    assert_eq!(
+        suppressed.admit(&redis, &other, at).await,
+        Verdict::Suppressed
+    );
+    let late = TestJob::new("e1", "fay@example.com", None);
+    let entry = Entry {
+        job: late.by(&other),
+        send_now: true,
+        expires_at_ms: Some(t0),
+        made_at_ms: None,
+    };
+    assert_eq!(l.admit(&entry, at).await.unwrap().verdict, Verdict::Expired);
+    // Ann's minute: 40 s more, exactly; a flood of ids for her mailbox.
+    for n in 0..50 {
+        let flood = TestJob::new(&format!("f{n}"), "Ann+flood@example.com", Some("10.9.0.1"));
+        let want = Verdict::Rejected {
+            retry_after_ms: 40 * SEC,
+            rule: mailgate::limiter::RuleRef {
+                scope: Scope::Email,
+                window_ms: MIN,
+                max: 1,
+            },
+        };
+        assert_eq!(flood.admit(&redis, &other, at).await, want, "f{n}");
+        assert_eq!(
+            flood.admit(&memory, &other, at).await,
+            want,
+            "f{n} in memory"
+        );
+    }
+    assert_eq!(
+        script_calls(server.port),
+        before,
+        "a script ran for an answer that writes nothing"
+    );
+    // The first admission after the minute runs the script.
+    let next = TestJob::new("n1", "ann@example.com", None);
+    assert_eq!(
+        next.admit(&redis, &other, Clock::At(t0 + MIN)).await,
+        Verdict::Admitted
+    );
+    assert!(script_calls(server.port) > before);
+}
+
+/// A hot key under 200 concurrent admissions, each read by a snapshot and
+/// then the script: one client network's 200 jobs for 200 mailboxes at
+/// once, under 5 a minute. Exactly 5 are admitted, every other one is
+/// rejected with a wait within the minute, and the log holds 5 entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_under_200_concurrent_admissions_admits_exactly_its_max() {
+    let built = on_shared_redis("snapshot-hot", limits(&[(MIN, 1)], &[(MIN, 5)])).await;
+    let mut asked = tokio::task::JoinSet::new();
+    for n in 0..200 {
+        let l = built.ledger.clone();
+        asked.spawn(async move {
+            let job = TestJob::new(
+                &format!("j{n}"),
+                &format!("u{n}@example.com"),
+                Some("10.7.0.1"),
+            );
+            job.admit(&l, &Ticket::new(), Clock::Server).await
+        });
+    }
+    let (mut admitted, mut rejected) = (0, 0);
+    while let Some(v) = asked.join_next().await {
+        match v.unwrap() {
+            Verdict::Admitted => admitted += 1,
+            Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            } => {
+                assert!(
+                    retry_after_ms > 0 && retry_after_ms <= MIN,
+                    "{retry_after_ms}"
+                );
+                assert_eq!(rule.scope, Scope::Ip);
+                rejected += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((admitted, rejected), (5, 195));
+    let log = format!("{}ip:10.7.0.1/32", built.prefix());
+    let entries: u64 = redis::cmd("ZCARD")
+        .arg(&log)
+        .query(&mut sync_redis())
+        .unwrap();
+    assert_eq!(entries, 5);
+}

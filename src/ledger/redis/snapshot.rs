@@ -1,0 +1,429 @@
+//! The snapshot: what an admission's facts answer before any script runs.
+//! Per batch of admissions, one atomic read (`MULTI`, each job's record,
+//! `TIME`, its suppression keys and the newest entries of its scope logs,
+//! `EXEC`); from that snapshot Rust answers every request the ledger would
+//! answer without a write: a rejection, a suppression, an expiry, a
+//! conflict, and a copy of a job that was sent, is being sent or ended.
+//! Those cost Redis a read, not a script (a tenth of it, by
+//! `benches/redis_cost.py`), which is what an attack costs it: a flood is
+//! all rejections.
+//!
+//! What the snapshot cannot answer goes on to the ledger's script, which
+//! decides again, atomically, and writes: an admission, a resumption, a
+//! send whose owner vanished, a superseding purpose. The snapshot never
+//! writes, so a snapshot that is stale by the time its answer arrives
+//! answered exactly what Redis held at its instant (a rejection then was
+//! one; room only grows with time on a log nobody writes, and a write that
+//! came after it is another request's). Anything unexpected (an error, a
+//! key of another type, a Redis clock the worker does not trust) leaves
+//! every request of the batch to the script, which answers it as before.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use redis::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::batch::{BATCHED, Queued, gather, guard, oldest_asked};
+use crate::ledger::{Admission, Fingerprint, Held, JobState, Refund, Standing, Verdict, standing};
+use crate::limiter::{Clock, Judged, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
+use crate::store::Conn;
+
+/// How late after the worker asked for it a call may run (ms), as
+/// `decide.lua`'s `LATE_MS`: a snapshot read later than this (a frozen or
+/// partitioned Redis) answers nothing; the script then refuses the call
+/// (`STALE`), and the caller waits without spending an attempt.
+const LATE_MS: i64 = 2000;
+
+/// The most entries of a log one read fetches (`decide.lua`'s `fetch`).
+const FETCH_MAX: usize = 16;
+
+/// One admission as the snapshot reads it.
+pub(super) struct Question {
+    /// The clock it is judged by.
+    pub(super) clock: Clock,
+    /// When it was asked for (a snapshot read late answers nothing).
+    pub(super) asked: Instant,
+    /// Its record key.
+    pub(super) record: String,
+    /// What its id must have been admitted for.
+    pub(super) fingerprint: Fingerprint,
+    /// The asking lineage's ticket.
+    pub(super) ticket: String,
+    /// Its own expiry, ms.
+    pub(super) expires_at_ms: Option<u64>,
+    /// Its suppression keys (`Keyspace::suppression_keys`), if admissions
+    /// check them.
+    pub(super) suppression: Vec<String>,
+    /// Each scope that judges it: the scope, its key, its rule set.
+    pub(super) scopes: Vec<(Scope, String, Arc<RuleSet>)>,
+    /// Its purpose supersedes older jobs: whether a newer job supersedes
+    /// it reads other jobs' records, which the script does.
+    pub(super) supersedes: bool,
+    /// Where its answer goes: `None` leaves it to the script.
+    pub(super) reply: oneshot::Sender<Option<Admission>>,
+}
+
+impl Queued for Question {
+    fn clock(&self) -> Option<Clock> {
+        Some(self.clock)
+    }
+
+    fn asked(&self) -> Instant {
+        self.asked
+    }
+}
+
+/// Answers the queued admissions, one snapshot per batch, until every
+/// sender is gone.
+pub(super) async fn answering(rx: mpsc::Receiver<Question>, conn: Conn, keys: Arc<Keyspace>) {
+    gather(rx, BATCHED, move |batch, clock| {
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        async move {
+            let mut answers = (snapshot(&mut conn, &keys, clock, &batch).await)
+                .into_iter()
+                .flatten();
+            for item in batch {
+                let _ = item.reply.send(answers.next().flatten());
+            }
+        }
+    })
+    .await;
+}
+
+/// The answers the snapshot gives `batch` (`None`: left to the script);
+/// `None` for every item if the read failed or its clock is not trusted.
+async fn snapshot(
+    conn: &mut Conn,
+    keys: &Keyspace,
+    clock: Clock,
+    batch: &[Question],
+) -> Option<Vec<Option<Admission>>> {
+    let reads: Vec<Vec<Plan>> = (batch.iter())
+        .map(|item| {
+            item.scopes
+                .iter()
+                .map(|(_, _, set)| Plan::of(set))
+                .collect()
+        })
+        .collect();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for (n, (item, plans)) in batch.iter().zip(&reads).enumerate() {
+        // A key's command first: a cluster routes the call by it.
+        pipe.cmd("GET").arg(&item.record);
+        if n == 0 {
+            pipe.cmd("TIME");
+        }
+        for key in &item.suppression {
+            pipe.cmd("GET").arg(key);
+        }
+        for ((_, key, _), plan) in item.scopes.iter().zip(plans) {
+            plan.ask(&mut pipe, key);
+        }
+    }
+    let values: Vec<Value> = pipe.query_async(conn).await.ok()?;
+    let mut values = values.into_iter();
+    let mut answers = Vec::with_capacity(batch.len());
+    let mut now = None;
+    for (n, (item, plans)) in batch.iter().zip(&reads).enumerate() {
+        let record: Option<String> = redis::from_redis_value(values.next()?).ok()?;
+        if n == 0 {
+            let (s, us): (u64, u64) = redis::from_redis_value(values.next()?).ok()?;
+            let server = s.saturating_mul(1000).saturating_add(us / 1000);
+            now = Some(match clock {
+                Clock::At(ms) => ms,
+                Clock::Server => trusted(server, guard(keys, oldest_asked(batch)))?,
+            });
+        }
+        let now = now?;
+        let mut sups = Vec::with_capacity(item.suppression.len());
+        for _ in &item.suppression {
+            sups.push(redis::from_redis_value::<Option<String>>(values.next()?).ok()?);
+        }
+        let mut logs = Vec::with_capacity(plans.len());
+        for plan in plans {
+            logs.push(plan.read(&mut values)?);
+        }
+        let verdict = answer(item, record.as_deref(), &sups, &logs, now);
+        answers.push(verdict.map(|v| Admission::at(now, v)));
+    }
+    Some(answers)
+}
+
+/// Redis's clock `now`, if the worker trusts it (`guard`: where it
+/// reckoned the clock was, and how far off it may be): within the guard,
+/// and not late. The script answers a clock it does not trust.
+fn trusted(now: u64, guard: Option<(u64, u64)>) -> Option<u64> {
+    let Some((expected, max)) = guard else {
+        return Some(now);
+    };
+    let off = i128::from(now) - i128::from(expected);
+    (off.unsigned_abs() <= u128::from(max) && off <= i128::from(LATE_MS)).then_some(now)
+}
+
+/// What the snapshot answers `item` at `now` (`record`: its record's
+/// text; `sups`: its suppression keys' values; `logs`: each scope's read),
+/// in `ledger.lua`'s order: the record, the expiry, the suppression, then
+/// the limiter. `None`: the script decides (a write, a superseding
+/// purpose, or a record this build does not read).
+fn answer(
+    item: &Question,
+    record: Option<&str>,
+    sups: &[Option<String>],
+    logs: &[LogRead],
+    now: u64,
+) -> Option<Verdict> {
+    let expired = item.expires_at_ms.is_some_and(|at| at <= now);
+    if let Some(text) = record {
+        match standing(held(text, item)?, expired, now) {
+            Standing::Answered(verdict) => return Some(verdict),
+            Standing::Afresh => {}
+            Standing::Vanished | Standing::Lapsed => return None,
+        }
+    }
+    if expired {
+        return Some(Verdict::Expired);
+    }
+    if suppressed_by(sups) {
+        return Some(Verdict::Suppressed);
+    }
+    if item.supersedes {
+        return None;
+    }
+    let mut best: Judged = [None, None];
+    for ((scope, _, set), log) in item.scopes.iter().zip(logs) {
+        judge_scope(&mut best, *scope, set, log, now);
+    }
+    best[0].map(|(retry_after_ms, rule)| Verdict::Rejected {
+        retry_after_ms,
+        rule,
+    })
+}
+
+/// A string record (`records.lua`:
+/// `<st><ans><fin>|<lease>|<own>|<n>|<c>|<at>|<rv>|<fp>`) as `item` sees
+/// it; `None` if it is not one.
+fn held(text: &str, item: &Question) -> Option<Held> {
+    let mut fields = text.splitn(8, '|');
+    let &[st, ans, fin] = fields.next()?.as_bytes() else {
+        return None;
+    };
+    let lease = fields.next()?;
+    let own = fields.next()?;
+    let (_attempt, _call) = (fields.next()?, fields.next()?);
+    let at = fields.next()?;
+    let (_reserved, fp) = (fields.next()?, fields.next()?);
+    let state = match st {
+        b'a' => JobState::Admitted,
+        b'x' => JobState::Sending,
+        b's' => JobState::Sent,
+        b'u' => JobState::Unknown,
+        // A refund without its end: failed (as `ledger.lua` answers it).
+        b'r' => JobState::Refunded(Refund::from_code(if fin == b'-' { b'f' } else { fin })?),
+        _ => return None,
+    };
+    // A number a record lacks reads as 0, as `ledger.lua` reads it.
+    let number = |v: &str| v.parse::<u64>().unwrap_or(0);
+    Some(Held {
+        state,
+        same_job: fp == item.fingerprint.as_str(),
+        mine: own == item.ticket,
+        answered: ans == b'1',
+        admitted_at: number(at.split('|').next().unwrap_or_default()),
+        lease_until: number(lease),
+    })
+}
+
+/// What the snapshot reads of one scope's log to judge it: the newest
+/// `fetch` entries, and the `n`-th newest alone for each rule of a larger
+/// `n` (a domain's 50 in ten minutes costs one entry, not fifty). A deny
+/// reads nothing.
+struct Plan {
+    fetch: usize,
+    ranks: Vec<usize>,
+}
+
+impl Plan {
+    /// The read `set` needs.
+    fn of(set: &RuleSet) -> Self {
+        let maxes = || set.rules.iter().map(|r| r.max as usize);
+        let (Some(least), Some(top), None) = (maxes().min(), maxes().max(), set.deny_until_ms)
+        else {
+            return Plan {
+                fetch: 0,
+                ranks: Vec::new(),
+            };
+        };
+        let fetch = if least > FETCH_MAX {
+            0
+        } else {
+            top.min(FETCH_MAX)
+        };
+        let mut ranks: Vec<usize> = maxes().filter(|&n| n > fetch).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        Plan { fetch, ranks }
+    }
+
+    /// Adds the reads to `pipe`.
+    fn ask(&self, pipe: &mut redis::Pipeline, key: &str) {
+        if self.fetch > 0 {
+            pipe.cmd("ZRANGE")
+                .arg(key)
+                .arg(-(self.fetch as i64))
+                .arg(-1);
+        }
+        for &n in &self.ranks {
+            pipe.cmd("ZRANGE")
+                .arg(key)
+                .arg(-(n as i64))
+                .arg(-(n as i64));
+        }
+    }
+
+    /// What the reads answered, taken from `values`; `None` if one is not
+    /// a log's.
+    fn read(&self, values: &mut impl Iterator<Item = Value>) -> Option<LogRead> {
+        let newest = match self.fetch {
+            0 => Vec::new(),
+            _ => times(values.next()?)?,
+        };
+        let mut ranks = Vec::with_capacity(self.ranks.len());
+        for &n in &self.ranks {
+            if let Some(&t) = times(values.next()?)?.first() {
+                ranks.push((n, t));
+            }
+        }
+        Some(LogRead { newest, ranks })
+    }
+}
+
+/// A scope log as the snapshot read it: its newest entries' times
+/// (ascending), and the `n`-th newest's for larger `n`.
+struct LogRead {
+    newest: Vec<u64>,
+    ranks: Vec<(usize, u64)>,
+}
+
+impl Newest for LogRead {
+    fn newest(&self, n: usize) -> Option<u64> {
+        match n <= self.newest.len() {
+            true => self.newest.as_slice().newest(n),
+            false => (self.ranks.iter()).find_map(|&(m, t)| (m == n).then_some(t)),
+        }
+    }
+}
+
+/// A log read's admission times: each member starts with its time, 12 hex
+/// digits of ms (`decide.lua`'s `member_of`).
+fn times(value: Value) -> Option<Vec<u64>> {
+    let Value::Array(members) = value else {
+        return None;
+    };
+    (members.iter())
+        .map(|m| match m {
+            Value::BulkString(b) => {
+                let hex = std::str::from_utf8(b.get(..12)?).ok()?;
+                u64::from_str_radix(hex, 16).ok()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Rule;
+
+    fn set(rules: &[(u64, u32)]) -> RuleSet {
+        RuleSet {
+            rules: (rules.iter())
+                .map(|&(ms, max)| Rule::new(std::time::Duration::from_millis(ms), max))
+                .collect(),
+            keep_ms: 1,
+            deny_until_ms: None,
+        }
+    }
+
+    #[test]
+    fn it_is_late_when_the_script_is() {
+        let lua = include_str!("../../store/scripts/decide.lua");
+        assert!(lua.contains(&format!("local LATE_MS = {LATE_MS}\n")));
+        assert_eq!(trusted(10_000, Some((10_000, 500))), Some(10_000));
+        assert_eq!(trusted(10_501, Some((10_000, 500))), None, "skewed");
+        assert_eq!(trusted(9_499, Some((10_000, 500))), None, "skewed back");
+        assert_eq!(trusted(12_001, Some((10_000, 5_000))), None, "late");
+        assert_eq!(trusted(7, None), Some(7));
+    }
+
+    #[test]
+    fn a_read_fetches_what_the_rules_need_and_no_more() {
+        let plan = Plan::of(&set(&[(60_000, 1), (3_600_000, 5), (86_400_000, 10)]));
+        assert_eq!((plan.fetch, plan.ranks), (10, vec![]));
+        let plan = Plan::of(&set(&[(60_000, 5), (600_000, 30), (3_600_000, 50)]));
+        assert_eq!((plan.fetch, plan.ranks), (16, vec![30, 50]));
+        let plan = Plan::of(&set(&[(600_000, 50)]));
+        assert_eq!((plan.fetch, plan.ranks), (0, vec![50]));
+        let deny = RuleSet {
+            deny_until_ms: Some(0),
+            ..set(&[])
+        };
+        assert_eq!(Plan::of(&deny).fetch + Plan::of(&deny).ranks.len(), 0);
+        // The n-th newest: from the newest read, else from its rank's.
+        let read = LogRead {
+            newest: vec![10, 20, 30],
+            ranks: vec![(50, 1)],
+        };
+        let got: Vec<_> = [0, 1, 3, 4, 50].map(|n| read.newest(n)).into();
+        assert_eq!(got, vec![None, Some(30), Some(10), None, Some(1)]);
+    }
+
+    #[test]
+    fn records_read_as_the_script_reads_them() {
+        let (reply, _) = oneshot::channel();
+        let item = Question {
+            clock: Clock::Server,
+            asked: Instant::now(),
+            record: "p:job:j".into(),
+            fingerprint: Fingerprint("f|p".into()),
+            ticket: "T1".into(),
+            expires_at_ms: None,
+            suppression: Vec::new(),
+            scopes: Vec::new(),
+            supersedes: false,
+            reply,
+        };
+        let h = held("r1-|0|T1|2:h|c9|1800000000000||f|p", &item).unwrap();
+        assert_eq!(h.state, JobState::Refunded(Refund::Failed));
+        assert!(h.same_job && h.mine && h.answered);
+        assert_eq!((h.admitted_at, h.lease_until), (1_800_000_000_000, 0));
+        let h = held(
+            "x0-|1800000030000|T2|1:h|c9|1800000000000|n 1 2 3|other",
+            &item,
+        )
+        .unwrap();
+        assert_eq!(h.state, JobState::Sending);
+        assert!(!h.same_job && !h.mine && !h.answered);
+        assert_eq!(h.lease_until, 1_800_000_030_000);
+        for bad in [
+            "",
+            "zz-|0|T|1:h|c|1||f|p",
+            "s0-|0|T",
+            "rr?|0|T1|1:h|c|1||f|p",
+        ] {
+            assert!(held(bad, &item).is_none(), "{bad:?}");
+        }
+        assert_eq!(
+            times(Value::Array(vec![Value::BulkString(
+                b"00000000000a:j".to_vec()
+            )])),
+            Some(vec![10])
+        );
+        assert_eq!(
+            times(Value::Array(vec![Value::BulkString(b"zz".to_vec())])),
+            None
+        );
+    }
+}
