@@ -17,12 +17,15 @@ at most 1.8 article calls, a rejected one at most 0.6).
 
 Each scenario runs 1 000 jobs, 5 per call as the e2e bench's worker
 batches them at full load, then 1 per call (a worker with one job at a
-time), through the ledger's script (EVALSHA) and through its function
-library (FCALL), as the worker calls them, each writing job records as
-hashes and as strings (redis.record_form; scripts from before the choice
-write hashes); the shipped config's email and
-ip rule sets; every mailbox and network new. Figures: instructions per
-job (and against one article call).
+time), through the ledger's script (EVALSHA), through its function
+library (FCALL), and as the worker calls Redis since the snapshot (issue
+43): one atomic read of each batch's admissions (MULTI, their records,
+TIME, their suppression keys and the newest entries of their logs, EXEC),
+which answers rejections and suppressions, for admissions that name a
+key the worker found full or suppressed (the rest, new mailboxes, go
+straight to the function); the shipped config's email and ip rule sets; every mailbox and
+network new. Figures: instructions per job (and against one article
+call).
   admitted, marked sending later: call n carries the settles of the jobs
       admitted in call n-2, the send marks of call n-1's and 5 new
       admissions (a worker whose SMTP connections were all busy);
@@ -158,11 +161,38 @@ def suppression():
     return "suppressed = 11" in sources()[1]
 
 
-def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, flood=False):
+def snapshot(p, keys):
+    """The worker's snapshot of a batch of admissions (src/ledger/redis/
+    snapshot.rs), as it reads the shipped config's sets: `keys` holds each
+    admission's record, mailbox log, network log and suppression key."""
+    p.execute_command("MULTI")
+    for record, _, _, _ in keys:
+        p.execute_command("GET", record)
+    p.execute_command("TIME")
+    sups = [sup for _, _, _, sup in keys if sup]
+    if sups:
+        p.execute_command("MGET", *sups)
+    for _, email, ip, _ in keys:
+        # email: 1, 5, 10: the newest 10. ip: 5, 30, 50: the newest 16,
+        # then the 30th and the 50th newest alone.
+        p.execute_command("ZRANGE", email, -10, -1)
+        p.execute_command("ZRANGE", ip, -16, -1)
+        p.execute_command("ZRANGE", ip, -30, -30)
+        p.execute_command("ZRANGE", ip, -50, -50)
+    p.execute_command("EXEC")
+
+
+def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, flood=False,
+          answered=False):
     """The worker's calls for rounds * per jobs, pipelined (`code`: the
-    script's hash, or ("fcall", function); `form`: see head; `flood`: every
-    job for mailbox m0 from network n0); returns the replies."""
+    script's hash, or ("fcall", function), or ("snapshot", function): as
+    ("fcall", …), but for admissions the worker reads first (`answered`:
+    each names a key it found full or suppressed, and the snapshot answers
+    it, a rejection or a suppression, so none reaches the function; a new
+    mailbox goes straight to the function); `form`: see head; `flood`:
+    every job for mailbox m0 from network n0); returns the replies."""
     boxes = boxes or tag
+    snap = isinstance(code, tuple) and code[0] == "snapshot"
     p = r.pipeline(transaction=False)
     # Scripts that check the suppression list name each admission's
     # suppression key, as the worker does by default (limits.suppress).
@@ -182,12 +212,19 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
                 keys.append(f"{tag}:job:{j}")
                 args += ["sending", f"tk{j}", "1:ab", "c2"]
         if rd < rounds:
+            read = []
             for j in range(rd * per, (rd + 1) * per):
                 m = 0 if flood else j
+                read.append((f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}",
+                             sup and f"{boxes}:sup:m{m}"))
+                if snap and answered:
+                    continue
                 keys += [f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}"]
                 if sup:
                     keys.append(f"{boxes}:sup:m{m}")
                 args += ["admit", str(j), "fp", f"tk{j}", "1:ab", flag, "", "0102", ""]
+            if snap and answered:
+                snapshot(p, read)
         if keys and isinstance(code, tuple):
             p.execute_command("FCALL", code[1], len(keys), *keys, *args)
         elif keys:
@@ -212,14 +249,14 @@ def scenarios(c, r, code, form, name, per):
     # Rejected: the mailboxes just admitted (1 per minute) ask again.
     boxes = f"{name}{per}a1"
     n = c.count(lambda: calls(r, code, form, boxes + "r", rounds, True, per, settle=False,
-                              boxes=boxes))
+                              boxes=boxes, answered=True))
     out.append(("rejected (the mailbox's 1 per minute is full)", n / JOBS))
     # A flood: every job for one mailbox from one network (mail bombing),
     # all rejected but the first.
     flood = f"{name}{per}f"
     calls(r, code, form, flood + "w", 1, True, 1, settle=False, flood=True)
     n = c.count(lambda: calls(r, code, form, flood, rounds, True, per, settle=False,
-                              boxes=flood + "w", flood=True))
+                              boxes=flood + "w", flood=True, answered=True))
     out.append(("rejected, a flood for one mailbox from one network", n / JOBS))
     if suppression():
         # Suppressed: every mailbox is on the suppression list.
@@ -229,7 +266,7 @@ def scenarios(c, r, code, form, name, per):
             p.set(f"{gone}:sup:m{j}", "1 manual test")
         p.execute()
         n = c.count(lambda: calls(r, code, form, gone + "j", rounds, True, per, settle=False,
-                                  boxes=gone))
+                                  boxes=gone, answered=True))
         out.append(("suppressed (the mailbox is on the suppression list)", n / JOBS))
     last = calls(r, code, form, boxes + "r2", 1, True, per, settle=False, boxes=boxes)[-1]
     # The first item's code (times 8 plus how many values follow, since
@@ -272,6 +309,9 @@ def main():
         if "\nreturn main\n" in sources()[1]:
             r.execute_command("FUNCTION", "LOAD", "REPLACE", ledger_library("redis_cost"))
             codes.append(("function (FCALL)", ("fcall", "redis_cost")))
+            if "Newest" in open(os.path.join(HERE, "..", "src", "limiter", "usage.rs")).read():
+                # Since the snapshot (issue 43): what the worker sends now.
+                codes.append(("snapshot, then FCALL", ("snapshot", "redis_cost")))
         # Each code writing job records as hashes and as strings, where the
         # scripts offer the choice (redis.record_form).
         forms = ["hash", "string"] if "record_form" in sources()[1] else [None]

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use self::batch::{BATCHED, Callee, ONE_BY_ONE, Pending, dispatch};
 use self::replicas::Replication;
 use super::clock::{Mark, Readings};
-use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError};
+use super::{Admission, Ending, Entry, Fingerprint, JobRef, Ledger, LedgerError, Verdict};
 use crate::limiter::{Clock, Keyspace};
 use crate::settings::{LimitSettings, RedisSettings};
 use crate::store::overrides::OverrideStore;
@@ -60,6 +60,8 @@ pub struct RedisLedger {
     /// admissions, answering what needs no write; `None` with keys spread
     /// over a cluster's shards (no one read can see a job's keys).
     snapshot: Option<mpsc::Sender<snapshot::Question>>,
+    /// Which admissions ask the snapshot first (`snapshot::Hints`).
+    hints: Arc<snapshot::Hints>,
     allow_eviction: bool,
     replication: Replication,
     spread: bool,
@@ -144,6 +146,7 @@ impl RedisLedger {
             keys,
             queue,
             snapshot,
+            hints: Arc::default(),
             allow_eviction: redis.allow_eviction,
             replication,
             spread,
@@ -177,11 +180,21 @@ impl RedisLedger {
     ) -> Option<Admission> {
         let snapshot = self.snapshot.as_ref()?;
         let request = &entry.job.request;
+        let record = self.keys.record_key(request.id);
+        let mailbox = self.keys.suppression_key(request.email);
+        let named = [record.as_str(), mailbox.as_str()];
+        if !(self.hints).any(
+            named
+                .into_iter()
+                .chain(applicable.iter().map(|a| a.key.as_str())),
+        ) {
+            return None;
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let item = snapshot::Question {
             clock,
             asked,
-            record: self.keys.record_key(request.id),
+            record,
             fingerprint: Fingerprint::of(request),
             ticket: entry.job.ticket.as_str().to_owned(),
             expires_at_ms: entry.expires_at_ms,
@@ -197,6 +210,47 @@ impl RedisLedger {
         };
         snapshot.send(item).await.ok()?;
         answer.await.ok().flatten()
+    }
+
+    /// Notes what `admission` of `entry` (judged by `applicable`) says of
+    /// its keys for the next admissions' route (`snapshot::Hints`): a
+    /// scope full until it frees up (a rejection's, or the last room an
+    /// admission took), a suppressed mailbox, a job settled or held.
+    fn learn(
+        &self,
+        entry: &Entry<'_>,
+        applicable: &[crate::limiter::Applied],
+        admission: &Admission,
+    ) {
+        let request = &entry.job.request;
+        let full = |scope, ms| {
+            for a in applicable.iter().filter(|a| a.scope == scope) {
+                self.hints.note(&a.key, ms);
+            }
+        };
+        match admission.verdict {
+            Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            } => full(rule.scope, retry_after_ms),
+            Verdict::Admitted => {
+                for room in admission.rooms.iter().filter(|r| r.remaining == 0) {
+                    full(room.rule.scope, room.reset_ms);
+                }
+            }
+            Verdict::Suppressed => {
+                (self.hints).note(&self.keys.suppression_key(request.email), SETTLED_HINT_MS)
+            }
+            Verdict::Sent { .. }
+            | Verdict::Unknown { .. }
+            | Verdict::Finished { .. }
+            | Verdict::Busy { .. }
+            | Verdict::Conflict
+            | Verdict::Expired => {
+                (self.hints).note(&self.keys.record_key(request.id), SETTLED_HINT_MS)
+            }
+            Verdict::Resumed { .. } | Verdict::Superseded { .. } => {}
+        }
     }
 }
 
@@ -287,6 +341,10 @@ fn info_refused(e: &redis::RedisError) -> LedgerError {
     ))
 }
 
+/// How long a suppressed mailbox or a settled job's id asks the snapshot
+/// first (`snapshot::Hints`): its copies and retries come within seconds.
+const SETTLED_HINT_MS: u64 = 60_000;
+
 /// How long the eviction check reads `INFO memory` after `CONFIG GET` was
 /// refused before it asks CONFIG again: a refusal taken for one (a server
 /// error this build does not know) costs at most this long of the dearer
@@ -351,8 +409,12 @@ impl Ledger for RedisLedger {
         // The script judges itself late from here, however long the
         // snapshot took (a frozen Redis holds both).
         let asked = std::time::Instant::now();
-        if let Some(mut answered) = self.snapshot_answer(entry, (clock, asked), &applicable).await {
+        if let Some(mut answered) = self
+            .snapshot_answer(entry, (clock, asked), &applicable)
+            .await
+        {
             answered.by_override = by_override;
+            self.learn(entry, &applicable, &answered);
             return Ok(answered);
         }
         let mut keys = Vec::with_capacity(1 + applicable.len());
@@ -360,14 +422,14 @@ impl Ledger for RedisLedger {
         let mut shape = String::with_capacity(2 * applicable.len());
         let mut scopes = Vec::with_capacity(applicable.len());
         let mut sets = Vec::new();
-        for (at, a) in applicable.into_iter().enumerate() {
+        for (at, a) in applicable.iter().enumerate() {
             push_shape(&mut shape, a.index);
-            keys.push(a.key);
+            keys.push(a.key.clone());
             if a.index >= self.keys.sets.len() {
                 // Numbered by its batch.
                 sets.push((at, a.set.clone()));
             }
-            scopes.push((a.scope, a.set));
+            scopes.push((a.scope, a.set.clone()));
         }
         let mut args = admission_args("admit", entry, shape);
         if let Some(latest) = self.keys.latest_key(&job.request) {
@@ -391,6 +453,7 @@ impl Ledger for RedisLedger {
             (self.submit_judged((clock, asked), (args, keys), entry.send_now, sets)).await?;
         let mut admission = self.decided(entry, &scopes, reply).await?;
         admission.by_override = by_override;
+        self.learn(entry, &applicable, &admission);
         Ok(admission)
     }
 

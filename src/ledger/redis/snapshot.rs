@@ -1,7 +1,7 @@
 //! The snapshot: what an admission's facts answer before any script runs.
 //! Per batch of admissions, one atomic read (`MULTI`, each job's record,
-//! `TIME`, its suppression keys and the newest entries of its scope logs,
-//! `EXEC`); from that snapshot Rust answers every request the ledger would
+//! `TIME`, their suppression keys in one `MGET`, the newest entries of
+//! their scope logs, `EXEC`); from that snapshot Rust answers every request the ledger would
 //! answer without a write: a rejection, a suppression, an expiry, a
 //! conflict, and a copy of a job that was sent, is being sent or ended.
 //! Those cost Redis a read, not a script (a tenth of it, by
@@ -18,8 +18,9 @@
 //! key of another type, a Redis clock the worker does not trust) leaves
 //! every request of the batch to the script, which answers it as before.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -99,7 +100,7 @@ async fn snapshot(
     clock: Clock,
     batch: &[Question],
 ) -> Option<Vec<Option<Admission>>> {
-    let reads: Vec<Vec<Plan>> = (batch.iter())
+    let plans: Vec<Vec<Plan>> = (batch.iter())
         .map(|item| {
             item.scopes
                 .iter()
@@ -107,48 +108,106 @@ async fn snapshot(
                 .collect()
         })
         .collect();
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    for (n, (item, plans)) in batch.iter().zip(&reads).enumerate() {
-        // A key's command first: a cluster routes the call by it.
-        pipe.cmd("GET").arg(&item.record);
-        if n == 0 {
-            pipe.cmd("TIME");
-        }
-        for key in &item.suppression {
-            pipe.cmd("GET").arg(key);
-        }
-        for ((_, key, _), plan) in item.scopes.iter().zip(plans) {
-            plan.ask(&mut pipe, key);
-        }
-    }
-    let values: Vec<Value> = pipe.query_async(conn).await.ok()?;
+    let values: Vec<Value> = read_of(batch, &plans).query_async(conn).await.ok()?;
     let mut values = values.into_iter();
-    let mut answers = Vec::with_capacity(batch.len());
-    let mut now = None;
-    for (n, (item, plans)) in batch.iter().zip(&reads).enumerate() {
-        let record: Option<String> = redis::from_redis_value(values.next()?).ok()?;
-        if n == 0 {
-            let (s, us): (u64, u64) = redis::from_redis_value(values.next()?).ok()?;
+    // Each record (a GET: a record of another type is an error, not
+    // nothing), then the clock.
+    let mut records = Vec::with_capacity(batch.len());
+    for _ in batch {
+        records.push(redis::from_redis_value::<Option<String>>(values.next()?).ok()?);
+    }
+    let (s, us): (u64, u64) = redis::from_redis_value(values.next()?).ok()?;
+    let now = match clock {
+        Clock::At(ms) => ms,
+        Clock::Server => {
             let server = s.saturating_mul(1000).saturating_add(us / 1000);
-            now = Some(match clock {
-                Clock::At(ms) => ms,
-                Clock::Server => trusted(server, guard(keys, oldest_asked(batch)))?,
-            });
+            trusted(server, guard(keys, oldest_asked(batch)))?
         }
-        let now = now?;
-        let mut sups = Vec::with_capacity(item.suppression.len());
-        for _ in &item.suppression {
-            sups.push(redis::from_redis_value::<Option<String>>(values.next()?).ok()?);
-        }
+    };
+    let mut sups: Vec<Option<String>> = match batch.iter().any(|i| !i.suppression.is_empty()) {
+        true => redis::from_redis_value(values.next()?).ok()?,
+        false => Vec::new(),
+    };
+    let mut answers = Vec::with_capacity(batch.len());
+    for ((item, plans), record) in batch.iter().zip(&plans).zip(records) {
+        let item_sups: Vec<_> = sups
+            .drain(..item.suppression.len().min(sups.len()))
+            .collect();
         let mut logs = Vec::with_capacity(plans.len());
         for plan in plans {
             logs.push(plan.read(&mut values)?);
         }
-        let verdict = answer(item, record.as_deref(), &sups, &logs, now);
+        let verdict = answer(item, record.as_deref(), &item_sups, &logs, now);
         answers.push(verdict.map(|v| Admission::at(now, v)));
     }
     Some(answers)
+}
+
+/// The one atomic read of `batch` (`plans`: each item's scope reads):
+/// each record (a key's command first: a cluster routes the call by it),
+/// `TIME`, every suppression key in one `MGET`, then each item's scope
+/// reads.
+fn read_of(batch: &[Question], plans: &[Vec<Plan>]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for item in batch {
+        pipe.cmd("GET").arg(&item.record);
+    }
+    pipe.cmd("TIME");
+    let sups: Vec<&String> = batch.iter().flat_map(|i| &i.suppression).collect();
+    if !sups.is_empty() {
+        pipe.cmd("MGET").arg(sups);
+    }
+    for (item, plans) in batch.iter().zip(plans) {
+        for ((_, key, _), plan) in item.scopes.iter().zip(plans) {
+            plan.ask(&mut pipe, key);
+        }
+    }
+    pipe
+}
+
+/// Which admissions ask a snapshot first: those that name a key this
+/// worker last found full, suppressed or settled (a mailbox flooded, a
+/// network at its limit, copies of a job). Every other admission (a new
+/// mailbox: nearly every one that is admitted) goes straight to the
+/// script, which a read first would only make dearer. Only the route
+/// depends on the hints, never an answer: both routes are exact, so a
+/// hint that is wrong (another worker's refund, a reset) costs a read,
+/// and one this worker lacks (another worker's admission) costs a script
+/// call, as before the snapshot.
+#[derive(Default)]
+pub(super) struct Hints {
+    /// Key → until when it is worth a snapshot.
+    until: Mutex<HashMap<String, Instant>>,
+}
+
+impl Hints {
+    /// The most keys held: past it, lapsed ones are dropped, then all.
+    const MAX: usize = 50_000;
+    /// The longest a key is held.
+    const LONGEST: Duration = Duration::from_secs(3600);
+
+    /// Whether any of `keys` is worth a snapshot now.
+    pub(super) fn any<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> bool {
+        let until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        keys.into_iter()
+            .any(|k| until.get(k).is_some_and(|t| *t > now))
+    }
+
+    /// Marks `key` worth a snapshot for `ms`.
+    pub(super) fn note(&self, key: &str, ms: u64) {
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if until.len() >= Self::MAX {
+            until.retain(|_, t| *t > now);
+            if until.len() >= Self::MAX {
+                until.clear();
+            }
+        }
+        let end = now + Duration::from_millis(ms).min(Self::LONGEST);
+        until.insert(key.to_owned(), end);
+    }
 }
 
 /// Redis's clock `now`, if the worker trusts it (`guard`: where it
