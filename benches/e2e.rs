@@ -338,9 +338,9 @@ struct RedisTraffic {
     /// Microseconds Redis spent running them (`usec`, the commands they
     /// call included).
     script_usec: u64,
-    /// Other commands mailgate sends itself (`PING`, `SCRIPT`, `FUNCTION`;
-    /// not `SET`: `INFO` counts the ones scripts run, and the job records
-    /// are written with `SET`).
+    /// Other commands mailgate sends itself (`PING`, `SCRIPT`, `FUNCTION`,
+    /// and `EXEC`: one a snapshot; not `SET`: `INFO` counts the ones
+    /// scripts run, and the job records are written with `SET`).
     others: u64,
     bytes_in: u64,
     bytes_out: u64,
@@ -376,7 +376,7 @@ impl RedisTraffic {
             scripts: calls("evalsha") + calls("eval") + calls("fcall"),
             script_usec: field("evalsha", "usec") + field("eval", "usec") + field("fcall", "usec"),
             // INFO itself is this reader's; it is not counted.
-            others: calls("ping") + calls("script|load") + calls("function|load"),
+            others: calls("ping") + calls("script|load") + calls("function|load") + calls("exec"),
             bytes_in: stat("total_net_input_bytes"),
             bytes_out: stat("total_net_output_bytes"),
         }
@@ -1331,7 +1331,7 @@ fn report(jobs: u64, mails: u64, rounds: &[(Option<Ceilings>, Vec<Row>)]) {
          vs ceiling: each round's figure against that round's ceiling: rejected scenarios against (a), others against \
          min((a), (c)). CPU per job: user + system seconds of the worker processes (of the bare loop's process for \
          (a)) over the jobs. RabbitMQ and Redis CPU: share of one core while the scenario ran, on {} cores in all. \
-         Redis calls: commands clients sent (EVALSHA, EVAL, FCALL, PING, SCRIPT LOAD, FUNCTION LOAD; not those run inside scripts), \
+         Redis calls: commands clients sent (EVALSHA, EVAL, FCALL, PING, SCRIPT LOAD, FUNCTION LOAD, and EXEC: a snapshot's read; not those run inside scripts or transactions), \
          per job; bytes: in + out; keys: added under the run's prefix, per job. Redis script µs/job: the time Redis \
          spent in mailgate's script and function calls (INFO commandstats usec), per job; vs article: that against one call of \
          article 003's script, timed on the same Redis by 8 clients right before and after the scenario. \
