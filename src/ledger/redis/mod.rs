@@ -171,14 +171,17 @@ impl RedisLedger {
     /// What a snapshot answers `entry` at `clock` (asked for at the
     /// instant with it; `applicable`: the scopes that judge it), with no
     /// script; `None` leaves it to the script (an admission, a write, or a
-    /// snapshot that could not be read).
+    /// snapshot that could not be read); an outage if Redis did not answer
+    /// the read in the time the script would still be taken in.
     async fn snapshot_answer(
         &self,
         entry: &Entry<'_>,
         (clock, asked): (Clock, std::time::Instant),
         applicable: &[crate::limiter::Applied],
-    ) -> Option<Admission> {
-        let snapshot = self.snapshot.as_ref()?;
+    ) -> Result<Option<Admission>, LedgerError> {
+        let Some(snapshot) = self.snapshot.as_ref() else {
+            return Ok(None);
+        };
         let request = &entry.job.request;
         let record = self.keys.record_key(request.id);
         let mailbox = self.keys.suppression_key(request.email);
@@ -188,7 +191,7 @@ impl RedisLedger {
                 .into_iter()
                 .chain(applicable.iter().map(|a| a.key.as_str())),
         ) {
-            return None;
+            return Ok(None);
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let item = snapshot::Question {
@@ -208,8 +211,18 @@ impl RedisLedger {
             supersedes: self.keys.latest_key(request).is_some(),
             reply,
         };
-        snapshot.send(item).await.ok()?;
-        answer.await.ok().flatten()
+        if snapshot.send(item).await.is_err() {
+            return Ok(None);
+        }
+        match answer.await {
+            Ok(Ok(answered)) => Ok(answered),
+            Ok(Err(snapshot::Late)) => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "Redis did not answer the admission's read within 2 s; the job waits",
+            ))
+            .into()),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Notes what `admission` of `entry` (judged by `applicable`) says of
@@ -411,7 +424,7 @@ impl Ledger for RedisLedger {
         let asked = std::time::Instant::now();
         if let Some(mut answered) = self
             .snapshot_answer(entry, (clock, asked), &applicable)
-            .await
+            .await?
         {
             answered.by_override = by_override;
             self.learn(entry, &applicable, &answered);

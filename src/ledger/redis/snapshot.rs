@@ -62,8 +62,14 @@ pub(super) struct Question {
     /// it reads other jobs' records, which the script does.
     pub(super) supersedes: bool,
     /// Where its answer goes: `None` leaves it to the script.
-    pub(super) reply: oneshot::Sender<Option<Admission>>,
+    pub(super) reply: oneshot::Sender<Result<Option<Admission>, Late>>,
 }
+
+/// A snapshot Redis did not answer within the time a call may take
+/// (`LATE_MS` from the job's asking): the job waits (an outage), since the
+/// script would now be refused as late.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Late;
 
 impl Queued for Question {
     fn clock(&self) -> Option<Clock> {
@@ -81,11 +87,29 @@ pub(super) async fn answering(rx: mpsc::Receiver<Question>, conn: Conn, keys: Ar
     gather(rx, BATCHED, move |batch, clock| {
         let (mut conn, keys) = (conn.clone(), keys.clone());
         async move {
-            let mut answers = (snapshot(&mut conn, &keys, clock, &batch).await)
-                .into_iter()
-                .flatten();
+            // A read the script could no longer follow in time (it would be
+            // refused as late) is given up on when that time comes: the
+            // jobs wait at once, not after the connection's own timeout
+            // and then the script's (found by review: 10 s, not 5).
+            let budget = match (clock, keys.clock_guard_ms) {
+                (Clock::Server, Some(_)) => {
+                    let spent = oldest_asked(&batch).elapsed();
+                    Some(Duration::from_millis(LATE_MS as u64).saturating_sub(spent))
+                }
+                _ => None,
+            };
+            let read = snapshot(&mut conn, &keys, clock, &batch);
+            let answers = match budget {
+                Some(budget) => tokio::time::timeout(budget, read).await.map_err(|_| Late),
+                None => Ok(read.await),
+            };
+            let mut answers = answers.map(|a| a.into_iter().flatten());
             for item in batch {
-                let _ = item.reply.send(answers.next().flatten());
+                let answer = match &mut answers {
+                    Ok(answers) => Ok(answers.next().flatten()),
+                    Err(Late) => Err(Late),
+                };
+                let _ = item.reply.send(answer);
             }
         }
     })

@@ -2661,3 +2661,42 @@ async fn a_hot_key_under_200_concurrent_admissions_admits_exactly_its_max() {
         .unwrap();
     assert_eq!(entries, 5);
 }
+
+/// A Redis frozen (SIGSTOP) as an admission is read first (its mailbox
+/// was found full): the job waits (an outage) once the read has taken the
+/// time a call may (2 s), not after the read's response timeout and then
+/// the script's (found by review: 10 s; before the snapshot, 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_redis_does_not_answer_is_an_outage_within_the_time_a_call_may_take() {
+    let server = PrivateRedis::start();
+    let lim = limits(&[(MIN, 1)], &[(MIN, 5)]);
+    let l = RedisLedger::connect(&RedisSettings::new(server.url(), "q:"), &lim)
+        .await
+        .unwrap();
+    let first = TestJob::new("a1", "u@frozen.example", None);
+    assert_eq!(
+        first.admit(&l, &Ticket::new(), Clock::Server).await,
+        Verdict::Admitted
+    );
+    server.pause();
+    let asked = std::time::Instant::now();
+    let job = TestJob::new("a2", "u@frozen.example", None);
+    let ticket = Ticket::new();
+    let entry = Entry {
+        job: job.by(&ticket),
+        send_now: false,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let r = l.admit(&entry, Clock::Server).await;
+    let took = asked.elapsed();
+    server.resume();
+    assert!(r.is_err_and(|e| e.is_outage()));
+    assert!(
+        took < Duration::from_secs(4),
+        "an outage took {took:?} to tell"
+    );
+    // Once Redis answers again, the rejection is read as before.
+    let v = job.admit(&l, &ticket, Clock::Server).await;
+    assert!(matches!(v, Verdict::Rejected { .. }), "{v:?}");
+}
