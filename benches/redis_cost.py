@@ -172,9 +172,17 @@ def snapshot(p, keys):
     sups = [sup for _, _, _, sup in keys if sup]
     if sups:
         p.execute_command("MGET", *sups)
+    strings = "local function log_of" in sources()[0]
     for _, email, ip, _ in keys:
-        # email: 1, 5, 10: the newest 10. ip: 5, 30, 50: the newest 16,
-        # then the 30th and the 50th newest alone.
+        if strings:
+            # Log strings (since 2026-12-03): each log's head, its count
+            # and newest entries (12 bytes each): email 1, 5, 10: the
+            # newest 10; ip 5, 30, 50: the newest 50.
+            p.execute_command("GETRANGE", email, 0, 6 + 10 * 12 - 1)
+            p.execute_command("GETRANGE", ip, 0, 6 + 50 * 12 - 1)
+            continue
+        # Sorted sets: email: 1, 5, 10: the newest 10. ip: 5, 30, 50: the
+        # newest 16, then the 30th and the 50th newest alone.
         p.execute_command("ZRANGE", email, -10, -1)
         p.execute_command("ZRANGE", ip, -16, -1)
         p.execute_command("ZRANGE", ip, -30, -30)

@@ -1,5 +1,6 @@
 //! `mailgate admin purge`: removes one deployment's queues and Redis keys,
-//! and nothing else.
+//! and nothing else. (`mailgate admin migrate`, at the end, converts what
+//! earlier builds left in Redis.)
 //!
 //! The queues are those mailgate declares for these settings
 //! ([`Topology::all`]), by name, and those earlier settings may have
@@ -30,8 +31,9 @@ use serde_json::json;
 use super::{amqp, in_redis};
 use crate::broker::{self, BrokerError, QueueState, Topology};
 use crate::ledger::Backend;
-use crate::limiter::families::{FAMILIES, family_of, match_under};
+use crate::limiter::families::{self, FAMILIES, Tail, family_of, match_under};
 use crate::settings::{QueueType, Settings};
+use crate::store::scripts::MIGRATE;
 use crate::store::{self, Conn};
 
 /// How many keys one `SCAN` call looks at, and so at most how many one
@@ -60,6 +62,18 @@ pub enum AdminAction {
         #[arg(long)]
         json: bool,
     },
+    /// Convert what earlier builds left in Redis into this build's forms
+    /// (scope logs kept as sorted sets, which this build refuses to read),
+    /// with the workers stopped: say what would change and change nothing,
+    /// unless told to (--yes). Refuses while a worker consumes the jobs.
+    Migrate {
+        /// Convert them.
+        #[arg(long)]
+        yes: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs an `admin` action, printing what it found or did.
@@ -70,6 +84,7 @@ pub async fn admin(settings: &Settings, action: AdminAction) -> anyhow::Result<b
             keep_results,
             json,
         } => purge(settings, yes, keep_results, json).await,
+        AdminAction::Migrate { yes, json } => migrate(settings, yes, json).await,
     }
 }
 
@@ -423,4 +438,84 @@ fn left_alone(settings: &Settings, found: &Found) -> String {
         ),
     };
     format!("left alone: {keys}{queues}, and the queues jobs name in reply_to (the producers')")
+}
+
+/// The families whose keys are scope logs: what `migrate` converts.
+const LOG_FAMILIES: [&str; 3] = [families::EMAIL, families::IP, families::DOMAIN];
+
+/// Converts the scope logs earlier builds kept as sorted sets (each in
+/// one step, by `migrate.lua`, keeping its entries and its expiry), or
+/// with `yes` false counts them. Ok(true) when none is left to convert.
+async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<bool> {
+    if Backend::is_memory(&settings.redis) {
+        bail!("redis.url is memory://: nothing is kept between runs, so nothing to migrate");
+    }
+    if settings.redis.key_prefix.is_empty() {
+        // Another application's `email:…` sorted set is not a log.
+        bail!(
+            "redis.key_prefix is empty, so this deployment's keys cannot be told from those of \
+             anything else in the database; nothing was converted"
+        );
+    }
+    let topology = Topology::new(settings);
+    let (conn, _channel) = amqp(settings).await?;
+    let (queues, _) = find_queues(&conn, &topology, true).await?;
+    if yes {
+        refuse_if_consumed(&queues, &topology)?;
+    }
+    let redis = in_redis(settings, store::connect(&settings.redis)).await?;
+    let prefix = &settings.redis.key_prefix;
+    let pattern = match_under(prefix);
+    let how = if yes { "convert" } else { "look" };
+    let (mut old, mut logs) = (0u64, 0u64);
+    for node in redis
+        .scan_nodes()
+        .await
+        .context("listing Redis's primaries")?
+    {
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = redis
+                .scan_page(&node, cursor, &pattern, SCAN_COUNT)
+                .await
+                .with_context(|| format!("scanning Redis ({node}) for keys under {prefix:?}"))?;
+            for key in keys {
+                let is_log = family_of(prefix, &key).is_some_and(|f| {
+                    LOG_FAMILIES
+                        .iter()
+                        .any(|l| FAMILIES[f].tail == Tail::Under(l))
+                });
+                if !is_log {
+                    continue;
+                }
+                logs += 1;
+                let converted: i64 = MIGRATE
+                    .key(&key)
+                    .arg(how)
+                    .invoke_async(&mut redis.clone())
+                    .await
+                    .with_context(|| format!("{how}: {}", String::from_utf8_lossy(&key)))?;
+                old += u64::try_from(converted).unwrap_or(0);
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    if json {
+        let done = if yes { "converted" } else { "to_convert" };
+        println!("{}", json!({ "scope_logs": logs, done: old }));
+    } else {
+        let verb = if yes {
+            "converted"
+        } else {
+            "would be converted (--yes converts them)"
+        };
+        println!(
+            "{old} of {logs} scope logs were of an earlier build (sorted sets): {verb}; the \
+             others are in this build's form"
+        );
+    }
+    Ok(yes || old == 0)
 }

@@ -47,6 +47,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use self::memory::MemoryLedger;
+pub use self::redis::log as scope_log;
 pub use self::redis::{Admitted, JobRecord, RedisLedger, Spelling, Suppression};
 pub(crate) use self::standing::{Held, Standing, standing};
 

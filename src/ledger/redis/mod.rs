@@ -5,6 +5,7 @@
 
 mod batch;
 mod clock;
+pub mod log;
 mod quotas;
 mod record;
 mod replicas;

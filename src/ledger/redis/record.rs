@@ -100,25 +100,18 @@ impl RedisLedger {
         max: usize,
     ) -> Result<Vec<Admitted>, LedgerError> {
         let key = self.keys.key_of(subject);
-        let stop = isize::try_from(max).unwrap_or(isize::MAX).max(1);
-        let members: Vec<String> = redis::cmd("ZRANGE")
+        let text: Option<Vec<u8>> = redis::cmd("GET")
             .arg(&key)
-            .arg(0)
-            .arg(stop - 1)
-            .arg("REV")
             .query_async(&mut self.conn.clone())
             .await?;
-        let mut found = Vec::with_capacity(members.len());
-        for member in members {
-            // decide.lua's member_of: 12 hex digits of the time, ':', the
-            // id (and, with keys spread over a cluster's shards, ':' and
-            // the reservation's nonce).
-            let Some((at, rest)) = member.split_once(':') else {
-                continue;
-            };
-            let Ok(at_ms) = u64::from_str_radix(at, 16) else {
-                continue;
-            };
+        let entries = super::log::entries(&text.unwrap_or_default())
+            .ok_or_else(|| LedgerError::Protocol(format!("{key} holds no log")))?;
+        let mut found = Vec::with_capacity(entries.len().min(max));
+        for (at_ms, logged) in entries.into_iter().take(max.max(1)) {
+            // The id (a failure's stays counted with \u{1} appended; with
+            // keys spread over a cluster's shards, ':' and the
+            // reservation's nonce follow it).
+            let rest = logged.strip_suffix('\u{1}').unwrap_or(&logged);
             let mut id = rest.to_owned();
             let mut record = self.record_of(&id).await?;
             if record.is_none()

@@ -1,7 +1,7 @@
 //! The snapshot: what an admission's facts answer before any script runs.
 //! Per batch of admissions, one atomic read (`MULTI`, each job's record,
-//! `TIME`, their suppression keys in one `MGET`, the newest entries of
-//! their scope logs, `EXEC`); from that snapshot Rust answers every request the ledger would
+//! `TIME`, their suppression keys in one `MGET`, the head of each scope
+//! log (its count and newest entries: a `GETRANGE`), `EXEC`); from that snapshot Rust answers every request the ledger would
 //! answer without a write: a rejection, a suppression, an expiry, a
 //! conflict, and a copy of a job that was sent, is being sent or ended.
 //! Those cost Redis a read, not a script (a tenth of it, by
@@ -26,6 +26,7 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{BATCHED, Queued, gather, guard, oldest_asked};
+use super::log;
 use crate::ledger::{Admission, Fingerprint, Held, JobState, Refund, Standing, Verdict, standing};
 use crate::limiter::{Clock, Judged, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
 use crate::store::Conn;
@@ -36,8 +37,9 @@ use crate::store::Conn;
 /// (`STALE`), and the caller waits without spending an attempt.
 const LATE_MS: i64 = 2000;
 
-/// The most entries of a log one read fetches (`decide.lua`'s `fetch`).
-const FETCH_MAX: usize = 16;
+/// The most entries of a log its head's read fetches (12 bytes each): a
+/// rule of a larger max reads its own entry.
+const FETCH_MAX: usize = 64;
 
 /// One admission as the snapshot reads it.
 pub(super) struct Question {
@@ -318,11 +320,13 @@ fn held(text: &str, item: &Question) -> Option<Held> {
     })
 }
 
-/// What the snapshot reads of one scope's log to judge it: the newest
-/// `fetch` entries, and the `n`-th newest alone for each rule of a larger
-/// `n` (a domain's 50 in ten minutes costs one entry, not fifty). A deny
-/// reads nothing.
+/// What the snapshot reads of one scope's log to judge it (`log.rs`):
+/// its head, the count and newest `fetch` entries (one `GETRANGE`), and
+/// the `n`-th newest alone for each rule of a larger `n`. A deny reads
+/// nothing.
 struct Plan {
+    /// Whether the log is read at all (a deny's is not).
+    reads: bool,
     fetch: usize,
     ranks: Vec<usize>,
 }
@@ -331,59 +335,61 @@ impl Plan {
     /// The read `set` needs.
     fn of(set: &RuleSet) -> Self {
         let maxes = || set.rules.iter().map(|r| r.max as usize);
-        let (Some(least), Some(top), None) = (maxes().min(), maxes().max(), set.deny_until_ms)
-        else {
+        let (Some(top), None) = (maxes().max(), set.deny_until_ms) else {
             return Plan {
+                reads: false,
                 fetch: 0,
                 ranks: Vec::new(),
             };
         };
-        let fetch = if least > FETCH_MAX {
-            0
-        } else {
-            top.min(FETCH_MAX)
-        };
+        let fetch = top.min(FETCH_MAX);
         let mut ranks: Vec<usize> = maxes().filter(|&n| n > fetch).collect();
         ranks.sort_unstable();
         ranks.dedup();
-        Plan { fetch, ranks }
+        Plan {
+            reads: true,
+            fetch,
+            ranks,
+        }
     }
 
     /// Adds the reads to `pipe`.
     fn ask(&self, pipe: &mut redis::Pipeline, key: &str) {
-        if self.fetch > 0 {
-            pipe.cmd("ZRANGE")
-                .arg(key)
-                .arg(-(self.fetch as i64))
-                .arg(-1);
+        if !self.reads {
+            return;
         }
+        pipe.cmd("GETRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(log::head_len(self.fetch) - 1);
         for &n in &self.ranks {
-            pipe.cmd("ZRANGE")
-                .arg(key)
-                .arg(-(n as i64))
-                .arg(-(n as i64));
+            let (start, end) = log::nth_range(n);
+            pipe.cmd("GETRANGE").arg(key).arg(start).arg(end);
         }
     }
 
     /// What the reads answered, taken from `values`; `None` if one is not
     /// a log's.
     fn read(&self, values: &mut impl Iterator<Item = Value>) -> Option<LogRead> {
-        let newest = match self.fetch {
-            0 => Vec::new(),
-            _ => times(values.next()?)?,
-        };
+        if !self.reads {
+            return Some(LogRead::default());
+        }
+        let (count, newest) = log::head(&bytes(values.next()?)?)?;
         let mut ranks = Vec::with_capacity(self.ranks.len());
         for &n in &self.ranks {
-            if let Some(&t) = times(values.next()?)?.first() {
-                ranks.push((n, t));
+            let value = bytes(values.next()?)?;
+            // Past the log's end, the bytes are not an entry's.
+            if n <= count {
+                ranks.push((n, log::time(&value)?));
             }
         }
         Some(LogRead { newest, ranks })
     }
 }
 
-/// A scope log as the snapshot read it: its newest entries' times
-/// (ascending), and the `n`-th newest's for larger `n`.
+/// A scope log as the snapshot read it: its newest entries' times (newest
+/// first), and the `n`-th newest's for larger `n`.
+#[derive(Default)]
 struct LogRead {
     newest: Vec<u64>,
     ranks: Vec<(usize, u64)>,
@@ -391,28 +397,20 @@ struct LogRead {
 
 impl Newest for LogRead {
     fn newest(&self, n: usize) -> Option<u64> {
-        match n <= self.newest.len() {
-            true => self.newest.as_slice().newest(n),
-            false => (self.ranks.iter()).find_map(|&(m, t)| (m == n).then_some(t)),
+        match n.checked_sub(1).and_then(|i| self.newest.get(i)) {
+            Some(&t) => Some(t),
+            None => (self.ranks.iter()).find_map(|&(m, t)| (m == n).then_some(t)),
         }
     }
 }
 
-/// A log read's admission times: each member starts with its time, 12 hex
-/// digits of ms (`decide.lua`'s `member_of`).
-fn times(value: Value) -> Option<Vec<u64>> {
-    let Value::Array(members) = value else {
-        return None;
-    };
-    (members.iter())
-        .map(|m| match m {
-            Value::BulkString(b) => {
-                let hex = std::str::from_utf8(b.get(..12)?).ok()?;
-                u64::from_str_radix(hex, 16).ok()
-            }
-            _ => None,
-        })
-        .collect()
+/// A read's bytes (a key that does not exist reads as none).
+fn bytes(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::Nil => Some(Vec::new()),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -446,21 +444,33 @@ mod tests {
         let plan = Plan::of(&set(&[(60_000, 1), (3_600_000, 5), (86_400_000, 10)]));
         assert_eq!((plan.fetch, plan.ranks), (10, vec![]));
         let plan = Plan::of(&set(&[(60_000, 5), (600_000, 30), (3_600_000, 50)]));
-        assert_eq!((plan.fetch, plan.ranks), (16, vec![30, 50]));
-        let plan = Plan::of(&set(&[(600_000, 50)]));
-        assert_eq!((plan.fetch, plan.ranks), (0, vec![50]));
+        assert_eq!((plan.fetch, plan.ranks), (50, vec![]));
+        let plan = Plan::of(&set(&[(60_000, 5), (600_000, 100), (3_600_000, 500)]));
+        assert_eq!((plan.fetch, plan.ranks), (64, vec![100, 500]));
         let deny = RuleSet {
             deny_until_ms: Some(0),
             ..set(&[])
         };
-        assert_eq!(Plan::of(&deny).fetch + Plan::of(&deny).ranks.len(), 0);
-        // The n-th newest: from the newest read, else from its rank's.
+        assert!(!Plan::of(&deny).reads);
+        // The n-th newest: from the head read, else from its rank's.
         let read = LogRead {
-            newest: vec![10, 20, 30],
+            newest: vec![30, 20, 10],
             ranks: vec![(50, 1)],
         };
         let got: Vec<_> = [0, 1, 3, 4, 50].map(|n| read.newest(n)).into();
         assert_eq!(got, vec![None, Some(30), Some(10), None, Some(1)]);
+        // A rank past the log's end is no entry, whatever its bytes.
+        let plan = Plan::of(&set(&[(60_000, 100)]));
+        let mut values = vec![
+            Value::BulkString(b"00000101a0c4506fe8".to_vec()),
+            Value::BulkString(b"\nj1\n".to_vec()),
+        ]
+        .into_iter();
+        let read = plan.read(&mut values).unwrap();
+        assert_eq!(
+            (read.newest(1), read.newest(100)),
+            (Some(1_790_000_001_000), None)
+        );
     }
 
     #[test]
@@ -498,15 +508,5 @@ mod tests {
         ] {
             assert!(held(bad, &item).is_none(), "{bad:?}");
         }
-        assert_eq!(
-            times(Value::Array(vec![Value::BulkString(
-                b"00000000000a:j".to_vec()
-            )])),
-            Some(vec![10])
-        );
-        assert_eq!(
-            times(Value::Array(vec![Value::BulkString(b"zz".to_vec())])),
-            None
-        );
     }
 }

@@ -9,14 +9,30 @@ replication, so TIME may be read before writing). The registry defines
 KEEPS_STATE before it: true where this module outlives a call (the ledger's
 Redis Function library), so rule sets are built once and kept.
 
-Data: one sorted set per scope key (<prefix>email:<mailbox>,
-<prefix>ip:<network>, <prefix>domain:<domain>, and a client network's share
-of a domain, <prefix>domain:<domain>:net:<network>): score = admission ms, member =
-"<admission ms, 12 hex digits>:<job id>". Members are unique per job, never
-bare timestamps, so two jobs in the same millisecond both count; the time is
-repeated in the member so reads need no WITHSCORES (formatting scores costs
-Redis more than the rest of a decision). A key lives keep_ms (its scope's
-longest window and an hour) after its newest admission.
+Data: one string per scope key (<prefix>email:<mailbox>, <prefix>ip:<network>,
+<prefix>domain:<domain>, and a client network's share of a domain,
+<prefix>domain:<domain>:net:<network>), its log of admissions:
+  ''                        no admissions (a key that does not exist reads so)
+  <count><index>\n<ids>     count: 6 hex digits, how many entries (k);
+                            index: their admission times, newest first,
+                            12 hex digits of ms each (ties: the one
+                            recorded later first); ids: their jobs' ids,
+                            oldest first, each followed by \n: the job's
+                            id ("<id>:<nonce>" for a reservation,
+                            scope.lua), or for an admission that stays
+                            counted after its job failed (`keep`) the id
+                            with \1 appended (no id holds a control
+                            character), which no job's id matches.
+Example, two admissions, j1 at 1790000000000 ms (hex 1a0c4506c00) and j2
+a second later: "000002" .. "01a0c4506fe8" .. "01a0c4506c00" .. "\nj1\nj2\n".
+The n-th newest entry's time sits at a fixed offset, so a reader that
+needs the newest few reads a few bytes (GETRANGE 0 <6 + 12n - 1>: the
+snapshot, src/ledger/redis/snapshot.rs), and a write is one SET ... PX of
+the whole log (no ZADD, trim and PEXPIRE), which costs Redis less than a
+sorted set's: the logs stay small (an hour more than the longest window
+of admissions). src/ledger/redis/log.rs reads and writes the same form.
+A key lives keep_ms (its scope's longest window and an hour) after its
+newest admission.
 
 Semantics: docs/contract.md is the normative text (Behaviour: "Rules and
 windows", "Scopes"); these functions implement it. A rule (W, N) has room
@@ -52,7 +68,7 @@ second by set 2; "1@" is set 64 + 16 = 80). Up to 4095 sets: settings allow
 ]]
 
 local call, tonumber, sub, byte, format = redis.call, tonumber, string.sub, string.byte, string.format
-local huge, mmin, mmax, floor = math.huge, math.min, math.max, math.floor
+local mmin, mmax, floor = math.min, math.max, math.floor
 
 -- The longest window, lease or dedup period accepted, in ms (a year and a
 -- day, as settings.rs's MAX_PERIOD): longer ones would overflow an expiry,
@@ -74,15 +90,29 @@ local function int(x)
   return format('%.0f', x)
 end
 
--- '-n' for a read of the newest n entries (n <= 16), as constants: Lua
--- formats a number with sprintf, which costs Redis more than the read.
-local NEWEST = {'-1', '-2', '-3', '-4', '-5', '-6', '-7', '-8', '-9', '-10', '-11', '-12', '-13',
-  '-14', '-15', '-16'}
+-- A log's layout (the header above): the count's digits, an index
+-- entry's, the largest count.
+local HEAD, E, MAX_COUNT = 6, 12, 16777215
 
--- The admission time a log member starts with: 12 hex digits of ms
--- (parsed with strtoul; a decimal prefix would cost a slow strtod).
-local function time_of(member)
-  return tonumber(sub(member, 1, 12), 16)
+-- How many entries `log` (a log's text, '' if none) holds.
+local function count_of(log)
+  if log == '' then return 0 end
+  return tonumber(sub(log, 1, HEAD), 16)
+end
+
+-- The time of `log`'s i-th newest entry (1 <= i <= its count): 12 hex
+-- digits of ms (parsed with strtoul; a decimal prefix would cost a slow
+-- strtod).
+local function nth(log, i)
+  local o = HEAD + (i - 1) * E
+  return tonumber(sub(log, o + 1, o + E), 16)
+end
+
+-- A log's text: the key's value, '' if it has none (a key of another
+-- type, such as an earlier build's sorted set, fails the call before it
+-- writes: `mailgate admin migrate` converts those).
+local function log_of(key)
+  return call('GET', key) or ''
 end
 
 -- The time: ARGV[i] if it is one, else the Redis server's clock. With
@@ -112,13 +142,13 @@ local function clock(i)
   return now
 end
 
--- A job's member in the scope logs. The time's digits are kept for the
--- next member (a call records its admissions at one time, and formatting
--- costs Redis more than the rest of a member).
+-- An index entry: `at` in 12 hex digits. The digits are kept for the
+-- next one (a call records its admissions at one time, and formatting
+-- costs Redis more than the rest of a write).
 local hex_at, hex_s = nil, nil
-local function member_of(at, id)
+local function entry_of(at)
   if at ~= hex_at then hex_at, hex_s = at, format('%012x', at) end
-  return hex_s .. ':' .. id
+  return hex_s
 end
 
 -- The words of `text`, an argument that carries many numbers at once (one
@@ -160,13 +190,9 @@ end
 -- and infinities fail it ("nan" passes a check written as what must not).
 -- w[r] and max[r]: rule r's window and max; max < 0 for a shadow rule
 -- (judged as -max), 0 for a deny (denies: the set's one rule).
--- rank[r]: '-max' of a rule with max > 16, made when first read.
--- fetch: how many of a log's newest entries one read gets: the largest N,
--- at most 16; 0 if every N is larger. A rule with a larger N reads its
--- N-th newest entry on its own, only when the log is at least as long as
--- that first read (so a domain's 50 per 10 minutes costs one read, not a
--- read of 16 and then one more). empty: `room`'s answer for an empty log,
--- worked out when first needed.
+-- top: how many of a log's newest entries can fill one of its rules, at
+-- most 16 (what scope.lua looks through for a copy of the job). empty:
+-- `room`'s answer for an empty log, worked out when first needed.
 local function parse_set(v, a, i)
   local n, keep = tonumber(v[a]), tonumber(v[a + 1])
   if not (n and n >= 0 and n <= 4096 and n == floor(n)
@@ -176,7 +202,7 @@ local function parse_set(v, a, i)
     return nil, 'rule set ' .. i
   end
   local w, max = {}, {}
-  local top, least, denies = 1, huge, false
+  local top, denies = 1, false
   for r = 1, n do
     local wr, m = tonumber(v[a + 2 * r]), tonumber(v[a + 2 * r + 1])
     local deny = m == 0 and n == 1
@@ -187,14 +213,10 @@ local function parse_set(v, a, i)
     end
     w[r], max[r], denies = wr, m, deny
     if m < 0 then m = -m end
-    if not deny then top, least = mmax(top, m), mmin(least, m) end
+    if not deny then top = mmax(top, m) end
   end
-  local fetch = least > 16 and 0 or mmin(top, 16)
-  -- top_s: the newest entries that can fill a rule, up to 16 (what
-  -- scope.lua looks through for a copy of the job).
-  return {n = n, w = w, max = max, rank = false, denies = denies, keep = keep,
-    keep_s = v[a + 1], fetch = fetch, fetch_s = NEWEST[fetch], top_s = NEWEST[mmin(top, 16)],
-    empty = false}
+  return {n = n, w = w, max = max, denies = denies, keep = keep, keep_s = v[a + 1],
+    top = mmin(top, 16), empty = false}
 end
 
 -- The rule sets starting at v[a] (v: words; a call carries only the sets
@@ -253,51 +275,37 @@ end
 -- first + #ks - 1], judged by the sets ks (sets_of). Returns 0 if every
 -- enforced rule has room, else the wait, the 1-based scope and the 1-based
 -- rule that binds; then the same three for the shadow rules (0 if each has
--- room). Writes nothing. With a table `logs`, leaves in logs[s] what it
--- read of key s (for `room`).
+-- room). Writes nothing. With a table `logs`, leaves in logs[s] the text
+-- of key s's log (for `room` and `record`; a deny's key is not read).
 local function judge(first, ks, now, logs)
   local best_d, best_s, best_r = 0, 0, 0
   local sh_d, sh_s, sh_r = 0, 0, 0
   for s = 1, #ks do
-    local key, set = KEYS[first + s - 1], ks[s]
-    -- The newest entries, oldest of them first; a brand-new key reads as
-    -- empty.
-    local log = set.fetch > 0 and call('ZRANGE', key, set.fetch_s, '-1') or {}
-    local len = #log
-    if logs then logs[s] = log end
-    local newest = len > 0 and time_of(log[len])
+    local set = ks[s]
     local w, max = set.w, set.max
-    -- A log read whole and empty (most mailboxes) fills no rule.
-    for r = 1, (len > 0 or set.fetch == 0) and set.n or 0 do
-      local n = max[r]
-      local shadow = n < 0
-      if shadow then n = -n end
-      local i = len - n + 1
-      local t_n
-      if set.denies then
-        -- Rejected while the deny lasts (for good: the longest wait).
-        local d = w[r] == 0 and MAX_PERIOD_MS or mmin(w[r] - now, MAX_PERIOD_MS)
-        if d > best_d then best_d, best_s, best_r = d, s, r end
-      elseif i == len then
-        t_n = newest
-      elseif i > 0 then
-        t_n = time_of(log[i])
-      elseif n > set.fetch and len == set.fetch then
-        -- A large N and a log at least as long as one read: fetch just the
-        -- N-th newest.
-        local rank = set.rank or {}
-        set.rank = rank
-        rank[r] = rank[r] or '-' .. int(n)
-        local m = call('ZRANGE', key, rank[r], rank[r])[1]
-        t_n = m and time_of(m)
-      end
-      -- The rule is full iff d > 0; the largest d binds, the first on a tie.
-      if t_n then
-        local d = t_n + w[r] - now
-        if shadow then
-          if d > sh_d then sh_d, sh_s, sh_r = d, s, r end
-        elseif d > best_d then
-          best_d, best_s, best_r = d, s, r
+    if set.denies then
+      -- Rejected while the deny lasts (for good: the longest wait).
+      local d = w[1] == 0 and MAX_PERIOD_MS or mmin(w[1] - now, MAX_PERIOD_MS)
+      if d > best_d then best_d, best_s, best_r = d, s, 1 end
+      if logs then logs[s] = '' end
+    else
+      local log = log_of(KEYS[first + s - 1])
+      if logs then logs[s] = log end
+      -- An empty log (most mailboxes) fills no rule.
+      local len = count_of(log)
+      for r = 1, len > 0 and set.n or 0 do
+        local n = max[r]
+        local shadow = n < 0
+        if shadow then n = -n end
+        -- The rule is full iff its n-th newest entry is in its window (d >
+        -- 0); the largest d binds, the first on a tie.
+        if n <= len then
+          local d = nth(log, n) + w[r] - now
+          if shadow then
+            if d > sh_d then sh_d, sh_s, sh_r = d, s, r end
+          elseif d > best_d then
+            best_d, best_s, best_r = d, s, r
+          end
         end
       end
     end
@@ -306,26 +314,25 @@ local function judge(first, ks, now, logs)
 end
 
 -- What is left of each scope's quota once a request that `judge` admitted
--- at `now` is recorded, from what judge read (`logs`). For each scope key,
--- appends to `out` the 1-based enforced rule that allows the fewest further
--- admissions (on a tie the one whose next slot frees last, then the
--- first), how many it allows, and how long until its oldest admission in
--- the window leaves it (the window itself if the request is the oldest);
--- 0 0 0 for a key with no enforced rule. Exact: a rule with room
--- holds fewer than N admissions, so judge's read (the newest N, up to 16)
--- holds them all; a larger N, or a read that holds only entries in the
--- window, asks Redis for the count and the oldest. Returns how many keys.
-local function room(first, ks, now, logs, out)
+-- at `now` is recorded, from the logs judge read (`logs`). For each scope
+-- key, appends to `out` the 1-based enforced rule that allows the fewest
+-- further admissions (on a tie the one whose next slot frees last, then
+-- the first), how many it allows, and how long until its oldest admission
+-- in the window leaves it (the window itself if the request is the
+-- oldest); 0 0 0 for a key with no enforced rule. Exact: judge read each
+-- log whole. Returns how many keys.
+local function room(ks, now, logs, out)
   local o = #out
   for s = 1, #ks do
-    local key, set, log = KEYS[first + s - 1], ks[s], logs[s]
-    local len = #log
+    local set, log = ks[s], logs[s]
+    local len = count_of(log)
     local best_r, best_left, best_reset = 0, 0, 0
-    -- A log read whole and empty (most mailboxes): the same for every
-    -- request the set judges, so worked out once per set.
-    local empty = len == 0 and set.fetch > 0
+    -- An empty log (most mailboxes): the same for every request the set
+    -- judges, so worked out once per set.
+    local empty = len == 0 and not set.denies
     local known = empty and set.empty
     if known then best_r, best_left, best_reset = known[1], known[2], known[3] end
+    -- times[i]: the i-th newest entry's, parsed once per key, not per rule.
     local times = not known and {}
     for r = 1, known and 0 or set.n do
       -- Enforced rules only (a shadow rule's max is negative, a deny's 0).
@@ -333,33 +340,22 @@ local function room(first, ks, now, logs, out)
       if max > 0 then
         local w = set.w[r]
         local since = now - w
-        -- Count the read entries in the window, newest first; each entry's
-        -- time is parsed once per key, not once per rule.
+        -- The entries in the window, newest first.
         local c = 0
         while c < len do
-          local t = times[len - c]
+          local t = times[c + 1]
           if not t then
-            t = time_of(log[len - c])
-            times[len - c] = t
+            t = nth(log, c + 1)
+            times[c + 1] = t
           end
           if t <= since then break end
           c = c + 1
-        end
-        local oldest
-        if c == len and len == set.fetch then
-          -- Every entry read is in the window: there may be more.
-          local after = '(' .. int(since)
-          c = call('ZCOUNT', key, after, '+inf')
-          local m = c > 0 and call('ZRANGEBYSCORE', key, after, '+inf', 'LIMIT', 0, 1)[1]
-          oldest = m and time_of(m)
-        elseif c > 0 then
-          oldest = time_of(log[len - c + 1])
         end
         local left = max - c - 1
         if left < 0 then left = 0 end
         -- The admission at `now` may be the oldest (entries after `now`:
         -- the clock stepped back).
-        local reset = oldest and mmin(oldest, now) + w - now or w
+        local reset = c > 0 and mmin(times[c], now) + w - now or w
         if best_r == 0 or left < best_left or (left == best_left and reset > best_reset) then
           best_r, best_left, best_reset = r, left, reset
         end
@@ -372,66 +368,167 @@ local function room(first, ks, now, logs, out)
   return #ks
 end
 
--- How often a scope key's log whose entries judge did not all read is
--- trimmed: at its first admission of each hour.
-local TRIM_MS = 3600000
+-- Where the i-th id of `log` (oldest first; count k) begins: its ids
+-- follow the index and the \n after it.
+local function ids_at(k)
+  return HEAD + k * E + 2
+end
 
--- Records an admission at `now` (`now_s`) in each scope key of a request;
--- `logs` holds what judge read of each key.
-local function record(first, ks, now, now_s, member, logs)
+-- `log` (count k) with a new entry: time `at`, id `id`, p-th in the index
+-- (newest first), its id among the others where that puts it; only the
+-- keepn newest of the old entries stay (the others are in no window).
+local function with_entry(log, k, keepn, p, at, id)
+  -- The ids kept: all but the oldest k - keepn.
+  local pos = ids_at(k)
+  for _ = 1, k - keepn do pos = string.find(log, '\n', pos, true) + 1 end
+  local ids = sub(log, pos)
+  if p == 1 then
+    ids = ids .. id .. '\n'
+  else
+    -- The clock stepped back: the entry goes where its time puts it, its
+    -- id after the keepn - p + 1 oldest.
+    local q = 1
+    for _ = 1, keepn - p + 1 do q = string.find(ids, '\n', q, true) + 1 end
+    ids = sub(ids, 1, q - 1) .. id .. '\n' .. sub(ids, q)
+  end
+  local split = HEAD + (p - 1) * E
+  return format('%06x', keepn + 1) .. sub(log, HEAD + 1, split) .. entry_of(at)
+    .. sub(log, split + 1, HEAD + keepn * E) .. '\n' .. ids
+end
+
+-- Records an admission of `id` at `now` in each scope key of a request;
+-- `logs` holds the text judge read of each key. One SET ... PX per key, of
+-- the whole log: its entries older than the set's keep (in no window any
+-- more) are dropped, so memory stays bounded.
+local function record(first, ks, now, id, logs)
   for s = 1, #ks do
-    local key, set = KEYS[first + s - 1], ks[s]
+    local set = ks[s]
     -- A deny records nothing (its key's own set does).
     if not set.denies then
-      -- Forget what no rule can see any more (older than keep), so memory
-      -- stays bounded. Judge read the whole log if it read fewer entries
-      -- than it asked for: trimmed only if its oldest is that old. Else
-      -- (or if judge read nothing, fetch 0) when its newest entry is from
-      -- an earlier hour than now: such a log holds at most an hour's
-      -- admissions more than its keep (older entries are in no window).
       local log = logs[s]
-      local len = #log
-      local trim
-      if len < set.fetch then
-        trim = len > 0 and time_of(log[1]) <= now - set.keep
-      else
-        trim = len == 0 or floor(time_of(log[len]) / TRIM_MS) ~= floor(now / TRIM_MS)
-      end
-      -- Added before the trim, which then never empties the log: a key
-      -- emptied (deleted) and written again in one call fails on a Redis
-      -- Cluster slot being migrated, after the call's earlier writes.
-      call('ZADD', key, now_s, member)
-      if trim then
-        call('ZREMRANGEBYSCORE', key, '-inf', int(now - set.keep))
-      end
-      call('PEXPIRE', key, set.keep_s)
+      local k = count_of(log)
+      local keepn = k
+      while keepn > 0 and nth(log, keepn) <= now - set.keep do keepn = keepn - 1 end
+      -- A log at its largest count forgets its oldest entry.
+      if keepn >= MAX_COUNT then keepn = MAX_COUNT - 1 end
+      -- Where the entry goes, newest first: first, unless the clock stepped
+      -- back below entries already there.
+      local p = 1
+      while p <= keepn and nth(log, p) > now do p = p + 1 end
+      call('SET', KEYS[first + s - 1], with_entry(log, k, keepn, p, now, id), 'PX', set.keep_s)
     end
   end
 end
 
--- Removes an admission from the scope keys KEYS[first .. last] (a refund).
-local function forget(first, last, member)
-  for k = first, last do
-    call('ZREM', KEYS[k], member)
+-- Calls found(log, k, i, pos, nl) for each entry of `log` (count k) whose
+-- id is `id` and, if `at` is given, whose time is `at`: i its place in the
+-- index (newest first), its id at log[pos .. nl - 1]; stops at the first
+-- call that returns a value, and returns it.
+local function each_of(log, k, id, at, found)
+  local pos = ids_at(k)
+  -- Most logs do not hold the id at all: one search says so.
+  if k == 0 or not string.find(log, '\n' .. id .. '\n', pos - 1, true) then return nil end
+  for j = 1, k do
+    local nl = string.find(log, '\n', pos, true)
+    if nl - pos == #id and sub(log, pos, nl - 1) == id then
+      local i = k - j + 1
+      if not at or nth(log, i) == at then
+        local got = found(log, k, i, pos, nl)
+        if got ~= nil then return got end
+      end
+    end
+    pos = nl + 1
+  end
+  return nil
+end
+
+-- The time of an entry among the `top` newest of `log` whose id is
+-- `id`:<digits> (a reservation of that job: scope.lua), or nil.
+local function copy_of(log, id, top)
+  local k = count_of(log)
+  local mine = '\n' .. id .. ':'
+  local from = ids_at(k) - 1
+  -- Most logs hold no reservation of the id at all: one search says so.
+  if k == 0 or not string.find(log, mine, from, true) then return nil end
+  local pos = from + 1
+  for j = 1, k do
+    local nl = string.find(log, '\n', pos, true)
+    local i = k - j + 1
+    if i <= top and sub(log, pos, pos + #id) == id .. ':'
+      and string.find(sub(log, pos + #id + 1, nl - 1), '^%d+$') then
+      return nth(log, i)
+    end
+    pos = nl + 1
+  end
+  return nil
+end
+
+-- Writes `log` back to `key` with the expiry the key has (taking an entry
+-- out changes no keep): a key with no expiry keeps none. An empty log is
+-- written as '' (never deleted: a key emptied and written again in one
+-- call fails on a Redis Cluster slot being migrated, after the call's
+-- earlier writes).
+local function rewrite(key, log)
+  local left = call('PTTL', key)
+  if left > 0 then
+    call('SET', key, log, 'PX', left)
+  else
+    call('SET', key, log)
   end
 end
 
--- A failed job's admission stays counted in the logs KEYS[first..last]
--- (its requester's), as an entry no job's id can make: `member` with a
--- '\1' appended (ids hold no control character). So the job's id admitted
--- again (another message of it) is a new entry, even in the same
--- millisecond, and never taken for a copy of itself being admitted.
--- Run again, it finds the entry renamed and changes nothing.
-local function keep(first, last, member)
+-- `log` without its i-th entry (index, newest first; its id at
+-- pos .. nl), or with that id renamed to `as`.
+local function without(log, k, i, pos, nl, as)
+  local index = HEAD + (i - 1) * E
+  if as then
+    return sub(log, 1, pos - 1) .. as .. sub(log, nl)
+  elseif k == 1 then
+    return ''
+  end
+  return format('%06x', k - 1) .. sub(log, HEAD + 1, index) .. sub(log, index + E + 1, pos - 1)
+    .. sub(log, nl + 1)
+end
+
+-- Removes the admission of `id` at `at` (nil: at any time) from the scope
+-- keys KEYS[first .. last] (a refund); how many it removed.
+local function forget(first, last, at, id)
+  local n = 0
   for k = first, last do
-    local score = call('ZSCORE', KEYS[k], member)
-    if score then
-      -- The new entry first: the log is never empty between the two (see
-      -- `record`).
-      call('ZADD', KEYS[k], score, member .. '\1')
-      call('ZREM', KEYS[k], member)
+    local key = KEYS[k]
+    local log = log_of(key)
+    -- One entry per key (a job's admissions in a log differ by time).
+    local gone = each_of(log, count_of(log), id, at, function(l, c, i, pos, nl)
+      return without(l, c, i, pos, nl)
+    end)
+    if gone then
+      rewrite(key, gone)
+      n = n + 1
     end
   end
+  return n
+end
+
+-- A failed job's admission of `id` at `at` (nil: at any time) stays
+-- counted in the logs KEYS[first..last] (its requester's), under an id no
+-- job's can be: its id with '\1' appended (ids hold no control
+-- character). So the job's id admitted again (another message of it) is a
+-- new entry, and never taken for a copy of itself being admitted. Run
+-- again, it finds the id renamed and changes nothing. How many it found.
+local function keep(first, last, at, id)
+  local n = 0
+  for k = first, last do
+    local key = KEYS[k]
+    local log = log_of(key)
+    local renamed = each_of(log, count_of(log), id, at, function(l, c, i, pos, nl)
+      return without(l, c, i, pos, nl, id .. '\1')
+    end)
+    if renamed then
+      rewrite(key, renamed)
+      n = n + 1
+    end
+  end
+  return n
 end
 
 -- The API: what the scripts composed after this one call, as decide.<name>
@@ -440,9 +537,12 @@ return {
   MAX_PERIOD_MS = MAX_PERIOD_MS,
   MAX_KEEP_MS = MAX_KEEP_MS,
   int = int,
-  time_of = time_of,
   clock = clock,
-  member_of = member_of,
+  count_of = count_of,
+  nth = nth,
+  log_of = log_of,
+  each_of = each_of,
+  copy_of = copy_of,
   words = words,
   built = built,
   rule_sets = rule_sets,

@@ -17,8 +17,8 @@ dedup_for. One string of these fields (records.lua says how, and how a
 hash of an earlier build is read).
   fp     what the id was admitted for (mailbox, client address, purpose), as a
          fingerprint: another job under the same id is a conflict
-  at     admission time, ms (Redis clock); the job's member in the scope logs
-         is decide.member_of(at, id)
+  at     admission time, ms (Redis clock); the job's entry in the scope logs
+         (decide.lua) has this time and its id
   st     the state (JobState in src/ledger/mod.rs, one character):
            a  admitted; its SMTP transaction has not begun
            x  sending: an SMTP transaction began, its outcome is not recorded
@@ -45,7 +45,8 @@ hash of an earlier build is read).
   rv     spread over a cluster's shards only (see "look" below): the job's
          reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
          had none; records of earlier versions lack t_domain);
-         its member in scope log s is decide.member_of(t_s, id .. ':' .. nonce)
+         its entry in scope log s has the time t_s and the id
+         id .. ':' .. nonce
 
 Newest KEYS <prefix>newest:<purpose>:<mailbox>, a sorted set: the newest
 16 jobs admitted for a mailbox and purpose whose purpose supersedes older
@@ -354,7 +355,7 @@ local function from_record(j, b, st, ans, fin, lease, own, n, c, tail)
     return CODE.unknown, at, mine, 0
   elseif st == A and expired and mine == 1 then
     -- Admitted, never sent, and now too late: give the quota back.
-    decide.forget(j.first, j.last, decide.member_of(at, j.id))
+    decide.forget(j.first, j.last, at, j.id)
     store(key, b, 'r', '0', 'e', '0', own, j.attempt_s, c, tail)
     return CODE.expired, reserved(rv_of(tail))
   elseif st == A and expired then
@@ -364,7 +365,7 @@ local function from_record(j, b, st, ans, fin, lease, own, n, c, tail)
   elseif st == A and j.latest
     and superseded(j.latest, math.min(j.made or at, at), j.skew, j.id, key) then
     -- Its code is stale: refunded unsent, and answered by the caller.
-    decide.forget(j.first, j.last, decide.member_of(at, j.id))
+    decide.forget(j.first, j.last, at, j.id)
     store(key, b, 'r', '0', 'p', '0', j.ticket, j.attempt_s, c, tail)
     return CODE.superseded, 1
   elseif st == A then
@@ -394,8 +395,8 @@ local function afresh(j, b, kind)
     local ks = decide.sets_of(j.shape, b.sets, b.shapes)
     d, s, rule, _, shadow_s, shadow_r = decide.judge(j.first, ks, now, logs)
     if d > 0 then return CODE.rejected, d, s, rule end
-    rooms = decide.room(j.first, ks, now, logs, b.rooms)
-    decide.record(j.first, ks, now, now_text(b), decide.member_of(now, j.id), logs)
+    rooms = decide.room(ks, now, logs, b.rooms)
+    decide.record(j.first, ks, now, j.id, logs)
     if made then
       call('ZADD', j.latest, decide.int(made), j.id)
       call('ZREMRANGEBYRANK', j.latest, 0, -17)
@@ -508,9 +509,9 @@ local function settle(k, a, b)
     end
     if not owning or (st ~= A and st ~= X) then return 0 end
     local leaves, stays = settled_keys(ARGV[a + 5])
-    local member = decide.member_of(at_of(tail), id)
-    decide.forget(k + 1, k + leaves, member)
-    decide.keep(k + leaves + 1, k + leaves + stays, member)
+    local at = at_of(tail)
+    decide.forget(k + 1, k + leaves, at, id)
+    decide.keep(k + leaves + 1, k + leaves + stays, at, id)
     store(key, b, 'r', answered, how, '0', own, n, c, tail)
     local rv = rv_of(tail)
     if rv then return 1, reserved(rv) end

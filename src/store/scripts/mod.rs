@@ -12,6 +12,7 @@
 //! | [`TOOLS`] | `mailgate limits show` and `reset`: one scope key's log | `tools.lua` |
 //! | [`PRUNE`] | `mailgate overrides`: drops expired overrides | `prune.lua` |
 //! | [`SUPPRESS`] | a bounce's suppression, where it shortens none in force | `suppress.lua` |
+//! | [`MIGRATE`] | `mailgate admin migrate`: an earlier build's scope log into this one's form | `migrate.lua` |
 //!
 //! Each file's header documents its KEYS, ARGV and reply.
 //!
@@ -234,13 +235,18 @@ pub static TOOLS: LazyLock<Script> =
 pub static PRUNE: LazyLock<Script> =
     LazyLock::new(|| Script::compose("prune", &[], include_str!("prune.lua")));
 
+/// The conversion of an earlier build's keys, `migrate.lua` (`mailgate
+/// admin migrate`).
+pub static MIGRATE: LazyLock<Script> =
+    LazyLock::new(|| Script::compose("migrate", &[], include_str!("migrate.lua")));
+
 /// The suppression list's script, `suppress.lua`.
 pub static SUPPRESS: LazyLock<Script> =
     LazyLock::new(|| Script::compose("suppress", &[], include_str!("suppress.lua")));
 
 /// Every script mailgate runs.
-pub fn all() -> [&'static Script; 6] {
-    [&LEDGER, &SCOPE, &CLOCK, &TOOLS, &PRUNE, &SUPPRESS]
+pub fn all() -> [&'static Script; 7] {
+    [&LEDGER, &SCOPE, &CLOCK, &TOOLS, &PRUNE, &SUPPRESS, &MIGRATE]
 }
 
 /// Loads every script (`SCRIPT LOAD`; on a cluster, on every primary), so

@@ -7,7 +7,7 @@ rejects (src/ledger/redis/spread.rs); the job's record is ledger.lua's
 which it calls as decide.<name>. One operation per call; each checks its
 argument count and values before it writes.
 
-KEYS[1]  the scope key (one sorted set, as decide.lua describes)
+KEYS[1]  the scope key (its log, as decide.lua describes)
 ARGV[1]  the operation: "peek", "reserve" or "unreserve"
 ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
 
@@ -25,7 +25,7 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
 "reserve" -- the same, and if it has room records the reservation.
   ARGV[3..]  the rule set, then the job's id, then a nonce
   returns    {now, 1, shadow wait, shadow rule, rule, remaining,
-             reset_ms} (recorded as decide.member_of(now, id .. ':' .. nonce);
+             reset_ms} (recorded at now, as the id id .. ':' .. nonce;
              the last three: what is left of the scope's quota with it,
              decide.lua's `room`), else as "peek"; run again (its reply
              lost), {its time, 1, 0, 0}
@@ -39,7 +39,7 @@ ARGV[2]  now in ms, or "" for the Redis server's TIME (production)
   is never taken for a copy of itself. Arguments and reply as "unreserve".
 ]]
 
-local call, tonumber, sub = redis.call, tonumber, string.sub
+local tonumber = tonumber
 local op = ARGV[1]
 
 local function fail(why)
@@ -56,25 +56,13 @@ if op == 'unreserve' or op == 'keep' then
   if #ARGV ~= 4 or (ARGV[3] ~= '' and (not t or t < 0)) or suffix == '' then
     return fail('takes a time (or "") and a suffix')
   end
-  local members = {}
-  if t then
-    members[1] = decide.member_of(t, suffix)
+  -- With no time (the reply to its "reserve" was lost), the entry of the
+  -- suffix at any time: a nonce is drawn per reservation.
+  local found
+  if op == 'keep' then
+    found = decide.keep(1, 1, t, suffix)
   else
-    -- Its time unknown: a log holds what its rules allow in its keep, a
-    -- few dozen entries, so look through it.
-    local tail = ':' .. suffix
-    for _, m in ipairs(call('ZRANGE', KEYS[1], 0, -1)) do
-      if sub(m, 13) == tail then members[#members + 1] = m end
-    end
-  end
-  local found = 0
-  for _, m in ipairs(members) do
-    if op == 'keep' then
-      found = found + (call('ZSCORE', KEYS[1], m) and 1 or 0)
-      decide.keep(1, 1, m)
-    else
-      found = found + call('ZREM', KEYS[1], m)
-    end
+    found = decide.forget(1, 1, t, suffix)
   end
   return {now, found > 0 and 1 or 0}
 elseif op ~= 'peek' and op ~= 'reserve' then
@@ -93,30 +81,24 @@ end
 if op == 'reserve' then
   -- This very call again (a Redis Cluster client sends a call again after
   -- its reply was lost): the nonce is drawn per reservation, so an entry
-  -- with the same suffix made in the last minute is this one's.
-  local tail = ':' .. id .. ':' .. nonce
-  for _, m in ipairs(call('ZRANGEBYSCORE', KEYS[1], decide.int(now - 60000), '+inf')) do
-    if sub(m, 13) == tail then return {decide.time_of(m), 1, 0, 0} end
-  end
+  -- of the same suffix made in the last minute is this one's.
+  local log = decide.log_of(KEYS[1])
+  local t = decide.each_of(log, decide.count_of(log), id .. ':' .. nonce, nil,
+    function(l, _, i) return decide.nth(l, i) end)
+  if t and t >= now - 60000 then return {t, 1, 0, 0} end
 end
 local logs = {}
 local d, _, rule, shadow_d, _, shadow = decide.judge(1, ks, now, logs)
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
-  -- (Members are decide.member_of(t, id .. ':' .. nonce), the nonce digits.)
-  local mine, after = ':' .. id .. ':', 13 + #id + 2
-  for _, m in ipairs(call('ZRANGE', KEYS[1], ks[1].top_s, '-1')) do
-    if sub(m, 13, after - 1) == mine and string.find(m, '^%d+$', after) then
-      return {now, 2, decide.time_of(m), d, rule}
-    end
-  end
+  local t = decide.copy_of(logs[1], id, ks[1].top)
+  if t then return {now, 2, t, d, rule} end
   return {now, 0, d, rule}
 end
 if op == 'reserve' then
   local out = {now, 1, shadow_d, shadow}
-  decide.room(1, ks, now, logs, out)
-  decide.record(1, ks, now, decide.int(now), decide.member_of(now, id .. ':' .. nonce),
-    logs)
+  decide.room(ks, now, logs, out)
+  decide.record(1, ks, now, id .. ':' .. nonce, logs)
   return out
 end
 return {now, 1, shadow_d, shadow}

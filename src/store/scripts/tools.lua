@@ -35,9 +35,12 @@ if op == 'peek' and #ARGV == 2 then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
+  -- The log's index holds the times newest first (decide.lua).
+  local log = redis.call('GET', KEYS[1]) or ''
+  local k = log == '' and 0 or tonumber(string.sub(log, 1, 6), 16)
   local out = {now}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    out[#out + 1] = tonumber(string.sub(m, 1, 12), 16)
+  for i = k, 1, -1 do
+    out[#out + 1] = tonumber(string.sub(log, 7 + (i - 1) * 12, 6 + i * 12), 16)
   end
   return out
 elseif op == 'unrecorded' and #ARGV == 1 then
@@ -54,8 +57,8 @@ elseif op == 'hold' and #ARGV == 2 then
   if left >= 0 and left < ms then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   return 1
 elseif op == 'reset' and #ARGV == 1 then
-  local n = redis.call('ZCARD', KEYS[1])
+  local log = redis.call('GET', KEYS[1]) or ''
   redis.call('DEL', KEYS[1])
-  return n
+  return log == '' and 0 or tonumber(string.sub(log, 1, 6), 16)
 end
 return redis.error_reply('mailgate tools: unknown op or wrong argument count')

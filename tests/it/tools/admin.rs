@@ -419,3 +419,123 @@ async fn purge_finds_keys_on_every_primary_of_a_cluster() {
     let left: BTreeSet<String> = cluster.ports.iter().flat_map(|p| on_each(*p)).collect();
     assert_eq!(left, theirs.iter().cloned().collect());
 }
+
+/// `admin migrate`: the scope logs an earlier build kept as sorted sets
+/// become this build's log strings, with their entries (a failure's kept
+/// one too) and their expiry, and a worker then decides by them exactly;
+/// without `--yes` nothing changes; it refuses while a worker consumes
+/// the jobs; other sorted sets (the newest jobs, the application's) stay;
+/// a second run finds nothing to convert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_converts_an_earlier_builds_logs_and_nothing_else() {
+    let h = Harness::new("migrate").await;
+    let prefix = h.settings.redis.key_prefix.clone();
+    let mut conn = sync_redis();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // The earlier build's form: score the ms, member "<12 hex ms>:<id>".
+    let zadd = |conn: &mut redis::Connection, key: &str, at: u64, member: &str| {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(key)
+            .arg(at)
+            .arg(member)
+            .query(conn)
+            .unwrap();
+    };
+    let mailbox = format!("{prefix}email:who@example.com");
+    let network = format!("{prefix}ip:203.0.113.0/24");
+    zadd(
+        &mut conn,
+        &mailbox,
+        now - 30_000,
+        &format!("{:012x}:old1", now - 30_000),
+    );
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&mailbox)
+        .arg(90_000_000)
+        .query(&mut conn)
+        .unwrap();
+    zadd(
+        &mut conn,
+        &network,
+        now - 50_000,
+        &format!("{:012x}:old2\u{1}", now - 50_000),
+    );
+    zadd(
+        &mut conn,
+        &network,
+        now - 40_000,
+        &format!("{:012x}:old3", now - 40_000),
+    );
+    let others = [
+        format!("{prefix}newest:login:who@example.com"),
+        format!("{prefix}app:z"),
+    ];
+    for key in &others {
+        zadd(&mut conn, key, 1, "j");
+    }
+    let type_of = |conn: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("TYPE").arg(key).query(conn).unwrap()
+    };
+
+    // Without --yes: what would change, and nothing changed.
+    let looked = h.run_tool(&["admin", "migrate", "--json"]).await;
+    assert!(!looked.status.success(), "{}", text(&looked.stderr));
+    let said: Value = serde_json::from_str(text(&looked.stdout).trim()).unwrap();
+    assert_eq!(said["to_convert"], 2, "{said}");
+    assert_eq!(type_of(&mut conn, &mailbox), "zset");
+
+    // Refused while a worker consumes the jobs.
+    let w = h.start_worker().await;
+    let busy = h.run_tool(&["admin", "migrate", "--yes"]).await;
+    assert!(!busy.status.success());
+    assert!(
+        text(&busy.stderr).contains("consumers"),
+        "{}",
+        text(&busy.stderr)
+    );
+    w.stop().await.unwrap();
+    assert_eq!(type_of(&mut conn, &mailbox), "zset");
+
+    let done = succeeded(&h.run_tool(&["admin", "migrate", "--yes", "--json"]).await);
+    let said: Value = serde_json::from_str(done.trim()).unwrap();
+    assert_eq!(said["converted"], 2, "{said}");
+    let log = |conn: &mut redis::Connection, key: &str| {
+        let bytes: Vec<u8> = redis::cmd("GET").arg(key).query(conn).unwrap();
+        mailgate::ledger::scope_log::entries(&bytes).expect("a log")
+    };
+    assert_eq!(
+        log(&mut conn, &mailbox),
+        [(now - 30_000, "old1".to_owned())]
+    );
+    assert_eq!(
+        log(&mut conn, &network),
+        [
+            (now - 40_000, "old3".to_owned()),
+            (now - 50_000, "old2\u{1}".to_owned())
+        ]
+    );
+    let left: i64 = redis::cmd("PTTL").arg(&mailbox).query(&mut conn).unwrap();
+    assert!(left > 89_000_000 && left <= 90_000_000, "{left}");
+    for key in &others {
+        assert_eq!(type_of(&mut conn, key), "zset", "{key}");
+    }
+
+    // A worker decides by the converted log: the mailbox's minute is full.
+    let w = h.start_worker().await;
+    let job =
+        json!({"id": "m1", "email": "who@example.com", "ip": "198.51.100.7", "code": "424242"});
+    h.publish(&job).await;
+    let r = h.result().await;
+    assert_eq!(r["status"], "rejected", "{r}");
+    let wait = r["retry_after_ms"].as_u64().unwrap();
+    assert!(wait > 0 && wait <= 30_000, "{r}");
+    w.stop().await.unwrap();
+
+    let again = succeeded(&h.run_tool(&["admin", "migrate", "--json"]).await);
+    let said: Value = serde_json::from_str(again.trim()).unwrap();
+    assert_eq!(said["to_convert"], 0, "{said}");
+    let _: i64 = redis::cmd("DEL").arg(&others[1]).query(&mut conn).unwrap();
+}
