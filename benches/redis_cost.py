@@ -173,13 +173,18 @@ def snapshot(p, keys):
     if sups:
         p.execute_command("MGET", *sups)
     strings = "local function log_of" in sources()[0]
+    # The worker reads each key once per batch (a flood names the same
+    # mailbox and network in every job).
+    seen = set()
     for _, email, ip, _ in keys:
         if strings:
             # Log strings (since 2026-12-03): each log's head, its count
             # and newest entries (12 bytes each): email 1, 5, 10: the
             # newest 10; ip 5, 30, 50: the newest 50.
-            p.execute_command("GETRANGE", email, 0, 6 + 10 * 12 - 1)
-            p.execute_command("GETRANGE", ip, 0, 6 + 50 * 12 - 1)
+            for key, newest in ((email, 10), (ip, 50)):
+                if key not in seen:
+                    seen.add(key)
+                    p.execute_command("GETRANGE", key, 0, 6 + newest * 12 - 1)
             continue
         # Sorted sets: email: 1, 5, 10: the newest 10. ip: 5, 30, 50: the
         # newest 16, then the 30th and the 50th newest alone.

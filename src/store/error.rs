@@ -22,6 +22,11 @@ pub enum StoreError {
     /// the job is not sent now. Transient.
     #[error("{0}")]
     Unreplicated(String),
+    /// A key holds an earlier build's form, which this build does not read
+    /// (`mailgate admin migrate` converts it): nothing was written, and the
+    /// job waits, as in an outage, until it is converted.
+    #[error("{0}")]
+    Unmigrated(String),
 }
 
 impl From<::redis::RedisError> for StoreError {
@@ -36,7 +41,8 @@ impl StoreError {
     /// script, out of memory, failing to persist, or between primaries, a
     /// cluster without a slot's owner, replicas that did not acknowledge, a
     /// clock too far from the worker's: `CLOCKSKEW`, a call that ran too
-    /// late after it was sent: `STALE`), rather than anything
+    /// late after it was sent: `STALE`, a key of an earlier build's form
+    /// not yet migrated: `UNMIGRATED`), rather than anything
     /// about the job: the job waits
     /// without spending an attempt, and workers take no jobs until it
     /// passes.
@@ -46,7 +52,7 @@ impl StoreError {
                 use ::redis::ErrorKind;
                 // BUSY (a script running past its limit) is the server's
                 // state, not the job's: it must not spend attempts.
-                const OUTAGES: [&str; 11] = [
+                const OUTAGES: [&str; 12] = [
                     "LOADING",
                     "MASTERDOWN",
                     "READONLY",
@@ -58,6 +64,8 @@ impl StoreError {
                     "OOM",
                     "NOREPLICAS",
                     "MISCONF",
+                    // A key of an earlier build's form (scope.lua).
+                    "UNMIGRATED",
                 ];
                 // A script call sent with WAIT fails as a pipeline: each
                 // failed command's code counts.
@@ -75,7 +83,7 @@ impl StoreError {
                     || e.code().is_some_and(|code| OUTAGES.contains(&code))
                     || in_pipeline
             }
-            StoreError::Unreplicated(_) => true,
+            StoreError::Unreplicated(_) | StoreError::Unmigrated(_) => true,
             StoreError::Protocol(_) | StoreError::Unfit(_) => false,
         }
     }

@@ -23,10 +23,11 @@ pub(crate) enum Code {
     Absent = 9,
     Superseded = 10,
     Suppressed = 11,
+    Unmigrated = 12,
 }
 
 /// Every code with its name in `ledger.lua`.
-pub(crate) const CODES: [(Code, &str); 12] = [
+pub(crate) const CODES: [(Code, &str); 13] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -39,6 +40,7 @@ pub(crate) const CODES: [(Code, &str); 12] = [
     (Code::Absent, "absent"),
     (Code::Superseded, "superseded"),
     (Code::Suppressed, "suppressed"),
+    (Code::Unmigrated, "unmigrated"),
 ];
 
 /// How many integers answer each item of a batch at most, its code and its
@@ -137,7 +139,7 @@ pub(super) fn verdict(scopes: &[(Scope, Arc<RuleSet>)], r: &[i64; REPLY_WIDTH]) 
         Code::Conflict => Verdict::Conflict,
         Code::Superseded => Verdict::Superseded { refunded: flag(1) },
         Code::Suppressed => Verdict::Suppressed,
-        Code::Absent => return None,
+        Code::Absent | Code::Unmigrated => return None,
     })
 }
 
@@ -152,6 +154,13 @@ impl RedisLedger {
         scopes: &[(Scope, Arc<RuleSet>)],
         reply: Reply,
     ) -> Result<Admission, LedgerError> {
+        if reply.values[0] == Code::Unmigrated as i64 {
+            return Err(LedgerError::Unmigrated(format!(
+                "a scope log of job {:?} is of an earlier build's form (a sorted set), which this \
+                 build does not read: run `mailgate admin migrate` with the workers stopped",
+                entry.job.request.id.as_str()
+            )));
+        }
         let verdict = verdict(scopes, &reply.values).ok_or_else(|| {
             LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
         })?;

@@ -1,7 +1,8 @@
 //! The snapshot: what an admission's facts answer before any script runs.
 //! Per batch of admissions, one atomic read (`MULTI`, each job's record,
 //! `TIME`, their suppression keys in one `MGET`, the head of each scope
-//! log (its count and newest entries: a `GETRANGE`), `EXEC`); from that snapshot Rust answers every request the ledger would
+//! log they name (its count and newest entries: a `GETRANGE`, once per
+//! key however many jobs name it), `EXEC`); from that snapshot Rust answers every request the ledger would
 //! answer without a write: a rejection, a suppression, an expiry, a
 //! conflict, and a copy of a job that was sent, is being sent or ended.
 //! Those cost Redis a read, not a script (a tenth of it, by
@@ -126,15 +127,8 @@ async fn snapshot(
     clock: Clock,
     batch: &[Question],
 ) -> Option<Vec<Option<Admission>>> {
-    let plans: Vec<Vec<Plan>> = (batch.iter())
-        .map(|item| {
-            item.scopes
-                .iter()
-                .map(|(_, _, set)| Plan::of(set))
-                .collect()
-        })
-        .collect();
-    let values: Vec<Value> = read_of(batch, &plans).query_async(conn).await.ok()?;
+    let logs = Logs::of(batch);
+    let values: Vec<Value> = read_of(batch, &logs).query_async(conn).await.ok()?;
     let mut values = values.into_iter();
     // Each record (a GET: a record of another type is an error, not
     // nothing), then the clock.
@@ -154,26 +148,58 @@ async fn snapshot(
         true => redis::from_redis_value(values.next()?).ok()?,
         false => Vec::new(),
     };
+    let mut read = Vec::with_capacity(logs.reads.len());
+    for (_, plan) in &logs.reads {
+        read.push(plan.read(&mut values)?);
+    }
     let mut answers = Vec::with_capacity(batch.len());
-    for ((item, plans), record) in batch.iter().zip(&plans).zip(records) {
+    for ((item, slots), record) in batch.iter().zip(&logs.slots).zip(records) {
         let item_sups: Vec<_> = sups
             .drain(..item.suppression.len().min(sups.len()))
             .collect();
-        let mut logs = Vec::with_capacity(plans.len());
-        for plan in plans {
-            logs.push(plan.read(&mut values)?);
-        }
-        let verdict = answer(item, record.as_deref(), &item_sups, &logs, now);
+        let item_logs: Vec<&LogRead> = slots.iter().map(|&i| &read[i]).collect();
+        let verdict = answer(item, record.as_deref(), &item_sups, &item_logs, now);
         answers.push(verdict.map(|v| Admission::at(now, v)));
     }
     Some(answers)
 }
 
-/// The one atomic read of `batch` (`plans`: each item's scope reads):
-/// each record (a key's command first: a cluster routes the call by it),
-/// `TIME`, every suppression key in one `MGET`, then each item's scope
-/// reads.
-fn read_of(batch: &[Question], plans: &[Vec<Plan>]) -> redis::Pipeline {
+/// The scope logs a batch reads: each key once (a flood names the same
+/// mailbox and network in every job), with what every job that names it
+/// needs of it.
+struct Logs<'a> {
+    /// Each key, and its read.
+    reads: Vec<(&'a str, Plan)>,
+    /// For each job, for each of its scopes, its key's place in `reads`.
+    slots: Vec<Vec<usize>>,
+}
+
+impl<'a> Logs<'a> {
+    fn of(batch: &'a [Question]) -> Self {
+        let mut reads: Vec<(&str, Plan)> = Vec::new();
+        let mut at: HashMap<&str, usize> = HashMap::new();
+        let mut slots = Vec::with_capacity(batch.len());
+        for item in batch {
+            let mut mine = Vec::with_capacity(item.scopes.len());
+            for (_, key, set) in &item.scopes {
+                let plan = Plan::of(set);
+                let i = *at.entry(key.as_str()).or_insert_with(|| {
+                    reads.push((key.as_str(), Plan::none()));
+                    reads.len() - 1
+                });
+                reads[i].1.merge(plan);
+                mine.push(i);
+            }
+            slots.push(mine);
+        }
+        Logs { reads, slots }
+    }
+}
+
+/// The one atomic read of `batch` (`logs`: its scope logs' reads): each
+/// record (a key's command first: a cluster routes the call by it),
+/// `TIME`, every suppression key in one `MGET`, then each log's reads.
+fn read_of(batch: &[Question], logs: &Logs<'_>) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.atomic();
     for item in batch {
@@ -184,10 +210,8 @@ fn read_of(batch: &[Question], plans: &[Vec<Plan>]) -> redis::Pipeline {
     if !sups.is_empty() {
         pipe.cmd("MGET").arg(sups);
     }
-    for (item, plans) in batch.iter().zip(plans) {
-        for ((_, key, _), plan) in item.scopes.iter().zip(plans) {
-            plan.ask(&mut pipe, key);
-        }
+    for (key, plan) in &logs.reads {
+        plan.ask(&mut pipe, key);
     }
     pipe
 }
@@ -256,7 +280,7 @@ fn answer(
     item: &Question,
     record: Option<&str>,
     sups: &[Option<String>],
-    logs: &[LogRead],
+    logs: &[&LogRead],
     now: u64,
 ) -> Option<Verdict> {
     let expired = item.expires_at_ms.is_some_and(|at| at <= now);
@@ -278,7 +302,7 @@ fn answer(
     }
     let mut best: Judged = [None, None];
     for ((scope, _, set), log) in item.scopes.iter().zip(logs) {
-        judge_scope(&mut best, *scope, set, log, now);
+        judge_scope(&mut best, *scope, set, *log, now);
     }
     best[0].map(|(retry_after_ms, rule)| Verdict::Rejected {
         retry_after_ms,
@@ -336,11 +360,7 @@ impl Plan {
     fn of(set: &RuleSet) -> Self {
         let maxes = || set.rules.iter().map(|r| r.max as usize);
         let (Some(top), None) = (maxes().max(), set.deny_until_ms) else {
-            return Plan {
-                reads: false,
-                fetch: 0,
-                ranks: Vec::new(),
-            };
+            return Plan::none();
         };
         let fetch = top.min(FETCH_MAX);
         let mut ranks: Vec<usize> = maxes().filter(|&n| n > fetch).collect();
@@ -351,6 +371,30 @@ impl Plan {
             fetch,
             ranks,
         }
+    }
+
+    /// No read (what `merge` starts from).
+    fn none() -> Self {
+        Plan {
+            reads: false,
+            fetch: 0,
+            ranks: Vec::new(),
+        }
+    }
+
+    /// Widens this read to cover `other`'s too (two jobs judge one key by
+    /// different rule sets: purposes of their own).
+    fn merge(&mut self, other: Plan) {
+        if !other.reads {
+            return;
+        }
+        self.reads = true;
+        self.fetch = self.fetch.max(other.fetch);
+        self.ranks.extend(other.ranks);
+        let fetch = self.fetch;
+        self.ranks.retain(|&n| n > fetch);
+        self.ranks.sort_unstable();
+        self.ranks.dedup();
     }
 
     /// Adds the reads to `pipe`.
@@ -459,6 +503,14 @@ mod tests {
         };
         let got: Vec<_> = [0, 1, 3, 4, 50].map(|n| read.newest(n)).into();
         assert_eq!(got, vec![None, Some(30), Some(10), None, Some(1)]);
+        // Two jobs judge one key by different sets: one read covers both.
+        let mut plan = Plan::of(&set(&[(60_000, 10)]));
+        plan.merge(Plan::of(&set(&[(60_000, 5), (600_000, 100)])));
+        plan.merge(Plan::of(&deny));
+        assert_eq!((plan.reads, plan.fetch, plan.ranks), (true, 64, vec![100]));
+        let mut plan = Plan::none();
+        plan.merge(Plan::of(&deny));
+        assert!(!plan.reads);
         // A rank past the log's end is no entry, whatever its bytes.
         let plan = Plan::of(&set(&[(60_000, 100)]));
         let mut values = vec![

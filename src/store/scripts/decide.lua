@@ -108,11 +108,17 @@ local function nth(log, i)
   return tonumber(sub(log, o + 1, o + E), 16)
 end
 
--- A log's text: the key's value, '' if it has none (a key of another
--- type, such as an earlier build's sorted set, fails the call before it
--- writes: `mailgate admin migrate` converts those).
+-- A log's text: the key's value, '' if it has none; nil if the key holds
+-- another type (an earlier build's sorted set, which `mailgate admin
+-- migrate` converts): the caller writes nothing of that request (a batch's
+-- other items go on, so none is left half done).
 local function log_of(key)
-  return call('GET', key) or ''
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if v.err and string.find(v.err, '^WRONGTYPE') then return nil end
+    error(v)
+  end
+  return v or ''
 end
 
 -- The time: ARGV[i] if it is one, else the Redis server's clock. With
@@ -275,8 +281,9 @@ end
 -- first + #ks - 1], judged by the sets ks (sets_of). Returns 0 if every
 -- enforced rule has room, else the wait, the 1-based scope and the 1-based
 -- rule that binds; then the same three for the shadow rules (0 if each has
--- room). Writes nothing. With a table `logs`, leaves in logs[s] the text
--- of key s's log (for `room` and `record`; a deny's key is not read).
+-- room); nil if a log is of an earlier build's form (log_of). Writes
+-- nothing. With a table `logs`, leaves in logs[s] the text of key s's log
+-- (for `room` and `record`; a deny's key is not read).
 local function judge(first, ks, now, logs)
   local best_d, best_s, best_r = 0, 0, 0
   local sh_d, sh_s, sh_r = 0, 0, 0
@@ -290,6 +297,7 @@ local function judge(first, ks, now, logs)
       if logs then logs[s] = '' end
     else
       local log = log_of(KEYS[first + s - 1])
+      if not log then return nil end
       if logs then logs[s] = log end
       -- An empty log (most mailboxes) fills no rule.
       local len = count_of(log)
@@ -496,7 +504,9 @@ local function forget(first, last, at, id)
   local n = 0
   for k = first, last do
     local key = KEYS[k]
-    local log = log_of(key)
+    -- A log of an earlier build's form keeps the entry (the quota stays
+    -- taken: never more than the rules allow).
+    local log = log_of(key) or ''
     -- One entry per key (a job's admissions in a log differ by time).
     local gone = each_of(log, count_of(log), id, at, function(l, c, i, pos, nl)
       return without(l, c, i, pos, nl)
@@ -519,7 +529,7 @@ local function keep(first, last, at, id)
   local n = 0
   for k = first, last do
     local key = KEYS[k]
-    local log = log_of(key)
+    local log = log_of(key) or ''
     local renamed = each_of(log, count_of(log), id, at, function(l, c, i, pos, nl)
       return without(l, c, i, pos, nl, id .. '\1')
     end)

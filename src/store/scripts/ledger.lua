@@ -87,6 +87,9 @@ local CODE = {
                    -- the caller's ticket owns), 0 if nothing was counted
   suppressed = 11, -- "admit" with suppression keys: the address or its
                    -- mailbox is suppressed; nothing written
+  unmigrated = 12, -- a scope log is of an earlier build's form (`mailgate
+                   -- admin migrate` converts it): nothing written; the
+                   -- caller waits, as in an outage
 }
 
 -- The operation of the call under way (ARGV[1]), for error messages.
@@ -394,6 +397,7 @@ local function afresh(j, b, kind)
     local logs = {}
     local ks = decide.sets_of(j.shape, b.sets, b.shapes)
     d, s, rule, _, shadow_s, shadow_r = decide.judge(j.first, ks, now, logs)
+    if not d then return CODE.unmigrated end
     if d > 0 then return CODE.rejected, d, s, rule end
     rooms = decide.room(ks, now, logs, b.rooms)
     decide.record(j.first, ks, now, j.id, logs)

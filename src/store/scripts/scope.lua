@@ -46,6 +46,13 @@ local function fail(why)
   return redis.error_reply('mailgate scope ' .. tostring(op) .. ': ' .. why)
 end
 
+-- A log of an earlier build's form: an error the worker takes for an
+-- outage (the job waits) until `mailgate admin migrate` converts it.
+local function unmigrated()
+  return redis.error_reply('UNMIGRATED ' .. KEYS[1] .. ' is a log of an earlier build '
+    .. '(a sorted set): run mailgate admin migrate')
+end
+
 if #KEYS ~= 1 then return fail('takes 1 key') end
 local now, skewed = decide.clock(2)
 if skewed then return skewed end
@@ -83,12 +90,14 @@ if op == 'reserve' then
   -- its reply was lost): the nonce is drawn per reservation, so an entry
   -- of the same suffix made in the last minute is this one's.
   local log = decide.log_of(KEYS[1])
+  if not log then return unmigrated() end
   local t = decide.each_of(log, decide.count_of(log), id .. ':' .. nonce, nil,
     function(l, _, i) return decide.nth(l, i) end)
   if t and t >= now - 60000 then return {t, 1, 0, 0} end
 end
 local logs = {}
 local d, _, rule, shadow_d, _, shadow = decide.judge(1, ks, now, logs)
+if not d then return unmigrated() end
 if d > 0 then
   -- The entries that fill it are the newest; is one this job's?
   local t = decide.copy_of(logs[1], id, ks[1].top)

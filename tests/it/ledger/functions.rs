@@ -322,3 +322,88 @@ async fn a_user_that_may_load_functions_but_not_call_them_is_served_by_the_scrip
         admitted.err()
     );
 }
+
+/// A batch whose second admission meets a scope log of an earlier build's
+/// form (a sorted set, before `mailgate admin migrate`): that item answers
+/// `unmigrated` and writes nothing, while the first item is admitted as
+/// usual and answered (the call does not fail after the first item wrote,
+/// which would leave its admission without its reply: "delivery unknown",
+/// never sent). Through the script and the function alike; and the
+/// ledger takes `unmigrated` for an outage (the job waits).
+#[tokio::test]
+async fn an_unmigrated_log_fails_its_item_alone() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(LEDGER_LIBRARY.source())
+        .query(&mut conn)
+        .unwrap();
+    let settings = ["86400000", "30000", "1", "1", "3660000", "60000", "1", "0"];
+    let items = [
+        ["admit", "a", "fpa", "tk", "1:a", "1:c1", "", "01", ""],
+        ["admit", "b", "fpb", "tk", "1:a", "1:c2", "", "01", ""],
+    ];
+    for how in ["EVAL", "FCALL"] {
+        let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&["t:email:b", "1", "000000000001:old"])
+            .query(&mut conn)
+            .unwrap();
+        let mut cmd = redis::cmd(how);
+        match how {
+            "EVAL" => cmd.arg(LEDGER.source()),
+            _ => cmd.arg(LEDGER_LIBRARY.function()),
+        };
+        cmd.arg(4)
+            .arg(&["t:job:a", "t:email:a", "t:job:b", "t:email:b"])
+            .arg(&["batch", "1790000000000"]);
+        match how {
+            "EVAL" => cmd.arg(&settings),
+            _ => cmd.arg(settings.join(" ")),
+        };
+        for item in &items {
+            cmd.arg(item);
+        }
+        let reply: Vec<i64> = cmd.query(&mut conn).expect("the call answers every item");
+        // now; item 1: admitted (code 1, 4 values) then item 2:
+        // unmigrated (code 12, no value); then item 1's room (3 values).
+        assert_eq!(reply[1], 8 + 4, "{how}: {reply:?}");
+        assert_eq!(reply[6], 12 * 8, "{how}: {reply:?}");
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&["t:job:a", "t:email:a", "t:job:b"])
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(exists, 2, "{how}: item 1 wrote, item 2 nothing");
+        let kind: String = redis::cmd("TYPE")
+            .arg("t:email:b")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(kind, "zset", "{how}");
+    }
+    // Through the ledger: an outage, the job waits.
+    let l = RedisLedger::connect(
+        &RedisSettings::new(server.url(), "t:"),
+        &limits(&[(MIN, 1)], &[]),
+    )
+    .await
+    .unwrap();
+    let job = TestJob::new("b", "b@example.com", None);
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&["t:email:b@example.com", "1", "000000000001:old"])
+        .query(&mut conn)
+        .unwrap();
+    let ticket = Ticket::new();
+    let entry = Entry {
+        job: job.by(&ticket),
+        send_now: false,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let err = l
+        .admit(&entry, Clock::At(1_790_000_000_000))
+        .await
+        .unwrap_err();
+    assert!(err.is_outage(), "{err:?}");
+    assert!(err.to_string().contains("mailgate admin migrate"), "{err}");
+}
