@@ -63,6 +63,9 @@ pub struct RedisLedger {
     snapshot: Option<mpsc::Sender<snapshot::Question>>,
     /// Which admissions ask the snapshot first (`snapshot::Hints`).
     hints: Arc<snapshot::Hints>,
+    /// One admission per mailbox at a time on the way to the script while
+    /// no hint says it is full (`snapshot::Gates`).
+    gates: Arc<snapshot::Gates>,
     allow_eviction: bool,
     replication: Replication,
     spread: bool,
@@ -148,6 +151,7 @@ impl RedisLedger {
             queue,
             snapshot,
             hints: Arc::default(),
+            gates: Arc::default(),
             allow_eviction: redis.allow_eviction,
             replication,
             spread,
@@ -169,6 +173,21 @@ impl RedisLedger {
         unfit(e, &self.keys.prefix)
     }
 
+    /// Whether `entry` names a key this worker last found full,
+    /// suppressed or settled (`snapshot::Hints`): then a snapshot is asked
+    /// first.
+    fn hinted(&self, entry: &Entry<'_>, applicable: &[crate::limiter::Applied]) -> bool {
+        let request = &entry.job.request;
+        let record = self.keys.record_key(request.id);
+        let mailbox = self.keys.suppression_key(request.email);
+        let named = [record.as_str(), mailbox.as_str()];
+        (self.hints).any(
+            named
+                .into_iter()
+                .chain(applicable.iter().map(|a| a.key.as_str())),
+        )
+    }
+
     /// What a snapshot answers `entry` at `clock` (asked for at the
     /// instant with it; `applicable`: the scopes that judge it), with no
     /// script; `None` leaves it to the script (an admission, a write, or a
@@ -183,17 +202,11 @@ impl RedisLedger {
         let Some(snapshot) = self.snapshot.as_ref() else {
             return Ok(None);
         };
-        let request = &entry.job.request;
-        let record = self.keys.record_key(request.id);
-        let mailbox = self.keys.suppression_key(request.email);
-        let named = [record.as_str(), mailbox.as_str()];
-        if !(self.hints).any(
-            named
-                .into_iter()
-                .chain(applicable.iter().map(|a| a.key.as_str())),
-        ) {
+        if !self.hinted(entry, applicable) {
             return Ok(None);
         }
+        let request = &entry.job.request;
+        let record = self.keys.record_key(request.id);
         let (reply, answer) = tokio::sync::oneshot::channel();
         let item = snapshot::Question {
             clock,
@@ -422,11 +435,25 @@ impl Ledger for RedisLedger {
         let (applicable, by_override) = self.keys.applicable_by(&job.request);
         // The script judges itself late from here, however long the
         // snapshot took (a frozen Redis holds both).
-        let asked = std::time::Instant::now();
+        let mut asked = std::time::Instant::now();
+        // Nothing says the mailbox is full: one admission of it at a time
+        // goes on to the script, so a flood's jobs wait for the first one's
+        // answer and then ask a snapshot (routes only, never answers).
+        let mut gate = None;
+        if self.snapshot.is_some() && !self.hinted(entry, &applicable) {
+            gate = Some(
+                self.gates
+                    .enter(&self.keys.suppression_key(job.request.email))
+                    .await,
+            );
+            // Nothing of Redis was read while it waited.
+            asked = std::time::Instant::now();
+        }
         if let Some(mut answered) = self
             .snapshot_answer(entry, (clock, asked), &applicable)
             .await?
         {
+            drop(gate);
             answered.by_override = by_override;
             self.learn(entry, &applicable, &answered);
             return Ok(answered);
@@ -468,6 +495,7 @@ impl Ledger for RedisLedger {
         let mut admission = self.decided(entry, &scopes, reply).await?;
         admission.by_override = by_override;
         self.learn(entry, &applicable, &admission);
+        drop(gate);
         Ok(admission)
     }
 

@@ -260,6 +260,67 @@ impl Hints {
     }
 }
 
+/// One admission per key at a time on its way to the script, while no
+/// hint says the key is full: a flood's jobs for one mailbox (the worker
+/// takes 256 at once) wait for the first one's answer, which notes the
+/// mailbox full (`Hints`), and then ask a snapshot, instead of all going
+/// to the script. Routes only, never answers: a job that waited goes on
+/// to the script if nothing says the key is full (another mailbox's jobs
+/// never wait on it).
+#[derive(Default)]
+pub(super) struct Gates {
+    /// Each key with an admission on its way, and its gate.
+    open: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Gates {
+    /// The longest an admission waits at a gate: then it goes on as if
+    /// there were none (one stuck in a frozen Redis holds the others no
+    /// longer than a call may take; they would each wait in turn).
+    const WAIT: Duration = Duration::from_millis(LATE_MS as u64);
+
+    /// Waits until no other admission of `key` is on its way to the
+    /// script (at most `WAIT`), and holds the gate until the returned
+    /// value is dropped.
+    pub(super) async fn enter(&self, key: &str) -> Gate<'_> {
+        let gate = {
+            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+            open.entry(key.to_owned()).or_default().clone()
+        };
+        let held = tokio::time::timeout(Self::WAIT, gate.clone().lock_owned())
+            .await
+            .ok();
+        Gate {
+            gates: self,
+            key: key.to_owned(),
+            gate,
+            held,
+        }
+    }
+}
+
+/// A held gate (`Gates::enter`): let go when dropped, and forgotten when
+/// no one else waits on it.
+pub(super) struct Gate<'a> {
+    gates: &'a Gates,
+    key: String,
+    gate: Arc<tokio::sync::Mutex<()>>,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        self.held.take();
+        let mut open = (self.gates.open)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // The map's and this one's: no one else waits.
+        if Arc::strong_count(&self.gate) <= 2 {
+            open.remove(&self.key);
+        }
+    }
+}
+
 /// Redis's clock `now`, if the worker trusts it (`guard`: where it
 /// reckoned the clock was, and how far off it may be): within the guard,
 /// and not late. The script answers a clock it does not trust.
@@ -523,6 +584,30 @@ mod tests {
             (read.newest(1), read.newest(100)),
             (Some(1_790_000_001_000), None)
         );
+    }
+
+    #[tokio::test]
+    async fn a_gate_lets_one_admission_of_a_key_on_at_a_time() {
+        let gates = Gates::default();
+        let first = gates.enter("m").await;
+        assert!(first.held.is_some());
+        // Another key's admission does not wait.
+        let other = gates.enter("n").await;
+        assert!(other.held.is_some());
+        // The same key's waits until the first lets go.
+        let waiting = gates.enter("m");
+        tokio::pin!(waiting);
+        let short = Duration::from_millis(50);
+        assert!(tokio::time::timeout(short, &mut waiting).await.is_err());
+        drop(first);
+        let second = tokio::time::timeout(short, &mut waiting).await.unwrap();
+        assert!(second.held.is_some());
+        // Held too long (a frozen Redis), it no longer holds the others.
+        let started = Instant::now();
+        let third = gates.enter("m").await;
+        assert!(third.held.is_none() && started.elapsed() >= Gates::WAIT);
+        drop((second, third, other));
+        assert!(gates.open.lock().unwrap().is_empty(), "forgotten");
     }
 
     #[test]

@@ -2606,6 +2606,54 @@ async fn what_writes_nothing_is_answered_without_a_script() {
     assert_eq!(script_calls(server.port), before + 2);
 }
 
+/// A flood for one new mailbox, 200 jobs at once (a worker takes 256
+/// before the first is answered): one of them goes to the script, the
+/// others wait for its answer at the mailbox's gate (`snapshot::Gates`)
+/// and are answered by a snapshot. Exactly 1 is admitted, 199 rejected
+/// with a wait within the minute; the script ran once, where without the
+/// gate every job taken before the first answer ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_for_one_mailbox_sends_one_job_to_the_script() {
+    let server = PrivateRedis::start();
+    let settings = RedisSettings::new(server.url(), "t:");
+    let l = RedisLedger::connect(&settings, &limits(&[(MIN, 1)], &[]))
+        .await
+        .unwrap();
+    let before = script_calls(server.port);
+    let mut asked = tokio::task::JoinSet::new();
+    for n in 0..200 {
+        let l = l.clone();
+        asked.spawn(async move {
+            let job = TestJob::new(&format!("f{n}"), "victim@example.com", Some("10.9.0.1"));
+            job.admit(&l, &Ticket::new(), Clock::Server).await
+        });
+    }
+    let (mut admitted, mut rejected) = (0, 0);
+    while let Some(v) = asked.join_next().await {
+        match v.unwrap() {
+            Verdict::Admitted => admitted += 1,
+            Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            } => {
+                assert!(
+                    retry_after_ms > 0 && retry_after_ms <= MIN,
+                    "{retry_after_ms}"
+                );
+                assert_eq!(rule.scope, Scope::Email);
+                rejected += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((admitted, rejected), (1, 199));
+    assert_eq!(
+        script_calls(server.port) - before,
+        1,
+        "one job went to the script"
+    );
+}
+
 /// A hot key under 200 concurrent admissions, each read by a snapshot and
 /// then the script: one client network's 200 jobs for 200 mailboxes at
 /// once, under 5 a minute. Exactly 5 are admitted, every other one is
