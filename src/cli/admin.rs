@@ -468,6 +468,7 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
     let pattern = match_under(prefix);
     let how = if yes { "convert" } else { "look" };
     let (mut old, mut logs) = (0u64, 0u64);
+    let mut failed = Vec::new();
     for node in redis
         .scan_nodes()
         .await
@@ -489,13 +490,24 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
                     continue;
                 }
                 logs += 1;
-                let converted: i64 = MIGRATE
+                let converted: Result<i64, _> = MIGRATE
                     .key(&key)
                     .arg(how)
                     .invoke_async(&mut redis.clone())
-                    .await
-                    .with_context(|| format!("{how}: {}", String::from_utf8_lossy(&key)))?;
-                old += u64::try_from(converted).unwrap_or(0);
+                    .await;
+                let name = || String::from_utf8_lossy(&key).into_owned();
+                match converted {
+                    Ok(n) => old += u64::try_from(n).unwrap_or(0),
+                    // One key it cannot convert (a member that is no
+                    // admission) stops none of the others; an outage does.
+                    Err(e)
+                        if e.code().is_some()
+                            && !store::StoreError::from(e.clone()).is_outage() =>
+                    {
+                        failed.push(format!("{}: {}", name(), crate::report::one_line(&e)));
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("{how}: {}", name())),
+                }
             }
             cursor = next;
             if cursor == 0 {
@@ -505,7 +517,10 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
     }
     if json {
         let done = if yes { "converted" } else { "to_convert" };
-        println!("{}", json!({ "scope_logs": logs, done: old }));
+        println!(
+            "{}",
+            json!({ "scope_logs": logs, done: old, "not_converted": failed })
+        );
     } else {
         let verb = if yes {
             "converted"
@@ -516,6 +531,9 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
             "{old} of {logs} scope logs were of an earlier build (sorted sets): {verb}; the \
              others are in this build's form"
         );
+        for why in &failed {
+            println!("not converted (left as it is): {why}");
+        }
     }
-    Ok(yes || old == 0)
+    Ok((yes || old == 0) && failed.is_empty())
 }

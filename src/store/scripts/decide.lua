@@ -4,7 +4,7 @@ script: the registry (src/store/scripts/mod.rs) places it, as the body of a
 function, in front of each script that decides (ledger.lua, scope.lua), and
 binds the table it returns (at the end of this file: its whole API) to
 their local `decide`; nothing else of it is visible to them. So the
-decision's code lives here once. Requires Redis >= 5 (effects
+decision's code lives here once. Requires Redis >= 6 (SET ... KEEPTTL; effects
 replication, so TIME may be read before writing). The registry defines
 KEEPS_STATE before it: true where this module outlives a call (the ledger's
 Redis Function library), so rule sets are built once and kept.
@@ -472,17 +472,13 @@ local function copy_of(log, id, top)
 end
 
 -- Writes `log` back to `key` with the expiry the key has (taking an entry
--- out changes no keep): a key with no expiry keeps none. An empty log is
+-- out changes no keep: KEEPTTL, which no PTTL read before can match: one
+-- in a key's last millisecond reads 0, found by review). An empty log is
 -- written as '' (never deleted: a key emptied and written again in one
 -- call fails on a Redis Cluster slot being migrated, after the call's
 -- earlier writes).
 local function rewrite(key, log)
-  local left = call('PTTL', key)
-  if left > 0 then
-    call('SET', key, log, 'PX', left)
-  else
-    call('SET', key, log)
-  end
+  call('SET', key, log, 'KEEPTTL')
 end
 
 -- `log` without its i-th entry (index, newest first; its id at

@@ -41,15 +41,11 @@ for i, m in ipairs(members) do
   index[#members - i + 1] = string.sub(m, 1, 12)
   ids[i] = string.sub(m, 14) .. '\n'
 end
-local left = call('PTTL', key)
 local text = ''
 if #members > 0 then
   text = string.format('%06x', #members) .. table.concat(index) .. '\n' .. table.concat(ids)
 end
--- One SET replaces the sorted set: the key is never absent.
-if left > 0 then
-  call('SET', key, text, 'PX', left)
-else
-  call('SET', key, text)
-end
+-- One SET replaces the sorted set, keeping its expiry: the key is never
+-- absent.
+call('SET', key, text, 'KEEPTTL')
 return 1

@@ -15,6 +15,9 @@ struct Admission {
     /// The keys it stays counted in if its job fails: the requester's own,
     /// its client network's and that network's share of a domain.
     requesters: Vec<String>,
+    /// Whether its job ended in a refund: a later refund of the same id
+    /// (another lineage's admission) leaves it as that one left it.
+    refunded: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -166,6 +169,7 @@ impl Model {
                     .filter(|(scope, k, _)| *scope == Scope::Ip || k.contains(":net:"))
                     .map(|(_, k, _)| k.clone())
                     .collect(),
+                refunded: false,
             });
             self.rooms = self.rooms_at(scopes, t);
             self.records.retain(|r| r.id != id);
@@ -300,8 +304,13 @@ impl Model {
                 r.state = State::Refunded;
                 r.lease_until = 0;
                 r.answered = true;
-                for a in self.admissions.iter_mut().filter(|a| a.id == id) {
+                for a in self
+                    .admissions
+                    .iter_mut()
+                    .filter(|a| a.id == id && !a.refunded)
+                {
                     a.keys = std::mem::take(&mut a.requesters);
+                    a.refunded = true;
                 }
                 self.admissions.retain(|a| !a.keys.is_empty());
                 true

@@ -469,6 +469,10 @@ async fn migrate_converts_an_earlier_builds_logs_and_nothing_else() {
         now - 40_000,
         &format!("{:012x}:old3", now - 40_000),
     );
+    // A sorted set among the logs that holds no admission: left as it is,
+    // said, and no reason to leave the others.
+    let odd = format!("{prefix}email:odd@example.com");
+    zadd(&mut conn, &odd, 1, "no admission");
     let others = [
         format!("{prefix}newest:login:who@example.com"),
         format!("{prefix}app:z"),
@@ -484,7 +488,7 @@ async fn migrate_converts_an_earlier_builds_logs_and_nothing_else() {
     let looked = h.run_tool(&["admin", "migrate", "--json"]).await;
     assert!(!looked.status.success(), "{}", text(&looked.stderr));
     let said: Value = serde_json::from_str(text(&looked.stdout).trim()).unwrap();
-    assert_eq!(said["to_convert"], 2, "{said}");
+    assert_eq!(said["to_convert"], 3, "{said}");
     assert_eq!(type_of(&mut conn, &mailbox), "zset");
 
     // Refused while a worker consumes the jobs.
@@ -499,9 +503,17 @@ async fn migrate_converts_an_earlier_builds_logs_and_nothing_else() {
     w.stop().await.unwrap();
     assert_eq!(type_of(&mut conn, &mailbox), "zset");
 
-    let done = succeeded(&h.run_tool(&["admin", "migrate", "--yes", "--json"]).await);
-    let said: Value = serde_json::from_str(done.trim()).unwrap();
+    let done = h.run_tool(&["admin", "migrate", "--yes", "--json"]).await;
+    assert!(!done.status.success(), "one was not converted");
+    let said: Value = serde_json::from_str(text(&done.stdout).trim()).unwrap();
     assert_eq!(said["converted"], 2, "{said}");
+    let not = said["not_converted"].as_array().unwrap();
+    assert!(
+        not.len() == 1 && not[0].as_str().unwrap().contains(&odd),
+        "{said}"
+    );
+    assert_eq!(type_of(&mut conn, &odd), "zset");
+    let _: i64 = redis::cmd("DEL").arg(&odd).query(&mut conn).unwrap();
     let log = |conn: &mut redis::Connection, key: &str| {
         let bytes: Vec<u8> = redis::cmd("GET").arg(key).query(conn).unwrap();
         mailgate::ledger::scope_log::entries(&bytes).expect("a log")
