@@ -443,6 +443,16 @@ fn left_alone(settings: &Settings, found: &Found) -> String {
 /// The families whose keys are scope logs: what `migrate` converts.
 const LOG_FAMILIES: [&str; 3] = [families::EMAIL, families::IP, families::DOMAIN];
 
+/// What `migrate` found (or did): the scope logs looked at, those of an
+/// earlier build (converted, with `--yes`), and those it could not
+/// convert, each with why.
+#[derive(Debug, Default)]
+struct Migrated {
+    logs: u64,
+    old: u64,
+    failed: Vec<String>,
+}
+
 /// Converts the scope logs earlier builds kept as sorted sets (each in
 /// one step, by `migrate.lua`, keeping its entries and its expiry), or
 /// with `yes` false counts them. Ok(true) when none is left to convert.
@@ -465,10 +475,8 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
     }
     let redis = in_redis(settings, store::connect(&settings.redis)).await?;
     let prefix = &settings.redis.key_prefix;
-    let pattern = match_under(prefix);
     let how = if yes { "convert" } else { "look" };
-    let (mut old, mut logs) = (0u64, 0u64);
-    let mut failed = Vec::new();
+    let mut found = Migrated::default();
     for node in redis
         .scan_nodes()
         .await
@@ -477,36 +485,15 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
         let mut cursor = 0;
         loop {
             let (next, keys) = redis
-                .scan_page(&node, cursor, &pattern, SCAN_COUNT)
+                .scan_page(&node, cursor, &match_under(prefix), SCAN_COUNT)
                 .await
                 .with_context(|| format!("scanning Redis ({node}) for keys under {prefix:?}"))?;
             for key in keys {
                 let is_log = family_of(prefix, &key).is_some_and(|f| {
-                    LOG_FAMILIES
-                        .iter()
-                        .any(|l| FAMILIES[f].tail == Tail::Under(l))
+                    (LOG_FAMILIES.iter()).any(|l| FAMILIES[f].tail == Tail::Under(l))
                 });
-                if !is_log {
-                    continue;
-                }
-                logs += 1;
-                let converted: Result<i64, _> = MIGRATE
-                    .key(&key)
-                    .arg(how)
-                    .invoke_async(&mut redis.clone())
-                    .await;
-                let name = || String::from_utf8_lossy(&key).into_owned();
-                match converted {
-                    Ok(n) => old += u64::try_from(n).unwrap_or(0),
-                    // One key it cannot convert (a member that is no
-                    // admission) stops none of the others; an outage does.
-                    Err(e)
-                        if e.code().is_some()
-                            && !store::StoreError::from(e.clone()).is_outage() =>
-                    {
-                        failed.push(format!("{}: {}", name(), crate::report::one_line(&e)));
-                    }
-                    Err(e) => return Err(e).with_context(|| format!("{how}: {}", name())),
+                if is_log {
+                    convert(&redis, &key, how, &mut found).await?;
                 }
             }
             cursor = next;
@@ -515,25 +502,53 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
             }
         }
     }
+    say_migrated(&found, yes, json);
+    Ok((yes || found.old == 0) && found.failed.is_empty())
+}
+
+/// Runs `migrate.lua`'s `how` on one scope log, counting it in `found`.
+/// One it cannot convert (a member that is no admission) stops none of
+/// the others; an outage stops them all.
+async fn convert(redis: &Conn, key: &[u8], how: &str, found: &mut Migrated) -> anyhow::Result<()> {
+    found.logs += 1;
+    let converted: Result<i64, redis::RedisError> = MIGRATE
+        .key(key)
+        .arg(how)
+        .invoke_async(&mut redis.clone())
+        .await;
+    let name = || String::from_utf8_lossy(key).into_owned();
+    match converted {
+        Ok(n) => found.old += u64::try_from(n).unwrap_or(0),
+        Err(e) if e.code().is_some() && !store::StoreError::from(e.clone()).is_outage() => {
+            let why = format!("{}: {}", name(), crate::report::one_line(&e));
+            found.failed.push(why);
+        }
+        Err(e) => return Err(e).with_context(|| format!("{how}: {}", name())),
+    }
+    Ok(())
+}
+
+/// Prints what `migrate` found or did.
+fn say_migrated(found: &Migrated, yes: bool, json: bool) {
+    let Migrated { logs, old, failed } = found;
     if json {
         let done = if yes { "converted" } else { "to_convert" };
         println!(
             "{}",
             json!({ "scope_logs": logs, done: old, "not_converted": failed })
         );
-    } else {
-        let verb = if yes {
-            "converted"
-        } else {
-            "would be converted (--yes converts them)"
-        };
-        println!(
-            "{old} of {logs} scope logs were of an earlier build (sorted sets): {verb}; the \
-             others are in this build's form"
-        );
-        for why in &failed {
-            println!("not converted (left as it is): {why}");
-        }
+        return;
     }
-    Ok((yes || old == 0) && failed.is_empty())
+    let verb = if yes {
+        "converted"
+    } else {
+        "would be converted (--yes converts them)"
+    };
+    println!(
+        "{old} of {logs} scope logs were of an earlier build (sorted sets): {verb}; the others \
+         are in this build's form"
+    );
+    for why in failed {
+        println!("not converted (left as it is): {why}");
+    }
 }
