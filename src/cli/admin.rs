@@ -508,7 +508,8 @@ async fn migrate(settings: &Settings, yes: bool, json: bool) -> anyhow::Result<b
 
 /// Runs `migrate.lua`'s `how` on one scope log, counting it in `found`.
 /// One it cannot convert (a member that is no admission) stops none of
-/// the others; an outage stops them all.
+/// the others; an outage, or an ACL that refuses the script, stops them
+/// all.
 async fn convert(redis: &Conn, key: &[u8], how: &str, found: &mut Migrated) -> anyhow::Result<()> {
     found.logs += 1;
     let converted: Result<i64, redis::RedisError> = MIGRATE
@@ -519,7 +520,11 @@ async fn convert(redis: &Conn, key: &[u8], how: &str, found: &mut Migrated) -> a
     let name = || String::from_utf8_lossy(key).into_owned();
     match converted {
         Ok(n) => found.old += u64::try_from(n).unwrap_or(0),
-        Err(e) if e.code().is_some() && !store::StoreError::from(e.clone()).is_outage() => {
+        // (A user the ACL refuses the script is refused for every key.)
+        Err(e)
+            if e.code().is_some_and(|c| c != "NOPERM")
+                && !store::StoreError::from(e.clone()).is_outage() =>
+        {
             let why = format!("{}: {}", name(), crate::report::one_line(&e));
             found.failed.push(why);
         }

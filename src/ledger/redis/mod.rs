@@ -63,8 +63,9 @@ pub struct RedisLedger {
     snapshot: Option<mpsc::Sender<snapshot::Question>>,
     /// Which admissions ask the snapshot first (`snapshot::Hints`).
     hints: Arc<snapshot::Hints>,
-    /// One admission per mailbox at a time on the way to the script while
-    /// no hint says it is full (`snapshot::Gates`).
+    /// One admission per mailbox on its way to the script while no hint
+    /// says it is full, the others waiting for its answer
+    /// (`snapshot::Gates`).
     gates: Arc<snapshot::Gates>,
     allow_eviction: bool,
     replication: Replication,
@@ -230,11 +231,7 @@ impl RedisLedger {
         }
         match answer.await {
             Ok(Ok(answered)) => Ok(answered),
-            Ok(Err(snapshot::Late)) => Err(redis::RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "Redis did not answer the admission's read within 2 s; the job waits",
-            ))
-            .into()),
+            Ok(Err(snapshot::Late)) => Err(late()),
             Err(_) => Ok(None),
         }
     }
@@ -420,6 +417,18 @@ fn call_id() -> String {
     format!("{:x}", uuid::Uuid::new_v4().as_u64_pair().0)
 }
 
+/// Redis did not answer an admission's read, or the admission of the same
+/// mailbox before it, within the 2 s a call may take: an outage (the job
+/// waits), at once rather than after a call of its own.
+fn late() -> LedgerError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "Redis did not answer the admission's read, or the one before it for the same mailbox, \
+         within 2 s; the job waits",
+    ))
+    .into()
+}
+
 /// The attempt as the record names its owner: the attempt and the holder,
 /// `<attempt>:<holder, hex>` (see [`JobRef::holder`]).
 fn attempt(job: &JobRef<'_>) -> String {
@@ -436,16 +445,17 @@ impl Ledger for RedisLedger {
         // The script judges itself late from here, however long the
         // snapshot took (a frozen Redis holds both).
         let mut asked = std::time::Instant::now();
-        // Nothing says the mailbox is full: one admission of it at a time
-        // goes on to the script, so a flood's jobs wait for the first one's
-        // answer and then ask a snapshot (routes only, never answers).
+        // Nothing says the mailbox is full: one admission of it goes on to
+        // the script, and those that come meanwhile wait for its answer, so
+        // a flood's jobs then ask a snapshot (routes only, never answers).
         let mut gate = None;
         if self.snapshot.is_some() && !self.hinted(entry, &applicable) {
-            gate = Some(
-                self.gates
-                    .enter(&self.keys.suppression_key(job.request.email))
-                    .await,
-            );
+            let mailbox = self.keys.suppression_key(job.request.email);
+            match self.gates.enter(&mailbox).await {
+                snapshot::Entered::First(first) => gate = Some(first),
+                snapshot::Entered::Waited => {}
+                snapshot::Entered::Late => return Err(late()),
+            }
             // Nothing of Redis was read while it waited.
             asked = std::time::Instant::now();
         }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::batch::{BATCHED, Queued, gather, guard, oldest_asked};
 use super::log;
@@ -260,64 +260,83 @@ impl Hints {
     }
 }
 
-/// One admission per key at a time on its way to the script, while no
-/// hint says the key is full: a flood's jobs for one mailbox (the worker
-/// takes 256 at once) wait for the first one's answer, which notes the
-/// mailbox full (`Hints`), and then ask a snapshot, instead of all going
-/// to the script. Routes only, never answers: a job that waited goes on
-/// to the script if nothing says the key is full (another mailbox's jobs
-/// never wait on it).
+/// One admission per key on its way to the script while no hint says the
+/// key is full, and those that come meanwhile wait for its answer: a
+/// flood's jobs for one mailbox (the worker takes 256 at once) wait for
+/// the first one's answer, which notes the mailbox full (`Hints`), and
+/// then ask a snapshot, instead of all going to the script. Routes only,
+/// never answers: a job that waited goes on to the script at once if
+/// nothing says the key is full (a mailbox with room, whose jobs then go
+/// together, as before: each waits one answer at most, never in a line),
+/// and another mailbox's jobs never wait on it.
 #[derive(Default)]
 pub(super) struct Gates {
-    /// Each key with an admission on its way, and its gate.
-    open: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each key with an admission on its way: closed when it is answered.
+    open: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+/// What `Gates::enter` found.
+pub(super) enum Entered<'a> {
+    /// Nothing of the key was on its way: this admission is, until the
+    /// gate is dropped.
+    First(Gate<'a>),
+    /// Another was, and has been answered.
+    Waited,
+    /// Another was, and Redis has not answered it within the time a call
+    /// may take (`LATE_MS`: a frozen Redis): an outage for this one too,
+    /// at once, not after a call of its own.
+    Late,
 }
 
 impl Gates {
-    /// The longest an admission waits at a gate: then it goes on as if
-    /// there were none (one stuck in a frozen Redis holds the others no
-    /// longer than a call may take; they would each wait in turn).
+    /// The longest an admission waits for another's answer.
     const WAIT: Duration = Duration::from_millis(LATE_MS as u64);
 
-    /// Waits until no other admission of `key` is on its way to the
-    /// script (at most `WAIT`), and holds the gate until the returned
-    /// value is dropped.
-    pub(super) async fn enter(&self, key: &str) -> Gate<'_> {
-        let gate = {
+    /// Enters the gate of `key`, or waits for the admission that did.
+    pub(super) async fn enter(&self, key: &str) -> Entered<'_> {
+        let answered = {
             let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            open.entry(key.to_owned()).or_default().clone()
+            match open.get(key) {
+                Some(answered) => answered.clone(),
+                None => {
+                    let answered = Arc::new(Semaphore::new(0));
+                    open.insert(key.to_owned(), answered.clone());
+                    return Entered::First(Gate {
+                        gates: self,
+                        key: key.to_owned(),
+                        answered,
+                    });
+                }
+            }
         };
-        let held = tokio::time::timeout(Self::WAIT, gate.clone().lock_owned())
-            .await
-            .ok();
-        Gate {
-            gates: self,
-            key: key.to_owned(),
-            gate,
-            held,
+        // No permit is ever given: the gate's drop closes it.
+        match tokio::time::timeout(Self::WAIT, answered.acquire()).await {
+            Ok(_) => Entered::Waited,
+            Err(_) => Entered::Late,
         }
     }
 }
 
-/// A held gate (`Gates::enter`): let go when dropped, and forgotten when
-/// no one else waits on it.
+/// The first admission of a key on its way (`Gates::enter`): when it is
+/// dropped (answered, failed or cancelled), those that waited go on.
 pub(super) struct Gate<'a> {
     gates: &'a Gates,
     key: String,
-    gate: Arc<tokio::sync::Mutex<()>>,
-    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+    answered: Arc<Semaphore>,
 }
 
 impl Drop for Gate<'_> {
     fn drop(&mut self) {
-        self.held.take();
         let mut open = (self.gates.open)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // The map's and this one's: no one else waits.
-        if Arc::strong_count(&self.gate) <= 2 {
+        if open
+            .get(&self.key)
+            .is_some_and(|a| Arc::ptr_eq(a, &self.answered))
+        {
             open.remove(&self.key);
         }
+        self.answered.close();
     }
 }
 
@@ -587,26 +606,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_gate_lets_one_admission_of_a_key_on_at_a_time() {
-        let gates = Gates::default();
-        let first = gates.enter("m").await;
-        assert!(first.held.is_some());
+    async fn a_gate_lets_one_admission_of_a_key_on_and_the_others_wait_for_its_answer() {
+        let gates = Arc::new(Gates::default());
+        let Entered::First(first) = gates.enter("m").await else {
+            panic!("the first enters");
+        };
         // Another key's admission does not wait.
-        let other = gates.enter("n").await;
-        assert!(other.held.is_some());
-        // The same key's waits until the first lets go.
-        let waiting = gates.enter("m");
-        tokio::pin!(waiting);
+        assert!(matches!(gates.enter("n").await, Entered::First(_)));
+        // The same key's wait for the first one's answer, all of them.
         let short = Duration::from_millis(50);
-        assert!(tokio::time::timeout(short, &mut waiting).await.is_err());
+        let mut waiting = tokio::task::JoinSet::new();
+        for _ in 0..3 {
+            let gates = gates.clone();
+            waiting.spawn(async move { matches!(gates.enter("m").await, Entered::Waited) });
+        }
+        tokio::time::sleep(short).await;
+        assert_eq!(waiting.len(), 3, "they wait");
         drop(first);
-        let second = tokio::time::timeout(short, &mut waiting).await.unwrap();
-        assert!(second.held.is_some());
-        // Held too long (a frozen Redis), it no longer holds the others.
+        let mut waited = 0;
+        while let Some(w) = waiting.join_next().await {
+            waited += usize::from(w.unwrap());
+        }
+        assert_eq!(waited, 3, "all go on together");
+        assert!(gates.open.lock().unwrap().is_empty(), "forgotten");
+        // One that is never answered (a frozen Redis): late, at WAIT.
+        let Entered::First(stuck) = gates.enter("m").await else {
+            panic!("the first enters");
+        };
         let started = Instant::now();
-        let third = gates.enter("m").await;
-        assert!(third.held.is_none() && started.elapsed() >= Gates::WAIT);
-        drop((second, third, other));
+        assert!(matches!(gates.enter("m").await, Entered::Late));
+        assert!(started.elapsed() >= Gates::WAIT);
+        // Cancelled while it waits: nothing is left behind.
+        let cancelled = tokio::time::timeout(short, gates.enter("m")).await;
+        assert!(cancelled.is_err());
+        drop(stuck);
         assert!(gates.open.lock().unwrap().is_empty(), "forgotten");
     }
 
