@@ -542,8 +542,14 @@ async fn migrate_converts_an_earlier_builds_logs_and_nothing_else() {
     h.publish(&job).await;
     let r = h.result().await;
     assert_eq!(r["status"], "rejected", "{r}");
+    // Exactly the converted entry's minute: it ends 60 s after the entry,
+    // told rounded up to the whole second (limits.result_granularity, for
+    // the mailbox's scope), from the moment it was decided.
     let wait = r["retry_after_ms"].as_u64().unwrap();
-    assert!(wait > 0 && wait <= 30_000, "{r}");
+    let decided = r["decided_at_ms"].as_u64().unwrap();
+    let ends = (now - 30_000 + 60_000).div_ceil(1_000) * 1_000;
+    assert_eq!(wait, ends - decided, "{r}");
+    assert_eq!(r["rule"]["scope"], "email", "{r}");
     w.stop().await.unwrap();
 
     let again = succeeded(&h.run_tool(&["admin", "migrate", "--json"]).await);
