@@ -500,3 +500,46 @@ impl ConnectionLike for Conn {
         }
     }
 }
+
+/// The oldest Redis the ledger runs on: a refund rewrites a log with
+/// `SET … KEEPTTL` (6.0).
+pub(crate) const OLDEST_REDIS: (u32, u32) = (6, 0);
+
+impl Conn {
+    /// The version of a primary older than [`OLDEST_REDIS`], if one is;
+    /// `None` too where `INFO` is refused (the scripts then say what
+    /// fails).
+    pub(crate) async fn too_old(&self) -> Option<String> {
+        let infos = self.info("server", None).await.ok()?;
+        infos.iter().find_map(|info| {
+            let version = info
+                .lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))?
+                .trim();
+            (version_of(version)? < OLDEST_REDIS).then(|| version.to_owned())
+        })
+    }
+}
+
+/// `major.minor` of a Redis version ("7.0.15" → (7, 0)).
+fn version_of(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_version_reads_as_major_and_minor() {
+        assert_eq!(version_of("7.0.15"), Some((7, 0)));
+        assert_eq!(version_of("6.2"), Some((6, 2)));
+        assert!(version_of("5.0.14").unwrap() < OLDEST_REDIS);
+        assert!(version_of("6.0.0").unwrap() >= OLDEST_REDIS);
+        assert_eq!(version_of("seven"), None);
+        assert_eq!(version_of("7"), None);
+    }
+}

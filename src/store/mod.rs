@@ -16,5 +16,5 @@ pub mod overrides;
 pub mod scripts;
 mod sentinel;
 
-pub(crate) use self::conn::{Conn, ScanNode, connect};
+pub(crate) use self::conn::{Conn, OLDEST_REDIS, ScanNode, connect};
 pub use self::error::StoreError;

@@ -95,11 +95,12 @@ impl RedisLedger {
         let mut conn = store::connect(redis)
             .await
             .map_err(|e| unfit(e, &redis.key_prefix))?;
-        if let Some(version) = too_old(&conn).await {
+        if let Some(version) = conn.too_old().await {
             return Err(LedgerError::Unfit(format!(
                 "Redis {version} is older than {}.{}, which mailgate needs (a refund rewrites a \
                  log with SET ... KEEPTTL); upgrade Redis",
-                OLDEST_REDIS.0, OLDEST_REDIS.1
+                store::OLDEST_REDIS.0,
+                store::OLDEST_REDIS.1
             )));
         }
         let mut calls = scripts::preload(&mut conn)
@@ -238,7 +239,7 @@ impl RedisLedger {
         }
         match answer.await {
             Ok(Ok(answered)) => Ok(answered),
-            Ok(Err(snapshot::Late)) => Err(late()),
+            Ok(Err(snapshot::Late)) => Err(snapshot::late()),
             Err(_) => Ok(None),
         }
     }
@@ -410,31 +411,6 @@ async fn probe(conn: &mut Conn, calls: Calls, prefix: &str) -> redis::RedisResul
 }
 
 /// See [`RedisLedger::unfit`].
-/// The oldest Redis the ledger runs on: a refund rewrites a log with
-/// `SET … KEEPTTL` (6.0).
-const OLDEST_REDIS: (u32, u32) = (6, 0);
-
-/// The version of a primary older than [`OLDEST_REDIS`], if one is;
-/// `None` too where `INFO` is refused (the scripts then say what fails).
-async fn too_old(conn: &Conn) -> Option<String> {
-    let infos = conn.info("server", None).await.ok()?;
-    infos.iter().find_map(|info| {
-        let version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))?
-            .trim();
-        (version_of(version)? < OLDEST_REDIS).then(|| version.to_owned())
-    })
-}
-
-/// `major.minor` of a Redis version ("7.0.15" → (7, 0)).
-fn version_of(text: &str) -> Option<(u32, u32)> {
-    let mut parts = text.split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
-}
-
 fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
     match store::conn::refusal(&e, prefix) {
         Some(why) => LedgerError::Unfit(why),
@@ -447,18 +423,6 @@ fn unfit(e: redis::RedisError, prefix: &str) -> LedgerError {
 /// the record, and answers as it did the first time.
 fn call_id() -> String {
     format!("{:x}", uuid::Uuid::new_v4().as_u64_pair().0)
-}
-
-/// Redis did not answer an admission's read, or the admission of the same
-/// mailbox before it, within the 2 s a call may take: an outage (the job
-/// waits), at once rather than after a call of its own.
-fn late() -> LedgerError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "Redis did not answer the admission's read, or the one before it for the same mailbox, \
-         within 2 s; the job waits",
-    ))
-    .into()
 }
 
 /// The attempt as the record names its owner: the attempt and the holder,
@@ -486,7 +450,7 @@ impl Ledger for RedisLedger {
             match self.gates.enter(&mailbox).await {
                 snapshot::Entered::First(first) => gate = Some(first),
                 snapshot::Entered::Waited => {}
-                snapshot::Entered::Late => return Err(late()),
+                snapshot::Entered::Late => return Err(snapshot::late()),
             }
             // Nothing of Redis was read while it waited.
             asked = std::time::Instant::now();
@@ -724,19 +688,4 @@ fn push_shape(shape: &mut String, set: usize) {
     let n = (set + 1).min(4095);
     shape.push(char::from(b'0' + (n / 64) as u8));
     shape.push(char::from(b'0' + (n % 64) as u8));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_redis_version_reads_as_major_and_minor() {
-        assert_eq!(version_of("7.0.15"), Some((7, 0)));
-        assert_eq!(version_of("6.2"), Some((6, 2)));
-        assert!(version_of("5.0.14").unwrap() < OLDEST_REDIS);
-        assert!(version_of("6.0.0").unwrap() >= OLDEST_REDIS);
-        assert_eq!(version_of("seven"), None);
-        assert_eq!(version_of("7"), None);
-    }
 }

@@ -28,7 +28,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::batch::{BATCHED, Queued, gather, guard, oldest_asked};
 use super::log;
-use crate::ledger::{Admission, Fingerprint, Held, JobState, Refund, Standing, Verdict, standing};
+use crate::ledger::{
+    Admission, Fingerprint, Held, JobState, LedgerError, Refund, Standing, Verdict, standing,
+};
 use crate::limiter::{Clock, Judged, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
 use crate::store::Conn;
 
@@ -338,6 +340,18 @@ impl Drop for Gate<'_> {
         }
         self.answered.close();
     }
+}
+
+/// Redis did not answer an admission's read, or the admission of the same
+/// mailbox before it, within the 2 s a call may take: an outage (the job
+/// waits), at once rather than after a call of its own.
+pub(super) fn late() -> LedgerError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "Redis did not answer the admission's read, or the one before it for the same mailbox, \
+         within 2 s; the job waits",
+    ))
+    .into()
 }
 
 /// Redis's clock `now`, if the worker trusts it (`guard`: where it
