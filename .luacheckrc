@@ -8,5 +8,6 @@ read_globals = { "redis", "KEYS", "ARGV", "cjson", "bit", "struct", "cmsgpack" }
 files["src/store/scripts/decide.lua"] = { read_globals = { "KEEPS_STATE" } }
 files["src/store/scripts/records.lua"] = { read_globals = { "KEEPS_STATE" } }
 -- The scripts that use them.
-files["src/store/scripts/ledger.lua"] = { read_globals = { "KEEPS_STATE", "decide", "records" } }
+files["src/store/scripts/commit.lua"] = { read_globals = { "decide", "records" } }
+files["src/store/scripts/ledger.lua"] = { read_globals = { "KEEPS_STATE", "decide", "records", "commit" } }
 files["src/store/scripts/scope.lua"] = { read_globals = { "decide" } }

@@ -131,7 +131,17 @@ def sources():
     records = os.path.join(SCRIPTS, "records.lua")
     if os.path.exists(records):
         decide += "\nend)()\nlocal records = (function()\n" + open(records).read()
+    commit = os.path.join(SCRIPTS, "commit.lua")
+    if os.path.exists(commit):
+        decide += "\nend)()\nlocal commit = (function()\n" + open(commit).read()
     return decide, ledger
+
+
+def commits():
+    """Whether the worker writes the admissions its snapshot found room
+    for by compare-and-set (commit.lua, since 2026-12-03): then every
+    admission is read first."""
+    return "op == 'commit'" in sources()[1]
 
 
 def ledger_script():
@@ -216,28 +226,50 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
     flag = ("1" if send_now else "0") + (("s1" if counted else "s") if sup else "") + ":c1"
     for rd in range(rounds + 2):
         keys, args = [], head(code, form)
+        # A sent job that a commit admitted sending at once: its record
+        # written over whole by the worker, no script (commit.rs's Sends).
+        plain = snap and send_now and commits()
         if settle and rd >= 2:
             for j in range((rd - 2) * per, (rd - 1) * per):
+                if plain:
+                    p.execute_command("SET", f"{tag}:job:{j}", f"s0-|0|tk{j}|1:ab|c1|{NOW}||fp",
+                                      "XX", "PX", 25 * H)
+                    continue
                 keys.append(f"{tag}:job:{j}")
                 args += ["settle", f"tk{j}", "1:ab", str(j), "s", "1", "0"]
         if not send_now and 1 <= rd <= rounds:
             for j in range((rd - 1) * per, rd * per):
                 keys.append(f"{tag}:job:{j}")
                 args += ["sending", f"tk{j}", "1:ab", "c2"]
+        # The worker writes new admissions by compare-and-set (since
+        # 2026-12-03): every log here is new, which the worker believes
+        # (it wrote none of them), so it reads nothing first.
+        commit = snap and not answered and commits()
+        cks, cargs = [], ["commit", NOW, 25 * H, 30_000, f"{25 * H} {2 * H}"]
         if rd < rounds:
             read = []
             for j in range(rd * per, (rd + 1) * per):
                 m = 0 if flood else j
-                read.append((f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}",
-                             sup and f"{boxes}:sup:m{m}"))
+                job = (f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}",
+                       sup and f"{boxes}:sup:m{m}")
+                read.append(job)
                 if snap and answered:
                     continue
-                keys += [f"{tag}:job:{j}", f"{boxes}:email:m{m}", f"{tag}:ip:n{m}"]
-                if sup:
-                    keys.append(f"{boxes}:sup:m{m}")
+                if commit:
+                    # Its record and suppression key, then its two logs,
+                    # both found empty (keeps A and B).
+                    cks += [job[0]] + ([job[3]] if sup else []) + [job[1], job[2]]
+                    cargs += [str(j), "fp", f"{int(send_now)}|tk{j}|1:ab|c1", "", NOW,
+                              f"{1 if sup else 0}2AB"]
+                    continue
+                keys += [k for k in job if k]
                 args += ["admit", str(j), "fp", f"tk{j}", "1:ab", flag, "", "0102", ""]
+            # (A commit of logs the worker believes empty reads nothing
+            # first: commit.rs's `fresh`.)
             if snap and answered:
                 snapshot(p, read)
+        if cks:
+            p.execute_command("FCALL", code[1], len(cks), *cks, *cargs)
         if keys and isinstance(code, tuple):
             p.execute_command("FCALL", code[1], len(keys), *keys, *args)
         elif keys:
@@ -285,6 +317,9 @@ def scenarios(c, r, code, form, name, per):
     # The first item's code (times 8 plus how many values follow, since
     # replies leave out values an item does not have).
     first = last[1] // 8 if "c * 8 + m" in sources()[1] else last[1]
+    # (A commit's reply: its code, 13 `changed`: the script then rejects.)
+    if isinstance(code, tuple) and code[0] == "snapshot" and commits():
+        first = 0 if last[1] == 13 else last[1]
     if first != 0:
         sys.exit(f"the rejected scenario admitted a job: {last}")
     return out

@@ -323,7 +323,7 @@ async fn run_batch(
     };
     eval.arg(&args);
     let wait = batch.iter().any(|p| p.wait);
-    let (reply, unreplicated) = eval_waiting(conn, code, eval, replication, wait).await?;
+    let (reply, unreplicated) = eval_waiting(conn, Some(code), eval, replication, wait).await?;
     replies_of(reply, batch, unreplicated)
 }
 
@@ -476,14 +476,14 @@ impl Callee<'_> {
     }
 }
 
-/// Runs `eval`, a call of `code` (loaded again if the server lost it,
-/// e.g. after a restart), and, if `wait` and `replication` names
+/// Runs `eval`, a call of `code` if it is one (loaded again if the server
+/// lost it, e.g. after a restart), and, if `wait` and `replication` names
 /// replicas, `WAIT`s for them in the same pipeline (on the same connection,
 /// so the wait covers the call's writes). Returns the call's reply
 /// and, if fewer replicas than asked acknowledged, how many did.
 pub(super) async fn eval_waiting(
     conn: &mut Conn,
-    code: Callee<'_>,
+    code: Option<Callee<'_>>,
     eval: redis::Cmd,
     replication: Replication,
     wait: bool,
@@ -501,7 +501,7 @@ pub(super) async fn eval_waiting(
         pipe.cmd("WAIT").arg(replicas).arg(replication.timeout_ms);
     }
     let values = match pipe.query_async::<Vec<redis::Value>>(&mut on).await {
-        Err(e) if code.is_lost(&e) => {
+        Err(e) if let Some(code) = code.filter(|c| c.is_lost(&e)) => {
             code.load(&mut on).await?;
             pipe.query_async(&mut on).await?
         }

@@ -42,6 +42,18 @@ pub(super) fn head(bytes: &[u8]) -> Option<(usize, Vec<u64>)> {
     Some((count, times))
 }
 
+/// The head of a log of `count` entries whose newest times (newest
+/// first) are `newest`: its first bytes, as `head` read them
+/// (`"000000"` for no log). The compare-and-set (`commit.lua`) checks
+/// that a log still begins so.
+pub(super) fn head_of(count: usize, newest: &[u64]) -> String {
+    let mut head = format!("{count:06x}");
+    for t in newest {
+        head.push_str(&format!("{t:012x}"));
+    }
+    head
+}
+
 /// An entry's time read alone (`nth_range`); `None` unless it is 12 hex
 /// digits.
 pub(super) fn time(bytes: &[u8]) -> Option<u64> {
@@ -151,6 +163,10 @@ mod tests {
             head(&text[..head_len(5).min(text.len())]).unwrap().1.len(),
             2
         );
+        // What a compare-and-set finds at the front of the log.
+        assert_eq!(head_of(2, &[1_790_000_001_000]), "00000201a0c4506fe8");
+        assert!(text.starts_with(head_of(2, &[1_790_000_001_000]).as_bytes()));
+        assert_eq!(head_of(0, &[]), "000000");
         let (s, e) = nth_range(2);
         assert_eq!(time(&text[s..=e]), Some(1_790_000_000_000));
         for bad in [&b"zz"[..], b"000002", b"00000101a0c4506fe8j1\n", b"000001x"] {

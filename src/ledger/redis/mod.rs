@@ -5,6 +5,7 @@
 
 mod batch;
 mod clock;
+mod commit;
 pub mod log;
 mod quotas;
 mod record;
@@ -61,8 +62,17 @@ pub struct RedisLedger {
     /// admissions, answering what needs no write; `None` with keys spread
     /// over a cluster's shards (no one read can see a job's keys).
     snapshot: Option<mpsc::Sender<snapshot::Question>>,
+    /// The compare-and-set admissions' queue (`commit`): what the snapshot
+    /// found room for; `None` where there is no snapshot.
+    commits: Option<mpsc::Sender<commit::Put>>,
+    /// The records the commits wrote for jobs sending at once, which a
+    /// sent settle writes over with no script (`commit::Sends`).
+    sends: Arc<commit::Sends>,
     /// Which admissions ask the snapshot first (`snapshot::Hints`).
     hints: Arc<snapshot::Hints>,
+    /// The logs this worker wrote or found written: an admission that
+    /// names none of them commits with no read first (`Fits::fresh`).
+    busy: Arc<snapshot::Hints>,
     /// One admission per mailbox on its way to the script while no hint
     /// says it is full, the others waiting for its answer
     /// (`snapshot::Gates`).
@@ -149,17 +159,22 @@ impl RedisLedger {
             batching,
             calls,
         ));
-        let snapshot = (!spread).then(|| {
-            let (snapshot, rx) = mpsc::channel(4 * BATCHED.max_batch);
-            tokio::spawn(snapshot::answering(rx, conn.clone(), keys.clone()));
-            snapshot
-        });
+        let (snapshot, commits) = match spread {
+            true => (None, None),
+            false => {
+                let (snapshot, commits) = without_script(&conn, &keys, replication, calls);
+                (Some(snapshot), Some(commits))
+            }
+        };
         Ok(Self {
             conn,
             keys,
             queue,
             snapshot,
+            commits,
+            sends: Arc::default(),
             hints: Arc::default(),
+            busy: Arc::default(),
             gates: Arc::default(),
             allow_eviction: redis.allow_eviction,
             replication,
@@ -197,23 +212,21 @@ impl RedisLedger {
         )
     }
 
-    /// What a snapshot answers `entry` at `clock` (asked for at the
-    /// instant with it; `applicable`: the scopes that judge it), with no
-    /// script; `None` leaves it to the script (an admission, a write, or a
-    /// snapshot that could not be read); an outage if Redis did not answer
-    /// the read in the time the script would still be taken in.
+    /// What a snapshot finds for `entry` at `clock` (asked for at the
+    /// instant with it; `applicable`: the scopes that judge it): an answer
+    /// that writes nothing, room for an admission that the worker writes by
+    /// compare-and-set, or a write the script decides (or a snapshot that
+    /// could not be read); an outage if Redis did not answer the read in
+    /// the time the script would still be taken in.
     async fn snapshot_answer(
         &self,
         entry: &Entry<'_>,
         (clock, asked): (Clock, std::time::Instant),
         applicable: &[crate::limiter::Applied],
-    ) -> Result<Option<Admission>, LedgerError> {
+    ) -> Result<snapshot::Found, LedgerError> {
         let Some(snapshot) = self.snapshot.as_ref() else {
-            return Ok(None);
+            return Ok(snapshot::Found::Script);
         };
-        if !self.hinted(entry, applicable) {
-            return Ok(None);
-        }
         let request = &entry.job.request;
         let record = self.keys.record_key(request.id);
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -235,12 +248,42 @@ impl RedisLedger {
             reply,
         };
         if snapshot.send(item).await.is_err() {
-            return Ok(None);
+            return Ok(snapshot::Found::Script);
         }
         match answer.await {
-            Ok(Ok(answered)) => Ok(answered),
+            Ok(Ok(found)) => Ok(found),
             Ok(Err(snapshot::Late)) => Err(snapshot::late()),
-            Err(_) => Ok(None),
+            Err(_) => Ok(snapshot::Found::Script),
+        }
+    }
+
+    /// What `entry` (judged by `applicable`; `hinted`: a key of it was
+    /// found full, suppressed or settled) is answered with no script: by
+    /// a commit of logs this worker believes empty (`Fits::fresh`: no
+    /// read first), else by a snapshot and a commit of what it read.
+    /// `None`: the script decides.
+    async fn without_script(
+        &self,
+        entry: &Entry<'_>,
+        (clock, asked): (Clock, std::time::Instant),
+        applicable: &[crate::limiter::Applied],
+        hinted: bool,
+    ) -> Result<Option<Admission>, LedgerError> {
+        if !hinted && let Some(fits) = self.fresh(entry, applicable) {
+            let committed = (self.commit(entry, (clock, asked), applicable, fits)).await?;
+            if committed.is_some() {
+                return Ok(committed);
+            }
+            // Not empty after all (another worker's admission, a key this
+            // worker forgot): read first from now on.
+            self.note_busy(applicable);
+        }
+        match (self.snapshot_answer(entry, (clock, asked), applicable)).await? {
+            snapshot::Found::Answered(answered) => Ok(Some(answered)),
+            snapshot::Found::Fits(fits) => {
+                (self.commit(entry, (clock, asked), applicable, fits)).await
+            }
+            snapshot::Found::Script => Ok(None),
         }
     }
 
@@ -269,6 +312,7 @@ impl RedisLedger {
                 for room in admission.rooms.iter().filter(|r| r.remaining == 0) {
                     full(room.rule.scope, room.reset_ms);
                 }
+                self.note_busy(applicable);
             }
             Verdict::Suppressed => {
                 (self.hints).note(&self.keys.suppression_key(request.email), SETTLED_HINT_MS)
@@ -373,6 +417,27 @@ fn info_refused(e: &redis::RedisError) -> LedgerError {
     ))
 }
 
+/// Starts the tasks that answer admissions with no script: the snapshot's
+/// reads and the commits; their queues.
+fn without_script(
+    conn: &Conn,
+    keys: &Arc<Keyspace>,
+    replication: Replication,
+    calls: Calls,
+) -> (mpsc::Sender<snapshot::Question>, mpsc::Sender<commit::Put>) {
+    let (snapshot, rx) = mpsc::channel(4 * BATCHED.max_batch);
+    tokio::spawn(snapshot::answering(rx, conn.clone(), keys.clone()));
+    let (commits, rx) = mpsc::channel(4 * BATCHED.max_batch);
+    tokio::spawn(commit::committing(
+        rx,
+        conn.clone(),
+        keys.clone(),
+        replication,
+        calls,
+    ));
+    (snapshot, commits)
+}
+
 /// How long a suppressed mailbox or a settled job's id asks the snapshot
 /// first (`snapshot::Hints`): its copies and retries come within seconds.
 const SETTLED_HINT_MS: u64 = 60_000;
@@ -445,7 +510,8 @@ impl Ledger for RedisLedger {
         // the script, and those that come meanwhile wait for its answer, so
         // a flood's jobs then ask a snapshot (routes only, never answers).
         let mut gate = None;
-        if self.snapshot.is_some() && !self.hinted(entry, &applicable) {
+        let hinted = self.hinted(entry, &applicable);
+        if self.snapshot.is_some() && !hinted {
             let mailbox = self.keys.suppression_key(job.request.email);
             match self.gates.enter(&mailbox).await {
                 snapshot::Entered::First(first) => gate = Some(first),
@@ -455,10 +521,8 @@ impl Ledger for RedisLedger {
             // Nothing of Redis was read while it waited.
             asked = std::time::Instant::now();
         }
-        if let Some(mut answered) = self
-            .snapshot_answer(entry, (clock, asked), &applicable)
-            .await?
-        {
+        let answered = (self.without_script(entry, (clock, asked), &applicable, hinted)).await?;
+        if let Some(mut answered) = answered {
             drop(gate);
             answered.by_override = by_override;
             self.learn(entry, &applicable, &answered);
@@ -521,6 +585,7 @@ impl Ledger for RedisLedger {
     }
 
     async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {
+        (self.sends).forget(&self.keys.record_key(job.request.id), job.holder);
         let args = vec![
             "release".to_owned(),
             job.ticket.as_str().to_owned(),
@@ -536,6 +601,12 @@ impl Ledger for RedisLedger {
         ending: &Ending,
         answered: bool,
     ) -> Result<bool, LedgerError> {
+        if let (Ending::Sent, false) = (ending, answered)
+            && let Some(recorded) = self.settle_sent(job).await?
+        {
+            return Ok(recorded);
+        }
+        (self.sends).forget(&self.keys.record_key(job.request.id), job.holder);
         let how = match ending {
             Ending::Sent => b's',
             Ending::Unknown => b'u',
@@ -573,13 +644,7 @@ impl Ledger for RedisLedger {
         let sent = matches!(ending, Ending::Sent);
         let reply = self.mark(job, None, args, scope_keys, sent).await?;
         if let Some(acked) = reply.unreplicated {
-            // Written again (the same end again changes nothing) once the
-            // replicas answer: the caller retries an outage.
-            return Err(LedgerError::Unreplicated(format!(
-                "{acked} of the {} or more Redis replicas asked for acknowledged that the job \
-                 was sent within {} ms; it is written again",
-                self.replication.replicas, self.replication.timeout_ms
-            )));
+            return Err(self.settle_unreplicated(acked));
         }
         if let Ending::Refund(how) = ending {
             // Also when asked again after a lost reply (0, and the names).

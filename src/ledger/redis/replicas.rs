@@ -41,6 +41,17 @@ impl RedisLedger {
         ))
     }
 
+    /// A sent settle too few replicas acknowledged (`acked`): written
+    /// again (the same end again changes nothing) once the replicas
+    /// answer, for the caller retries an outage.
+    pub(super) fn settle_unreplicated(&self, acked: i64) -> LedgerError {
+        LedgerError::Unreplicated(format!(
+            "{acked} of the {} or more Redis replicas asked for acknowledged that the job was \
+             sent within {} ms; it is written again",
+            self.replication.replicas, self.replication.timeout_ms
+        ))
+    }
+
     /// With `redis.min_replicas_acked` set: whether the primary has that
     /// many replicas online now (connected and synced; if not, no job can
     /// be sent).

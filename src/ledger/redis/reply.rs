@@ -24,10 +24,11 @@ pub(crate) enum Code {
     Superseded = 10,
     Suppressed = 11,
     Unmigrated = 12,
+    Changed = 13,
 }
 
 /// Every code with its name in `ledger.lua`.
-pub(crate) const CODES: [(Code, &str); 13] = [
+pub(crate) const CODES: [(Code, &str); 14] = [
     (Code::Rejected, "rejected"),
     (Code::Admitted, "admitted"),
     (Code::Expired, "expired"),
@@ -41,6 +42,7 @@ pub(crate) const CODES: [(Code, &str); 13] = [
     (Code::Superseded, "superseded"),
     (Code::Suppressed, "suppressed"),
     (Code::Unmigrated, "unmigrated"),
+    (Code::Changed, "changed"),
 ];
 
 /// How many integers answer each item of a batch at most, its code and its
@@ -139,7 +141,7 @@ pub(super) fn verdict(scopes: &[(Scope, Arc<RuleSet>)], r: &[i64; REPLY_WIDTH]) 
         Code::Conflict => Verdict::Conflict,
         Code::Superseded => Verdict::Superseded { refunded: flag(1) },
         Code::Suppressed => Verdict::Suppressed,
-        Code::Absent | Code::Unmigrated => return None,
+        Code::Absent | Code::Unmigrated | Code::Changed => return None,
     })
 }
 
@@ -155,11 +157,7 @@ impl RedisLedger {
         reply: Reply,
     ) -> Result<Admission, LedgerError> {
         if reply.values[0] == Code::Unmigrated as i64 {
-            return Err(LedgerError::Unmigrated(format!(
-                "a scope log of job {:?} is of an earlier build's form (a sorted set), which this \
-                 build does not read: run `mailgate admin migrate` with the workers stopped",
-                entry.job.request.id.as_str()
-            )));
+            return Err(unmigrated(entry));
         }
         let verdict = verdict(scopes, &reply.values).ok_or_else(|| {
             LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
@@ -190,4 +188,14 @@ impl RedisLedger {
         }
         Ok(admission)
     }
+}
+
+/// The error of an admission that found a scope log of an earlier build's
+/// form: an outage (the job waits) until `mailgate admin migrate` runs.
+pub(super) fn unmigrated(entry: &Entry<'_>) -> LedgerError {
+    LedgerError::Unmigrated(format!(
+        "a scope log of job {:?} is of an earlier build's form (a sorted set), which this build \
+         does not read: run `mailgate admin migrate` with the workers stopped",
+        entry.job.request.id.as_str()
+    ))
 }

@@ -31,7 +31,7 @@ use super::log;
 use crate::ledger::{
     Admission, Fingerprint, Held, JobState, LedgerError, Refund, Standing, Verdict, standing,
 };
-use crate::limiter::{Clock, Judged, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
+use crate::limiter::{self, Clock, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
 use crate::store::Conn;
 
 /// How late after the worker asked for it a call may run (ms), as
@@ -66,8 +66,55 @@ pub(super) struct Question {
     /// Its purpose supersedes older jobs: whether a newer job supersedes
     /// it reads other jobs' records, which the script does.
     pub(super) supersedes: bool,
-    /// Where its answer goes: `None` leaves it to the script.
-    pub(super) reply: oneshot::Sender<Result<Option<Admission>, Late>>,
+    /// Where its answer goes.
+    pub(super) reply: oneshot::Sender<Result<Found, Late>>,
+}
+
+/// What the snapshot found for one admission.
+pub(super) enum Found {
+    /// Its answer, which writes nothing (a rejection, a copy of a job…).
+    Answered(Admission),
+    /// No record of its id, no suppression, and room in every scope: the
+    /// worker writes the admission by compare-and-set (`commit`).
+    Fits(Fits),
+    /// The script decides (a write this read cannot make, or a snapshot
+    /// that could not be read).
+    Script,
+}
+
+/// What an admission the snapshot found room for was decided from: what
+/// the compare-and-set checks is unchanged, and what its rooms and shadow
+/// rule are worked out from.
+pub(super) struct Fits {
+    /// The snapshot's instant (ms): the write's may not be earlier.
+    pub(super) seen: u64,
+    /// Each scope's log as read, in the order of the admission's scopes.
+    pub(super) logs: Vec<Seen>,
+}
+
+impl Fits {
+    /// `n` logs believed empty, with no read (`RedisLedger::fresh`): room
+    /// in each at any instant.
+    pub(super) fn empty(n: usize) -> Self {
+        let seen = || Seen {
+            head: Some(log::head_of(0, &[])),
+            read: LogRead::default(),
+        };
+        Fits {
+            seen: 0,
+            logs: (0..n).map(|_| seen()).collect(),
+        }
+    }
+}
+
+/// One scope's log as the snapshot read it.
+pub(super) struct Seen {
+    /// Its head as the compare-and-set checks it: its count (6 hex
+    /// digits) and its newest times as read (12 each); `None` for a deny,
+    /// which reads no log and writes none.
+    pub(super) head: Option<String>,
+    /// What was read.
+    pub(super) read: LogRead,
 }
 
 /// A snapshot Redis did not answer within the time a call may take
@@ -111,7 +158,7 @@ pub(super) async fn answering(rx: mpsc::Receiver<Question>, conn: Conn, keys: Ar
             let mut answers = answers.map(|a| a.into_iter().flatten());
             for item in batch {
                 let answer = match &mut answers {
-                    Ok(answers) => Ok(answers.next().flatten()),
+                    Ok(answers) => Ok(answers.next().unwrap_or(Found::Script)),
                     Err(Late) => Err(Late),
                 };
                 let _ = item.reply.send(answer);
@@ -121,14 +168,14 @@ pub(super) async fn answering(rx: mpsc::Receiver<Question>, conn: Conn, keys: Ar
     .await;
 }
 
-/// The answers the snapshot gives `batch` (`None`: left to the script);
-/// `None` for every item if the read failed or its clock is not trusted.
+/// What the snapshot finds for each of `batch`; `None` (the script
+/// decides each) if the read failed or its clock is not trusted.
 async fn snapshot(
     conn: &mut Conn,
     keys: &Keyspace,
     clock: Clock,
     batch: &[Question],
-) -> Option<Vec<Option<Admission>>> {
+) -> Option<Vec<Found>> {
     let logs = Logs::of(batch);
     let values: Vec<Value> = read_of(batch, &logs).query_async(conn).await.ok()?;
     let mut values = values.into_iter();
@@ -160,10 +207,45 @@ async fn snapshot(
             .drain(..item.suppression.len().min(sups.len()))
             .collect();
         let item_logs: Vec<&LogRead> = slots.iter().map(|&i| &read[i]).collect();
-        let verdict = answer(item, record.as_deref(), &item_sups, &item_logs, now);
-        answers.push(verdict.map(|v| Admission::at(now, v)));
+        answers.push(
+            match answer(item, record.as_deref(), &item_sups, &item_logs, now) {
+                Judged::Answer(verdict) => Found::Answered(Admission::at(now, verdict)),
+                Judged::Room => fits(item, slots, &logs, &read, now),
+                Judged::Script => Found::Script,
+            },
+        );
     }
     Some(answers)
+}
+
+/// What an admission with room was decided from (`slots`: its scopes'
+/// places in `logs` and `read`), if the compare-and-set can check it: a
+/// log whose read took ranks of its own (a rule of a max above
+/// `FETCH_MAX`) is left to the script.
+fn fits(item: &Question, slots: &[usize], logs: &Logs<'_>, read: &[LogRead], now: u64) -> Found {
+    let mut seen = Vec::with_capacity(slots.len());
+    for ((_, _, set), &i) in item.scopes.iter().zip(slots) {
+        if !logs.reads[i].1.ranks.is_empty() {
+            return Found::Script;
+        }
+        let read = read[i].clone();
+        let head = set.deny_until_ms.is_none().then(|| read.head());
+        seen.push(Seen { head, read });
+    }
+    Found::Fits(Fits {
+        seen: now,
+        logs: seen,
+    })
+}
+
+/// What [`answer`] found.
+enum Judged {
+    /// The answer, which writes nothing.
+    Answer(Verdict),
+    /// No record, no suppression, room in every scope.
+    Room,
+    /// The script decides.
+    Script,
 }
 
 /// The scope logs a batch reads: each key once (a flood names the same
@@ -368,40 +450,49 @@ fn trusted(now: u64, guard: Option<(u64, u64)>) -> Option<u64> {
 /// What the snapshot answers `item` at `now` (`record`: its record's
 /// text; `sups`: its suppression keys' values; `logs`: each scope's read),
 /// in `ledger.lua`'s order: the record, the expiry, the suppression, then
-/// the limiter. `None`: the script decides (a write, a superseding
-/// purpose, or a record this build does not read).
+/// the limiter. The script decides a write other than a new admission, a
+/// superseding purpose, and a record this build does not read.
 fn answer(
     item: &Question,
     record: Option<&str>,
     sups: &[Option<String>],
     logs: &[&LogRead],
     now: u64,
-) -> Option<Verdict> {
+) -> Judged {
     let expired = item.expires_at_ms.is_some_and(|at| at <= now);
     if let Some(text) = record {
-        match standing(held(text, item)?, expired, now) {
-            Standing::Answered(verdict) => return Some(verdict),
+        let Some(held) = held(text, item) else {
+            return Judged::Script;
+        };
+        match standing(held, expired, now) {
+            Standing::Answered(verdict) => return Judged::Answer(verdict),
             Standing::Afresh => {}
-            Standing::Vanished | Standing::Lapsed => return None,
+            Standing::Vanished | Standing::Lapsed => return Judged::Script,
         }
     }
     if expired {
-        return Some(Verdict::Expired);
+        return Judged::Answer(Verdict::Expired);
     }
     if suppressed_by(sups) {
-        return Some(Verdict::Suppressed);
+        return Judged::Answer(Verdict::Suppressed);
     }
     if item.supersedes {
-        return None;
+        return Judged::Script;
     }
-    let mut best: Judged = [None, None];
+    let mut best: limiter::Judged = [None, None];
     for ((scope, _, set), log) in item.scopes.iter().zip(logs) {
         judge_scope(&mut best, *scope, set, *log, now);
     }
-    best[0].map(|(retry_after_ms, rule)| Verdict::Rejected {
-        retry_after_ms,
-        rule,
-    })
+    match best[0] {
+        Some((retry_after_ms, rule)) => Judged::Answer(Verdict::Rejected {
+            retry_after_ms,
+            rule,
+        }),
+        // A refunded record of another lineage's is written over by the
+        // script, not by the compare-and-set, which finds no record.
+        None if record.is_some() => Judged::Script,
+        None => Judged::Room,
+    }
 }
 
 /// A string record (`records.lua`:
@@ -521,16 +612,39 @@ impl Plan {
                 ranks.push((n, log::time(&value)?));
             }
         }
-        Some(LogRead { newest, ranks })
+        Some(LogRead {
+            count,
+            newest,
+            ranks,
+        })
     }
 }
 
-/// A scope log as the snapshot read it: its newest entries' times (newest
-/// first), and the `n`-th newest's for larger `n`.
-#[derive(Default)]
-struct LogRead {
+/// A scope log as the snapshot read it: its count, its newest entries'
+/// times (newest first), and the `n`-th newest's for larger `n`.
+#[derive(Default, Clone)]
+pub(super) struct LogRead {
+    count: usize,
     newest: Vec<u64>,
     ranks: Vec<(usize, u64)>,
+}
+
+impl LogRead {
+    /// The head as it was read (`log::head_of`): what a compare-and-set
+    /// finds at the front of the log if nothing wrote it since.
+    fn head(&self) -> String {
+        log::head_of(self.count, &self.newest)
+    }
+
+    /// How many entries the log holds.
+    pub(super) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The times read, oldest first.
+    pub(super) fn ascending(&self) -> Vec<u64> {
+        self.newest.iter().rev().copied().collect()
+    }
 }
 
 impl Newest for LogRead {
@@ -592,6 +706,7 @@ mod tests {
         assert!(!Plan::of(&deny).reads);
         // The n-th newest: from the head read, else from its rank's.
         let read = LogRead {
+            count: 60,
             newest: vec![30, 20, 10],
             ranks: vec![(50, 1)],
         };

@@ -591,7 +591,7 @@ async fn on_scope(
         .arg(clock)
         .arg(values);
     let (reply, unreplicated) =
-        eval_waiting(conn, Callee::Script(&SCOPE), eval, replication, wait).await?;
+        eval_waiting(conn, Some(Callee::Script(&SCOPE)), eval, replication, wait).await?;
     let r: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a scope's reply: {e}")))?;
     let bad = || LedgerError::Protocol(format!("a scope answered {r:?}"));

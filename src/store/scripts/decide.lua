@@ -404,26 +404,32 @@ local function with_entry(log, k, keepn, p, at, id)
     .. sub(log, split + 1, HEAD + keepn * E) .. '\n' .. ids
 end
 
+-- `log` with an admission of `id` at `now`, and without its entries older
+-- than `keep` ms (in no window any more), so memory stays bounded.
+local function append(log, keep, now, id)
+  -- An empty log (most mailboxes): the entry alone.
+  if log == '' then return '000001' .. entry_of(now) .. '\n' .. id .. '\n' end
+  local k = count_of(log)
+  local keepn = k
+  while keepn > 0 and nth(log, keepn) <= now - keep do keepn = keepn - 1 end
+  -- A log at its largest count forgets its oldest entry.
+  if keepn >= MAX_COUNT then keepn = MAX_COUNT - 1 end
+  -- Where the entry goes, newest first: first, unless the clock stepped
+  -- back below entries already there.
+  local p = 1
+  while p <= keepn and nth(log, p) > now do p = p + 1 end
+  return with_entry(log, k, keepn, p, now, id)
+end
+
 -- Records an admission of `id` at `now` in each scope key of a request;
 -- `logs` holds the text judge read of each key. One SET ... PX per key, of
--- the whole log: its entries older than the set's keep (in no window any
--- more) are dropped, so memory stays bounded.
+-- the whole log (`append`).
 local function record(first, ks, now, id, logs)
   for s = 1, #ks do
     local set = ks[s]
     -- A deny records nothing (its key's own set does).
     if not set.denies then
-      local log = logs[s]
-      local k = count_of(log)
-      local keepn = k
-      while keepn > 0 and nth(log, keepn) <= now - set.keep do keepn = keepn - 1 end
-      -- A log at its largest count forgets its oldest entry.
-      if keepn >= MAX_COUNT then keepn = MAX_COUNT - 1 end
-      -- Where the entry goes, newest first: first, unless the clock stepped
-      -- back below entries already there.
-      local p = 1
-      while p <= keepn and nth(log, p) > now do p = p + 1 end
-      call('SET', KEYS[first + s - 1], with_entry(log, k, keepn, p, now, id), 'PX', set.keep_s)
+      call('SET', KEYS[first + s - 1], append(logs[s], set.keep, now, id), 'PX', set.keep_s)
     end
   end
 end
@@ -555,6 +561,7 @@ return {
   sets_of = sets_of,
   judge = judge,
   room = room,
+  append = append,
   record = record,
   forget = forget,
   keep = keep,

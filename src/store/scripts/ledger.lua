@@ -2,7 +2,8 @@
 mailgate ledger: each job's lifecycle, and its admission. Composed after the
 limiter's decision (decide.lua), which it calls as decide.<name>.
 One operation per call, named by ARGV[1]: "batch" (every write, for one job or
-for many at once) or "probe" (readiness); the clock watch is clock.lua's;
+for many at once), "commit" (admissions the worker decided: commit.lua) or
+"probe" (readiness); the clock watch is clock.lua's;
 each checks its argument counts and every argument before its first write,
 so a bad call writes nothing. The file defines the operations and returns
 `main`, which runs the one ARGV[1] names: the registry composes it as a
@@ -90,6 +91,9 @@ local CODE = {
   unmigrated = 12, -- a scope log is of an earlier build's form (`mailgate
                    -- admin migrate` converts it): nothing written; the
                    -- caller waits, as in an outage
+  changed = 13, -- "commit" only (commit.lua): a fact the worker decided from
+                -- changed since its snapshot; nothing written; the worker
+                -- asks "admit", which decides again
 }
 
 -- The operation of the call under way (ARGV[1]), for error messages.
@@ -653,6 +657,7 @@ end
 local function main()
   op = ARGV[1]
   if op == 'batch' then return batch()
+  elseif op == 'commit' then return commit.main(CODE, fail)
   elseif op == 'probe' then return probe()
   end
   return fail('unknown op')

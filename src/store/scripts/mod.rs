@@ -5,7 +5,7 @@
 //!
 //! | Script | Runs | Parts |
 //! |---|---|---|
-//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe | `decide.lua`, `records.lua`, `ledger.lua` |
+//! | [`LEDGER`] | every ledger write: admissions, send marks, settles; the readiness probe | `decide.lua`, `records.lua`, `commit.lua`, `ledger.lua` |
 //! | [`LEDGER_LIBRARY`] | the ledger's batches, as a Redis Function (Redis >= 7; [`Calls`]) | the same |
 //! | [`SCOPE`] | one scope's log, with keys spread over a cluster's shards | `decide.lua`, `scope.lua` |
 //! | [`CLOCK`] | the clock watch, once a second from each worker | `clock.lua` |
@@ -78,6 +78,13 @@ const RECORDS: Module = Module {
     source: include_str!("records.lua"),
 };
 
+/// The admissions the worker decided from a snapshot, written by
+/// compare-and-set (`commit.lua`): the ledger's op "commit".
+const COMMIT: Module = Module {
+    name: "commit",
+    source: include_str!("commit.lua"),
+};
+
 /// One script of the registry: its name, the source sent to Redis, and the
 /// `redis::Script` that runs it (by `EVALSHA`, loading it again on
 /// `NOSCRIPT`). Used as that `redis::Script` (it dereferences to it).
@@ -130,7 +137,7 @@ const LEDGER_LUA: &str = include_str!("ledger.lua");
 /// `ledger.lua`'s definitions, then its `main`.
 pub static LEDGER: LazyLock<Script> = LazyLock::new(|| {
     let body = format!("return (function()\n{LEDGER_LUA}\nend)()()\n");
-    Script::compose("ledger", &[DECIDE, RECORDS], &body)
+    Script::compose("ledger", &[DECIDE, RECORDS, COMMIT], &body)
 });
 
 /// A script as a Redis Function library (Redis >= 7): the same code, whose
@@ -203,8 +210,9 @@ impl FunctionLibrary {
 
 /// The ledger's batches as a Redis Function: `ledger.lua` after the
 /// limiter's decision and the records' I/O.
-pub static LEDGER_LIBRARY: LazyLock<FunctionLibrary> =
-    LazyLock::new(|| FunctionLibrary::compose("mailgate_ledger", &[DECIDE, RECORDS], LEDGER_LUA));
+pub static LEDGER_LIBRARY: LazyLock<FunctionLibrary> = LazyLock::new(|| {
+    FunctionLibrary::compose("mailgate_ledger", &[DECIDE, RECORDS, COMMIT], LEDGER_LUA)
+});
 
 /// How the ledger's batches reach Redis, found when the scripts are loaded
 /// ([`preload`]).

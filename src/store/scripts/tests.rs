@@ -86,8 +86,9 @@ fn uses_of(script: &str, library: &str) -> BTreeSet<String> {
 }
 
 /// The scripts that use `decide.lua`, by their own source (not composed).
-const DECIDERS: [(&str, &str); 2] = [
+const DECIDERS: [(&str, &str); 3] = [
     ("ledger.lua", include_str!("ledger.lua")),
+    ("commit.lua", include_str!("commit.lua")),
     ("scope.lua", include_str!("scope.lua")),
 ];
 
@@ -152,24 +153,7 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         .flat_map(|(_, source)| uses_of(source, DECIDE.name))
         .collect();
     assert_eq!(exported, used, "decide.lua exports exactly what is used");
-    let probe = Script::compose(
-        "probe",
-        &[RECORDS],
-        "local names = {}\n\
-         for name in pairs(records) do names[#names + 1] = name end\n\
-         return names",
-    );
-    let names: Vec<String> = probe
-        .prepare_invoke()
-        .invoke_async(&mut conn)
-        .await
-        .expect("records.lua runs");
-    let exported: BTreeSet<String> = names.into_iter().collect();
-    let used = uses_of(include_str!("ledger.lua"), RECORDS.name);
-    assert_eq!(
-        exported, used,
-        "records.lua exports exactly what ledger.lua uses"
-    );
+    records_export_what_is_used(&mut conn).await;
     ledger_codes_and_width_agree();
     let version = format!("'{}'", crate::store::overrides::VERSION);
     let prune = include_str!("prune.lua");
@@ -179,6 +163,30 @@ async fn every_script_loads_and_agrees_with_the_rust() {
         "prune.lua names the version field as the store does"
     );
     assert!(prune.contains(&version));
+}
+
+/// `records.lua`, run in Redis, exports exactly what the scripts
+/// composed after it use.
+async fn records_export_what_is_used(conn: &mut redis::aio::MultiplexedConnection) {
+    let probe = Script::compose(
+        "probe",
+        &[RECORDS],
+        "local names = {}\n\
+         for name in pairs(records) do names[#names + 1] = name end\n\
+         return names",
+    );
+    let names: Vec<String> = probe
+        .prepare_invoke()
+        .invoke_async(conn)
+        .await
+        .expect("records.lua runs");
+    let exported: BTreeSet<String> = names.into_iter().collect();
+    let mut used = uses_of(include_str!("ledger.lua"), RECORDS.name);
+    used.extend(uses_of(include_str!("commit.lua"), RECORDS.name));
+    assert_eq!(
+        exported, used,
+        "records.lua exports exactly what ledger.lua and commit.lua use"
+    );
 }
 
 /// A script composed with `decide.lua` calls none of its names bare (it

@@ -1,0 +1,230 @@
+//! The ledger's compare-and-set admissions (`commit.lua`, op "commit"):
+//! it writes an admission the worker decided from a snapshot only if
+//! nothing that snapshot saw changed, and otherwise writes nothing and
+//! answers `changed`, so the worker asks the script, which decides again.
+
+use crate::common::*;
+use mailgate::ledger::scope_log;
+use mailgate::store::scripts::LEDGER;
+
+/// `ledger.lua`'s codes a commit answers.
+const ADMITTED: i64 = 1;
+const EXPIRED: i64 = 2;
+const UNMIGRATED: i64 = 12;
+const CHANGED: i64 = 13;
+
+const NOW: u64 = 1_790_000_000_000;
+
+/// One commit of one item at `now`: job `id` (its call `call`: flag and
+/// id) with suppression key `t:sup:m` and the logs `t:email:m` and
+/// `t:ip:n`, each found empty (`None`) or with the head the snapshot read
+/// at `seen`; the reply, or the error.
+fn commit(
+    conn: &mut redis::Connection,
+    (now, seen): (u64, u64),
+    (id, call): (&str, &str),
+    heads: [Option<&str>; 2],
+    expires: &str,
+) -> Result<Vec<i64>, String> {
+    let logs = [("t:email:m", 'A'), ("t:ip:n", 'B')];
+    let empty: Vec<_> = (0..2).filter(|&i| heads[i].is_none()).collect();
+    let read: Vec<_> = (0..2).filter(|&i| heads[i].is_some()).collect();
+    let mut keys = vec![format!("t:job:{id}"), "t:sup:m".to_owned()];
+    let mut shape = format!("1{}", empty.len());
+    for &i in empty.iter().chain(&read) {
+        keys.push(logs[i].0.to_owned());
+        shape.push(logs[i].1);
+    }
+    let mut args: Vec<String> = ["commit", &now.to_string(), "86400000", "30000"]
+        .map(str::to_owned)
+        .into();
+    args.push("90000000 7200000".into());
+    let (send_now, call) = call.split_once(':').unwrap_or_default();
+    let owner = format!("{send_now}|T1|1:ab|{call}");
+    args.extend([id, "fp|x", &owner, expires, &seen.to_string()].map(str::to_owned));
+    args.push(shape);
+    args.extend(
+        read.iter()
+            .map(|&i| heads[i].unwrap_or_default().to_owned()),
+    );
+    redis::cmd("EVAL")
+        .arg(LEDGER.source())
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(&args)
+        .query(conn)
+        .map_err(|e: redis::RedisError| e.to_string())
+}
+
+/// A log's head as a snapshot reads it: its count and every time.
+fn head_of(log: &[u8]) -> String {
+    let count = usize::from_str_radix(std::str::from_utf8(&log[..6]).unwrap(), 16).unwrap();
+    String::from_utf8(log[..6 + 12 * count].to_vec()).unwrap()
+}
+
+fn get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query(conn).unwrap()
+}
+
+/// Every key and its value, to see that a call wrote nothing.
+fn everything(conn: &mut redis::Connection) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let v = get(conn, &k);
+            (k, v)
+        })
+        .collect()
+}
+
+/// A commit writes the record and every log, stamped with its own clock;
+/// run again (its reply lost) it answers as the first time and writes
+/// nothing more; every fact that changed since the snapshot (a log
+/// written, a record, a suppression, a clock behind the snapshot's) and
+/// every malformed value writes nothing.
+#[test]
+fn a_commit_writes_only_what_its_snapshot_saw() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    const NONE: [Option<&str>; 2] = [None, None];
+    // Admitted, at the call's instant (later than the snapshot's).
+    let got = commit(&mut conn, (NOW + 5, NOW), ("j1", "1:c1"), NONE, "").unwrap();
+    assert_eq!(got, vec![(NOW + 5) as i64, ADMITTED, (NOW + 5) as i64]);
+    let record = String::from_utf8(get(&mut conn, "t:job:j1").unwrap()).unwrap();
+    assert_eq!(
+        record,
+        format!("x0-|{}|T1|1:ab|c1|{}||fp|x", NOW + 5 + 30_000, NOW + 5)
+    );
+    for (key, keep) in [("t:email:m", 90_000_000), ("t:ip:n", 7_200_000)] {
+        let log = scope_log::entries(&get(&mut conn, key).unwrap()).unwrap();
+        assert_eq!(log, vec![(NOW + 5, "j1".to_owned())], "{key}");
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+        assert!(
+            ttl > keep - 60_000 && ttl <= keep,
+            "{key} expires with its keep"
+        );
+    }
+    let before = everything(&mut conn);
+    // The same call again: admitted as it was, nothing written.
+    let again = commit(&mut conn, (NOW + 9, NOW), ("j1", "1:c1"), NONE, "").unwrap();
+    assert_eq!(again, vec![(NOW + 9) as i64, ADMITTED, (NOW + 5) as i64]);
+    assert_eq!(everything(&mut conn), before);
+    // Another job decided from the logs before j1 was written: changed.
+    let stale = commit(&mut conn, (NOW + 9, NOW), ("j2", "1:c2"), NONE, "").unwrap();
+    assert_eq!(stale[1..], [CHANGED, 0]);
+    let email = head_of(&get(&mut conn, "t:email:m").unwrap());
+    let one_stale = commit(
+        &mut conn,
+        (NOW + 9, NOW),
+        ("j2", "1:c2"),
+        [Some(&email), None],
+        "",
+    );
+    assert_eq!(one_stale.unwrap()[1..], [CHANGED, 0]);
+    let wrong = "00000101a0c4506c00";
+    let bad_head = commit(
+        &mut conn,
+        (NOW + 9, NOW),
+        ("j2", "1:c2"),
+        [Some(&email), Some(wrong)],
+        "",
+    );
+    assert_eq!(bad_head.unwrap()[1..], [CHANGED, 0]);
+    // Another call for j1 (a copy the snapshot saw before j1's record).
+    let copy = commit(
+        &mut conn,
+        (NOW + 9, NOW),
+        ("j1", "1:c3"),
+        [Some(&email); 2],
+        "",
+    );
+    assert_eq!(copy.unwrap()[1..], [CHANGED, 0]);
+    assert_eq!(everything(&mut conn), before);
+    // Decided from the logs as they are now: admitted after j1.
+    let fresh = commit(
+        &mut conn,
+        (NOW + 9, NOW),
+        ("j2", "0:c2"),
+        [Some(&email); 2],
+        "",
+    );
+    assert_eq!(fresh.unwrap()[1..], [ADMITTED, (NOW + 9) as i64]);
+    assert!(get(&mut conn, "t:job:j2").unwrap().starts_with(b"a0-|"));
+    for key in ["t:email:m", "t:ip:n"] {
+        let log = scope_log::entries(&get(&mut conn, key).unwrap()).unwrap();
+        let ids: Vec<_> = log.iter().map(|(at, id)| (*at, id.as_str())).collect();
+        assert_eq!(ids, vec![(NOW + 9, "j2"), (NOW + 5, "j1")], "{key}");
+    }
+    let before = everything(&mut conn);
+    // A clock behind the snapshot's (it stepped back): changed.
+    let head = head_of(&get(&mut conn, "t:email:m").unwrap());
+    let heads = [Some(head.as_str()); 2];
+    let back = commit(&mut conn, (NOW + 10, NOW + 11), ("j3", "1:c4"), heads, "");
+    assert_eq!(back.unwrap()[1..], [CHANGED, 0]);
+    assert_eq!(everything(&mut conn), before);
+    // Expired by the call's instant: nothing written.
+    let late = commit(
+        &mut conn,
+        (NOW + 20, NOW),
+        ("j4", "1:c5"),
+        heads,
+        &(NOW + 20).to_string(),
+    );
+    assert_eq!(late.unwrap()[1..], [EXPIRED, 0]);
+    assert_eq!(everything(&mut conn), before);
+    // A suppression made since the snapshot: changed.
+    let server2 = PrivateRedis::start();
+    let mut fresh_conn = server2.connection();
+    let _: () = redis::cmd("SET")
+        .arg("t:sup:m")
+        .arg("1 admin spam")
+        .query(&mut fresh_conn)
+        .unwrap();
+    let sup = commit(&mut fresh_conn, (NOW, NOW), ("j5", "1:c6"), NONE, "").unwrap();
+    assert_eq!(sup[1..], [CHANGED, 0]);
+    // A log of an earlier build's form: nothing written.
+    let _: () = redis::cmd("DEL")
+        .arg("t:sup:m")
+        .query(&mut fresh_conn)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("t:ip:n")
+        .arg(1)
+        .arg("x")
+        .query(&mut fresh_conn)
+        .unwrap();
+    let ip = Some("00000101a0c4506c00");
+    let old = commit(&mut fresh_conn, (NOW, NOW), ("j5", "1:c6"), [None, ip], "").unwrap();
+    assert_eq!(old[1..], [UNMIGRATED, 0]);
+    assert_eq!(get(&mut fresh_conn, "t:job:j5"), None);
+    assert_eq!(get(&mut fresh_conn, "t:email:m"), None);
+    assert_eq!(everything(&mut conn), before);
+    // Malformed values: refused, nothing written.
+    for (id, call) in [
+        ("j6\n", "1:c7"),
+        ("", "1:c7"),
+        ("j6", "2:c7"),
+        ("j6", "1:"),
+        ("j6", "1:|c"),
+    ] {
+        let bad = commit(&mut conn, (NOW + 30, NOW), (id, call), NONE, "");
+        assert!(bad.is_err(), "{id} {call}: {bad:?}");
+        assert_eq!(everything(&mut conn), before, "{id} {call}");
+    }
+    let bad = commit(&mut conn, (NOW + 30, NOW), ("j6", "1:c7"), NONE, "soon");
+    assert!(bad.is_err(), "{bad:?}");
+    assert_eq!(everything(&mut conn), before);
+    // An admission no log judges (every scope allowed by an override):
+    // its record alone, and no keeps.
+    let (now, seen) = ((NOW + 40).to_string(), NOW.to_string());
+    let record_alone: Vec<i64> = redis::cmd("EVAL")
+        .arg(LEDGER.source())
+        .arg(1)
+        .arg("t:job:j7")
+        .arg(&["commit", &now, "86400000", "30000", ""])
+        .arg(&["j7", "fp", "1|T1|1:ab|c8", "", &seen, "00"])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(record_alone[1..], [ADMITTED, (NOW + 40) as i64]);
+}
