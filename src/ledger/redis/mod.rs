@@ -35,11 +35,16 @@ use crate::store::{self as store, Conn};
 
 /// The production ledger: records in Redis, shared by every worker.
 ///
-/// Every write is an item of `ledger.lua`'s "batch": items asked while
-/// earlier calls are in flight run together in one `EVALSHA` (in arrival
-/// order, all at one Redis instant, atomically), so under load the fixed
-/// cost of a script call, and its round trip, is shared by the jobs in
-/// flight; an idle ledger sends each at once. The script is loaded again
+/// An admission is decided in Rust where it can be: one atomic read per
+/// batch (`snapshot`) answers what writes nothing, and what it found room
+/// for is written by compare-and-set (`commit`; an admission whose logs
+/// this worker believes empty commits with no read first). Every other
+/// write is an item of `ledger.lua`'s "batch": items asked while earlier
+/// calls are in flight run together in one `EVALSHA` (in arrival order,
+/// all at one Redis instant, atomically), so under load the fixed cost of
+/// a script call, and its round trip, is shared by the jobs in flight; an
+/// idle ledger sends each at once. The same holds for the reads and the
+/// commits. The script is loaded again
 /// on `NOSCRIPT` (e.g. after a Redis restart). The connection is
 /// multiplexed and re-established after Redis comes back; a call made
 /// while Redis is away fails with [`LedgerError::Redis`], which callers

@@ -9,15 +9,18 @@
 //! `benches/redis_cost.py`), which is what an attack costs it: a flood is
 //! all rejections.
 //!
-//! What the snapshot cannot answer goes on to the ledger's script, which
-//! decides again, atomically, and writes: an admission, a resumption, a
-//! send whose owner vanished, a superseding purpose. The snapshot never
-//! writes, so a snapshot that is stale by the time its answer arrives
-//! answered exactly what Redis held at its instant (a rejection then was
-//! one; room only grows with time on a log nobody writes, and a write that
-//! came after it is another request's). Anything unexpected (an error, a
-//! key of another type, a Redis clock the worker does not trust) leaves
-//! every request of the batch to the script, which answers it as before.
+//! Where it finds room (no record, no suppression, room in every scope),
+//! the admission is written by compare-and-set (`commit`: the record and
+//! the logs, if nothing read changed since). What it cannot answer goes on
+//! to the ledger's script, which decides again, atomically, and writes: a
+//! resumption, a send whose owner vanished, a superseding purpose. The
+//! snapshot never writes, so a snapshot that is stale by the time its
+//! answer arrives answered exactly what Redis held at its instant (a
+//! rejection then was one; room only grows with time on a log nobody
+//! writes, and a write that came after it is another request's). Anything
+//! unexpected (an error, a key of another type, a Redis clock the worker
+//! does not trust) leaves every request of the batch to the script, which
+//! answers it as before.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -300,15 +303,16 @@ fn read_of(batch: &[Question], logs: &Logs<'_>) -> redis::Pipeline {
     pipe
 }
 
-/// Which admissions ask a snapshot first: those that name a key this
-/// worker last found full, suppressed or settled (a mailbox flooded, a
-/// network at its limit, copies of a job). Every other admission (a new
-/// mailbox: nearly every one that is admitted) goes straight to the
-/// script, which a read first would only make dearer. Only the route
-/// depends on the hints, never an answer: both routes are exact, so a
-/// hint that is wrong (another worker's refund, a reset) costs a read,
-/// and one this worker lacks (another worker's admission) costs a script
-/// call, as before the snapshot.
+/// Keys this worker found in some state lately, for routes only: those
+/// it found full, suppressed or settled (a mailbox flooded, a network at
+/// its limit, copies of a job), whose admissions skip the gate (their
+/// snapshot answers them); and, in a set of their own, the logs it wrote
+/// or found written, whose admissions read before they commit (every
+/// other admission, a new mailbox from a new network, commits with no
+/// read: `RedisLedger::fresh`). Never an answer depends on them: every
+/// route is exact, so a hint that is wrong or missing (another worker's
+/// write, a refund, a reset) costs a read or a call, never a wrong
+/// answer.
 #[derive(Default)]
 pub(super) struct Hints {
     /// Key → until when it is worth a snapshot.

@@ -228,3 +228,162 @@ fn a_commit_writes_only_what_its_snapshot_saw() {
         .unwrap();
     assert_eq!(record_alone[1..], [ADMITTED, (NOW + 40) as i64]);
 }
+
+/// Two workers (two ledgers, each believing the network's log empty at
+/// first) admit 200 jobs of distinct mailboxes from one network at once,
+/// whose rule allows 7 an hour: exactly 7 are admitted, each in the log
+/// once, each with its record; every other is rejected with a wait. The
+/// commits that lost the race wrote nothing (the log holds exactly the
+/// admitted ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_racing_for_one_network_admit_exactly_its_max() {
+    use mailgate::domain::Ticket;
+    use mailgate::ledger::{RedisLedger, Verdict};
+    use mailgate::limiter::Clock;
+    let prefix = unique_prefix("commit-race");
+    let _cleanup = RedisCleanup {
+        prefix: prefix.clone(),
+    };
+    let lim = limits(&[(HOUR, 5)], &[(HOUR, 7)]);
+    let mut ledgers = Vec::new();
+    for _ in 0..2 {
+        let l = RedisLedger::connect(&redis_settings(&prefix), &lim).await;
+        ledgers.push(l.unwrap());
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..200 {
+        let l = ledgers[n % 2].clone();
+        tasks.spawn(async move {
+            let job = TestJob::new(
+                &format!("r{n}"),
+                &format!("u{n}@example.com"),
+                Some("198.51.100.9"),
+            );
+            let verdict = job.admit(&l, &Ticket::new(), Clock::Server).await;
+            (n, verdict)
+        });
+    }
+    let mut admitted = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let (n, verdict) = done.unwrap();
+        match verdict {
+            Verdict::Admitted => admitted.push(format!("r{n}")),
+            Verdict::Rejected { retry_after_ms, .. } => assert!(retry_after_ms > 0),
+            other => panic!("r{n}: {other:?}"),
+        }
+    }
+    assert_eq!(admitted.len(), 7, "{admitted:?}");
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let log: Vec<u8> = redis::cmd("GET")
+        .arg(format!("{prefix}ip:198.51.100.9/32"))
+        .query(&mut conn)
+        .unwrap();
+    let mut ids: Vec<String> = scope_log::entries(&log)
+        .unwrap()
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    ids.sort();
+    admitted.sort();
+    assert_eq!(ids, admitted, "the log holds the admitted, once each");
+    for id in &admitted {
+        let record: Option<String> = redis::cmd("GET")
+            .arg(format!("{prefix}job:{id}"))
+            .query(&mut conn)
+            .unwrap();
+        assert!(record.is_some_and(|r| r.starts_with("a0-|")), "{id}");
+    }
+}
+
+/// A job admitted sending at once by a commit, then sent: its record is
+/// written over whole as the script's settle would write it, and a copy
+/// is answered `sent`. The same settle again changes nothing and says
+/// so; a copy that found the lease lapsed (delivery unknown) is
+/// overwritten by the truth; a record that is gone is not written back.
+#[tokio::test]
+async fn a_sent_settle_writes_the_record_the_script_would() {
+    use mailgate::domain::Ticket;
+    use mailgate::ledger::{Ending, Entry, Ledger, Verdict};
+    use mailgate::limiter::Clock;
+    let built = on_shared_redis("commit-settle", limits(&[(HOUR, 5)], &[])).await;
+    let (l, prefix) = (&built.ledger, built.prefix().to_owned());
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let record = |conn: &mut redis::Connection, id: &str| -> Option<String> {
+        redis::cmd("GET")
+            .arg(format!("{prefix}job:{id}"))
+            .query(conn)
+            .unwrap()
+    };
+    let send_now = |job: &'static TestJob, ticket: &'static Ticket| Entry {
+        job: job.by(ticket),
+        send_now: true,
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let jobs: &'static [TestJob] = Box::leak(Box::new([
+        TestJob::new("s1", "s1@example.com", None),
+        TestJob::new("s2", "s2@example.com", None),
+        TestJob::new("s3", "s3@example.com", None),
+    ]));
+    let ticket: &'static Ticket = Box::leak(Box::new(Ticket::new()));
+    for job in jobs {
+        let a = l
+            .admit(&send_now(job, ticket), Clock::Server)
+            .await
+            .unwrap();
+        assert_eq!(a.verdict, Verdict::Admitted);
+    }
+    // Sent: the record as the script writes it (st s, lease 0, the rest kept).
+    let before = record(&mut conn, "s1").unwrap();
+    assert!(before.starts_with("x0-|"), "{before}");
+    let done = l.settle(&jobs[0].by(ticket), &Ending::Sent, false).await;
+    assert!(done.unwrap());
+    let after = record(&mut conn, "s1").unwrap();
+    let (_, kept) = before[4..].split_once('|').unwrap();
+    assert_eq!(after, format!("s0-|0|{kept}"));
+    let copy = jobs[0].admit(l, &Ticket::new(), Clock::Server).await;
+    assert!(
+        matches!(
+            copy,
+            Verdict::Sent {
+                by_owner: false,
+                ..
+            }
+        ),
+        "{copy:?}"
+    );
+    // Again (its reply lost): the script's settle, the same record.
+    let again = l.settle(&jobs[0].by(ticket), &Ending::Sent, false).await;
+    assert!(again.unwrap());
+    assert_eq!(record(&mut conn, "s1").unwrap(), after);
+    // A copy marked it unknown (its lease lapsed): the truth overwrites.
+    let unknown = format!("u{}", &record(&mut conn, "s2").unwrap()[1..]);
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}job:s2"))
+        .arg(&unknown)
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        l.settle(&jobs[1].by(ticket), &Ending::Sent, false)
+            .await
+            .unwrap()
+    );
+    assert!(record(&mut conn, "s2").unwrap().starts_with("s0-|0|"));
+    // Gone (lapsed, or lost to a failover): not written back.
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{prefix}job:s3"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        !l.settle(&jobs[2].by(ticket), &Ending::Sent, false)
+            .await
+            .unwrap()
+    );
+    assert_eq!(record(&mut conn, "s3"), None);
+}

@@ -2595,8 +2595,8 @@ async fn what_writes_nothing_is_answered_without_a_script() {
         before,
         "a script ran for an answer that writes nothing"
     );
-    // A new mailbox goes straight to the script; so does Ann's next
-    // admission, read first (her minute was full).
+    // A new mailbox is written by one call (a commit, with no read
+    // first); so is Ann's next admission, read first (her minute was full).
     let new = TestJob::new("n0", "gus@example.com", None);
     assert_eq!(new.admit(&redis, &other, at).await, Verdict::Admitted);
     assert_eq!(script_calls(server.port), before + 1);
@@ -2607,11 +2607,11 @@ async fn what_writes_nothing_is_answered_without_a_script() {
 }
 
 /// A flood for one new mailbox, 200 jobs at once (a worker takes 256
-/// before the first is answered): one of them goes to the script, the
-/// others wait for its answer at the mailbox's gate (`snapshot::Gates`)
-/// and are answered by a snapshot. Exactly 1 is admitted, 199 rejected
-/// with a wait within the minute; the script ran once, where without the
-/// gate every job taken before the first answer ran it.
+/// before the first is answered): one of them goes on to be written (a
+/// commit: one call), the others wait for its answer at the mailbox's
+/// gate (`snapshot::Gates`) and are answered by a snapshot. Exactly 1 is
+/// admitted, 199 rejected with a wait within the minute; one call ran,
+/// where without the gate every job taken before the first answer did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_for_one_mailbox_sends_one_job_to_the_script() {
     let server = PrivateRedis::start();
@@ -2650,7 +2650,7 @@ async fn a_flood_for_one_mailbox_sends_one_job_to_the_script() {
     assert_eq!(
         script_calls(server.port) - before,
         1,
-        "one job went to the script"
+        "one job was written by a call"
     );
 }
 
