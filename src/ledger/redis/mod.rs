@@ -515,12 +515,13 @@ impl Ledger for RedisLedger {
         // the script, and those that come meanwhile wait for its answer, so
         // a flood's jobs then ask a snapshot (routes only, never answers).
         let mut gate = None;
-        let hinted = self.hinted(entry, &applicable);
+        let mut hinted = self.hinted(entry, &applicable);
         if self.snapshot.is_some() && !hinted {
             let mailbox = self.keys.suppression_key(job.request.email);
             match self.gates.enter(&mailbox).await {
                 snapshot::Entered::First(first) => gate = Some(first),
-                snapshot::Entered::Waited => {}
+                // What the first one learnt routes this one.
+                snapshot::Entered::Waited => hinted = self.hinted(entry, &applicable),
                 snapshot::Entered::Late => return Err(snapshot::late()),
             }
             // Nothing of Redis was read while it waited.
@@ -528,9 +529,10 @@ impl Ledger for RedisLedger {
         }
         let answered = (self.without_script(entry, (clock, asked), &applicable, hinted)).await?;
         if let Some(mut answered) = answered {
-            drop(gate);
             answered.by_override = by_override;
+            // Learnt before the gate opens: those waiting go by it.
             self.learn(entry, &applicable, &answered);
+            drop(gate);
             return Ok(answered);
         }
         let mut keys = Vec::with_capacity(1 + applicable.len());

@@ -190,12 +190,14 @@ impl RedisLedger {
     }
 }
 
-/// The error of an admission that found a scope log of an earlier build's
-/// form: an outage (the job waits) until `mailgate admin migrate` runs.
+/// The error of an admission that found a scope log this build cannot
+/// read (an earlier build's form, or damaged): an outage (the job waits)
+/// until `mailgate admin migrate` runs.
 pub(super) fn unmigrated(entry: &Entry<'_>) -> LedgerError {
     LedgerError::Unmigrated(format!(
-        "a scope log of job {:?} is of an earlier build's form (a sorted set), which this build \
-         does not read: run `mailgate admin migrate` with the workers stopped",
+        "a scope log of job {:?} is not of this build's form: an earlier build's sorted set \
+         (run `mailgate admin migrate` with the workers stopped), or damaged (`mailgate limits \
+         reset` clears it)",
         entry.job.request.id.as_str()
     ))
 }

@@ -47,6 +47,9 @@ const LATE_MS: i64 = 2000;
 /// rule of a larger max reads its own entry.
 const FETCH_MAX: usize = 64;
 
+/// The largest max of a log read whole (`Plan::whole`).
+const WHOLE_MAX: usize = 16;
+
 /// One admission as the snapshot reads it.
 pub(super) struct Question {
     /// The clock it is judged by.
@@ -182,12 +185,8 @@ async fn snapshot(
     let logs = Logs::of(batch);
     let values: Vec<Value> = read_of(batch, &logs).query_async(conn).await.ok()?;
     let mut values = values.into_iter();
-    // Each record (a GET: a record of another type is an error, not
-    // nothing), then the clock.
-    let mut records = Vec::with_capacity(batch.len());
-    for _ in batch {
-        records.push(redis::from_redis_value::<Option<String>>(values.next()?).ok()?);
-    }
+    // The MGET: each record, each suppression key, each small log whole.
+    let got: Vec<Option<Vec<u8>>> = redis::from_redis_value(values.next()?).ok()?;
     let (s, us): (u64, u64) = redis::from_redis_value(values.next()?).ok()?;
     let now = match clock {
         Clock::At(ms) => ms,
@@ -196,13 +195,28 @@ async fn snapshot(
             trusted(server, guard(keys, oldest_asked(batch)))?
         }
     };
-    let mut sups: Vec<Option<String>> = match batch.iter().any(|i| !i.suppression.is_empty()) {
-        true => redis::from_redis_value(values.next()?).ok()?,
-        false => Vec::new(),
-    };
+    let mut ranged = Vec::new();
+    for (_, plan) in logs.reads.iter().filter(|(_, p)| !p.whole()) {
+        ranged.push(plan.read(&mut values)?);
+    }
+    // MGET reads a key of another type (an earlier build's hash record or
+    // sorted-set log) as nothing: EXISTS counts it, and the script decides.
+    let exists: usize = redis::from_redis_value(values.next()?).ok()?;
+    if exists != got.iter().filter(|v| v.is_some()).count() {
+        return None;
+    }
+    let mut got = got.into_iter();
+    let mut text = || got.next()?.map(String::from_utf8).transpose().ok();
+    let records: Vec<Option<String>> = batch.iter().map(|_| text()).collect::<Option<_>>()?;
+    let sups = batch.iter().map(|i| i.suppression.len()).sum();
+    let mut sups: Vec<Option<String>> = (0..sups).map(|_| text()).collect::<Option<_>>()?;
+    let mut ranged = ranged.into_iter();
     let mut read = Vec::with_capacity(logs.reads.len());
     for (_, plan) in &logs.reads {
-        read.push(plan.read(&mut values)?);
+        read.push(match plan.whole() {
+            true => LogRead::of_head(&got.next()?.unwrap_or_default())?,
+            false => ranged.next()?,
+        });
     }
     let mut answers = Vec::with_capacity(batch.len());
     for ((item, slots), record) in batch.iter().zip(&logs.slots).zip(records) {
@@ -283,23 +297,33 @@ impl<'a> Logs<'a> {
     }
 }
 
-/// The one atomic read of `batch` (`logs`: its scope logs' reads): each
-/// record (a key's command first: a cluster routes the call by it),
-/// `TIME`, every suppression key in one `MGET`, then each log's reads.
+/// The one atomic read of `batch` (`logs`: its scope logs' reads): one
+/// `MGET` of each record, each suppression key and each small log whole
+/// (first: a cluster routes the call by its first key), `TIME`, the heads
+/// of the larger logs, then `EXISTS` of what the `MGET` read (it reads a
+/// key of another type as nothing). Commands, not bytes, are most of what
+/// a read costs Redis: one `MGET` of 20 keys costs less than four reads.
 fn read_of(batch: &[Question], logs: &Logs<'_>) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.atomic();
-    for item in batch {
-        pipe.cmd("GET").arg(&item.record);
-    }
+    let mut got: Vec<&str> = batch.iter().map(|i| i.record.as_str()).collect();
+    got.extend(
+        batch
+            .iter()
+            .flat_map(|i| &i.suppression)
+            .map(String::as_str),
+    );
+    got.extend(
+        (logs.reads.iter())
+            .filter(|(_, p)| p.whole())
+            .map(|(key, _)| *key),
+    );
+    pipe.cmd("MGET").arg(&got);
     pipe.cmd("TIME");
-    let sups: Vec<&String> = batch.iter().flat_map(|i| &i.suppression).collect();
-    if !sups.is_empty() {
-        pipe.cmd("MGET").arg(sups);
-    }
-    for (key, plan) in &logs.reads {
+    for (key, plan) in logs.reads.iter().filter(|(_, p)| !p.whole()) {
         plan.ask(&mut pipe, key);
     }
+    pipe.cmd("EXISTS").arg(&got);
     pipe
 }
 
@@ -586,6 +610,14 @@ impl Plan {
         self.ranks.dedup();
     }
 
+    /// Whether the log is read whole, in the batch's `MGET`: one a rule
+    /// fills in a few entries (a mailbox's), whose whole text is a few
+    /// hundred bytes; a larger one (a network's, a domain's) is read by
+    /// its head alone.
+    fn whole(&self) -> bool {
+        self.reads && self.ranks.is_empty() && self.fetch <= WHOLE_MAX
+    }
+
     /// Adds the reads to `pipe`.
     fn ask(&self, pipe: &mut redis::Pipeline, key: &str) {
         if !self.reads {
@@ -607,7 +639,7 @@ impl Plan {
         if !self.reads {
             return Some(LogRead::default());
         }
-        let (count, newest) = log::head(&bytes(values.next()?)?)?;
+        let LogRead { count, newest, .. } = LogRead::of_head(&bytes(values.next()?)?)?;
         let mut ranks = Vec::with_capacity(self.ranks.len());
         for &n in &self.ranks {
             let value = bytes(values.next()?)?;
@@ -634,6 +666,17 @@ pub(super) struct LogRead {
 }
 
 impl LogRead {
+    /// A log's head, or the whole log (`log::head`), as read; `None` if
+    /// the bytes are not a log's.
+    fn of_head(bytes: &[u8]) -> Option<Self> {
+        let (count, newest) = log::head(bytes)?;
+        Some(LogRead {
+            count,
+            newest,
+            ranks: Vec::new(),
+        })
+    }
+
     /// The head as it was read (`log::head_of`): what a compare-and-set
     /// finds at the front of the log if nothing wrote it since.
     fn head(&self) -> String {

@@ -18,7 +18,10 @@ exist. The admission is stamped with the call's own clock, as "admit"
 stamps its own. Redis commands cost more than the Lua around them, so the
 checks are few: one EXISTS of the record, the suppression keys and every
 log the snapshot found empty (nearly every admission's logs: a new
-mailbox, a new network), then a GET of each other log.
+mailbox, a new network), then a GET of each other log; only where EXISTS
+finds something are those keys read one by one (a log a refund emptied
+is '', and a suppression key of an earlier version may hold a bounce
+that suppresses nothing).
 
 ARGV[2]  the clock, as "batch"'s ARGV[2] ("~<expected>:<max>", "", or ms)
 ARGV[3]  keep_ms of a record; ARGV[4] lease_ms (as "batch"'s settings)
@@ -43,7 +46,8 @@ returns  {now, then per item its code (ledger.lua's CODE) and one value}:
                             very call's, run again after its reply was lost)
            changed, 0    -- a fact changed: nothing written
            expired, 0    -- expires_at passed: nothing written
-           unmigrated, 0 -- a log of an earlier build's form: nothing written
+           unmigrated, 0 -- a log this build cannot read (an earlier build's
+                            form, or damaged): nothing written
 Every item is checked before the first write, so a bad call writes nothing;
 an item's keys are all read before its writes.
 Example (one job for a@x.com from 10.0.0.20, prefix p:, sending at once,
@@ -100,21 +104,42 @@ local function not_before(b, seen)
   return ms ~= nil and ms <= b.now
 end
 
+-- Whether something EXISTS found among the keys of the item at ARGV[a]
+-- (KEYS from k) still lets it be admitted as decided: no record (nil and
+-- the code to answer if there is one: this very call again, run after its
+-- reply was lost, stands as it was made), no suppression as the script
+-- reads one (`suppressed`: an earlier version's bounce value suppresses
+-- nothing), and each log found empty still empty (a refund leaves a log
+-- it emptied as '').
+local function nothing_found(k, a, S, E, CODE, suppressed)
+  local st, _, _, _, _, _, c, tail = records.load(KEYS[k])
+  if st then
+    if (st == A or st == X) and c == string.match(ARGV[a + 2], '([^|]*)$')
+      and string.match(tail, '^[^|]*|[^|]*|(.*)$') == ARGV[a + 1] then
+      return false, CODE.admitted, records.at_of(tail)
+    end
+    return false, CODE.changed, 0
+  end
+  if suppressed(k + 1, S) then return false, CODE.changed, 0 end
+  for i = 1, E do
+    local log = decide.log_of(KEYS[k + S + i])
+    if not log then return false, CODE.unmigrated, 0 end
+    if log ~= '' then return false, CODE.changed, 0 end
+  end
+  return true
+end
+
 -- The item at ARGV[a], its keys from KEYS[k] (its shape's S, E, L): its
--- code and value.
-local function commit_one(k, a, b, S, E, L, CODE)
-  local key, id, want, owner = KEYS[k], ARGV[a], ARGV[a + 1], ARGV[a + 2]
+-- code and value. Every key is read, and every log's new text made,
+-- before the first write.
+local function commit_one(k, a, b, S, E, L, CODE, suppressed)
+  local key, id, owner = KEYS[k], ARGV[a], ARGV[a + 2]
   local now = b.now
   -- Nothing a new admission must not find: no record, no suppression, and
-  -- the logs found empty still empty.
+  -- the logs found empty still empty (one EXISTS, most often 0).
   if call('EXISTS', unpack(KEYS, k, k + S + E)) > 0 then
-    local st, _, _, _, _, _, c, tail = records.load(key)
-    -- This very call again (its reply lost): its admission stands.
-    if (st == A or st == X) and c == string.match(owner, '([^|]*)$')
-      and string.match(tail, '^[^|]*|[^|]*|(.*)$') == want then
-      return CODE.admitted, records.at_of(tail)
-    end
-    return CODE.changed, 0
+    local fine, code, v = nothing_found(k, a, S, E, CODE, suppressed)
+    if not fine then return code, v end
   end
   if ARGV[a + 3] ~= '' and tonumber(ARGV[a + 3]) <= now then return CODE.expired, 0 end
   if not not_before(b, ARGV[a + 4]) then return CODE.changed, 0 end
@@ -126,21 +151,28 @@ local function commit_one(k, a, b, S, E, L, CODE)
     if sub(log, 1, #head) ~= head then return CODE.changed, 0 end
     logs[E + i] = log
   end
+  -- Each log's new text, before any write: a log damaged past its head
+  -- fails here, this item alone, as one this build cannot read.
+  local shape = ARGV[a + 5]
+  for i = 1, L do
+    local ok, text = pcall(decide.append, logs[i] or '', b.keeps[byte(shape, i + 2) - 64][1], now, id)
+    if not ok then return CODE.unmigrated, 0 end
+    logs[i] = text
+  end
   -- Every key read: now the writes. The record as records.lua writes it:
   -- <st>0-|<lease>|<own>|<n>|<c>|<at>||<fp>.
-  local shape = ARGV[a + 5]
   call('SET', key, (byte(owner) == 49 and 'x0-|' or 'a0-|') .. b.lease_s .. sub(owner, 2) .. '|'
-    .. b.now_s .. '||' .. want, 'PX', b.keep_s)
+    .. b.now_s .. '||' .. ARGV[a + 1], 'PX', b.keep_s)
   for i = 1, L do
-    local keep = b.keeps[byte(shape, i + 2) - 64]
-    call('SET', KEYS[k + S + i], decide.append(logs[i] or '', keep[1], now, id), 'PX', keep[2])
+    call('SET', KEYS[k + S + i], logs[i], 'PX', b.keeps[byte(shape, i + 2) - 64][2])
   end
   return CODE.admitted, now
 end
 
 -- Runs the call (ARGV[1] "commit"); CODE: ledger.lua's codes, fail(why)
--- its error reply.
-local function main(CODE, fail)
+-- its error reply, suppressed(k, n) its reading of n suppression keys
+-- from KEYS[k].
+local function main(CODE, fail, suppressed)
   local now, skewed = decide.clock(2)
   if skewed then return skewed end
   if not now then return fail('bad clock') end
@@ -163,7 +195,7 @@ local function main(CODE, fail)
     keeps = keeps}
   local out = {now}
   for i, it in ipairs(items) do
-    out[2 * i], out[2 * i + 1] = commit_one(it[2], it[1], b, it[3], it[4], it[5], CODE)
+    out[2 * i], out[2 * i + 1] = commit_one(it[2], it[1], b, it[3], it[4], it[5], CODE, suppressed)
   end
   return out
 end

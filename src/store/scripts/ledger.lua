@@ -657,7 +657,7 @@ end
 local function main()
   op = ARGV[1]
   if op == 'batch' then return batch()
-  elseif op == 'commit' then return commit.main(CODE, fail)
+  elseif op == 'commit' then return commit.main(CODE, fail, suppressed)
   elseif op == 'probe' then return probe()
   end
   return fail('unknown op')

@@ -387,3 +387,73 @@ async fn a_sent_settle_writes_the_record_the_script_would() {
     );
     assert_eq!(record(&mut conn, "s3"), None);
 }
+
+/// Where its one `EXISTS` finds something, a commit reads those keys as
+/// the script does: a log a refund emptied (`''`) is empty, and an earlier
+/// version's bounce under a mailbox's key suppresses nothing, so both are
+/// admitted; the address's own bounce key suppresses. A log damaged past
+/// its head fails its own item before anything of it is written, and the
+/// call's other item is admitted and answered.
+#[test]
+fn a_commit_reads_what_exists_as_the_script_does() {
+    let server = PrivateRedis::start();
+    let mut conn = server.connection();
+    let set = |conn: &mut redis::Connection, key: &str, value: &str| {
+        let _: () = redis::cmd("SET").arg(key).arg(value).query(conn).unwrap();
+    };
+    // One item: job `id`, its bounce key and mailbox key, its one log
+    // found empty.
+    let item = |id: &str| {
+        let keys = [
+            format!("t:job:{id}"),
+            format!("t:bounced:{id}"),
+            format!("t:sup:{id}"),
+            format!("t:email:{id}"),
+        ];
+        let args = [id, "fp", "1|T1|1:ab|c1", "", "0", "21A"].map(str::to_owned);
+        (keys.to_vec(), args.to_vec())
+    };
+    let commit = |conn: &mut redis::Connection, items: &[(Vec<String>, Vec<String>)]| {
+        let keys: Vec<&String> = items.iter().flat_map(|(k, _)| k).collect();
+        let args: Vec<&String> = items.iter().flat_map(|(_, a)| a).collect();
+        redis::cmd("EVAL")
+            .arg(LEDGER.source())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(&["commit", &NOW.to_string(), "86400000", "30000", "90000000"])
+            .arg(args)
+            .query::<Vec<i64>>(conn)
+            .unwrap()
+    };
+    set(&mut conn, "t:email:emptied", "");
+    assert_eq!(
+        commit(&mut conn, &[item("emptied")])[1..],
+        [ADMITTED, NOW as i64]
+    );
+    set(&mut conn, "t:sup:old", &format!("{NOW} bounce 5.1.1"));
+    assert_eq!(
+        commit(&mut conn, &[item("old")])[1..],
+        [ADMITTED, NOW as i64]
+    );
+    set(&mut conn, "t:sup:held", &format!("{NOW} manual spam"));
+    assert_eq!(commit(&mut conn, &[item("held")])[1..], [CHANGED, 0]);
+    set(&mut conn, "t:bounced:refused", "1");
+    assert_eq!(commit(&mut conn, &[item("refused")])[1..], [CHANGED, 0]);
+    for id in ["held", "refused"] {
+        assert_eq!(get(&mut conn, &format!("t:job:{id}")), None, "{id}");
+        assert_eq!(get(&mut conn, &format!("t:email:{id}")), None, "{id}");
+    }
+    // A log whose count says three entries, which holds two.
+    let damaged = "00000301a0c4506fe801a0c4506c00\nx\ny\n";
+    set(&mut conn, "t:email:bad", damaged);
+    let (mut bad, good) = (item("bad"), item("good"));
+    bad.1[5] = "20A".into();
+    bad.1.push(damaged[..30].to_owned());
+    assert_eq!(
+        commit(&mut conn, &[good, bad])[1..],
+        [ADMITTED, NOW as i64, UNMIGRATED, 0]
+    );
+    assert!(get(&mut conn, "t:job:good").is_some());
+    assert_eq!(get(&mut conn, "t:job:bad"), None);
+    assert_eq!(get(&mut conn, "t:email:bad").unwrap(), damaged.as_bytes());
+}

@@ -1273,8 +1273,21 @@ async fn a_settle_the_replicas_did_not_acknowledge_is_an_outage_and_written_agai
         .unwrap();
     until_synced(&l).await;
     let (job, ticket) = (TestJob::new("sw", "sw@example.com", None), Ticket::new());
-    let sent = send_now(&l, &job, &ticket, 1).await.expect("acknowledged");
-    assert_eq!(sent.verdict, Verdict::Admitted);
+    // (A replica slow to acknowledge on a loaded machine: the mark is
+    // given back, and the same attempt resumes it.)
+    let mut sent = send_now(&l, &job, &ticket, 1).await;
+    for _ in 0..20 {
+        match sent {
+            Err(LedgerError::Unreplicated(_)) => sent = send_now(&l, &job, &ticket, 1).await,
+            _ => break,
+        }
+    }
+    let sent = sent.expect("acknowledged");
+    assert!(
+        matches!(sent.verdict, Verdict::Admitted | Verdict::Resumed { .. }),
+        "{:?}",
+        sent.verdict
+    );
     replica.pause();
     let Err(e) = l.settle(&job.by(&ticket), &Ending::Sent, false).await else {
         panic!("a settle the replica did not acknowledge must not count as written");
