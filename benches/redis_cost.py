@@ -23,8 +23,10 @@ library (FCALL), and as the worker calls Redis since the snapshot (issue
 TIME, their suppression keys and the newest entries of their logs, EXEC),
 which answers rejections and suppressions, for admissions that name a
 key the worker found full or suppressed (the rest, new mailboxes, go
-straight to the function); the shipped config's email and ip rule sets; every mailbox and
-network new. Figures: instructions per job (and against one article
+straight to the function); since the commits (commit.lua, 2026-12-03), a
+new mailbox from a new network is written by a "commit" with no read
+first, and its sent settle is one SET … XX PX; the shipped config's email
+and ip rule sets; every mailbox and network new. Figures: instructions per job (and against one article
 call).
   admitted, marked sending later: call n carries the settles of the jobs
       admitted in call n-2, the send marks of call n-1's and 5 new
@@ -176,6 +178,27 @@ def snapshot(p, keys):
     snapshot.rs), as it reads the shipped config's sets: `keys` holds each
     admission's record, mailbox log, network log and suppression key."""
     p.execute_command("MULTI")
+    if commits():
+        # Since the commits (2026-12-03): one MGET of each record, each
+        # suppression key and each small log whole (a mailbox's: its rules'
+        # max is 10), TIME, the head of each larger log (a network's: the
+        # newest 50), then EXISTS of what the MGET read; each key once.
+        got, seen = [], set()
+        for record, email, _, sup in keys:
+            got += [record] + ([sup] if sup else [])
+        for _, email, _, _ in keys:
+            if email not in seen:
+                seen.add(email)
+                got.append(email)
+        p.execute_command("MGET", *got)
+        p.execute_command("TIME")
+        for _, _, ip, _ in keys:
+            if ip not in seen:
+                seen.add(ip)
+                p.execute_command("GETRANGE", ip, 0, 6 + 50 * 12 - 1)
+        p.execute_command("EXISTS", *got)
+        p.execute_command("EXEC")
+        return
     for record, _, _, _ in keys:
         p.execute_command("GET", record)
     p.execute_command("TIME")
