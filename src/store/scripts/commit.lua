@@ -138,7 +138,10 @@ local function commit_one(k, a, b, S, E, L, CODE, suppressed)
   -- Nothing a new admission must not find: no record, no suppression, and
   -- the logs found empty still empty (one EXISTS, most often 0).
   if call('EXISTS', unpack(KEYS, k, k + S + E)) > 0 then
-    local fine, code, v = nothing_found(k, a, S, E, CODE, suppressed)
+    -- (A key this build cannot read, a hash under a suppression key or a
+    -- record that is not one, fails this item alone: nothing written.)
+    local read, fine, code, v = pcall(nothing_found, k, a, S, E, CODE, suppressed)
+    if not read then return CODE.unmigrated, 0 end
     if not fine then return code, v end
   end
   if ARGV[a + 3] ~= '' and tonumber(ARGV[a + 3]) <= now then return CODE.expired, 0 end

@@ -456,4 +456,21 @@ fn a_commit_reads_what_exists_as_the_script_does() {
     assert!(get(&mut conn, "t:job:good").is_some());
     assert_eq!(get(&mut conn, "t:job:bad"), None);
     assert_eq!(get(&mut conn, "t:email:bad").unwrap(), damaged.as_bytes());
+    // A suppression key of another type, or a record that is not one,
+    // behind a clean item: that item alone fails, nothing of it written.
+    let _: () = redis::cmd("HSET")
+        .arg("t:sup:hashed")
+        .arg("f")
+        .arg("v")
+        .query(&mut conn)
+        .unwrap();
+    set(&mut conn, "t:job:garbled", "not a record");
+    let got = commit(&mut conn, &[item("clean"), item("hashed"), item("garbled")]);
+    assert_eq!(
+        got[1..],
+        [ADMITTED, NOW as i64, UNMIGRATED, 0, UNMIGRATED, 0]
+    );
+    assert!(get(&mut conn, "t:job:clean").is_some());
+    assert_eq!(get(&mut conn, "t:job:hashed"), None);
+    assert_eq!(get(&mut conn, "t:email:garbled"), None);
 }
