@@ -182,7 +182,8 @@ def snapshot(p, keys):
         # Since the commits (2026-12-03): one MGET of each record, each
         # suppression key and each small log whole (a mailbox's: its rules'
         # max is 10), TIME, the head of each larger log (a network's: the
-        # newest 50), then EXISTS of what the MGET read; each key once.
+        # newest 50), then EXISTS of the records and logs the MGET read;
+        # each key once.
         got, seen = [], set()
         for record, email, _, sup in keys:
             got += [record] + ([sup] if sup else [])
@@ -196,7 +197,7 @@ def snapshot(p, keys):
             if ip not in seen:
                 seen.add(ip)
                 p.execute_command("GETRANGE", ip, 0, 6 + 50 * 12 - 1)
-        p.execute_command("EXISTS", *got)
+        p.execute_command("EXISTS", *[k for k in got if ":sup:" not in k])
         p.execute_command("EXEC")
         return
     for record, _, _, _ in keys:
