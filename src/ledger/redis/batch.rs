@@ -234,21 +234,33 @@ pub(super) async fn dispatch(
     gather(rx, batching, move |batch, clock| {
         let (mut conn, keys) = (conn.clone(), keys.clone());
         async move {
-            match run_batch(&mut conn, &keys, replication, calls, clock, &batch).await {
-                Ok(replies) => {
-                    for (p, r) in batch.into_iter().zip(replies) {
-                        let _ = p.reply.send(Ok(r));
-                    }
-                }
-                Err(e) => {
-                    for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            let replies = run_batch(&mut conn, &keys, replication, calls, clock, &batch).await;
+            answer_each(batch, replies, |p| p.reply);
         }
     })
     .await;
+}
+
+/// Sends each item of `batch` its answer (`answers`: one per item, in
+/// order), or the call's error to every one (`reply`: where an item's
+/// answer goes).
+pub(super) fn answer_each<T, R>(
+    batch: Vec<T>,
+    answers: Result<Vec<R>, LedgerError>,
+    reply: impl Fn(T) -> oneshot::Sender<Result<R, LedgerError>>,
+) {
+    match answers {
+        Ok(answers) => {
+            for (item, answer) in batch.into_iter().zip(answers) {
+                let _ = reply(item).send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            for item in batch {
+                let _ = reply(item).send(Err(e.clone()));
+            }
+        }
+    }
 }
 
 /// A script's time argument: the given time, or Redis's own clock, which

@@ -16,7 +16,9 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{BATCHED, Callee, Queued, clock_arg, eval_waiting, gather, oldest_asked};
+use super::batch::{
+    BATCHED, Callee, Queued, answer_each, clock_arg, eval_waiting, gather, oldest_asked,
+};
 use super::replicas::Replication;
 use super::reply::Code;
 use super::snapshot::Fits;
@@ -82,18 +84,8 @@ pub(super) async fn committing(
     gather(rx, BATCHED, move |batch, clock| {
         let (mut conn, keys) = (conn.clone(), keys.clone());
         async move {
-            match run(&mut conn, &keys, (replication, calls), clock, &batch).await {
-                Ok(answers) => {
-                    for (p, a) in batch.into_iter().zip(answers) {
-                        let _ = p.reply.send(Ok(a));
-                    }
-                }
-                Err(e) => {
-                    for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            let answers = run(&mut conn, &keys, (replication, calls), clock, &batch).await;
+            answer_each(batch, answers, |p| p.reply);
         }
     })
     .await;

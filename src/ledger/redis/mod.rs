@@ -1,7 +1,9 @@
 //! The production ledger, in Redis ([`RedisLedger`]): its connection and
-//! the [`Ledger`] operations; batching, reply decoding, spread mode, the
-//! clock watch, replication, the suppression list and the support tools'
-//! questions (`quotas`, `record`) each in a file of their own.
+//! the [`Ledger`] operations; batching, reply decoding, the snapshot, the
+//! compare-and-set commits, the routes between them and the script,
+//! spread mode, the clock watch, replication, the suppression list and the
+//! support tools' questions (`quotas`, `record`) each in a file of their
+//! own.
 
 mod batch;
 mod clock;
@@ -11,6 +13,7 @@ mod quotas;
 mod record;
 mod replicas;
 pub(crate) mod reply;
+mod routes;
 mod snapshot;
 mod spread;
 mod suppression;
@@ -73,15 +76,15 @@ pub struct RedisLedger {
     /// The records the commits wrote for jobs sending at once, which a
     /// sent settle writes over with no script (`commit::Sends`).
     sends: Arc<commit::Sends>,
-    /// Which admissions ask the snapshot first (`snapshot::Hints`).
-    hints: Arc<snapshot::Hints>,
+    /// Which admissions ask the snapshot first (`routes::Hints`).
+    hints: Arc<routes::Hints>,
     /// The logs this worker wrote or found written: an admission that
     /// names none of them commits with no read first (`Fits::fresh`).
-    busy: Arc<snapshot::Hints>,
+    busy: Arc<routes::Hints>,
     /// One admission per mailbox on its way to the script while no hint
     /// says it is full, the others waiting for its answer
-    /// (`snapshot::Gates`).
-    gates: Arc<snapshot::Gates>,
+    /// (`routes::Gates`).
+    gates: Arc<routes::Gates>,
     allow_eviction: bool,
     replication: Replication,
     spread: bool,
@@ -201,138 +204,6 @@ impl RedisLedger {
     fn unfit(&self, e: redis::RedisError) -> LedgerError {
         unfit(e, &self.keys.prefix)
     }
-
-    /// Whether `entry` names a key this worker last found full,
-    /// suppressed or settled (`snapshot::Hints`): then a snapshot is asked
-    /// first.
-    fn hinted(&self, entry: &Entry<'_>, applicable: &[crate::limiter::Applied]) -> bool {
-        let request = &entry.job.request;
-        let record = self.keys.record_key(request.id);
-        let mailbox = self.keys.suppression_key(request.email);
-        let named = [record.as_str(), mailbox.as_str()];
-        (self.hints).any(
-            named
-                .into_iter()
-                .chain(applicable.iter().map(|a| a.key.as_str())),
-        )
-    }
-
-    /// What a snapshot finds for `entry` at `clock` (asked for at the
-    /// instant with it; `applicable`: the scopes that judge it): an answer
-    /// that writes nothing, room for an admission that the worker writes by
-    /// compare-and-set, or a write the script decides (or a snapshot that
-    /// could not be read); an outage if Redis did not answer the read in
-    /// the time the script would still be taken in.
-    async fn snapshot_answer(
-        &self,
-        entry: &Entry<'_>,
-        (clock, asked): (Clock, std::time::Instant),
-        applicable: &[crate::limiter::Applied],
-    ) -> Result<snapshot::Found, LedgerError> {
-        let Some(snapshot) = self.snapshot.as_ref() else {
-            return Ok(snapshot::Found::Script);
-        };
-        let request = &entry.job.request;
-        let record = self.keys.record_key(request.id);
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let item = snapshot::Question {
-            clock,
-            asked,
-            record,
-            fingerprint: Fingerprint::of(request),
-            ticket: entry.job.ticket.as_str().to_owned(),
-            expires_at_ms: entry.expires_at_ms,
-            suppression: match self.keys.checks_suppression() {
-                true => self.keys.suppression_keys(request.email),
-                false => Vec::new(),
-            },
-            scopes: (applicable.iter())
-                .map(|a| (a.scope, a.key.clone(), a.set.clone()))
-                .collect(),
-            supersedes: self.keys.latest_key(request).is_some(),
-            reply,
-        };
-        if snapshot.send(item).await.is_err() {
-            return Ok(snapshot::Found::Script);
-        }
-        match answer.await {
-            Ok(Ok(found)) => Ok(found),
-            Ok(Err(snapshot::Late)) => Err(snapshot::late()),
-            Err(_) => Ok(snapshot::Found::Script),
-        }
-    }
-
-    /// What `entry` (judged by `applicable`; `hinted`: a key of it was
-    /// found full, suppressed or settled) is answered with no script: by
-    /// a commit of logs this worker believes empty (`Fits::fresh`: no
-    /// read first), else by a snapshot and a commit of what it read.
-    /// `None`: the script decides.
-    async fn without_script(
-        &self,
-        entry: &Entry<'_>,
-        (clock, asked): (Clock, std::time::Instant),
-        applicable: &[crate::limiter::Applied],
-        hinted: bool,
-    ) -> Result<Option<Admission>, LedgerError> {
-        if !hinted && let Some(fits) = self.fresh(entry, applicable) {
-            let committed = (self.commit(entry, (clock, asked), applicable, fits)).await?;
-            if committed.is_some() {
-                return Ok(committed);
-            }
-            // Not empty after all (another worker's admission, a key this
-            // worker forgot): read first from now on.
-            self.note_busy(applicable);
-        }
-        match (self.snapshot_answer(entry, (clock, asked), applicable)).await? {
-            snapshot::Found::Answered(answered) => Ok(Some(answered)),
-            snapshot::Found::Fits(fits) => {
-                (self.commit(entry, (clock, asked), applicable, fits)).await
-            }
-            snapshot::Found::Script => Ok(None),
-        }
-    }
-
-    /// Notes what `admission` of `entry` (judged by `applicable`) says of
-    /// its keys for the next admissions' route (`snapshot::Hints`): a
-    /// scope full until it frees up (a rejection's, or the last room an
-    /// admission took), a suppressed mailbox, a job settled or held.
-    fn learn(
-        &self,
-        entry: &Entry<'_>,
-        applicable: &[crate::limiter::Applied],
-        admission: &Admission,
-    ) {
-        let request = &entry.job.request;
-        let full = |scope, ms| {
-            for a in applicable.iter().filter(|a| a.scope == scope) {
-                self.hints.note(&a.key, ms);
-            }
-        };
-        match admission.verdict {
-            Verdict::Rejected {
-                retry_after_ms,
-                rule,
-            } => full(rule.scope, retry_after_ms),
-            Verdict::Admitted => {
-                for room in admission.rooms.iter().filter(|r| r.remaining == 0) {
-                    full(room.rule.scope, room.reset_ms);
-                }
-                self.note_busy(applicable);
-            }
-            Verdict::Suppressed => {
-                (self.hints).note(&self.keys.suppression_key(request.email), SETTLED_HINT_MS)
-            }
-            Verdict::Sent { .. }
-            | Verdict::Unknown { .. }
-            | Verdict::Finished { .. }
-            | Verdict::Busy { .. }
-            | Verdict::Conflict
-            | Verdict::Expired => {
-                (self.hints).note(&self.keys.record_key(request.id), SETTLED_HINT_MS)
-            }
-            Verdict::Resumed { .. } | Verdict::Superseded { .. } => {}
-        }
-    }
 }
 
 impl RedisLedger {
@@ -443,10 +314,6 @@ fn without_script(
     (snapshot, commits)
 }
 
-/// How long a suppressed mailbox or a settled job's id asks the snapshot
-/// first (`snapshot::Hints`): its copies and retries come within seconds.
-const SETTLED_HINT_MS: u64 = 60_000;
-
 /// How long the eviction check reads `INFO memory` after `CONFIG GET` was
 /// refused before it asks CONFIG again: a refusal taken for one (a server
 /// error this build does not know) costs at most this long of the dearer
@@ -519,10 +386,10 @@ impl Ledger for RedisLedger {
         if self.snapshot.is_some() && !hinted {
             let mailbox = self.keys.suppression_key(job.request.email);
             match self.gates.enter(&mailbox).await {
-                snapshot::Entered::First(first) => gate = Some(first),
+                routes::Entered::First(first) => gate = Some(first),
                 // What the first one learnt routes this one.
-                snapshot::Entered::Waited => hinted = self.hinted(entry, &applicable),
-                snapshot::Entered::Late => return Err(snapshot::late()),
+                routes::Entered::Waited => hinted = self.hinted(entry, &applicable),
+                routes::Entered::Late => return Err(routes::late()),
             }
             // Nothing of Redis was read while it waited.
             asked = std::time::Instant::now();

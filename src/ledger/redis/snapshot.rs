@@ -23,17 +23,15 @@
 //! answers it as before.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{BATCHED, Queued, gather, guard, oldest_asked};
 use super::log;
-use crate::ledger::{
-    Admission, Fingerprint, Held, JobState, LedgerError, Refund, Standing, Verdict, standing,
-};
+use crate::ledger::{Admission, Fingerprint, Held, JobState, Refund, Standing, Verdict, standing};
 use crate::limiter::{self, Clock, Keyspace, Newest, RuleSet, Scope, judge_scope, suppressed_by};
 use crate::store::Conn;
 
@@ -41,7 +39,7 @@ use crate::store::Conn;
 /// `decide.lua`'s `LATE_MS`: a snapshot read later than this (a frozen or
 /// partitioned Redis) answers nothing; the script then refuses the call
 /// (`STALE`), and the caller waits without spending an attempt.
-const LATE_MS: i64 = 2000;
+pub(super) const LATE_MS: i64 = 2000;
 
 /// The most entries of a log its head's read fetches (12 bytes each): a
 /// rule of a larger max reads its own entry.
@@ -332,143 +330,6 @@ fn read_of(batch: &[Question], logs: &Logs<'_>) -> redis::Pipeline {
     let (records, rest) = got.split_at(batch.len());
     pipe.cmd("EXISTS").arg(records).arg(&rest[sups..]);
     pipe
-}
-
-/// Keys this worker found in some state lately, for routes only: those
-/// it found full, suppressed or settled (a mailbox flooded, a network at
-/// its limit, copies of a job), whose admissions skip the gate (their
-/// snapshot answers them); and, in a set of their own, the logs it wrote
-/// or found written, whose admissions read before they commit (every
-/// other admission, a new mailbox from a new network, commits with no
-/// read: `RedisLedger::fresh`). Never an answer depends on them: every
-/// route is exact, so a hint that is wrong or missing (another worker's
-/// write, a refund, a reset) costs a read or a call, never a wrong
-/// answer.
-#[derive(Default)]
-pub(super) struct Hints {
-    /// Key → until when it is worth a snapshot.
-    until: Mutex<HashMap<String, Instant>>,
-}
-
-impl Hints {
-    /// The most keys held: past it, lapsed ones are dropped, then all.
-    const MAX: usize = 50_000;
-    /// The longest a key is held.
-    const LONGEST: Duration = Duration::from_secs(3600);
-
-    /// Whether any of `keys` is worth a snapshot now.
-    pub(super) fn any<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> bool {
-        let until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        keys.into_iter()
-            .any(|k| until.get(k).is_some_and(|t| *t > now))
-    }
-
-    /// Marks `key` worth a snapshot for `ms`.
-    pub(super) fn note(&self, key: &str, ms: u64) {
-        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        if until.len() >= Self::MAX {
-            until.retain(|_, t| *t > now);
-            if until.len() >= Self::MAX {
-                until.clear();
-            }
-        }
-        let end = now + Duration::from_millis(ms).min(Self::LONGEST);
-        until.insert(key.to_owned(), end);
-    }
-}
-
-/// One admission per key on its way to the script while no hint says the
-/// key is full, and those that come meanwhile wait for its answer: a
-/// flood's jobs for one mailbox (the worker takes 256 at once) wait for
-/// the first one's answer, which notes the mailbox full (`Hints`), and
-/// then ask a snapshot, instead of all going to the script. Routes only,
-/// never answers: a job that waited goes on to the script at once if
-/// nothing says the key is full (a mailbox with room, whose jobs then go
-/// together, as before: each waits one answer at most, never in a line),
-/// and another mailbox's jobs never wait on it.
-#[derive(Default)]
-pub(super) struct Gates {
-    /// Each key with an admission on its way: closed when it is answered.
-    open: Mutex<HashMap<String, Arc<Semaphore>>>,
-}
-
-/// What `Gates::enter` found.
-pub(super) enum Entered<'a> {
-    /// Nothing of the key was on its way: this admission is, until the
-    /// gate is dropped.
-    First(Gate<'a>),
-    /// Another was, and has been answered.
-    Waited,
-    /// Another was, and Redis has not answered it within the time a call
-    /// may take (`LATE_MS`: a frozen Redis): an outage for this one too,
-    /// at once, not after a call of its own.
-    Late,
-}
-
-impl Gates {
-    /// The longest an admission waits for another's answer.
-    const WAIT: Duration = Duration::from_millis(LATE_MS as u64);
-
-    /// Enters the gate of `key`, or waits for the admission that did.
-    pub(super) async fn enter(&self, key: &str) -> Entered<'_> {
-        let answered = {
-            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            match open.get(key) {
-                Some(answered) => answered.clone(),
-                None => {
-                    let answered = Arc::new(Semaphore::new(0));
-                    open.insert(key.to_owned(), answered.clone());
-                    return Entered::First(Gate {
-                        gates: self,
-                        key: key.to_owned(),
-                        answered,
-                    });
-                }
-            }
-        };
-        // No permit is ever given: the gate's drop closes it.
-        match tokio::time::timeout(Self::WAIT, answered.acquire()).await {
-            Ok(_) => Entered::Waited,
-            Err(_) => Entered::Late,
-        }
-    }
-}
-
-/// The first admission of a key on its way (`Gates::enter`): when it is
-/// dropped (answered, failed or cancelled), those that waited go on.
-pub(super) struct Gate<'a> {
-    gates: &'a Gates,
-    key: String,
-    answered: Arc<Semaphore>,
-}
-
-impl Drop for Gate<'_> {
-    fn drop(&mut self) {
-        let mut open = (self.gates.open)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if open
-            .get(&self.key)
-            .is_some_and(|a| Arc::ptr_eq(a, &self.answered))
-        {
-            open.remove(&self.key);
-        }
-        self.answered.close();
-    }
-}
-
-/// Redis did not answer an admission's read, or the admission of the same
-/// mailbox before it, within the 2 s a call may take: an outage (the job
-/// waits), at once rather than after a call of its own.
-pub(super) fn late() -> LedgerError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "Redis did not answer the admission's read, or the one before it for the same mailbox, \
-         within 2 s; the job waits",
-    ))
-    .into()
 }
 
 /// Redis's clock `now`, if the worker trusts it (`guard`: where it
@@ -789,44 +650,6 @@ mod tests {
             (read.newest(1), read.newest(100)),
             (Some(1_790_000_001_000), None)
         );
-    }
-
-    #[tokio::test]
-    async fn a_gate_lets_one_admission_of_a_key_on_and_the_others_wait_for_its_answer() {
-        let gates = Arc::new(Gates::default());
-        let Entered::First(first) = gates.enter("m").await else {
-            panic!("the first enters");
-        };
-        // Another key's admission does not wait.
-        assert!(matches!(gates.enter("n").await, Entered::First(_)));
-        // The same key's wait for the first one's answer, all of them.
-        let short = Duration::from_millis(50);
-        let mut waiting = tokio::task::JoinSet::new();
-        for _ in 0..3 {
-            let gates = gates.clone();
-            waiting.spawn(async move { matches!(gates.enter("m").await, Entered::Waited) });
-        }
-        tokio::time::sleep(short).await;
-        assert_eq!(waiting.len(), 3, "they wait");
-        drop(first);
-        let mut waited = 0;
-        while let Some(w) = waiting.join_next().await {
-            waited += usize::from(w.unwrap());
-        }
-        assert_eq!(waited, 3, "all go on together");
-        assert!(gates.open.lock().unwrap().is_empty(), "forgotten");
-        // One that is never answered (a frozen Redis): late, at WAIT.
-        let Entered::First(stuck) = gates.enter("m").await else {
-            panic!("the first enters");
-        };
-        let started = Instant::now();
-        assert!(matches!(gates.enter("m").await, Entered::Late));
-        assert!(started.elapsed() >= Gates::WAIT);
-        // Cancelled while it waits: nothing is left behind.
-        let cancelled = tokio::time::timeout(short, gates.enter("m")).await;
-        assert!(cancelled.is_err());
-        drop(stuck);
-        assert!(gates.open.lock().unwrap().is_empty(), "forgotten");
     }
 
     #[test]
