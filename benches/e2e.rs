@@ -728,7 +728,6 @@ async fn ceiling_redis(prefix: &str, n: u64) -> f64 {
                         attempt: 1,
                         holder: 1,
                     },
-                    send_now: false,
                     expires_at_ms: None,
                     made_at_ms: None,
                 };

@@ -189,7 +189,6 @@ async fn round_mailgate(
                         attempt: 1,
                         holder: 1,
                     },
-                    send_now: false,
                     expires_at_ms: None,
                     made_at_ms: None,
                 };
@@ -670,7 +669,6 @@ async fn send_marks(l: &RedisLedger, pool: &Arc<Pool>, tag: &str, secs: f64) -> 
                 attempt: 1,
                 holder: 1,
             },
-            send_now: true,
             expires_at_ms: None,
             made_at_ms: None,
         };

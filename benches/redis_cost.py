@@ -28,11 +28,13 @@ new mailbox from a new network is written by a "commit" with no read
 first, and its sent settle is one SET … XX PX; the shipped config's email
 and ip rule sets; every mailbox and network new. Figures: instructions per job (and against one article
 call).
-  admitted, marked sending later: call n carries the settles of the jobs
-      admitted in call n-2, the send marks of call n-1's and 5 new
-      admissions (a worker whose SMTP connections were all busy);
+  admitted, marked sending later (builds before 2026-12-04 only): call n
+      carries the settles of the jobs admitted in call n-2, the send marks
+      of call n-1's and 5 new admissions (a worker whose SMTP connections
+      were all busy);
   admitted, sending at once: the admission marks the send (a connection
-      was free), so only admissions and settles;
+      was free; since 2026-12-04 a job is admitted only with one in hand),
+      so only admissions and settles;
   rejected: admissions of mailboxes whose 1-per-minute rule is full;
   rejected, a flood: every job for one mailbox from one network (mail
       bombing), each rejected by the mailbox's minute;
@@ -167,6 +169,14 @@ def ledger_library(name):
             "  KEYS, ARGV = keys, args\n  main = main or setup()\n  return main()\nend)\n")
 
 
+def one_mark():
+    """Whether every admission sends at once (since 2026-12-04: a job is
+    admitted only with an SMTP connection in hand, and there is no
+    separate send mark): admission flags and commit owners carry no
+    sending digit."""
+    return 'item "sending"' not in sources()[1]
+
+
 def suppression():
     """Whether the scripts check the suppression list (and answer
     `suppressed`)."""
@@ -247,7 +257,10 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
     # "s1": one suppression key follows (scripts since issue 41 take the
     # count; before, "s" alone).
     counted = "local function suppression_keys" in sources()[1]
-    flag = ("1" if send_now else "0") + (("s1" if counted else "s") if sup else "") + ":c1"
+    if one_mark():
+        flag = ("s1:" if sup else "") + "c1"
+    else:
+        flag = ("1" if send_now else "0") + (("s1" if counted else "s") if sup else "") + ":c1"
     for rd in range(rounds + 2):
         keys, args = [], head(code, form)
         # A sent job that a commit admitted sending at once: its record
@@ -283,7 +296,10 @@ def calls(r, code, form, tag, rounds, send_now, per, settle=True, boxes=None, fl
                     # Its record and suppression key, then its two logs,
                     # both found empty (keeps A and B).
                     cks += [job[0]] + ([job[3]] if sup else []) + [job[1], job[2]]
-                    cargs += [str(j), "fp", f"{int(send_now)}|tk{j}|1:ab|c1", "", NOW,
+                    who = f"tk{j}|1:ab|c1"
+                    if not one_mark():
+                        who = f"{int(send_now)}|{who}"
+                    cargs += [str(j), "fp", who, "", NOW,
                               f"{1 if sup else 0}2AB"]
                     continue
                 keys += [k for k in job if k]
@@ -309,8 +325,10 @@ def scenarios(c, r, code, form, name, per):
     records in `form`)."""
     rounds = JOBS // per
     out = []
-    for label, send_now in (("admitted, marked sending later", False),
-                            ("admitted, sending at once", True)):
+    cases = [("admitted, sending at once", True)]
+    if not one_mark():
+        cases.insert(0, ("admitted, marked sending later", False))
+    for label, send_now in cases:
         tag = f"{name}{per}a{int(send_now)}"
         calls(r, code, form, tag + "w", 4, send_now, per)  # warm up
         n = c.count(lambda: calls(r, code, form, tag, rounds, send_now, per))

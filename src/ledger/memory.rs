@@ -6,7 +6,7 @@ use super::{
     Standing, Verdict, standing,
 };
 use crate::domain::{EmailAddress, Name, Ticket};
-use crate::limiter::{Applied, Clock, Keyspace, MemoryLogs, Quotas, Subject, Usage};
+use crate::limiter::{Applied, Clock, Keyspace, MemoryLogs, Quotas, RuleRef, Subject, Usage};
 use crate::settings::LimitSettings;
 
 /// How many admissions pass between sweeps of idle keys and records.
@@ -151,34 +151,50 @@ impl State {
         self.record(id, now)
     }
 
-    /// `ledger.lua`'s "admit" for one request; on a fresh admission,
-    /// `found`'s shadow rule and rooms are set (see [`Admission`]).
-    fn admit(&mut self, entry: &Entry<'_>, now: u64, found: &mut Admission) -> Verdict {
+    /// `entry` as "admit" judges it at `now`; `found`'s override kind is
+    /// set.
+    fn asked<'a>(&self, entry: &Entry<'a>, now: u64, found: &mut Admission) -> Asked<'a> {
         let job = &entry.job;
-        let keys = self.logs.keyspace().clone();
+        let keys = self.logs.keyspace();
         let (scopes, by_override) = keys.applicable_by(&job.request);
         found.by_override = by_override;
-        let asked = Asked {
+        Asked {
             id: job.request.id.as_str(),
             ticket: job.ticket,
             fingerprint: Fingerprint::of(&job.request),
             scopes,
             expired: entry.expires_at_ms.is_some_and(|at| at <= now),
-            sending: if entry.send_now {
-                JobState::Sending
-            } else {
-                JobState::Admitted
-            },
             attempt: (job.attempt.max(1), job.holder),
             latest: keys.latest_key(&job.request),
             skew: keys.supersede_skew_ms(),
             lease: keys.lease_ms(),
             dedup: keys.dedup_ms(),
-        };
+        }
+    }
+
+    /// `ledger.lua`'s "admit" for one request; on a fresh admission,
+    /// `found`'s shadow rule and rooms are set (see [`Admission`]).
+    fn admit(&mut self, entry: &Entry<'_>, now: u64, found: &mut Admission) -> Verdict {
+        let asked = self.asked(entry, now, found);
         if let Some(verdict) = self.readmit(entry, &asked, now) {
             return verdict;
         }
         self.admit_afresh(entry, asked, now, found)
+    }
+
+    /// What "admit" would answer `entry` at `now` where it writes nothing,
+    /// with no write ([`Ledger::peek`]); `None` where it would write.
+    fn peek(&mut self, entry: &Entry<'_>, now: u64, found: &mut Admission) -> Option<Verdict> {
+        let asked = self.asked(entry, now, found);
+        if let Some(rec) = self.record(asked.id, now) {
+            let mine = rec.owner == *asked.ticket;
+            match standing(rec.held(&asked, mine), asked.expired, now) {
+                Standing::Answered(verdict) => return Some(verdict),
+                Standing::Vanished | Standing::Lapsed => return None,
+                Standing::Afresh => {}
+            }
+        }
+        self.judge_afresh(entry, &asked, now).err()
     }
 
     /// Whether a job `asked` for, made at `made`, is superseded at `now`.
@@ -224,7 +240,7 @@ impl State {
                 Some(Verdict::Superseded { refunded: true })
             }
             JobState::Admitted => {
-                rec.state = asked.sending;
+                rec.state = JobState::Sending;
                 rec.owner = asked.ticket.clone();
                 rec.attempt = asked.attempt;
                 rec.lease_until = now.saturating_add(asked.lease);
@@ -235,6 +251,40 @@ impl State {
             // Another lineage's refunded admission (every other state is
             // settled above): decide afresh.
             _ => None,
+        }
+    }
+
+    /// How "admit" judges a job without a live record of its lineage, with
+    /// no write: the shadow rule that would bind (and its wait) if it may
+    /// be admitted, else its verdict (expired, suppressed, superseded or
+    /// rejected).
+    fn judge_afresh(
+        &mut self,
+        entry: &Entry<'_>,
+        asked: &Asked<'_>,
+        now: u64,
+    ) -> Result<Option<(u64, RuleRef)>, Verdict> {
+        if asked.expired {
+            return Err(Verdict::Expired);
+        }
+        let keys = self.logs.keyspace();
+        if keys.checks_suppression() {
+            // Only bounces suppress here (no tool reaches this memory).
+            let key = keys.bounce_key(entry.job.request.email);
+            if self.suppressed.get(&key).is_some_and(|until| *until > now) {
+                return Err(Verdict::Suppressed);
+            }
+        }
+        let made = entry.made_at_ms.map_or(now, |m| m.min(now));
+        if self.stale(asked, made, now) {
+            return Err(Verdict::Superseded { refunded: false });
+        }
+        match self.logs.judge(&asked.scopes, now) {
+            [Some((retry_after_ms, rule)), _] => Err(Verdict::Rejected {
+                retry_after_ms,
+                rule,
+            }),
+            [None, would_bind] => Ok(would_bind),
         }
     }
 
@@ -249,28 +299,11 @@ impl State {
         found: &mut Admission,
     ) -> Verdict {
         let (id, scopes, dedup) = (asked.id, &asked.scopes, asked.dedup);
-        if asked.expired {
-            return Verdict::Expired;
-        }
-        let keys = self.logs.keyspace();
-        if keys.checks_suppression() {
-            // Only bounces suppress here (no tool reaches this memory).
-            let key = keys.bounce_key(entry.job.request.email);
-            if self.suppressed.get(&key).is_some_and(|until| *until > now) {
-                return Verdict::Suppressed;
-            }
-        }
+        let would_bind = match self.judge_afresh(entry, &asked, now) {
+            Ok(would_bind) => would_bind,
+            Err(verdict) => return verdict,
+        };
         let made = entry.made_at_ms.map_or(now, |m| m.min(now));
-        if self.stale(&asked, made, now) {
-            return Verdict::Superseded { refunded: false };
-        }
-        let [binding, would_bind] = self.logs.judge(scopes, now);
-        if let Some((retry_after_ms, rule)) = binding {
-            return Verdict::Rejected {
-                retry_after_ms,
-                rule,
-            };
-        }
         found.shadow = would_bind.map(|(_, rule)| rule);
         found.rooms = self.logs.rooms(scopes, now);
         self.logs.record(scopes, now, id);
@@ -289,7 +322,7 @@ impl State {
             Record {
                 fingerprint: asked.fingerprint,
                 admitted_at: now,
-                state: asked.sending,
+                state: JobState::Sending,
                 owner: asked.ticket.clone(),
                 attempt: asked.attempt,
                 lease_until: now.saturating_add(asked.lease),
@@ -312,8 +345,6 @@ struct Asked<'a> {
     scopes: Vec<Applied>,
     /// Its own expiry has passed.
     expired: bool,
-    /// The state an admission takes: sending at once, or admitted.
-    sending: JobState,
     /// The lineage's attempt (at least 1) and this handling of it.
     attempt: (u32, u64),
     /// Its latest key, where its purpose supersedes.
@@ -324,20 +355,25 @@ struct Asked<'a> {
 }
 
 impl Record {
-    /// "admit"'s verdict on a live record that settles the request as it
-    /// stands ([`standing`]), marking a send whose owner vanished unknown
-    /// (never resent). `None` for an admitted record whose lease lapsed,
-    /// or another lineage's refund.
-    fn settled(&mut self, asked: &Asked<'_>, mine: bool, now: u64) -> Option<Verdict> {
-        let held = Held {
+    /// The record as a request `asked` for its id sees it (`mine`: the
+    /// asking lineage owns it).
+    fn held(&self, asked: &Asked<'_>, mine: bool) -> Held {
+        Held {
             state: self.state,
             same_job: self.fingerprint == asked.fingerprint,
             mine,
             answered: self.answered,
             admitted_at: self.admitted_at,
             lease_until: self.lease_until,
-        };
-        match standing(held, asked.expired, now) {
+        }
+    }
+
+    /// "admit"'s verdict on a live record that settles the request as it
+    /// stands ([`standing`]), marking a send whose owner vanished unknown
+    /// (never resent). `None` for an admitted record whose lease lapsed,
+    /// or another lineage's refund.
+    fn settled(&mut self, asked: &Asked<'_>, mine: bool, now: u64) -> Option<Verdict> {
+        match standing(self.held(asked, mine), asked.expired, now) {
             Standing::Answered(verdict) => Some(verdict),
             Standing::Vanished => {
                 self.state = JobState::Unknown;
@@ -371,22 +407,15 @@ impl Ledger for MemoryLedger {
         Ok(admission)
     }
 
-    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
+    async fn peek(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> Result<Option<Admission>, LedgerError> {
         let now = Self::now(clock);
-        let mut state = self.lock();
-        let (lease, dedup) = {
-            let keys = state.logs.keyspace();
-            (keys.lease_ms(), keys.dedup_ms())
-        };
-        Ok(match state.record(job.request.id.as_str(), now) {
-            Some(rec) if rec.state == JobState::Admitted && owns(rec, job) => {
-                rec.state = JobState::Sending;
-                rec.lease_until = now.saturating_add(lease);
-                rec.until = now.saturating_add(dedup);
-                true
-            }
-            _ => false,
-        })
+        let mut found = Admission::at(now, Verdict::Admitted);
+        let verdict = self.lock().peek(entry, now, &mut found);
+        Ok(verdict.map(|verdict| Admission { verdict, ..found }))
     }
 
     async fn release(&self, job: &JobRef<'_>) -> Result<bool, LedgerError> {

@@ -11,14 +11,20 @@
 //! after its last change: within that period an id is never mailed twice.
 //!
 //! ```text
-//!            admit (limiter admits)
-//!   (none) ────────────────────────► Admitted ──sending──► Sending ──settle: sent──► Sent
-//!     ▲         admit, send_now          │  ▲                 │  │
-//!     │      ───────────────────────────┼──┼────────────────►│  ├─settle: unknown──► Unknown
-//!     │                                  │  └────release──────┘  └─lease lapses, seen──► Unknown
-//!     │   admit of a new lineage         │  (a transient failure)
+//!            admit (limiter admits; the caller holds a free SMTP connection)
+//!   (none) ──────────────────────────────────────────► Sending ──settle: sent──► Sent
+//!     ▲                                    ▲   │  │
+//!     │                  admit (resumes)   │   │  ├─settle: unknown──► Unknown
+//!     │                          Admitted ─┘   │  └─lease lapses, seen──► Unknown
+//!     │                              ▲         │
+//!     │                              └─release─┘ (a transient failure)
+//!     │   admit of a new lineage
 //!     └──────── Refunded ◄──settle: refund (expired, failed, invalid), or admit past expires_at
 //! ```
+//!
+//! A job is admitted only once an SMTP connection is free for it, so an
+//! admission is its send mark: until then [`Ledger::peek`] answers, read
+//! only, what needs no mail (a rejection, a suppression, a copy).
 //!
 //! # Tickets and lineages
 //! A message that reaches mailgate without a ticket (a producer's message,
@@ -105,8 +111,9 @@ impl Fingerprint {
 /// character ([`JobState::code`]); the memory backend holds the enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
-    /// Admitted; its SMTP transaction has not begun (or a transient failure
-    /// ended it before the message was handed over).
+    /// Admitted, not sending: a transient failure ended its SMTP
+    /// transaction before the message was handed over ([`Ledger::release`]),
+    /// and a retry resumes it. (An admission itself is [`JobState::Sending`].)
     Admitted,
     /// An SMTP transaction began and its outcome is not recorded.
     Sending,
@@ -187,7 +194,7 @@ pub struct JobRef<'a> {
     /// The asking lineage.
     pub ticket: &'a Ticket,
     /// The lineage's attempt (1 for the first). The record names the
-    /// attempt that owns the send; "sending", "release", refunds and
+    /// attempt that owns the send; "release", refunds and
     /// "unknown" are accepted from that attempt only, so a late write of an
     /// earlier attempt (a call that reached Redis after its caller gave up on
     /// it) cannot change what a later attempt owns. An attempt number never
@@ -209,11 +216,6 @@ pub struct JobRef<'a> {
 pub struct Entry<'a> {
     /// The job and the asking lineage.
     pub job: JobRef<'a>,
-    /// The caller holds a free SMTP connection and begins the transaction as
-    /// soon as it is admitted: the record goes straight to
-    /// [`JobState::Sending`], saving a round trip. Otherwise it stays
-    /// [`JobState::Admitted`] until [`Ledger::sending`].
-    pub send_now: bool,
     /// The job's `expires_at`, ms since the epoch, if it has one.
     pub expires_at_ms: Option<u64>,
     /// When the job was made, ms since the epoch (its `created_at`, else
@@ -265,8 +267,9 @@ pub enum Verdict {
     /// The id had no live admission and the limiter admitted it now, in every
     /// scope. The caller's lineage owns the send for the lease.
     Admitted,
-    /// The id's admission had not begun sending and nobody held its lease:
-    /// the caller's lineage owns the send now. Nothing was counted again.
+    /// The id's admission was released (a transient failure) and nobody
+    /// held its lease: the caller's lineage owns the send now, sending.
+    /// Nothing was counted again.
     Resumed {
         /// When the admission was recorded.
         admitted_at_ms: u64,
@@ -380,15 +383,19 @@ pub trait Ledger: Send + Sync {
         clock: Clock,
     ) -> impl Future<Output = Result<Admission, LedgerError>> + Send;
 
-    /// The owner begins its SMTP transaction ([`JobState::Admitted`] →
-    /// [`JobState::Sending`], lease renewed). `false`: the ticket no longer
-    /// owns an unsent admission (its lease lapsed and another attempt took
-    /// over); the caller must not send.
-    fn sending(
+    /// What [`Ledger::admit`] would answer now, where that answer writes
+    /// nothing (a rejection, a suppression, a copy of a job sent or being
+    /// sent…), read without writing: a job for which no SMTP connection is
+    /// free is answered at once, and is admitted only once one is (an
+    /// admission holds its send from the moment it is made). `None`: only
+    /// an admission can say (it may admit the job, resume it, or end it),
+    /// or the backend cannot tell with one read; never
+    /// [`Verdict::Admitted`] or [`Verdict::Resumed`].
+    fn peek(
         &self,
-        job: &JobRef<'_>,
+        entry: &Entry<'_>,
         clock: Clock,
-    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<Option<Admission>, LedgerError>> + Send;
 
     /// The owner's send failed before its message was handed over and will
     /// be retried: back to [`JobState::Admitted`] with the lease released, so
@@ -526,10 +533,14 @@ impl Ledger for Backend {
         }
     }
 
-    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
+    async fn peek(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> Result<Option<Admission>, LedgerError> {
         match self {
-            Backend::Redis(l) => l.sending(job, clock).await,
-            Backend::Memory(l) => l.sending(job, clock).await,
+            Backend::Redis(l) => l.peek(entry, clock).await,
+            Backend::Memory(l) => l.peek(entry, clock).await,
         }
     }
 

@@ -1,7 +1,12 @@
 //! Admit: the ledger looks the job's id up and, if it has no live
-//! admission, asks the limiter, atomically. The job goes on to delivery
-//! only when this lineage now owns its send ([`Admitted`]); every other
-//! verdict is answered (or waited on) here, and needs no mail.
+//! admission, asks the limiter, atomically. A job is admitted only with a
+//! free SMTP connection in hand, since its admission is its send mark: its
+//! lease runs from then. Where none is free, the ledger's read-only
+//! [`Ledger::peek`] answers at once what needs no mail (a rejection, a
+//! suppression, a copy of a job), and only a job it cannot answer waits
+//! for a connection. The job goes on to delivery only when this lineage
+//! now owns its send ([`Admitted`]); every other verdict is answered (or
+//! waited on) here, and needs no mail.
 
 use std::time::Duration;
 
@@ -10,6 +15,7 @@ use tracing::Instrument as _;
 use crate::domain::Job;
 use crate::ledger::{Admission, Entry, JobRef, Ledger, LedgerError, Verdict};
 use crate::limiter::{Clock, Request, Rooms, RuleRef};
+use crate::mailer::Slot;
 
 use super::outcome::{DELIVERY_UNKNOWN, Outcome, refund_outcome};
 use super::retry::ledger_error;
@@ -45,22 +51,25 @@ enum Ruling {
 }
 
 impl<L: Ledger> Pipeline<L> {
-    /// Admit: the decision time if this lineage now owns the job's send,
-    /// else what to do with the message (answered here if it needs no mail).
+    /// Admit: the decision time and the SMTP connection to send on if this
+    /// lineage now owns the job's send, else what to do with the message
+    /// (answered here if it needs no mail).
     pub(super) async fn admit(
         &self,
         job: &Job,
         job_ref: &JobRef<'_>,
         msg: &Message<'_>,
         out: &impl Outbox,
-        send_now: bool,
         expires_ms: Option<u64>,
-    ) -> Result<Admitted, Action> {
+    ) -> Result<(Admitted, Slot), Action> {
         let entry = Entry {
             job: *job_ref,
-            send_now,
             expires_at_ms: expires_ms,
             made_at_ms: job.created_at.map(ms_since_epoch).or(msg.published_at_ms),
+        };
+        let slot = match self.mailer.try_reserve() {
+            Some(slot) => slot,
+            None => self.connection(job, &entry, msg, out).await?,
         };
         let admission = match (self.ledger.admit(&entry, Clock::Server))
             .instrument(tracing::info_span!(
@@ -70,12 +79,66 @@ impl<L: Ledger> Pipeline<L> {
             .await
         {
             Ok(a) => a,
-            Err(e) => {
-                return Err(self
-                    .not_admitted(job, job_ref, msg, out, send_now, &e)
-                    .await);
-            }
+            Err(e) => return Err(self.not_admitted(job, job_ref, msg, out, &e).await),
         };
+        let admitted = self.ruled(job, job_ref, msg, out, admission).await?;
+        Ok((admitted, slot))
+    }
+
+    /// No SMTP connection is free for `entry`'s job: what needs no mail is
+    /// answered at once, from the ledger's read-only look
+    /// ([`Ledger::peek`]); anything else waits for a connection, so that
+    /// the job is admitted with one in hand. It waits no longer than
+    /// `limits.send_lease` (then in RabbitMQ, spending no attempt: the
+    /// relays take mail too slowly, or not at all), and not once the
+    /// worker stops (the next worker takes the job as it came: nothing of
+    /// it was written).
+    async fn connection(
+        &self,
+        job: &Job,
+        entry: &Entry<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+    ) -> Result<Slot, Action> {
+        let peeked = (self.ledger.peek(entry, Clock::Server))
+            .instrument(tracing::info_span!(
+                "limiter decision",
+                otel.kind = "client"
+            ))
+            .await;
+        match peeked {
+            // (A look never admits; were it to, the job waits for a
+            // connection and asks `admit`.)
+            Ok(Some(answer)) if !delivers(&answer.verdict) => {
+                self.ruled(job, &entry.job, msg, out, answer).await?;
+            }
+            Ok(_) => {}
+            Err(e) => return Err(self.unadmitted(job, msg, out, &e).await),
+        }
+        let budget = self.settings.limits.send_lease;
+        tokio::select! {
+            slot = tokio::time::timeout(budget, self.mailer.reserve()) => slot.map_err(|_| {
+                tracing::debug!("no SMTP connection came free within limits.send_lease; the job waits");
+                Action::Wait {
+                    delay: Duration::from_secs(1),
+                    why: Waiting::Relay,
+                }
+            }),
+            () = self.stopping.wait() => Err(Action::HandBack),
+        }
+    }
+
+    /// What `admission`, the ledger's answer to `job` (asked by
+    /// `job_ref`), comes to: the admission this lineage now owns, or
+    /// what to do with the message (answered here if it needs no mail).
+    async fn ruled(
+        &self,
+        job: &Job,
+        job_ref: &JobRef<'_>,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        admission: Admission,
+    ) -> Result<Admitted, Action> {
         record(
             &admission.verdict,
             admission.shadow.as_ref(),
@@ -100,23 +163,32 @@ impl<L: Ledger> Pipeline<L> {
     /// The admission failed with `e`: what to do with the message.
     ///
     /// The admission may have run and its reply been lost (a dropped
-    /// connection, a failover): if it marked the job sending, the mark is
-    /// given back, so the retry resumes the job instead of finding its
-    /// delivery unknown. Safe: no SMTP transaction began, and the release
-    /// is fenced to this handling of the message (`JobRef::holder`), so it
-    /// gives back only a mark this admission set.
+    /// connection, a failover): if it admitted the job, which marks it
+    /// sending, the mark is given back, so the retry resumes the job
+    /// instead of finding its delivery unknown. Safe: no SMTP transaction
+    /// began, and the release is fenced to this handling of the message
+    /// (`JobRef::holder`), so it gives back only a mark this admission set.
     async fn not_admitted(
         &self,
         job: &Job,
         job_ref: &JobRef<'_>,
         msg: &Message<'_>,
         out: &impl Outbox,
-        send_now: bool,
         e: &LedgerError,
     ) -> Action {
-        if send_now {
-            self.release_lost_mark(job_ref).await;
-        }
+        self.release_lost_mark(job_ref).await;
+        self.unadmitted(job, msg, out, e).await
+    }
+
+    /// The ledger could not answer (`e`), and nothing of the job is held:
+    /// it waits out an outage without spending an attempt, or is retried.
+    async fn unadmitted(
+        &self,
+        job: &Job,
+        msg: &Message<'_>,
+        out: &impl Outbox,
+        e: &LedgerError,
+    ) -> Action {
         if e.is_outage() {
             return self.outage(msg, e);
         }
@@ -138,6 +210,11 @@ impl<L: Ledger> Pipeline<L> {
             }
         }
     }
+}
+
+/// Whether `verdict` gives this lineage the job's send.
+fn delivers(verdict: &Verdict) -> bool {
+    matches!(verdict, Verdict::Admitted | Verdict::Resumed { .. })
 }
 
 /// Whether this lineage answered the job before (its ack was lost): then

@@ -130,7 +130,9 @@ pub enum Waiting {
     Redis,
     /// Every SMTP relay failed whatever the mail (connection, session, or
     /// refusals that are the relay's, such as throttling at RCPT while a
-    /// NOOP probe passes): not the job's fault, so it spends no attempt.
+    /// NOOP probe passes), or no SMTP connection came free for the job
+    /// within `limits.send_lease`: not the job's fault, so it spends no
+    /// attempt.
     Relay,
 }
 
@@ -251,17 +253,15 @@ impl<L: Ledger> Pipeline<L> {
             // This handling of the message (see `JobRef::holder`).
             holder: uuid::Uuid::new_v4().as_u64_pair().0,
         };
-        let slot = self.mailer.try_reserve();
         let expires_ms = self.expires_ms(&job, msg);
-        let admitted =
-            match (self.admit(&job, &job_ref, msg, out, slot.is_some(), expires_ms)).await {
-                Ok(admitted) => admitted,
-                Err(action) => return action,
-            };
+        let (admitted, slot) = match (self.admit(&job, &job_ref, msg, out, expires_ms)).await {
+            Ok(admitted) => admitted,
+            Err(action) => return action,
+        };
         // Boxed: the SMTP transaction's state is most of a job's future
         // (about 10 KB), and only admitted jobs need it, so a rejected job's
         // task stays small (it is spawned, and moved, once per message).
-        let delivery = Box::pin(self.deliver(&job, &job_ref, slot, expires_ms)).await;
+        let delivery = Box::pin(self.deliver(&job, &job_ref, slot)).await;
         self.settle(&job, &job_ref, msg, out, delivery, admitted)
             .await
     }

@@ -16,7 +16,6 @@ use crate::mailer::MailError;
 use super::admit::Admitted;
 use super::deliver::Delivery;
 use super::outcome::{DELIVERY_UNKNOWN, Outcome};
-use super::retry::ledger_error;
 use super::{Action, Message, Outbox, Pipeline, Waiting};
 
 /// How long a ledger write may still take once the worker is stopping
@@ -37,24 +36,6 @@ impl<L: Ledger> Pipeline<L> {
         let error = match delivery {
             Delivery::Sent => return self.sent(job, job_ref, msg, out, admitted).await,
             Delivery::Stopped => return Action::HandBack,
-            Delivery::NotNow => {
-                return Action::Wait {
-                    delay: Duration::from_secs(1),
-                    why: Waiting::Lease,
-                };
-            }
-            Delivery::Expired => {
-                return self
-                    .end(
-                        job,
-                        job_ref,
-                        msg,
-                        out,
-                        Ending::Refund(Refund::Expired),
-                        String::new(),
-                    )
-                    .await;
-            }
             Delivery::Unbuildable(e) => {
                 // Templates are test-rendered at start-up, so this takes a
                 // job whose variables break a template.
@@ -96,8 +77,6 @@ impl<L: Ledger> Pipeline<L> {
             }
             Delivery::Failed(MailError::Relay(e)) => return self.no_relay(job_ref, msg, &e).await,
             Delivery::Failed(e) => e.to_string(),
-            Delivery::LedgerDown(e) if e.is_outage() => return self.outage(msg, &e),
-            Delivery::LedgerDown(e) => ledger_error(&e),
         };
         self.transient(job, job_ref, msg, out, error).await
     }

@@ -38,7 +38,7 @@ pub(super) const ONE_BY_ONE: Batching = Batching {
 
 /// An item waiting for its batch.
 pub(super) struct Pending {
-    /// The clock the item is judged by, if it reads one (admit, sending);
+    /// The clock the item is judged by, if it reads one (admit);
     /// items that do not join any batch.
     clock: Option<Clock>,
     /// Its kind, then its values, as `ledger.lua`'s ITEMS take them.

@@ -39,9 +39,6 @@ pub(super) struct Put {
     /// Each of its logs: its key, the head the snapshot read (`None`:
     /// found empty), its keep (ms).
     logs: Vec<(String, Option<String>, u64)>,
-    /// Whether it is sending at once (the replicas must have the record
-    /// before the mail goes out).
-    wait: bool,
     reply: oneshot::Sender<Result<Committed, LedgerError>>,
 }
 
@@ -146,8 +143,9 @@ async fn run(
                 .join(" "),
         )
         .arg(args.iter().map(AsRef::as_ref).collect::<Vec<&str>>());
-    let wait = batch.iter().any(|p| p.wait);
-    let (reply, unreplicated) = eval_waiting(conn, Some(code), eval, replication, wait).await?;
+    // Every admission sends at once: the replicas must have its record
+    // before the mail goes out.
+    let (reply, unreplicated) = eval_waiting(conn, Some(code), eval, replication, true).await?;
     let reply: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|e| LedgerError::Protocol(format!("a commit's reply: {e}")))?;
     let bad = || {
@@ -162,12 +160,12 @@ async fn run(
         return Err(bad());
     }
     let now_ms = u64::try_from(now).map_err(|_| bad())?;
-    Ok((batch.iter().zip(items.chunks_exact(2)))
-        .map(|(p, two)| Committed {
+    Ok((items.chunks_exact(2))
+        .map(|two| Committed {
             now_ms,
             code: two[0],
             at: two[1],
-            unreplicated: unreplicated.filter(|_| p.wait),
+            unreplicated,
         })
         .collect())
 }
@@ -219,12 +217,7 @@ impl RedisLedger {
         let values = [
             request.id.as_str().to_owned(),
             fingerprint.as_str().to_owned(),
-            format!(
-                "{}|{}|{}|{call}",
-                u8::from(entry.send_now),
-                job.ticket.as_str(),
-                attempt(job)
-            ),
+            format!("{}|{}|{call}", job.ticket.as_str(), attempt(job)),
             (entry.expires_at_ms.map(|ms| ms.to_string())).unwrap_or_default(),
             fits.seen.to_string(),
         ];
@@ -235,7 +228,6 @@ impl RedisLedger {
             keys,
             values,
             logs,
-            wait: entry.send_now,
             reply,
         };
         commits
@@ -245,20 +237,18 @@ impl RedisLedger {
         let c = answer.await.map_err(|_| super::batch::stopped())??;
         match c.code {
             code if code == Code::Admitted as i64 => {
-                if let (Some(acked), true) = (c.unreplicated, entry.send_now) {
+                if let Some(acked) = c.unreplicated {
                     return Err(self.unreplicated(job, acked).await);
                 }
                 let at = u64::try_from(c.at).unwrap_or(c.now_ms);
-                if entry.send_now {
-                    // What the record holds after its st, ans, fin and lease.
-                    let tail = format!(
-                        "{}|{}|{call}|{at}||{}",
-                        job.ticket.as_str(),
-                        attempt(job),
-                        fingerprint.as_str()
-                    );
-                    (self.sends).note(self.keys.record_key(request.id), job.holder, tail);
-                }
+                // What the record holds after its st, ans, fin and lease.
+                let tail = format!(
+                    "{}|{}|{call}|{at}||{}",
+                    job.ticket.as_str(),
+                    attempt(job),
+                    fingerprint.as_str()
+                );
+                (self.sends).note(self.keys.record_key(request.id), job.holder, tail);
                 Ok(Some(admitted(c.now_ms, at, applicable, &fits)))
             }
             code if code == Code::Changed as i64 => Ok(None),
@@ -316,9 +306,9 @@ fn admitted(now_ms: u64, at: u64, applicable: &[Applied], fits: &Fits) -> Admiss
     admission
 }
 
-/// The records this worker's commits wrote for jobs sending at once (state
-/// x), by record key and holder (the one handling of the message that
-/// holds the send): a sent job's settle writes its record over whole,
+/// The records this worker's commits wrote (state x, sending), by record
+/// key and holder (the one handling of the message that holds the send):
+/// a sent job's settle writes its record over whole,
 /// `SET … XX PX`, with no script, where the script's "settle" would read
 /// it and write the same. While the job sends, nothing but its own
 /// handling refunds or releases its record (those come from the owning

@@ -73,7 +73,7 @@ pub struct RedisLedger {
     /// The compare-and-set admissions' queue (`commit`): what the snapshot
     /// found room for; `None` where there is no snapshot.
     commits: Option<mpsc::Sender<commit::Put>>,
-    /// The records the commits wrote for jobs sending at once, which a
+    /// The records the commits wrote (each job sending), which a
     /// sent settle writes over with no script (`commit::Sends`).
     sends: Arc<commit::Sends>,
     /// Which admissions ask the snapshot first (`routes::Hints`).
@@ -428,14 +428,13 @@ impl Ledger for RedisLedger {
         }
         if self.keys.checks_suppression() {
             let sups = self.keys.suppression_keys(job.request.email);
-            // The flag's 's<n>': the last n keys are the suppression keys.
+            // The flag's 's<n>:': the last n keys are the suppression keys.
             if let Some(flag) = args.get_mut(5) {
-                flag.insert_str(1, &format!("s{}", sups.len()));
+                flag.insert_str(0, &format!("s{}:", sups.len()));
             }
             keys.extend(sups);
         }
-        let reply =
-            (self.submit_judged((clock, asked), (args, keys), entry.send_now, sets)).await?;
+        let reply = (self.submit_judged((clock, asked), (args, keys), true, sets)).await?;
         let mut admission = self.decided(entry, &scopes, reply).await?;
         admission.by_override = by_override;
         self.learn(entry, &applicable, &admission);
@@ -443,18 +442,30 @@ impl Ledger for RedisLedger {
         Ok(admission)
     }
 
-    async fn sending(&self, job: &JobRef<'_>, clock: Clock) -> Result<bool, LedgerError> {
-        let args = vec![
-            "sending".to_owned(),
-            job.ticket.as_str().to_owned(),
-            attempt(job),
-            call_id(),
-        ];
-        let reply = self.mark(job, Some(clock), args, Vec::new(), true).await?;
-        let done = reply.values[0] == 1;
-        match reply.unreplicated {
-            Some(acked) if done => Err(self.unreplicated(job, acked).await),
-            _ => Ok(done),
+    async fn peek(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> Result<Option<Admission>, LedgerError> {
+        if self.spread {
+            return self.peek_spread(entry, clock).await;
+        }
+        let (applicable, by_override) = self.keys.applicable_by(&entry.job.request);
+        // Nothing known of its keys (a new mailbox from a new network, the
+        // common case): no read, since it is most likely admitted (once an
+        // SMTP connection is free, `admit` answers it, exactly, whatever it
+        // is).
+        if !self.hinted(entry, &applicable) && self.fresh(entry, &applicable).is_some() {
+            return Ok(None);
+        }
+        let asked = std::time::Instant::now();
+        match (self.snapshot_answer(entry, (clock, asked), &applicable)).await? {
+            snapshot::Found::Answered(mut answered) => {
+                answered.by_override = by_override;
+                self.learn(entry, &applicable, &answered);
+                Ok(Some(answered))
+            }
+            snapshot::Found::Fits(_) | snapshot::Found::Script => Ok(None),
         }
     }
 
@@ -608,7 +619,7 @@ fn admission_args(kind: &str, entry: &Entry<'_>, last: String) -> Vec<String> {
         Fingerprint::of(&job.request).as_str().to_owned(),
         job.ticket.as_str().to_owned(),
         attempt(job),
-        format!("{}:{}", if entry.send_now { 1 } else { 0 }, call_id()),
+        call_id(),
         entry
             .expires_at_ms
             .map(|ms| ms.to_string())

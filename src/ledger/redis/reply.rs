@@ -162,10 +162,9 @@ impl RedisLedger {
         let verdict = verdict(scopes, &reply.values).ok_or_else(|| {
             LedgerError::Protocol(format!("an admission answered {:?}", reply.values))
         })?;
-        // Admitted as sending: the mark must reach the replicas first.
+        // Admitted (sending): the mark must reach the replicas first.
         if let (Verdict::Admitted | Verdict::Resumed { .. }, Some(acked)) =
             (verdict, reply.unreplicated)
-            && entry.send_now
         {
             return Err(self.unreplicated(&entry.job, acked).await);
         }

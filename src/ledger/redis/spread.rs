@@ -68,7 +68,7 @@ impl RedisLedger {
         let (scopes, by_override) = self.keys.applicable_by(&entry.job.request);
         let args = admission_args("look", entry, String::new());
         let look = self
-            .enqueue(Some(clock), args, vec![record.clone()], entry.send_now)
+            .enqueue(Some(clock), args, vec![record.clone()], true)
             .await?;
         let id = entry.job.request.id.as_str();
         let peeks = self.each_scope(clock, &scopes, id, None).await;
@@ -114,6 +114,50 @@ impl RedisLedger {
             admission.by_override = by_override;
         }
         Ok(admission)
+    }
+
+    /// [`crate::ledger::Ledger::peek`] with keys spread over a cluster's
+    /// shards: whether the job's record exists, whether its mailbox is
+    /// suppressed, and each scope's judgement, read at once, as
+    /// [`RedisLedger::admit_spread`] reads them before it reserves. A
+    /// rejection is the answer where no record exists and nothing is
+    /// suppressed, and the job has not expired by the rejection's instant
+    /// ("admit" answers those first); anything else is left to `admit`.
+    pub(super) async fn peek_spread(
+        &self,
+        entry: &Entry<'_>,
+        clock: Clock,
+    ) -> Result<Option<Admission>, LedgerError> {
+        let record = self.keys.record_key(entry.job.request.id);
+        let (scopes, by_override) = self.keys.applicable_by(&entry.job.request);
+        let id = entry.job.request.id.as_str();
+        let exists = async {
+            let mut conn = self.conn.clone();
+            let n: u64 = redis::cmd("EXISTS")
+                .arg(&record)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, LedgerError>(n > 0)
+        };
+        let (exists, suppressed, peeks) = tokio::join!(
+            exists,
+            self.suppressed(entry),
+            self.each_scope(clock, &scopes, id, None)
+        );
+        if exists? || suppressed? {
+            return Ok(None);
+        }
+        match self.gather(&scopes, peeks, None).await? {
+            Reservations::Rejected(mut rejection)
+                if entry
+                    .expires_at_ms
+                    .is_none_or(|at| at > rejection.decided_at_ms) =>
+            {
+                rejection.by_override = by_override;
+                Ok(Some(rejection))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Whether `entry`'s address or mailbox is suppressed (false if
@@ -213,7 +257,7 @@ impl RedisLedger {
             .join(" ");
         let args = admission_args("create", entry, reservations);
         let created = match self
-            .submit(Some(clock), args, vec![record.to_owned()], entry.send_now)
+            .submit(Some(clock), args, vec![record.to_owned()], true)
             .await
         {
             Ok(created) => created,
@@ -268,7 +312,7 @@ impl RedisLedger {
     ) -> Result<Admission, LedgerError> {
         let args = admission_args("look", entry, String::new());
         let look = self
-            .submit(Some(clock), args, vec![record.to_owned()], entry.send_now)
+            .submit(Some(clock), args, vec![record.to_owned()], true)
             .await?;
         if look.values[0] != Code::Absent as i64 {
             return self.decided(entry, &[], look).await;

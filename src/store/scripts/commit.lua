@@ -29,9 +29,9 @@ ARGV[5]  the keeps (ms) of the logs the items name, as words; an item names
          each of its logs' keep by its place here, one letter, 'A' the 1st
 then     the items, each 6 values and one more per log not found empty:
            id, fingerprint,
-           owner "<0|1>|<ticket>|<attempt>|<call id>" (1: sending at once,
-             the record is x; 0: a; then the record's own, n and c, none
-             holding '|'),
+           owner "<ticket>|<attempt>|<call id>" (the record's own, n and
+             c, none holding '|'; the record is x: every admission sends
+             at once),
            expires_at ms ('' never), seen (ms: the snapshot's instant),
            shape: S (how many suppression keys: a digit), E (how many logs
              the snapshot found empty: a digit), then each log's keep, one
@@ -50,12 +50,12 @@ returns  {now, then per item its code (ledger.lua's CODE) and one value}:
                             form, or damaged): nothing written
 Every item is checked before the first write, so a bad call writes nothing;
 an item's keys are all read before its writes.
-Example (one job for a@x.com from 10.0.0.20, prefix p:, sending at once,
+Example (one job for a@x.com from 10.0.0.20, prefix p:,
 its mailbox's log empty and its network's holding one admission):
   FCALL mailgate_ledger_<hash> 5 p:job:j1 p:bounced:a@x.com p:sup:a@x.com
     p:email:a@x.com p:ip:10.0.0.20/32
     commit ~1796284241996:10000 90000000 30000 "90000000 7200000"
-    j1 <fingerprint> "1|<ticket>|1:3dfc|f448" "" 1796284241990 21AB
+    j1 <fingerprint> "<ticket>|1:3dfc|f448" "" 1796284241990 21AB
     000001019a2c3d4e5f6a
 ]]
 local call, tonumber, sub, find, byte = redis.call, tonumber, string.sub, string.find, string.byte
@@ -83,7 +83,7 @@ end
 local function item_ok(a, nkeeps)
   local id, shape = ARGV[a], ARGV[a + 5]
   if not (shape and id ~= '' and not find(id, '\n', 1, true) and ARGV[a + 1] ~= ''
-    and find(ARGV[a + 2], '^[01]|[^|]+|[^|]+|[^|]+$')
+    and find(ARGV[a + 2], '^[^|]+|[^|]+|[^|]+$')
     and (ARGV[a + 3] == '' or tonumber(ARGV[a + 3]))) then
     return nil
   end
@@ -164,7 +164,7 @@ local function commit_one(k, a, b, S, E, L, CODE, suppressed)
   end
   -- Every key read: now the writes. The record as records.lua writes it:
   -- <st>0-|<lease>|<own>|<n>|<c>|<at>||<fp>.
-  call('SET', key, (byte(owner) == 49 and 'x0-|' or 'a0-|') .. b.lease_s .. sub(owner, 2) .. '|'
+  call('SET', key, 'x0-|' .. b.lease_s .. '|' .. owner .. '|'
     .. b.now_s .. '||' .. ARGV[a + 1], 'PX', b.keep_s)
   for i = 1, L do
     call('SET', KEYS[k + S + i], logs[i], 'PX', b.keeps[byte(shape, i + 2) - 64][2])

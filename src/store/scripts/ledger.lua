@@ -21,7 +21,8 @@ hash of an earlier build is read).
   at     admission time, ms (Redis clock); the job's entry in the scope logs
          (decide.lua) has this time and its id
   st     the state (JobState in src/ledger/mod.rs, one character):
-           a  admitted; its SMTP transaction has not begun
+           a  admitted, not sending: its send failed before the message
+              was handed over ("release"), and a retry resumes it
            x  sending: an SMTP transaction began, its outcome is not recorded
            s  sent: the SMTP server accepted the mail
            u  unknown: its sender vanished mid-send (lease lapsed in x) or
@@ -32,7 +33,7 @@ hash of an earlier build is read).
   n      the owner's attempt, "<attempt>:<holder>" (the holder: the one
          handling of the message that holds the send, so two deliveries of
          one attempt cannot give back or settle each other's send):
-         "sending", "release", a refund and "unknown"
+         "release", a refund and "unknown"
          are accepted only from that attempt, so a late write of an earlier
          one (a call that reached Redis after its caller gave up on it)
          cannot change what a later attempt owns
@@ -40,8 +41,8 @@ hash of an earlier build is read).
   ans    '1' once the owner's final result was confirmed by RabbitMQ
   fin    on r: the status answered, 'e' expired, 'f' failed, 'i' invalid,
          'p' superseded (refunded by "admit" itself); '-' before
-  c      the id of the call that last admitted, resumed or marked it
-         sending: that call run again (a Redis Cluster client sends a call
+  c      the id of the call that last admitted or resumed it: that call
+         run again (a Redis Cluster client sends a call
          again after its reply was lost) answers as it did the first time
   rv     spread over a cluster's shards only (see "look" below): the job's
          reservations, "<nonce> <t_email> <t_ip> <t_domain>" (-1: that scope
@@ -75,7 +76,7 @@ local CODE = {
                 -- "create", and for this very call run again)
   expired = 2, -- expires_at passed before a send began: nothing admitted (the
                -- caller's own unsent admission was refunded)
-  resumed = 3, -- at: an admission nobody was sending is now the caller's
+  resumed = 3, -- at: a released admission is now the caller's, sending
   busy = 4, -- at, lease_left_ms: another attempt owns the send
   sent = 5, -- at, by_owner, answered: the mail went out
   unknown = 6, -- at, by_owner, answered: delivery unknown; never resent
@@ -140,7 +141,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            builds anew each call, and splitting a text costs it more than
            the arguments do)
   then     the items, each its kind and its values (ITEMS below: admit,
-           look, create, sending, release, settle, answered)
+           look, create, release, settle, answered)
   KEYS     for each item: its record key, then its scope keys (admit: one
            per key the shape names; settle: as many as it names)
   returns  {now, then per item its code times 8 plus how many values
@@ -152,7 +153,7 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
            remaining, reset_ms), as many keys as each item's fourth value
            says}
   Example (the shipped config, read with MONITOR: one job for
-  mon0@gmail.com from 10.0.0.20, sending at once, its mailbox judged by
+  mon0@gmail.com from 10.0.0.20, its mailbox judged by
   rule set 1 and its network by set 2, the suppression list read in three
   keys; prefix p:):
     FCALL mailgate_ledger_<hash> 6 p:job:j20 p:email:mon0@gmail.com
@@ -162,21 +163,21 @@ op "batch" -- the ledger's writes: a list of items, run in order, all at one
       "90000000 30000 0 2 1 3 90000000 60000 1 3600000 5 86400000 10
        2 3 7200000 60000 5 600000 30 3600000 50"
       admit j20 <fingerprint> <ticket> 1:3dfc771b862349d2
-        1s3:f4487523151f4e34 1796287841996 0102 ""
+        s3:f4487523151f4e34 1796287841996 0102 ""
   that is: Redis's clock, expected near 1796284241996 within 10 s; keep
   90 000 000 ms, lease 30 000 ms, no rule set the call names (0) but 2
   extra ones: set 1 (3 rules, keep 90 000 000: 1 a minute, 5 an hour, 10
   a day), set 2 (3 rules, keep 7 200 000: 5 a minute, 30 in ten minutes,
   50 an hour); then the item: id, fingerprint, ticket, attempt 1 and its
-  holder, sending at once with 3 suppression keys and the call's id,
+  holder, 3 suppression keys and the call's id,
   expires_at, shape "0102", no supersede. The reply of a rejection:
   {now, 0 * 8 + 3, retry_after_ms, scope, rule}.
   Every item is checked before the first write, so a bad batch writes
   nothing. A batch run again (a Redis Cluster client sends a call again
   after its reply was lost) answers as the first run did, or as its
   effects now say: an admission finds its own record (the holder in `n`
-  is this handling's) and stands; "sending" finds its own mark; release,
-  settle and answered change nothing more.
+  is this handling's) and stands; release, settle and answered change
+  nothing more.
 ]]
 
 -- Whether ARGV[i] is an attempt: its number (>= 1) and holder, "<n>:<hex>".
@@ -186,10 +187,9 @@ end
 
 --[[
 item "admit" -- decide a request: id, fingerprint, ticket, attempt,
-  send_now and the call's id, "<flag>[s<n>]:<hex>" (flag '1': the caller has
-  an SMTP connection free and starts its
-    transaction at once, so the record goes straight to x; '0': to a, and the
-    caller marks "sending" later; 's<n>' ("admit" only, n from 1 to 9): the
+  the call's id, "[s<n>:]<hex>" (the caller holds a free SMTP connection
+    and starts its transaction at once: an admission's record is x;
+    's<n>' ("admit" only, n from 1 to 9): the
     last n keys are suppression keys, the first the address's own spelling
     as a relay refused it, <prefix>bounced:<address>, then its mailbox's,
     <prefix>sup:<mailbox>, and maybe that of earlier versions),
@@ -251,9 +251,9 @@ end
 
 local function admit_ok(a, head, kind)
   local flag, expires, last, made = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  -- "<0|1>:<hex>", or for "admit" "<0|1>s<n>:<hex>" (n suppression keys).
-  local flag_ok = string.find(flag or '', '^[01]:%x+$') ~= nil
-    or (kind == 'admit' and string.find(flag or '', '^[01]s[1-9]:%x+$') ~= nil)
+  -- "<hex>", or for "admit" "s<n>:<hex>" (n suppression keys).
+  local flag_ok = string.find(flag or '', '^%x+$') ~= nil
+    or (kind == 'admit' and string.find(flag or '', '^s[1-9]:%x+$') ~= nil)
   local made_ok = made == '' or (kind == 'admit' and string.match(made, '^%d*,%d+$'))
   if not made_ok then return false end
   local last_ok
@@ -270,10 +270,10 @@ local function admit_ok(a, head, kind)
 end
 
 -- How many suppression keys an item's flag (ARGV[a]) names: n of
--- "<0|1>s<n>:<hex>", else 0.
+-- "s<n>:<hex>", else 0.
 local function suppression_keys(a)
-  if string.byte(ARGV[a], 2) ~= 115 then return 0 end
-  return (string.byte(ARGV[a], 3) or 48) - 48
+  if string.byte(ARGV[a], 1) ~= 115 then return 0 end
+  return (string.byte(ARGV[a], 2) or 48) - 48
 end
 
 -- Whether the n suppression keys from KEYS[k] suppress the request: the
@@ -308,7 +308,7 @@ end
 -- An admission item's values (ARGV from a, as admit_ok checked them) and
 -- keys (KEYS from k), by name. kind: "admit", "look" or "create".
 local function item_of(k, a, kind)
-  -- The flag: "<0 or 1>[s<n>]:<hex>".
+  -- The flag: "[s<n>:]<hex>".
   local flag = ARGV[a + 4]
   local sups = suppression_keys(a + 4)
   local shape = kind == 'admit' and ARGV[a + 6] or ''
@@ -324,7 +324,7 @@ local function item_of(k, a, kind)
     made, skew = tonumber(made_s), tonumber(skew_s)
   end
   return {id = ARGV[a], want = ARGV[a + 1], ticket = ARGV[a + 2], attempt_s = ARGV[a + 3],
-    state = string.byte(flag, 1) == 49 and 'x' or 'a', call_id = sub(flag, sups > 0 and 5 or 3),
+    call_id = sub(flag, sups > 0 and 4 or 1),
     expires = ARGV[a + 5] ~= '' and tonumber(ARGV[a + 5]), shape = shape,
     rv = kind == 'create' and ARGV[a + 6] or '', key = KEYS[k], first = first, last = last,
     latest = latest, made = made, skew = skew, sups = sups,
@@ -376,7 +376,7 @@ local function from_record(j, b, st, ans, fin, lease, own, n, c, tail)
     store(key, b, 'r', '0', 'p', '0', j.ticket, j.attempt_s, c, tail)
     return CODE.superseded, 1
   elseif st == A then
-    store(key, b, j.state, '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id, tail)
+    store(key, b, 'x', '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id, tail)
     return CODE.resumed, at
   end
   return nil
@@ -411,7 +411,7 @@ local function afresh(j, b, kind)
       call('PEXPIRE', j.latest, b.keep_s)
     end
   end
-  store(j.key, b, j.state, '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id,
+  store(j.key, b, 'x', '0', '-', lease_end(b), j.ticket, j.attempt_s, j.call_id,
     now_text(b) .. '|' .. j.rv .. '|' .. j.want)
   return CODE.admitted, now, shadow_s, shadow_r, rooms
 end
@@ -424,23 +424,6 @@ local function admit(k, a, b, kind)
     if code then return code, v, x, y, z end
   end
   return afresh(j, b, kind)
-end
-
---[[
-item "sending" -- the owner begins its SMTP transaction: a becomes x, lease
-  renewed. Values: ticket, attempt, the call's id. KEYS: the record.
-  1 if this attempt of the ticket owns the admission and nothing is sending,
-  else 0 (the lease lapsed and another attempt took the send over); 1 for
-  this very call run again.
-]]
-local function sending(k, a, b)
-  local st, ans, _, _, own, n, c, tail = load(KEYS[k])
-  if not st or own ~= ARGV[a] or n ~= ARGV[a + 1] then return 0 end
-  -- This very call again (its reply lost): it is sending.
-  if st == X and c == ARGV[a + 2] then return 1 end
-  if st ~= A then return 0 end
-  store(KEYS[k], b, 'x', ans == YES and '1' or '0', '-', lease_end(b), own, n, ARGV[a + 2], tail)
-  return 1
 end
 
 --[[
@@ -553,10 +536,6 @@ local ITEMS = {
   create = {values = 8, ok = function(a, head) return admit_ok(a, head, 'create') end,
     keys = one,
     run = function(k, a, b) return admit(k, a, b, 'create') end},
-  sending = {values = 3, ok = function(a)
-      return ARGV[a] ~= '' and attempt_ok(a + 1) and string.find(ARGV[a + 2], '^%x+$') ~= nil
-    end,
-    keys = one, run = sending},
   release = {values = 2, ok = function(a) return ARGV[a] ~= '' and attempt_ok(a + 1) end,
     keys = one, run = release},
   settle = {values = 6, ok = settle_ok, keys = function(a)

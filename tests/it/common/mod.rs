@@ -475,7 +475,6 @@ impl TestJob {
     ) -> Admission {
         let entry = Entry {
             job: self.by(ticket),
-            send_now: false,
             expires_at_ms: None,
             made_at_ms: None,
         };

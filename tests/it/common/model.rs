@@ -151,6 +151,7 @@ impl Model {
                     };
                 }
                 State::Admitted => {
+                    r.state = State::Sending;
                     r.owner = ticket;
                     r.lease_until = t + lease_ms;
                     r.answered = false;
@@ -177,7 +178,7 @@ impl Model {
                 id: id.to_owned(),
                 fp: fp.to_owned(),
                 at: t,
-                state: State::Admitted,
+                state: State::Sending,
                 owner: ticket,
                 lease_until: t + lease_ms,
                 answered: false,
@@ -267,19 +268,6 @@ impl Model {
             .into_iter()
             .find(|&d| self.full(scopes, t + d, enforce).is_empty())?;
         Some((d, self.full(scopes, t + d - 1, enforce)[0]))
-    }
-
-    /// The owner's send begins.
-    pub(crate) fn sending(&mut self, id: &str, ticket: u32, t: u64) -> bool {
-        let lease_ms = self.lease_ms;
-        match self.record(id) {
-            Some(r) if r.state == State::Admitted && r.owner == ticket => {
-                r.state = State::Sending;
-                r.lease_until = t + lease_ms;
-                true
-            }
-            _ => false,
-        }
     }
 
     /// The mail went out.

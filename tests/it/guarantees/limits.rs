@@ -77,7 +77,6 @@ async fn spread_a_lost_create_reply_keeps_the_reservations_of_its_record() {
         .admit(
             &Entry {
                 job: j1.by(&t1),
-                send_now: false,
                 expires_at_ms: None,
                 made_at_ms: None,
             },
@@ -198,7 +197,6 @@ async fn spread_a_lost_reserve_reply_leaves_no_phantom_reservation() {
         .admit(
             &Entry {
                 job: j1.by(&t1),
-                send_now: false,
                 expires_at_ms: None,
                 made_at_ms: None,
             },
@@ -259,7 +257,6 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
     let (t1, t2, t3) = (Ticket::new(), Ticket::new(), Ticket::new());
     let entry = |j, t| Entry {
         job: TestJob::by(j, t),
-        send_now: false,
         expires_at_ms: None,
         made_at_ms: None,
     };
@@ -292,7 +289,6 @@ async fn a_purpose_past_the_78th_rule_set_is_admitted_in_any_batch() {
             let t = Ticket::new();
             let e = Entry {
                 job: j.by(&t),
-                send_now: false,
                 expires_at_ms: None,
                 made_at_ms: None,
             };

@@ -40,23 +40,21 @@ fn own_job(id: &str, n: u8) -> TestJob {
     )
 }
 
-/// A message of lineage `t` about `job` at `at` ms (no expiry, not sending).
+/// A message of lineage `t` about `job` at `at` ms (no expiry).
 async fn ask<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, at: u64) -> Verdict {
     job.admit(l, t, Clock::At(at)).await
 }
 
-/// [`ask`] with `send_now` and `expires_at_ms`.
+/// [`ask`] with `expires_at_ms`.
 async fn ask_with<L: Ledger>(
     l: &L,
     job: &TestJob,
     t: &Ticket,
     at: u64,
-    send_now: bool,
     expires_at_ms: Option<u64>,
 ) -> Verdict {
     let entry = Entry {
         job: job.by(t),
-        send_now,
         expires_at_ms,
         made_at_ms: None,
     };
@@ -86,7 +84,6 @@ async fn made<L: Ledger>(
 ) -> Verdict {
     let entry = Entry {
         job: job.by(t),
-        send_now: false,
         expires_at_ms: None,
         made_at_ms,
     };
@@ -104,11 +101,7 @@ async fn ask_expired<L: Ledger>(
     at: u64,
     expired_at: u64,
 ) -> Verdict {
-    ask_with(l, job, t, at, false, Some(expired_at)).await
-}
-
-async fn sending<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, at: u64) -> bool {
-    l.sending(&job.by(t), Clock::At(at)).await.expect("sending")
+    ask_with(l, job, t, at, Some(expired_at)).await
 }
 
 async fn release<L: Ledger>(l: &L, job: &TestJob, t: &Ticket) -> bool {
@@ -185,24 +178,23 @@ mod cases {
         );
     }
 
-    pub(super) async fn a_lapsed_lease_passes_the_send_to_another_lineage<M: Make>(m: M) {
+    pub(super) async fn a_released_send_passes_to_another_lineage_sending<M: Make>(m: M) {
         let b = m.make("lapse", per_hour(1, 1)).await;
         let l = &b.ledger;
         let j = job("j1");
         let (a, n) = (Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(release(l, &j, &a).await);
         assert_eq!(
-            ask(l, &j, &n, T0 + LEASE).await,
+            ask(l, &j, &n, T0 + 1).await,
             Verdict::Resumed { admitted_at_ms: T0 }
         );
-        assert!(!sending(l, &j, &a, T0 + LEASE + 1).await, "the old owner");
-        assert!(sending(l, &j, &n, T0 + LEASE + 1).await, "the new owner");
-        // `sending` renewed the new owner's lease.
-        assert_eq!(
-            ask(l, &j, &Ticket::new(), T0 + LEASE + 2).await,
-            busy(LEASE - 1)
-        );
-        assert_eq!(used(l, &j, T0 + LEASE + 2).await, (1, 1));
+        assert!(!release(l, &j, &a).await, "the old owner");
+        // The resumption took a lease of its own, sending.
+        assert_eq!(ask(l, &j, &Ticket::new(), T0 + 2).await, busy(LEASE - 1));
+        assert_eq!(used(l, &j, T0 + 2).await, (1, 1));
+        assert_eq!(ask(l, &j, &a, T0 + 1 + LEASE).await, unknown(false, false));
+        assert_eq!(ask(l, &j, &n, T0 + 2 + LEASE).await, unknown(true, false));
     }
 
     pub(super) async fn release_by_the_owner_lets_the_next_message_resume_at_once<M: Make>(m: M) {
@@ -216,8 +208,7 @@ mod cases {
             ask(l, &j, &n, T0 + 1).await,
             Verdict::Resumed { admitted_at_ms: T0 }
         );
-        // Released from sending too (a failure before the mail was handed over).
-        assert!(sending(l, &j, &n, T0 + 2).await);
+        // Released again (another failure before the mail was handed over).
         assert!(release(l, &j, &n).await);
         assert_eq!(
             ask(l, &j, &o, T0 + 3).await,
@@ -244,10 +235,8 @@ mod cases {
         let j = job("j1");
         let (a, n) = (Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j, &a, T0 + 1).await);
-        assert!(!sending(l, &j, &a, T0 + 2).await, "already sending");
-        assert_eq!(ask(l, &j, &n, T0 + LEASE).await, busy(1));
-        assert_eq!(ask(l, &j, &n, T0 + 1 + LEASE).await, unknown(false, false));
+        assert_eq!(ask(l, &j, &n, T0 + LEASE - 1).await, busy(1));
+        assert_eq!(ask(l, &j, &n, T0 + LEASE).await, unknown(false, false));
         assert_eq!(
             ask(l, &j, &Ticket::new(), T0 + 2 * LEASE).await,
             unknown(false, false),
@@ -255,34 +244,29 @@ mod cases {
         );
         assert_eq!(ask(l, &j, &a, T0 + 2 * LEASE).await, unknown(true, false));
         assert!(!release(l, &j, &a).await, "never resent");
-        assert!(!sending(l, &j, &a, T0 + 2 * LEASE).await);
-        assert!(!sending(l, &j, &n, T0 + 2 * LEASE).await);
+        assert!(!release(l, &j, &n).await);
         assert_eq!(ask(l, &j, &n, T0 + 3 * LEASE).await, unknown(false, false));
         assert_eq!(used(l, &j, T0 + 3 * LEASE).await, (1, 1));
     }
 
-    pub(super) async fn send_now_admits_straight_into_sending<M: Make>(m: M) {
+    pub(super) async fn an_admission_is_its_send_and_a_lapse_is_unknown<M: Make>(m: M) {
         let b = m.make("send-now", per_hour(5, 5)).await;
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
-        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
-        assert!(!sending(l, &j, &a, T0 + 1).await, "already sending");
+        assert_eq!(ask_with(l, &j, &a, T0, None).await, Verdict::Admitted);
         assert_eq!(
             ask(l, &j, &Ticket::new(), T0 + LEASE).await,
             unknown(false, false),
             "a lapse is unknown, not resumed"
         );
-        // A resumption with send_now is sending too.
-        let j2 = job("j2");
-        assert_eq!(ask(l, &j2, &Ticket::new(), T0).await, Verdict::Admitted);
+        // A resumption (after a release) is sending too.
+        let (j2, o) = (job("j2"), Ticket::new());
+        assert_eq!(ask(l, &j2, &o, T0).await, Verdict::Admitted);
+        assert!(release(l, &j2, &o).await);
         let n = Ticket::new();
         assert_eq!(
-            ask_with(l, &j2, &n, T0 + LEASE, true, None).await,
+            ask_with(l, &j2, &n, T0 + LEASE, None).await,
             Verdict::Resumed { admitted_at_ms: T0 }
-        );
-        assert!(
-            !sending(l, &j2, &n, T0 + LEASE + 1).await,
-            "already sending"
         );
         assert_eq!(
             ask(l, &j2, &Ticket::new(), T0 + 2 * LEASE).await,
@@ -296,7 +280,6 @@ mod cases {
         for (i, ans) in [false, true].into_iter().enumerate() {
             let (j, a) = (job(&format!("j{i}")), Ticket::new());
             assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-            assert!(sending(l, &j, &a, T0 + 1).await);
             assert!(settle(l, &j, &a, Ending::Sent, ans).await);
             assert_eq!(ask(l, &j, &a, T0 + 2).await, sent(T0, true, ans));
             assert_eq!(
@@ -316,7 +299,6 @@ mod cases {
         let l = &b.ledger;
         let (j, a, n) = (job("j1"), Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j, &a, T0).await);
         assert_eq!(ask(l, &j, &n, T0 + LEASE).await, unknown(false, false));
         assert!(settle(l, &j, &a, Ending::Sent, true).await);
         assert_eq!(ask(l, &j, &n, T0 + LEASE + 1).await, sent(T0, false, true));
@@ -333,7 +315,6 @@ mod cases {
         let l = &b.ledger;
         let (j, a) = (own_job("j0", 0), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j, &a, T0).await);
         let failed = Ending::Refund(Refund::Failed);
         assert!(settle(l, &j, &a, failed, true).await);
         assert_eq!(used(l, &j, T0 + 1).await, (0, 1));
@@ -381,8 +362,8 @@ mod cases {
             let ans = n == 1;
             assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
             if n == 0 {
-                // A refused send is refunded from sending, too.
-                assert!(sending(l, &j, &a, T0).await);
+                // A released admission (a retry's) is refunded, too.
+                assert!(release(l, &j, &a).await);
             }
             assert!(settle(l, &j, &a, Ending::Refund(how), ans).await, "{how:?}");
             assert_eq!(used(l, &j, T0 + 1).await, (0, 0), "{how:?}");
@@ -418,7 +399,11 @@ mod cases {
         assert!(!settle(l, &j, &Ticket::new(), failed, false).await);
         assert!(!settle(l, &own_job("j9", 9), &a, failed, false).await);
         assert_eq!(used(l, &j, T0 + 1).await, (1, 1));
-        assert!(sending(l, &j, &a, T0 + 1).await, "the owner still owns it");
+        assert_eq!(
+            ask(l, &j, &Ticket::new(), T0 + 1).await,
+            busy(LEASE - 1),
+            "the owner still owns it"
+        );
         // Sent.
         assert!(settle(l, &j, &a, Ending::Sent, false).await);
         assert!(!settle(l, &j, &a, failed, false).await);
@@ -427,7 +412,6 @@ mod cases {
         // Unknown, as marked by another copy or as settled by the owner.
         let (j2, a2) = (own_job("j2", 2), Ticket::new());
         assert_eq!(ask(l, &j2, &a2, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j2, &a2, T0).await);
         assert_eq!(
             ask(l, &j2, &Ticket::new(), T0 + LEASE).await,
             unknown(false, false)
@@ -464,7 +448,6 @@ mod cases {
         // Unknown.
         let (j, a, o) = (job("j2"), Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j, &a, T0).await);
         assert!(settle(l, &j, &a, Ending::Unknown, false).await);
         assert_eq!(ask(l, &j, &a, T0 + 1).await, unknown(true, false));
         assert!(!answered(l, &j, &o).await);
@@ -515,10 +498,7 @@ mod cases {
                     ask_expired(l, other, t, T0 + 1, T0).await,
                     Verdict::Conflict
                 );
-                assert_eq!(
-                    ask_with(l, other, t, T0 + 1, true, None).await,
-                    Verdict::Conflict
-                );
+                assert_eq!(ask_with(l, other, t, T0 + 1, None).await, Verdict::Conflict);
             }
         }
         assert_eq!(used(l, &j, T0 + 2).await, (1, 1));
@@ -526,7 +506,6 @@ mod cases {
         assert_eq!(used(l, &others[1], T0 + 2).await, (1, 0));
         // The first job is as it was: leased by its owner, who may send it.
         assert_eq!(ask(l, &j, &Ticket::new(), T0 + 2).await, busy(LEASE - 2));
-        assert!(sending(l, &j, &a, T0 + 2).await);
         assert!(settle(l, &j, &a, Ending::Sent, true).await);
         for other in &others {
             assert_eq!(
@@ -596,14 +575,14 @@ mod cases {
         assert_eq!(ask_expired(l, &j, &a, T0, T0).await, Verdict::Expired);
         assert_eq!(ask_expired(l, &j, &a, T0, 1).await, Verdict::Expired);
         assert_eq!(
-            ask_with(l, &j, &a, T0, true, Some(T0 - 1)).await,
+            ask_with(l, &j, &a, T0, Some(T0 - 1)).await,
             Verdict::Expired
         );
         assert_eq!(used(l, &j, T0).await, (0, 0));
         // No record: the same id is a fresh job (not Finished), one ms before
         // its expiry, with the quota untouched.
         assert_eq!(
-            ask_with(l, &j, &a, T0 + 1, false, Some(T0 + 2)).await,
+            ask_with(l, &j, &a, T0 + 1, Some(T0 + 2)).await,
             Verdict::Admitted
         );
     }
@@ -611,10 +590,12 @@ mod cases {
     pub(super) async fn an_expired_unsent_admission_is_refunded<M: Make>(m: M) {
         let b = m.make("expired-unsent", per_hour(1, 1)).await;
         let l = &b.ledger;
-        // Another lineage, after the owner's lease lapsed: too late for it,
-        // but the admission is the owner's to judge by its own expiry.
+        // Another lineage, after the owner released it (a transient
+        // failure): too late for it, but the admission is the owner's to
+        // judge by its own expiry.
         let (j, a, n) = (own_job("j1", 1), Ticket::new(), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
+        assert!(release(l, &j, &a).await);
         assert_eq!(
             ask_expired(l, &j, &n, T0 + LEASE, T0 + LEASE).await,
             Verdict::Expired
@@ -663,21 +644,22 @@ mod cases {
             busy(LEASE - 1)
         );
         assert_eq!(used(l, &j3, T0 + 1).await, (1, 1));
-        assert!(sending(l, &j3, &a3, T0 + 1).await);
+        assert!(settle(l, &j3, &a3, Ending::Sent, true).await);
     }
 
     pub(super) async fn expiry_never_refunds_a_send_begun_or_done<M: Make>(m: M) {
         let b = m.make("expired-sent", per_hour(1, 1)).await;
         let l = &b.ledger;
-        // Sending, by `sending` or by send_now.
-        for (n, send_now) in [(1, false), (2, true)] {
+        // Sending: admitted, or resumed after a release.
+        for (n, resumed) in [(1, false), (2, true)] {
             let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
-            assert_eq!(
-                ask_with(l, &j, &a, T0, send_now, None).await,
-                Verdict::Admitted
-            );
-            if !send_now {
-                assert!(sending(l, &j, &a, T0).await);
+            assert_eq!(ask_with(l, &j, &a, T0, None).await, Verdict::Admitted);
+            if resumed {
+                assert!(release(l, &j, &a).await);
+                assert_eq!(
+                    ask(l, &j, &a, T0).await,
+                    Verdict::Resumed { admitted_at_ms: T0 }
+                );
             }
             assert_eq!(
                 ask_expired(l, &j, &Ticket::new(), T0 + 1, T0).await,
@@ -691,13 +673,12 @@ mod cases {
                 ask_expired(l, &j, &a, T0 + LEASE + 1, T0).await,
                 unknown(true, false)
             );
-            assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1), "{send_now}");
+            assert_eq!(used(l, &j, T0 + LEASE + 1).await, (1, 1), "{resumed}");
         }
         // Sent, and settled unknown.
         for (n, end) in [(3, Ending::Sent), (4, Ending::Unknown)] {
             let (j, a) = (own_job(&format!("j{n}"), n), Ticket::new());
             assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-            assert!(sending(l, &j, &a, T0).await);
             assert!(settle(l, &j, &a, end, true).await);
             let expect = match end {
                 Ending::Sent => sent(T0, false, true),
@@ -723,7 +704,6 @@ mod cases {
         let l = &b.ledger;
         let (j, a) = (job("j1"), Ticket::new());
         assert_eq!(ask(l, &j, &a, T0).await, Verdict::Admitted);
-        assert!(sending(l, &j, &a, T0).await);
         assert!(settle(l, &j, &a, Ending::Sent, true).await);
         // The record lapses.
         b.lapse_record("j1").await;
@@ -742,10 +722,10 @@ mod cases {
         );
     }
 
-    // A record lives `dedup_for` after its *last change*, `sending` and
-    // `release` included; otherwise it would lapse while its job is still
+    // A record lives `dedup_for` after its *last change*, a resumption and
+    // a release included; otherwise it would lapse while its job is still
     // being retried, and the id be admitted (counted, and mailed) again.
-    pub(super) async fn sending_and_release_renew_the_records_life<M: Make>(m: M) {
+    pub(super) async fn resuming_and_release_renew_the_records_life<M: Make>(m: M) {
         let mut lim = per_hour(5, 5);
         lim.dedup_for = Duration::from_secs(1);
         let b = m.make("renew", lim).await;
@@ -753,15 +733,19 @@ mod cases {
         let (j1, a1, j2, a2) = (job("j1"), Ticket::new(), job("j2"), Ticket::new());
         assert_eq!(ask(l, &j1, &a1, T0).await, Verdict::Admitted);
         assert_eq!(ask(l, &j2, &a2, T0).await, Verdict::Admitted);
+        assert!(release(l, &j1, &a1).await);
         // Real time moves with the explicit clock (Redis TTLs are real).
         tokio::time::sleep(Duration::from_millis(700)).await;
-        assert!(sending(l, &j1, &a1, T0 + 700).await);
+        assert_eq!(
+            ask(l, &j1, &a1, T0 + 700).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
         assert!(release(l, &j2, &a2).await);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             ask(l, &j1, &Ticket::new(), T0 + 1200).await,
             busy(LEASE - 500),
-            "renewed by sending"
+            "renewed by the resumption"
         );
         assert_eq!(
             ask(l, &j2, &Ticket::new(), T0 + 1200).await,
@@ -801,7 +785,7 @@ mod cases {
             },
         };
         assert_eq!(ask(l, &j, &a, T0 + 1).await, rejected);
-        assert_eq!(ask_with(l, &j, &a, T0 + 1, true, None).await, rejected);
+        assert_eq!(ask_with(l, &j, &a, T0 + 1, None).await, rejected);
         // No record binds a rejected id: another job under it is no conflict...
         assert_eq!(ask(l, &job("k1"), &a, T0 + 1).await, rejected);
         let k = TestJob::new("k1", "b@example.com", Some(IP));
@@ -823,12 +807,11 @@ mod cases {
         let (j, a) = (job("j1"), Ticket::new());
         let entry = |attempt| Entry {
             job: j.attempt(&a, attempt),
-            send_now: false,
             expires_at_ms: None,
             made_at_ms: None,
         };
         // Attempt 1 is sending.
-        assert_eq!(ask_with(l, &j, &a, T0, true, None).await, Verdict::Admitted);
+        assert_eq!(ask_with(l, &j, &a, T0, None).await, Verdict::Admitted);
         // Attempt 2 of the same lineage waits for the lease like anyone.
         let v = l.admit(&entry(2), Clock::At(T0 + 1)).await.unwrap().verdict;
         assert_eq!(v, busy(LEASE - 1));
@@ -837,11 +820,6 @@ mod cases {
         let v = l.admit(&entry(2), Clock::At(T0 + 2)).await.unwrap().verdict;
         assert_eq!(v, Verdict::Resumed { admitted_at_ms: T0 });
         // Late writes of attempt 1 are refused and change nothing.
-        assert!(
-            !l.sending(&j.attempt(&a, 1), Clock::At(T0 + 3))
-                .await
-                .unwrap()
-        );
         assert!(!l.release(&j.attempt(&a, 1)).await.unwrap());
         let refund = Ending::Refund(Refund::Failed);
         assert!(!l.settle(&j.attempt(&a, 1), &refund, true).await.unwrap());
@@ -850,18 +828,13 @@ mod cases {
             (1, 1),
             "not refunded by attempt 1"
         );
-        // Attempt 2 owns it and begins its send.
-        assert!(
-            l.sending(&j.attempt(&a, 2), Clock::At(T0 + 4))
-                .await
-                .unwrap()
-        );
-        // Attempt 3 (or a forged one) neither takes it over while it runs...
+        // Attempt 2 owns it, sending since it resumed it. Attempt 3 (or a
+        // forged one) neither takes it over while it runs...
         let v = l.admit(&entry(3), Clock::At(T0 + 5)).await.unwrap().verdict;
-        assert_eq!(v, busy(LEASE - 1));
+        assert_eq!(v, busy(LEASE - 3));
         // ...nor after its lease lapsed: its send began, so it is unknown.
         let v = l
-            .admit(&entry(3), Clock::At(T0 + 4 + LEASE))
+            .admit(&entry(3), Clock::At(T0 + 2 + LEASE))
             .await
             .unwrap()
             .verdict;
@@ -964,7 +937,7 @@ mod cases {
             finished(Refund::Superseded, true)
         );
         // The newer one goes on.
-        assert!(sending(l, &new, &n, T0 + 2 * MIN + 3).await);
+        assert!(settle(l, &new, &n, Ending::Sent, true).await);
         // A job of a purpose that does not supersede is left alone.
         let mut lim = superseding(per_hour(5, 5));
         lim.purpose.insert(
@@ -1063,7 +1036,6 @@ mod cases {
             made(l, &n, &b2, T0 + MIN, Some(T0 + MIN)).await,
             Verdict::Admitted
         );
-        assert!(sending(l, &n, &b2, T0 + MIN + 1).await);
         assert!(settle(l, &n, &b2, Ending::Sent, true).await);
         assert_eq!(
             made(l, &newest, &c, T0 + 2 * MIN, Some(T0 + 2 * MIN)).await,
@@ -1209,7 +1181,6 @@ mod cases {
         let (old, new) = (job("old"), job("new"));
         let (a, n) = (Ticket::new(), Ticket::new());
         assert_eq!(made(l, &old, &a, T0, Some(T0)).await, Verdict::Admitted);
-        assert!(sending(l, &old, &a, T0 + 1).await);
         assert_eq!(
             made(l, &new, &n, T0 + 2, Some(T0 + 2)).await,
             Verdict::Admitted
@@ -1275,11 +1246,11 @@ macro_rules! conformance {
 
 conformance!(
     a_second_message_is_busy_for_the_rest_of_the_lease,
-    a_lapsed_lease_passes_the_send_to_another_lineage,
+    a_released_send_passes_to_another_lineage_sending,
     release_by_the_owner_lets_the_next_message_resume_at_once,
     release_by_another_lineage_or_of_an_unknown_id_is_refused,
     a_send_whose_lease_lapses_is_unknown_and_never_resent,
-    send_now_admits_straight_into_sending,
+    an_admission_is_its_send_and_a_lapse_is_unknown,
     sent_is_reported_to_every_later_message,
     a_late_sent_overrides_unknown,
     an_owners_refund_gives_the_quota_back_in_every_scope,
@@ -1292,7 +1263,7 @@ conformance!(
     an_expired_unsent_admission_is_refunded,
     expiry_never_refunds_a_send_begun_or_done,
     a_refund_removes_only_its_own_admission,
-    sending_and_release_renew_the_records_life,
+    resuming_and_release_renew_the_records_life,
     an_expires_at_of_zero_is_in_the_past,
     a_rejected_request_leaves_no_record,
     attempts_fence_late_writes_but_never_take_a_send_over,

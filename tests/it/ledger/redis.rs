@@ -311,11 +311,8 @@ async fn every_key_has_a_ttl() {
                     assert!(l.settle(&job.by(&ticket), &refund, false).await.unwrap());
                     assert!(l.answered(&job.by(&ticket)).await.unwrap());
                 }
-                _ => assert!(
-                    l.sending(&job.by(&ticket), Clock::At(n * 7 * SEC))
-                        .await
-                        .unwrap()
-                ),
+                // Left sending, as admitted.
+                _ => {}
             }
         }
     }
@@ -370,7 +367,6 @@ async fn only_admissions_use_memory() {
     );
     let expired = mailgate::ledger::Entry {
         job: late.by(&ticket),
-        send_now: false,
         expires_at_ms: Some(1),
         made_at_ms: None,
     };
@@ -618,7 +614,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:email:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "admit", "b", "fp", "tk",
+                "admit", "a", "fp", "tk", "1:a", "c1", "", "01", "", "admit", "b", "fp", "tk",
                 "1:a", "?", "", "01",
             ]),
         ),
@@ -626,7 +622,7 @@ async fn malformed_calls_write_nothing() {
         (
             vec!["t:job:a", "t:email:a", "t:job:b"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "settle", "tk", "1:a", "b",
+                "admit", "a", "fp", "tk", "1:a", "c1", "", "01", "", "settle", "tk", "1:a", "b",
                 "z", "1", "0",
             ]),
         ),
@@ -639,17 +635,17 @@ async fn malformed_calls_write_nothing() {
                 &["t:s5", "t:s6", "t:s7", "t:s8", "t:s9"],
             ]
             .concat(),
-            batch(&["admit", "a", "fp", "tk", "1:a", "0s:c1", "", "01", ""]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "s:c1", "", "01", ""]),
         ),
         // A shape naming a rule set that does not exist.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "09", ""]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "c1", "", "09", ""]),
         ),
         // Keys that do not match the requests.
         (
             vec!["t:job:a"],
-            batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]),
+            batch(&["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""]),
         ),
         // A word where the rule sets' count belongs.
         (
@@ -657,7 +653,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "86400000", "30000", "json"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -667,7 +663,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -689,7 +685,7 @@ async fn malformed_calls_write_nothing() {
                 "fp",
                 "tk",
                 "1:a",
-                "0:c1",
+                "c1",
                 "",
                 "01",
             ],
@@ -697,7 +693,7 @@ async fn malformed_calls_write_nothing() {
         // Attempt 0.
         (
             vec!["t:job:a", "t:email:a"],
-            batch(&["admit", "a", "fp", "tk", "0:a", "0:c1", "", "01"]),
+            batch(&["admit", "a", "fp", "tk", "0:a", "c1", "", "01"]),
         ),
         // Fractions where commands take whole ms: a set's keep, the
         // record's keep, the lease (PEXPIRE would fail after ZADD and
@@ -707,7 +703,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &head[..],
                 &["1", "1", "60000.5", "60000", "1", "0"],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -716,7 +712,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "86400000.5", "30000"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -725,14 +721,14 @@ async fn malformed_calls_write_nothing() {
             [
                 &["batch", "", "86400000", "30000.5"][..],
                 &sets[..],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
         (
             vec!["t:job:a", "t:email:a", "t:job:b", "t:job:c", "t:email:x"],
             batch(&[
-                "admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", "", "settle", "tk", "1:a", "b",
+                "admit", "a", "fp", "tk", "1:a", "c1", "", "01", "", "settle", "tk", "1:a", "b",
                 "f", "1", "0.5", "settle", "tk", "1:a", "c", "f", "1", "0.5",
             ]),
         ),
@@ -741,7 +737,7 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a", "t:email:a"],
             vec![
                 "batch", "", "86400000", "30000", "1", "1", "1", "0", "1", "admit", "a", "fp",
-                "tk", "1:a", "0:c1", "", "01",
+                "tk", "1:a", "c1", "", "01",
             ],
         ),
         (
@@ -753,17 +749,17 @@ async fn malformed_calls_write_nothing() {
             vec!["t:job:a"],
             batch(&["settle", "tk", "1:a", "a", "e", "1", "2"]),
         ),
-        (vec!["t:job:a"], batch(&["sending", "tk", "0:a", "c1"])),
+        (vec!["t:job:a"], batch(&["release", "tk", "0:a"])),
         (
             vec!["t:job:a"],
             [
                 &["batch", "", "99999999999999999", "30000"][..],
                 &sets[..],
-                &["sending", "tk", "1:a", "c1"],
+                &["release", "tk", "1:a"],
             ]
             .concat(),
         ),
-        (vec!["t:job:a"], batch(&["sending", "", "1:a", "c1"])),
+        (vec!["t:job:a"], batch(&["release", "", "1:a"])),
         // An item cut short.
         (vec!["t:job:a"], batch(&["release", "tk"])),
         (vec!["t:job:a"], batch(&["answered", ""])),
@@ -775,7 +771,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &head[..],
                 &["2", "1", "60000", "60000", "1", "0", "1"],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -787,7 +783,7 @@ async fn malformed_calls_write_nothing() {
                 &[
                     "2", "1", "60000", "60000", "1", "0", "1", "1", "2", "1", "1", "5", "0",
                 ],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -798,7 +794,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &head[..],
                 &["2", "1", "60000", "60000", "1", "1", "0", "60000", "1", "0"],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -812,8 +808,8 @@ async fn malformed_calls_write_nothing() {
                 &[
                     "2", "1", "60000", "60000", "1", "1", "nan", "60000", "1", "0",
                 ],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
-                &["admit", "b", "fp", "tk", "1:a", "0:c2", "", "02", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
+                &["admit", "b", "fp", "tk", "1:a", "c2", "", "02", ""],
             ]
             .concat(),
         ),
@@ -824,8 +820,8 @@ async fn malformed_calls_write_nothing() {
                 &[
                     "2", "1", "60000", "60000", "1", "1", "60000", "60000", "inf", "0",
                 ],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
-                &["admit", "b", "fp", "tk", "1:a", "0:c2", "", "02", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
+                &["admit", "b", "fp", "tk", "1:a", "c2", "", "02", ""],
             ]
             .concat(),
         ),
@@ -834,7 +830,7 @@ async fn malformed_calls_write_nothing() {
             [
                 &head[..],
                 &["1", "1", "60000", "nan", "1", "0"],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
@@ -844,14 +840,14 @@ async fn malformed_calls_write_nothing() {
             [
                 &head[..],
                 &["1", "2", "60000", "60000", "1", "5", "0", "0"],
-                &["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""],
+                &["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""],
             ]
             .concat(),
         ),
         // A made time where the purpose does not supersede... on a look.
         (
             vec!["t:job:a"],
-            batch(&["look", "a", "fp", "tk", "1:a", "0:c1", "", "", "5"]),
+            batch(&["look", "a", "fp", "tk", "1:a", "c1", "", "", "5"]),
         ),
     ];
     for (keys, args) in calls {
@@ -867,7 +863,7 @@ async fn malformed_calls_write_nothing() {
         assert_eq!(n, 0, "{args:?} wrote nothing");
     }
     // The same shape, well formed, is accepted and written.
-    let good = batch(&["admit", "a", "fp", "tk", "1:a", "0:c1", "", "01", ""]);
+    let good = batch(&["admit", "a", "fp", "tk", "1:a", "c1", "", "01", ""]);
     let _: redis::Value = redis::cmd("EVAL")
         .arg(script)
         .arg(2)
@@ -1163,11 +1159,11 @@ async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
         TestJob::new("rb", "rb@example.com", None),
     );
     let ticket = Ticket::new();
-    let ok = send_now(&l, &a, &ticket, 1).await.expect("acknowledged");
+    let ok = admit_now(&l, &a, &ticket, 1).await.expect("acknowledged");
     assert_eq!(ok.verdict, Verdict::Admitted);
 
     replica.pause();
-    let Err(LedgerError::Unreplicated(why)) = send_now(&l, &b, &ticket, 1).await else {
+    let Err(LedgerError::Unreplicated(why)) = admit_now(&l, &b, &ticket, 1).await else {
         panic!("a mark the replica did not acknowledge must not stand");
     };
     assert!(why.contains("0 of the 1"), "{why}");
@@ -1180,7 +1176,7 @@ async fn a_send_mark_stands_only_once_a_replica_acknowledged_it() {
         assert!(std::time::Instant::now() < deadline, "the replica is back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let again = send_now(&l, &b, &ticket, 2)
+    let again = admit_now(&l, &b, &ticket, 2)
         .await
         .expect("acknowledged now");
     assert!(
@@ -1233,7 +1229,7 @@ async fn a_mark_the_replicas_did_not_acknowledge_is_given_back_after_an_outage()
         replica.resume();
         replica
     });
-    let Err(LedgerError::Unreplicated(why)) = send_now(&l, &job, &ticket, 1).await else {
+    let Err(LedgerError::Unreplicated(why)) = admit_now(&l, &job, &ticket, 1).await else {
         panic!("a mark the replica did not acknowledge must not stand");
     };
     assert!(why.contains("0 of the 1"), "{why}");
@@ -1243,7 +1239,7 @@ async fn a_mark_the_replicas_did_not_acknowledge_is_given_back_after_an_outage()
         assert!(std::time::Instant::now() < deadline, "the replica is back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let again = send_now(&l, &job, &ticket, 2)
+    let again = admit_now(&l, &job, &ticket, 2)
         .await
         .expect("acknowledged now");
     assert!(
@@ -1275,10 +1271,10 @@ async fn a_settle_the_replicas_did_not_acknowledge_is_an_outage_and_written_agai
     let (job, ticket) = (TestJob::new("sw", "sw@example.com", None), Ticket::new());
     // (A replica slow to acknowledge on a loaded machine: the mark is
     // given back, and the same attempt resumes it.)
-    let mut sent = send_now(&l, &job, &ticket, 1).await;
+    let mut sent = admit_now(&l, &job, &ticket, 1).await;
     for _ in 0..20 {
         match sent {
-            Err(LedgerError::Unreplicated(_)) => sent = send_now(&l, &job, &ticket, 1).await,
+            Err(LedgerError::Unreplicated(_)) => sent = admit_now(&l, &job, &ticket, 1).await,
             _ => break,
         }
     }
@@ -1340,7 +1336,7 @@ async fn until_synced(l: &RedisLedger) {
 
 /// Attempt `attempt` of lineage `ticket` of `job`, admitted straight into
 /// sending (an SMTP connection free).
-async fn send_now(
+async fn admit_now(
     l: &RedisLedger,
     job: &TestJob,
     ticket: &Ticket,
@@ -1348,7 +1344,6 @@ async fn send_now(
 ) -> Result<mailgate::ledger::Admission, LedgerError> {
     let entry = Entry {
         job: job.attempt(ticket, attempt),
-        send_now: true,
         expires_at_ms: None,
         made_at_ms: None,
     };
@@ -1911,7 +1906,6 @@ async fn a_request_queued_behind_a_frozen_redis_writes_nothing() {
             let ticket = Ticket::new();
             let entry = Entry {
                 job: job.by(&ticket),
-                send_now: true,
                 expires_at_ms: None,
                 made_at_ms: None,
             };
@@ -2010,7 +2004,6 @@ async fn mixed_batches_carry_every_set_their_shapes_name() {
             let t = Ticket::new();
             let e = Entry {
                 job: j.by(&t),
-                send_now: false,
                 expires_at_ms: None,
                 made_at_ms: None,
             };
@@ -2175,12 +2168,9 @@ async fn hashes_of_an_earlier_build_are_read_and_rewritten_as_strings() {
     let t0 = 1_790_000_000_000;
     let record = |id: &str| format!("{prefix}job:{id}");
 
-    // Admitted, marked sending, settled sent, answered: each on a hash.
+    // Admitted (sending), settled sent, answered: each on a hash.
     let (j1, a) = (TestJob::new("j1", "a@example.com", None), Ticket::new());
     assert_eq!(j1.admit(&l, &a, Clock::At(t0)).await, Verdict::Admitted);
-    assert_eq!(type_of(&mut conn, &record("j1")), "string");
-    to_hash(&mut conn, &record("j1"));
-    assert!(l.sending(&j1.by(&a), Clock::At(t0 + 1)).await.unwrap());
     assert_eq!(type_of(&mut conn, &record("j1")), "string");
     to_hash(&mut conn, &record("j1"));
     assert!(l.settle(&j1.by(&a), &Ending::Sent, false).await.unwrap());
@@ -2208,7 +2198,6 @@ async fn hashes_of_an_earlier_build_are_read_and_rewritten_as_strings() {
     let (j2, b) = (TestJob::new("j2", "b@example.com", None), Ticket::new());
     let now = Entry {
         job: j2.by(&b),
-        send_now: true,
         expires_at_ms: None,
         made_at_ms: None,
     };
@@ -2300,9 +2289,7 @@ async fn ids_that_look_like_records_keep_their_records_apart() {
     }
     // Every other job sent and answered; the rest refunded.
     for (i, (job, ticket)) in jobs.iter().enumerate() {
-        let at = t0 + 100 + i as u64;
         if i % 2 == 0 {
-            assert!(l.sending(&job.by(ticket), Clock::At(at)).await.unwrap());
             assert!(
                 l.settle(&job.by(ticket), &Ending::Sent, false)
                     .await
@@ -2541,7 +2528,6 @@ async fn what_writes_nothing_is_answered_without_a_script() {
     let late = TestJob::new("e1", "fay@example.com", None);
     let entry = Entry {
         job: late.by(&other),
-        send_now: true,
         expires_at_ms: Some(t0),
         made_at_ms: None,
     };
@@ -2735,7 +2721,6 @@ async fn a_snapshot_redis_does_not_answer_is_an_outage_within_the_time_a_call_ma
     let ticket = Ticket::new();
     let entry = Entry {
         job: job.by(&ticket),
-        send_now: false,
         expires_at_ms: None,
         made_at_ms: None,
     };

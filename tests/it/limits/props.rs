@@ -46,8 +46,6 @@ enum Op {
         /// an NTP correction), to at most a minute behind the newest time.
         back: bool,
     },
-    /// `(job, lineage)`: the lineage's send begins.
-    Sending(usize, u32),
     Refund(usize, u32),
     Sent(usize, u32),
     Release(usize, u32),
@@ -78,7 +76,6 @@ fn ops(max_step: u64) -> impl Strategy<Value = Vec<Op>> {
     let step = || (0usize..64, 0u32..2);
     let op = prop_oneof![
         20 => check,
-        1 => step().prop_map(|(k, l)| Op::Sending(k, l)),
         1 => step().prop_map(|(k, l)| Op::Refund(k, l)),
         1 => step().prop_map(|(k, l)| Op::Sent(k, l)),
         1 => step().prop_map(|(k, l)| Op::Release(k, l)),
@@ -241,15 +238,6 @@ async fn run_case<L: Ledger>(
                 } else if got == mailgate::ledger::Verdict::Admitted {
                     jobs[slot] = job;
                 }
-            }
-            Op::Sending(k, lineage) if !jobs.is_empty() => {
-                let job = &jobs[k % jobs.len()];
-                let got = l
-                    .sending(&job.by(&tickets[lineage as usize]), Clock::At(t))
-                    .await
-                    .map_err(fail)?;
-                let want = model.sending(job.id.as_str(), lineage, t);
-                prop_assert_eq!(got, want, "sending {}", job.id.as_str());
             }
             Op::Sent(k, lineage) if !jobs.is_empty() => {
                 let job = &jobs[k % jobs.len()];

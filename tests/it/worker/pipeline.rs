@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mailgate::domain::{DeadReason, EmailAddress, Ticket, now_ms};
-use mailgate::ledger::MemoryLedger;
+use mailgate::ledger::{MemoryLedger, Verdict};
 use mailgate::limiter::{Clock, Quotas, Subject};
 use mailgate::mailer::{Mailer, Slot};
-use mailgate::pipeline::{Action, Message, Outbox, Pipeline, Unpublished};
+use mailgate::pipeline::{Action, Message, Outbox, Pipeline, Stopping, Unpublished};
 use mailgate::settings::{
     AmqpSettings, HttpSettings, LimitSettings, RedisSettings, RetrySettings, Settings,
     SmtpSettings, TemplateSettings, WorkerSettings,
@@ -67,6 +67,7 @@ struct Env {
     pipeline: Pipeline<MemoryLedger>,
     ledger: MemoryLedger,
     mailer: Mailer,
+    stopping: Stopping,
     out: Recorder,
     mails: PathBuf,
     _dir: TempDir,
@@ -121,16 +122,18 @@ impl Env {
         let ledger = MemoryLedger::new(&settings.limits);
         let templates = Templates::load(&settings.templates).expect("the templates load");
         let mailer = Mailer::new(&settings.smtp).expect("a file:// mailer");
+        let stopping = Stopping::default();
         Self {
             pipeline: Pipeline::new(
                 ledger.clone(),
                 templates,
                 mailer.clone(),
                 settings,
-                Default::default(),
+                stopping.clone(),
             ),
             ledger,
             mailer,
+            stopping,
             out: Recorder::default(),
             mails,
             _dir: dir,
@@ -187,6 +190,38 @@ impl Env {
     fn hold_all_slots(&self) -> Vec<Slot> {
         std::iter::from_fn(|| self.mailer.try_reserve()).collect()
     }
+}
+
+/// Job `id` for user@example.com, purpose `verify`, admitted by the
+/// ledger at `at` for lineage `ticket` (its first attempt), as a worker
+/// admits it just before its SMTP transaction.
+async fn admit_directly(env: &Env, id: &str, ticket: &Ticket, at: Clock) -> Verdict {
+    use mailgate::domain::{JobId, Name};
+    use mailgate::ledger::{Entry, JobRef, Ledger};
+    use mailgate::limiter::Request;
+    let (id, email) = (
+        JobId::parse(id).unwrap(),
+        EmailAddress::parse("user@example.com").unwrap(),
+    );
+    let purpose = Name::parse("purpose", "verify").unwrap();
+    let entry = Entry {
+        job: JobRef {
+            request: Request {
+                id: &id,
+                email: &email,
+                ip: None,
+                purpose: Some(&purpose),
+                session: None,
+                known_mailbox: false,
+            },
+            ticket,
+            attempt: 1,
+            holder: 1,
+        },
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    env.ledger.admit(&entry, at).await.unwrap().verdict
 }
 
 fn job(id: &str, email: &str) -> Vec<u8> {
@@ -588,23 +623,86 @@ async fn a_copy_arriving_while_another_attempt_owns_the_send_waits() {
     let env = Env::new();
     let body = job("j1", "user@example.com");
     let (owner, other) = (Ticket::new(), Ticket::new());
-    // No SMTP connection is free: the owner is admitted and waits for one.
+    // The owner was admitted, and its SMTP transaction is under way.
+    let admitted = admit_directly(&env, "j1", &owner, Clock::Server).await;
+    assert_eq!(admitted, Verdict::Admitted);
+    let waits = |a: Action| match a {
+        Action::Wait { delay, .. } => {
+            delay > Duration::from_secs(25) && delay <= Duration::from_millis(30_100)
+        }
+        _ => false,
+    };
+    // No SMTP connection free: the copy is answered at once (its wait),
+    // from the ledger's look, not after a connection comes free.
     let held = env.hold_all_slots();
-    let first = env.handle(msg(&body, &owner));
-    let second = async {
-        tokio::task::yield_now().await;
-        let action = env.handle(redelivery(&body, &other)).await;
-        drop(held);
-        action
-    };
-    let (a1, a2) = tokio::join!(first, second);
-    let Action::Wait { delay, .. } = a2 else {
-        panic!("the copy waits: {a2:?}");
-    };
-    assert!(delay > Duration::from_secs(25) && delay <= Duration::from_millis(30_100));
-    assert_eq!(a1, Action::Done);
+    let copy = tokio::time::timeout(
+        Duration::from_secs(10),
+        env.handle(redelivery(&body, &other)),
+    );
+    let a = copy.await.expect("answered with no connection free");
+    assert!(waits(a.clone()), "the copy waits for the lease: {a:?}");
+    drop(held);
+    // A connection free: the same.
+    let a = env.handle(redelivery(&body, &other)).await;
+    assert!(waits(a.clone()), "the copy waits for the lease: {a:?}");
+    assert_eq!(env.take(), [], "no answer");
+    assert_eq!(env.sent(), 0);
+    assert_eq!(env.used("user@example.com").await, 1, "counted once");
+}
+
+/// While every SMTP connection is busy, a job is admitted only once one
+/// comes free (its admission is its send mark: its lease runs from
+/// then), and what needs no mail, a rejection, is answered at once.
+#[tokio::test]
+async fn with_every_connection_busy_a_rejection_is_answered_and_an_admission_waits_for_one() {
+    let env = Env::new();
+    assert_eq!(
+        env.handle(msg(&job("j1", "user@example.com"), &Ticket::new()))
+            .await,
+        Action::Done
+    );
     assert_eq!(env.one().status, Status::Sent);
-    assert_eq!(env.sent(), 1);
+    let held = env.hold_all_slots();
+    let (j2, j3, t) = (
+        job("j2", "user@example.com"),
+        job("j3", "other@example.com"),
+        Ticket::new(),
+    );
+    // The mailbox's minute is full: rejected at once.
+    let second = env.handle(msg(&j2, &t));
+    let second = tokio::time::timeout(Duration::from_secs(10), second).await;
+    assert_eq!(second.expect("answered at once"), Action::Done);
+    assert_eq!(env.one().status, Status::Rejected);
+    // Another mailbox's job waits for a connection, not yet admitted.
+    let third = env.handle(msg(&j3, &t));
+    tokio::pin!(third);
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut third).await;
+    assert!(early.is_err(), "it waits for a connection: {early:?}");
+    assert_eq!(env.used("other@example.com").await, 0, "not admitted yet");
+    drop(held);
+    assert_eq!(third.await, Action::Done);
+    assert_eq!(env.one().status, Status::Sent);
+    assert_eq!(env.used("other@example.com").await, 1);
+    assert_eq!(env.sent(), 2);
+}
+
+/// A job waiting for an SMTP connection when the worker stops is handed
+/// back as it came: nothing of it was written.
+#[tokio::test]
+async fn a_job_waiting_for_a_connection_is_handed_back_when_the_worker_stops() {
+    let env = Env::new();
+    let held = env.hold_all_slots();
+    let (body, t) = (job("j1", "user@example.com"), Ticket::new());
+    let waiting = env.handle(msg(&body, &t));
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        env.stopping.begin();
+    };
+    let (action, ()) = tokio::join!(waiting, stop);
+    assert_eq!(action, Action::HandBack);
+    drop(held);
+    assert_eq!(env.take(), []);
+    assert_eq!(env.used("user@example.com").await, 0, "nothing counted");
 }
 
 #[tokio::test]
@@ -744,38 +842,12 @@ async fn a_job_that_expires_before_its_retry_is_answered_expired() {
 
 #[tokio::test]
 async fn a_send_whose_worker_vanished_is_failed_delivery_unknown_never_resent() {
-    use mailgate::domain::{JobId, Name};
-    use mailgate::ledger::{Entry, JobRef, Ledger, Verdict};
-    use mailgate::limiter::Request;
     let env = Env::new();
-    let (id, email) = (
-        JobId::parse("j1").unwrap(),
-        EmailAddress::parse("user@example.com").unwrap(),
-    );
-    let purpose = Name::parse("purpose", "verify").unwrap();
     let owner = Ticket::new();
     // Its worker began the SMTP transaction 31 s ago and died: the lease lapsed.
-    let entry = Entry {
-        job: JobRef {
-            request: Request {
-                id: &id,
-                email: &email,
-                ip: None,
-                purpose: Some(&purpose),
-                session: None,
-                known_mailbox: false,
-            },
-            ticket: &owner,
-            attempt: 1,
-            holder: 1,
-        },
-        send_now: true,
-        expires_at_ms: None,
-        made_at_ms: None,
-    };
     let at = Clock::At(now_ms() - 31_000);
-    let admitted = env.ledger.admit(&entry, at).await.unwrap();
-    assert_eq!(admitted.verdict, Verdict::Admitted);
+    let admitted = admit_directly(&env, "j1", &owner, at).await;
+    assert_eq!(admitted, Verdict::Admitted);
     let body = job("j1", "user@example.com");
     assert_eq!(env.handle(again(&body, &owner, 1)).await, Action::Done);
     let r = env.one();
