@@ -104,6 +104,29 @@ async fn ask_expired<L: Ledger>(
     ask_with(l, job, t, at, Some(expired_at)).await
 }
 
+/// What [`Ledger::peek`] answers lineage `t` about `job` at `at` ms
+/// (`expires_at_ms`), checked to be decided at `at`.
+async fn peek<L: Ledger>(
+    l: &L,
+    job: &TestJob,
+    t: &Ticket,
+    at: u64,
+    expires_at_ms: Option<u64>,
+) -> Option<Verdict> {
+    let entry = Entry {
+        job: job.by(t),
+        expires_at_ms,
+        made_at_ms: None,
+    };
+    let a = l
+        .peek(&entry, Clock::At(at))
+        .await
+        .expect("the ledger answers");
+    let a = a?;
+    assert_eq!(a.decided_at_ms, at, "decided_at_ms is the decision time");
+    Some(a.verdict)
+}
+
 async fn release<L: Ledger>(l: &L, job: &TestJob, t: &Ticket) -> bool {
     l.release(&job.by(t)).await.expect("release")
 }
@@ -768,6 +791,80 @@ mod cases {
         assert_eq!(used(l, &j, T0).await, (0, 0));
     }
 
+    /// `peek` (the look of a job with no SMTP connection free) answers
+    /// what `admit` would at the same instant where that answer writes
+    /// nothing, or nothing (a backend may not know with one read); a
+    /// rejection it always answers. It writes nothing itself; where
+    /// `admit` would write (admit, resume, mark unknown), it answers
+    /// nothing.
+    pub(super) async fn a_look_answers_what_an_admission_would_and_writes_nothing<M: Make>(m: M) {
+        let b = m.make("peek", per_hour(1, 5)).await;
+        let l = &b.ledger;
+        // A look that answers must answer as `admit` then does.
+        async fn same<L: Ledger>(l: &L, j: &TestJob, t: &Ticket, at: u64) -> Option<Verdict> {
+            let looked = peek(l, j, t, at, None).await;
+            if let Some(v) = looked {
+                assert_eq!(ask(l, j, t, at).await, v, "{}", j.id.as_str());
+            }
+            looked
+        }
+        let (j1, a) = (job("j1"), Ticket::new());
+        // A new job: only an admission says; nothing written.
+        assert_eq!(peek(l, &j1, &a, T0, None).await, None);
+        assert_eq!(used(l, &j1, T0).await, (0, 0));
+        assert_eq!(ask(l, &j1, &a, T0).await, Verdict::Admitted);
+        // Another job for the full mailbox: rejected, nothing written.
+        let j2 = job("j2");
+        let rejected = Verdict::Rejected {
+            retry_after_ms: HOUR - 2,
+            rule: RuleRef {
+                scope: Scope::Email,
+                window_ms: HOUR,
+                max: 1,
+            },
+        };
+        let t2 = Ticket::new();
+        assert_eq!(peek(l, &j2, &t2, T0 + 2, None).await, Some(rejected));
+        assert_eq!(peek(l, &j2, &t2, T0 + 2, None).await, Some(rejected));
+        assert_eq!(used(l, &j2, T0 + 2).await, (1, 1), "nothing counted");
+        assert_eq!(ask(l, &j2, &t2, T0 + 2).await, rejected);
+        // A copy while the send is under way, another job under the id.
+        let other = TestJob::new("j1", "someone.else@example.com", Some(IP));
+        for (j, want) in [(&j1, busy(LEASE - 3)), (&other, Verdict::Conflict)] {
+            let got = same(l, j, &Ticket::new(), T0 + 3).await;
+            assert!(got.is_none_or(|v| v == want), "{got:?}");
+        }
+        // A send whose lease lapsed: the admission marks it unknown, the
+        // look does not.
+        assert_eq!(peek(l, &j1, &Ticket::new(), T0 + LEASE, None).await, None);
+        assert_eq!(peek(l, &j1, &a, T0 + LEASE, None).await, None);
+        assert_eq!(
+            ask(l, &j1, &Ticket::new(), T0 + LEASE).await,
+            unknown(false, false)
+        );
+        let got = same(l, &j1, &a, T0 + LEASE + 1).await;
+        assert!(got.is_none_or(|v| v == unknown(true, false)), "{got:?}");
+        // A released admission: the admission resumes it, the look does not.
+        let (j3, a3) = (own_job("j3", 3), Ticket::new());
+        assert_eq!(ask(l, &j3, &a3, T0).await, Verdict::Admitted);
+        assert!(release(l, &j3, &a3).await);
+        assert_eq!(peek(l, &j3, &Ticket::new(), T0 + 1, None).await, None);
+        assert_eq!(peek(l, &j3, &a3, T0 + 1, None).await, None);
+        assert_eq!(
+            ask(l, &j3, &a3, T0 + 1).await,
+            Verdict::Resumed { admitted_at_ms: T0 }
+        );
+        // Sent: every later copy is answered from the record.
+        assert!(settle(l, &j3, &a3, Ending::Sent, true).await);
+        let got = same(l, &j3, &Ticket::new(), T0 + 2).await;
+        assert!(got.is_none_or(|v| v == sent(T0, false, true)), "{got:?}");
+        // Expired with no record: nothing is written either way.
+        let j4 = own_job("j4", 4);
+        let got = peek(l, &j4, &Ticket::new(), T0, Some(T0)).await;
+        assert!(got.is_none_or(|v| v == Verdict::Expired), "{got:?}");
+        assert_eq!(used(l, &j4, T0).await, (0, 0));
+    }
+
     pub(super) async fn a_rejected_request_leaves_no_record<M: Make>(m: M) {
         let b = m.make("rejected", per_hour(1, 5)).await;
         let l = &b.ledger;
@@ -1266,6 +1363,7 @@ conformance!(
     resuming_and_release_renew_the_records_life,
     an_expires_at_of_zero_is_in_the_past,
     a_rejected_request_leaves_no_record,
+    a_look_answers_what_an_admission_would_and_writes_nothing,
     attempts_fence_late_writes_but_never_take_a_send_over,
     health_is_ok,
     ; one slot:
