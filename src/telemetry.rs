@@ -7,7 +7,7 @@
 //! | `mailgate_limiter_decisions_total` | counter | `verdict` (what admission found: `admitted`, `resumed`, `rejected`, `expired`, `busy`, `sent`, `unknown`, `finished`, `conflict`, `superseded`, `suppressed`); on rejections `scope`, `window_ms`, `max` of the binding rule (`window_ms="deny"`, `max="0"` for an override's deny) |
 //! | `mailgate_limiter_shadow_rejections_total` | counter | `scope`, `window_ms`, `max` of the shadow rule (`enforce = false`) that would have rejected an admitted job; each configured shadow rule's series (and its domain network shares') starts at zero, and without one the family is absent |
 //! | `mailgate_limiter_override_decisions_total` | counter | `kind` (`allow`, `deny`, `rules`): admissions and rejections an override (`mailgate overrides`) changed: a deny that rejected, an allow that lifted a scope, rules that replaced a scope's |
-//! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
+//! | `mailgate_retries_total` | counter | `reason`: `transient` (a retry), `lease` (waiting for another attempt), `outage` (waiting for Redis, no attempt spent), `connection` (no SMTP connection came free within `limits.send_lease`, not admitted, no attempt spent) or `relay` (every SMTP relay fails whatever the mail, no attempt spent) |
 //! | `mailgate_dead_letters_total` | counter | |
 //! | `mailgate_bounces_total` | counter | none; counts addresses a relay said do not exist (5.1.1), each suppressed, as spelled, for `limits.suppress_bounces_for`: a sudden rise is a relay refusing many (past 5 in a row of one domain, or of any, without a mail taken for it, the refusals stop suppressing: `mailgate_bounces_doubted_total`) or a code farmer probing addresses |
 //! | `mailgate_bounces_doubted_total` | counter | `relay`: 5.1.1s not taken as grounds to suppress, because the relay said so of more than 5 mailboxes in a row of the recipient's domain, or of any, without taking a mail for it, of more than 30 % of its latest mails, or every worker's bounces of the domain passed 5 in 10 minutes (a broken recipient table); the first of each run also lifts the run's earlier suppressions |
@@ -108,7 +108,7 @@ pub fn register() {
     for outcome in ["ok", "transient", "permanent", "unknown"] {
         let _ = metrics::histogram!("mailgate_smtp_send_seconds", "outcome" => outcome);
     }
-    for reason in ["transient", "lease", "outage", "relay"] {
+    for reason in ["transient", "lease", "outage", "relay", "connection"] {
         metrics::counter!("mailgate_retries_total", "reason" => reason).increment(0);
     }
     metrics::counter!("mailgate_dead_letters_total").increment(0);
@@ -278,7 +278,8 @@ pub fn jobs_waiting(n: u32) {
 }
 
 /// A job goes to wait in RabbitMQ: `transient` for a retry, `lease` for
-/// another attempt's send.
+/// another attempt's send, `outage`, `relay` or `connection` (see
+/// [`crate::pipeline::Waiting`]).
 pub fn retried(reason: &'static str) {
     metrics::counter!("mailgate_retries_total", "reason" => reason).increment(1);
 }

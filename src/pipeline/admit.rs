@@ -79,7 +79,11 @@ impl<L: Ledger> Pipeline<L> {
             .await
         {
             Ok(a) => a,
-            Err(e) => return Err(self.not_admitted(job, job_ref, msg, out, &e).await),
+            Err(e) => {
+                // Free for another job while the mark is given back.
+                drop(slot);
+                return Err(self.not_admitted(job, job_ref, msg, out, &e).await);
+            }
         };
         let admitted = self.ruled(job, job_ref, msg, out, admission).await?;
         Ok((admitted, slot))
@@ -118,10 +122,9 @@ impl<L: Ledger> Pipeline<L> {
         let budget = self.settings.limits.send_lease;
         tokio::select! {
             slot = tokio::time::timeout(budget, self.mailer.reserve()) => slot.map_err(|_| {
-                tracing::debug!("no SMTP connection came free within limits.send_lease; the job waits");
                 Action::Wait {
                     delay: Duration::from_secs(1),
-                    why: Waiting::Relay,
+                    why: Waiting::Connection,
                 }
             }),
             () = self.stopping.wait() => Err(Action::HandBack),

@@ -130,10 +130,12 @@ pub enum Waiting {
     Redis,
     /// Every SMTP relay failed whatever the mail (connection, session, or
     /// refusals that are the relay's, such as throttling at RCPT while a
-    /// NOOP probe passes), or no SMTP connection came free for the job
-    /// within `limits.send_lease`: not the job's fault, so it spends no
-    /// attempt.
+    /// NOOP probe passes): not the job's fault, so it spends no attempt.
     Relay,
+    /// No SMTP connection came free for the job within
+    /// `limits.send_lease` (every one busy with slow sends, or every
+    /// relay's circuit open): it was not admitted, and spends no attempt.
+    Connection,
 }
 
 impl Waiting {
@@ -143,6 +145,7 @@ impl Waiting {
             Waiting::Lease => "lease",
             Waiting::Redis => "outage",
             Waiting::Relay => "relay",
+            Waiting::Connection => "connection",
         }
     }
 }

@@ -154,6 +154,11 @@ impl<L: Ledger + 'static> Worker<L> {
                         ?delay,
                         "no SMTP relay takes mail; the job waits, spending no attempt"
                     ),
+                    Waiting::Connection => tracing::info!(
+                        ?delay,
+                        "no SMTP connection came free within limits.send_lease; the job waits, \
+                         spending no attempt"
+                    ),
                     Waiting::Lease => tracing::info!(
                         ?delay,
                         "another attempt owns the send; waiting for its lease"

@@ -395,8 +395,12 @@ impl RedisLedger {
     }
 
     /// The answers of [`Self::each_scope`]: if a scope rejects, the first
-    /// with the largest wait binds; if a scope rejects or a call fails, the
-    /// reservations of `suffix` made are given back.
+    /// with the largest wait binds, unless a scope did not answer (its
+    /// call failed, or its values make no sense), whose wait may be the
+    /// longest: then there is no answer (found by review: a shard that
+    /// hung made a mailbox's minute answer for a network's hour). If a
+    /// scope rejects or a call fails, the reservations of `suffix` made
+    /// are given back.
     async fn gather(
         &self,
         scopes: &[Applied],
@@ -404,6 +408,7 @@ impl RedisLedger {
         suffix: Option<&str>,
     ) -> Result<Reservations, LedgerError> {
         let (mut held, mut rejected, mut failed) = (Vec::new(), None::<Admission>, None);
+        let mut unanswered = None;
         let (mut copy, mut shadow, mut rooms) = (false, None, Rooms::default());
         for (
             Applied {
@@ -423,7 +428,7 @@ impl RedisLedger {
                     if suffix.is_some() {
                         held.push((*scope, key.clone(), TIME_UNKNOWN));
                     }
-                    failed = Some(e);
+                    unanswered = Some(e);
                     continue;
                 }
             };
@@ -455,17 +460,22 @@ impl RedisLedger {
                     rejected = Some(Admission::at(reply.now_ms, verdict));
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => failed = Some(e),
+                Some(Err(e)) => unanswered = Some(e),
             }
         }
-        if rejected.is_none() && failed.is_none() && !copy {
+        if rejected.is_none() && failed.is_none() && unanswered.is_none() && !copy {
             return Ok(Reservations::Held(held, shadow, rooms));
         }
         if let Some(suffix) = suffix {
             self.give_back(suffix, &held).await;
         }
+        if copy {
+            return Ok(Reservations::Copy);
+        }
+        if let Some(e) = unanswered {
+            return Err(e);
+        }
         match (rejected, failed) {
-            _ if copy => Ok(Reservations::Copy),
             (Some(rejection), _) => Ok(Reservations::Rejected(rejection)),
             (None, failed) => Err(failed.unwrap_or_else(stopped)),
         }

@@ -462,3 +462,60 @@ async fn a_suppressed_mailbox_is_heeded_where_the_limiter_would_decide() {
     let after = new.admission(&l, &Ticket::new(), Clock::Server).await;
     assert_eq!(after.verdict, Verdict::Admitted, "{after:?}");
 }
+
+/// With the keys spread, the shard of a job's network log hangs while its
+/// mailbox's answers: the network's rule (1 an hour) binds, the mailbox's
+/// (1 a minute) is shorter. Neither a look (`peek`, the job with no SMTP
+/// connection free) nor an admission may answer the minute: they fail, an
+/// outage, and the job waits (found by review: both answered
+/// `retry_after_ms` 59 960 for an hour's wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_whose_shard_hangs_never_shortens_a_rejection() {
+    let cluster = PrivateCluster::start();
+    let prefix = "rsp:h:";
+    let settings = RedisSettings::new(cluster.url(), prefix);
+    let mut lim = limits(&[(60_000, 1)], &[(HOUR, 1)]);
+    // (The suppression keys' shard could hang too.)
+    lim.suppress = false;
+    let l = RedisLedger::connect(&settings, &lim).await.unwrap();
+    let (mailbox, ip) = (0..50)
+        .flat_map(|m| {
+            (1..50).map(move |n| (format!("m{m}@example.com"), format!("198.51.100.{n}")))
+        })
+        .find(|(m, n)| {
+            let (mk, nk) = (format!("{prefix}email:{m}"), format!("{prefix}ip:{n}/32"));
+            cluster.primary_of(&mk) != cluster.primary_of(&nk)
+        })
+        .expect("a mailbox and a network on different shards");
+    let first = TestJob::new("h0", &mailbox, Some(&ip));
+    assert_eq!(
+        first.admit(&l, &Ticket::new(), Clock::Server).await,
+        Verdict::Admitted
+    );
+    let (job, t) = (TestJob::new("h1", &mailbox, Some(&ip)), Ticket::new());
+    let entry = Entry {
+        job: job.by(&t),
+        expires_at_ms: None,
+        made_at_ms: None,
+    };
+    let hour = |v: Option<Verdict>| matches!(v, Some(Verdict::Rejected { retry_after_ms, .. }) if retry_after_ms > 60_000);
+    let healthy = l.peek(&entry, Clock::Server).await.unwrap();
+    assert!(hour(healthy.map(|a| a.verdict)), "{healthy:?}");
+    let port = cluster
+        .primary_of(&format!("{prefix}ip:{ip}/32"))
+        .expect("the network's shard");
+    let pid = pid_of(port);
+    signal(&pid, "-STOP");
+    let looked = l.peek(&entry, Clock::Server).await;
+    let admitted = l.admit(&entry, Clock::Server).await;
+    signal(&pid, "-CONT");
+    println!("while it hung: {looked:?}, then {admitted:?}");
+    match looked {
+        Err(e) => assert!(e.is_outage(), "{e}"),
+        Ok(a) => assert!(hour(a.map(|a| a.verdict)), "the look: {a:?}"),
+    }
+    match admitted {
+        Err(e) => assert!(e.is_outage(), "{e}"),
+        Ok(a) => assert!(hour(Some(a.verdict)), "the admission: {a:?}"),
+    }
+}
