@@ -4,4 +4,5 @@
 mod commit;
 mod conformance;
 mod functions;
+mod race;
 mod redis;
