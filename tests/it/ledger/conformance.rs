@@ -45,6 +45,16 @@ async fn ask<L: Ledger>(l: &L, job: &TestJob, t: &Ticket, at: u64) -> Verdict {
     job.admit(l, t, Clock::At(at)).await
 }
 
+/// What lineage `t` asks about `job`, whose `expires_at` is
+/// `expires_at_ms`.
+fn entry<'a>(job: &'a TestJob, t: &'a Ticket, expires_at_ms: Option<u64>) -> Entry<'a> {
+    Entry {
+        job: job.by(t),
+        expires_at_ms,
+        made_at_ms: None,
+    }
+}
+
 /// [`ask`] with `expires_at_ms`.
 async fn ask_with<L: Ledger>(
     l: &L,
@@ -53,13 +63,8 @@ async fn ask_with<L: Ledger>(
     at: u64,
     expires_at_ms: Option<u64>,
 ) -> Verdict {
-    let entry = Entry {
-        job: job.by(t),
-        expires_at_ms,
-        made_at_ms: None,
-    };
     let a = l
-        .admit(&entry, Clock::At(at))
+        .admit(&entry(job, t, expires_at_ms), Clock::At(at))
         .await
         .expect("the ledger answers");
     assert_eq!(a.decided_at_ms, at, "decided_at_ms is the decision time");
@@ -113,13 +118,8 @@ async fn peek<L: Ledger>(
     at: u64,
     expires_at_ms: Option<u64>,
 ) -> Option<Verdict> {
-    let entry = Entry {
-        job: job.by(t),
-        expires_at_ms,
-        made_at_ms: None,
-    };
     let a = l
-        .peek(&entry, Clock::At(at))
+        .peek(&entry(job, t, expires_at_ms), Clock::At(at))
         .await
         .expect("the ledger answers");
     let a = a?;
